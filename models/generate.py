@@ -1,0 +1,498 @@
+#!/usr/bin/env python3
+"""Generate the ONNX test models used by the trtclassify tests and benchmarks.
+
+Usage:
+    python3 models/generate.py [--out DIR] [--bench]
+
+Without --bench the small, committed test models are written to DIR (default:
+the folder of this script):
+
+    colors*.onnx        hand-built colour classifiers whose right answer is known
+    cnn.onnx            small random-weight CNN (ResNet / MobileNet style layers)
+    *_reference.json    onnxruntime outputs for fixed random inputs
+    bad/*               broken or unsupported models for the error-handling tests
+
+With --bench the (large, not committed) MobileNetV2 benchmark model is written
+as well, e.g. `python3 models/generate.py --out target/bench --bench`.
+
+All models are float32, opset 13, IR version 8 (so older runtimes such as tract
+load them), with the input named "image" and the output named "scores".
+Every random number comes from a seeded numpy Generator, so running the script
+twice produces byte-identical files. After writing, every valid model is loaded
+and run once in onnxruntime, and the colour classifiers are checked to classify
+solid-colour frames correctly.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 13
+IR_VERSION = 8
+PRODUCER = "trtclassify models/generate.py"
+INPUT = "image"
+OUTPUT = "scores"
+
+# ImageNet normalisation the colour classifier expects: x = (pixel/255 - mean)/std, RGB order.
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+# Colour classes, in output order, with their RGB (0-255) prototypes.
+COLOR_CLASSES = [
+    ("black", (0, 0, 0)),
+    ("white", (255, 255, 255)),
+    ("red", (255, 0, 0)),
+    ("green", (0, 255, 0)),
+    ("blue", (0, 0, 255)),
+    ("yellow", (255, 255, 0)),
+]
+COLOR_ALPHA = 2.0  # logits = -alpha * ||x - p_k||^2 (up to a per-image constant)
+
+# One seed per random thing, so that changing one model never shifts another.
+SEED_CNN_WEIGHTS = 1
+SEED_CNN_REFERENCE = 2
+SEED_COLORS_REFERENCE = 3
+SEED_RANDOM_BIN = 4
+SEED_MOBILENET = 5
+
+# Concrete sizes substituted for symbolic dims when the models are run.
+CONCRETE_DIMS = {"N": 2, "H": 24, "W": 20}
+
+
+# --------------------------------------------------------------------------
+# Graph building helpers
+# --------------------------------------------------------------------------
+
+
+class GraphBuilder:
+    """Accumulates nodes and initializers; names every tensor uniquely and deterministically."""
+
+    def __init__(self, rng=None):
+        self.rng = rng
+        self.nodes = []
+        self.initializers = []
+        self._counts = {}
+        self._relu6_bounds = None
+
+    def unique(self, prefix):
+        n = self._counts.get(prefix, 0)
+        self._counts[prefix] = n + 1
+        return f"{prefix}_{n}"
+
+    def const(self, prefix, array):
+        """Adds an initializer and returns its name."""
+        name = self.unique(prefix)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def op(self, op_type, inputs, output=None, domain=None, **attrs):
+        """Adds a node with a single output and returns the output name."""
+        name = self.unique(op_type.lower())
+        output = output or name
+        self.nodes.append(
+            helper.make_node(op_type, inputs, [output], name=name, domain=domain, **attrs)
+        )
+        return output
+
+    # --- layers with random weights (need self.rng) ---
+
+    def conv(self, x, cin, cout, kernel, stride=1, group=1, bias=False):
+        """Conv with He-normal weights (std = sqrt(2 / fan_in)); 'same' padding for odd kernels."""
+        fan_in = cin // group * kernel * kernel
+        w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), (cout, cin // group, kernel, kernel))
+        inputs = [x, self.const("conv_w", w.astype(np.float32))]
+        if bias:
+            inputs.append(self.const("conv_b", self.rng.normal(0.0, 0.1, cout).astype(np.float32)))
+        pad = kernel // 2
+        return self.op(
+            "Conv",
+            inputs,
+            kernel_shape=[kernel, kernel],
+            strides=[stride, stride],
+            pads=[pad, pad, pad, pad],
+            group=group,
+        )
+
+    def batchnorm(self, x, channels):
+        """BatchNormalization (inference form) with random but sane statistics."""
+        rng = self.rng
+        gamma = rng.uniform(0.5, 1.5, channels)
+        beta = rng.normal(0.0, 0.1, channels)
+        mean = rng.normal(0.0, 0.1, channels)
+        var = rng.uniform(0.5, 1.5, channels)
+        params = [
+            self.const(prefix, value.astype(np.float32))
+            for prefix, value in [("bn_gamma", gamma), ("bn_beta", beta), ("bn_mean", mean), ("bn_var", var)]
+        ]
+        return self.op("BatchNormalization", [x] + params, epsilon=1e-5)
+
+    def gemm(self, x, cin, cout, output=None):
+        """Fully connected layer, weight stored as [cout, cin] (transB=1) like a PyTorch export."""
+        w = self.rng.normal(0.0, np.sqrt(1.0 / cin), (cout, cin)).astype(np.float32)
+        b = self.rng.normal(0.0, 0.1, cout).astype(np.float32)
+        return self.op("Gemm", [x, self.const("fc_w", w), self.const("fc_b", b)], output=output, transB=1)
+
+    # --- parameter-free layers ---
+
+    def relu6(self, x):
+        """ReLU6 as an opset-13 Clip, min/max given as (shared) constant inputs."""
+        if self._relu6_bounds is None:
+            self._relu6_bounds = (
+                self.const("clip_min", np.array(0.0, dtype=np.float32)),
+                self.const("clip_max", np.array(6.0, dtype=np.float32)),
+            )
+        return self.op("Clip", [x, *self._relu6_bounds])
+
+    def model(self, graph_name, inputs, outputs, extra_opsets=()):
+        graph = helper.make_graph(self.nodes, graph_name, inputs, outputs, self.initializers)
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+        return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name=PRODUCER)
+
+
+def float_input(shape, name=INPUT):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def float_output(shape, name=OUTPUT):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+# --------------------------------------------------------------------------
+# Colour classifiers
+# --------------------------------------------------------------------------
+
+
+def normalize_rgb(rgb):
+    """RGB 0-255 -> ImageNet-normalised float32 (what the model sees)."""
+    return ((np.asarray(rgb, dtype=np.float32) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32)
+
+
+def color_gemm_params():
+    """W = 2*alpha*P, b_k = -alpha*||p_k||^2: logits = -alpha*||x - p_k||^2 + alpha*||x||^2."""
+    prototypes = np.stack([normalize_rgb(rgb) for _, rgb in COLOR_CLASSES])  # [6, 3]
+    weight = (2.0 * COLOR_ALPHA * prototypes).astype(np.float32)
+    bias = (-COLOR_ALPHA * np.sum(prototypes**2, axis=1)).astype(np.float32)
+    return weight, bias
+
+
+def build_colors(batch="N", height=16, width=16, nhwc=False, softmax=True):
+    """GlobalAveragePool -> Flatten -> Gemm [-> Softmax]: nearest normalised colour prototype."""
+    b = GraphBuilder()
+    x = INPUT
+    if nhwc:
+        x = b.op("Transpose", [x], perm=[0, 3, 1, 2])
+    x = b.op("GlobalAveragePool", [x])
+    x = b.op("Flatten", [x], axis=1)
+    weight, bias = color_gemm_params()
+    gemm_out = None if softmax else OUTPUT
+    x = b.op("Gemm", [x, b.const("color_w", weight), b.const("color_b", bias)], output=gemm_out, transB=1)
+    if softmax:
+        b.op("Softmax", [x], output=OUTPUT, axis=1)
+    in_shape = [batch, height, width, 3] if nhwc else [batch, 3, height, width]
+    return b.model("colors", [float_input(in_shape)], [float_output([batch, len(COLOR_CLASSES)])])
+
+
+# --------------------------------------------------------------------------
+# Small random CNN
+# --------------------------------------------------------------------------
+
+
+def build_cnn():
+    """Small CNN with random weights using ResNet / MobileNet style layers; [N,3,32,32] -> [N,10] logits."""
+    b = GraphBuilder(np.random.default_rng(SEED_CNN_WEIGHTS))
+    # Stem: Conv 3x3/2 (with bias) -> BN -> ReLU.            [N,16,16,16]
+    x = b.op("Relu", [b.batchnorm(b.conv(INPUT, 3, 16, 3, stride=2, bias=True), 16)])
+    block_input = x
+    # Residual block: depthwise 3x3 -> BN -> ReLU6 -> pointwise 1x1 -> BN, + skip, ReLU.
+    x = b.relu6(b.batchnorm(b.conv(x, 16, 16, 3, group=16), 16))
+    x = b.batchnorm(b.conv(x, 16, 16, 1), 16)
+    x = b.op("Relu", [b.op("Add", [x, block_input])])
+    x = b.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])  # [N,16,8,8]
+    x = b.op("Relu", [b.batchnorm(b.conv(x, 16, 32, 3), 32)])  # [N,32,8,8]
+    x = b.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2])  # [N,32,4,4]
+    x = b.op("GlobalAveragePool", [x])
+    x = b.op("Flatten", [x], axis=1)
+    b.gemm(x, 32, 10, output=OUTPUT)
+    return b.model("cnn", [float_input(["N", 3, 32, 32])], [float_output(["N", 10])])
+
+
+# --------------------------------------------------------------------------
+# MobileNetV2 benchmark model
+# --------------------------------------------------------------------------
+
+# (expansion t, output channels c, repeats n, first stride s), width multiplier 1.0.
+MOBILENET_V2_SETTINGS = [
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+]
+
+
+def inverted_residual(b, x, cin, cout, stride, expansion):
+    """MobileNetV2 block: [1x1 expand -> BN -> ReLU6] -> 3x3 depthwise -> BN -> ReLU6 -> 1x1 project -> BN [+ skip]."""
+    hidden = cin * expansion
+    h = x
+    if expansion != 1:
+        h = b.relu6(b.batchnorm(b.conv(h, cin, hidden, 1), hidden))
+    h = b.relu6(b.batchnorm(b.conv(h, hidden, hidden, 3, stride=stride, group=hidden), hidden))
+    h = b.batchnorm(b.conv(h, hidden, cout, 1), cout)
+    if stride == 1 and cin == cout:
+        h = b.op("Add", [x, h])
+    return h
+
+
+def build_mobilenet_v2():
+    """MobileNetV2 (1.0, 224) as an unfolded PyTorch export would look, with random He-scaled weights."""
+    b = GraphBuilder(np.random.default_rng(SEED_MOBILENET))
+    x = b.relu6(b.batchnorm(b.conv(INPUT, 3, 32, 3, stride=2), 32))
+    cin = 32
+    for expansion, cout, repeats, first_stride in MOBILENET_V2_SETTINGS:
+        for i in range(repeats):
+            x = inverted_residual(b, x, cin, cout, first_stride if i == 0 else 1, expansion)
+            cin = cout
+    x = b.relu6(b.batchnorm(b.conv(x, cin, 1280, 1), 1280))
+    x = b.op("GlobalAveragePool", [x])
+    x = b.op("Flatten", [x], axis=1)
+    b.gemm(x, 1280, 1000, output=OUTPUT)
+    return b.model("mobilenet_v2", [float_input(["N", 3, 224, 224])], [float_output(["N", 1000])])
+
+
+# --------------------------------------------------------------------------
+# Bad models (error-handling tests)
+# --------------------------------------------------------------------------
+
+
+def build_two_inputs():
+    """Two 4-D float inputs added together."""
+    b = GraphBuilder()
+    x = b.op("Add", ["image_a", "image_b"])
+    b.op("Flatten", [b.op("GlobalAveragePool", [x])], output=OUTPUT, axis=1)
+    inputs = [float_input([1, 3, 16, 16], "image_a"), float_input([1, 3, 16, 16], "image_b")]
+    return b.model("two_inputs", inputs, [float_output([1, 3])])
+
+
+def build_int_input():
+    """int64 image input, cast to float inside the graph."""
+    b = GraphBuilder()
+    x = b.op("Cast", [INPUT], to=TensorProto.FLOAT)
+    b.op("Flatten", [b.op("GlobalAveragePool", [x])], output=OUTPUT, axis=1)
+    image = helper.make_tensor_value_info(INPUT, TensorProto.INT64, [1, 3, 16, 16])
+    return b.model("int_input", [image], [float_output([1, 3])])
+
+
+def build_rank3_input():
+    """Rank-3 float input [1,3,16]."""
+    b = GraphBuilder()
+    b.op("ReduceMean", [INPUT], output=OUTPUT, axes=[2], keepdims=0)
+    return b.model("rank3_input", [float_input([1, 3, 16])], [float_output([1, 3])])
+
+
+def build_no_output():
+    """A valid-looking graph whose graph.output list is empty (not checker-valid)."""
+    b = GraphBuilder()
+    b.op("Flatten", [b.op("GlobalAveragePool", [INPUT])], output=OUTPUT, axis=1)
+    model = b.model("no_output", [float_input([1, 3, 16, 16])], [float_output([1, 3])])
+    del model.graph.output[:]
+    return model
+
+
+def build_unsupported_op():
+    """A node of an op type no runtime knows, in a custom domain (not checker-valid)."""
+    domain = "com.example.nonexistent"
+    b = GraphBuilder()
+    x = b.op("FrobnicateImage", [INPUT], domain=domain)
+    b.op("Flatten", [b.op("GlobalAveragePool", [x])], output=OUTPUT, axis=1)
+    return b.model(
+        "unsupported_op", [float_input([1, 3, 16, 16])], [float_output([1, 3])], extra_opsets=[(domain, 1)]
+    )
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+
+def report(path):
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
+
+
+def save_model(model, path, check=True):
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    onnx.save_model(model, str(path))
+    report(path)
+
+
+def save_text(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines))
+    report(path)
+
+
+def save_bytes(path, data):
+    path.write_bytes(data)
+    report(path)
+
+
+def save_external_data_model(path):
+    """colors.onnx with its tensors stored in external data, then the weights file deleted."""
+    model = build_colors()
+    onnx.checker.check_model(model, full_check=True)
+    weights = path.parent / "external_data.weights"
+    if weights.exists():
+        os.remove(weights)  # onnx appends to an existing weights file; start clean
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=weights.name,
+        size_threshold=0,
+    )
+    os.remove(weights)
+    report(path)
+
+
+def round7(values):
+    """Rounds to 7 significant digits; returns Python floats whose repr is short (e.g. 0.1234567)."""
+    return [float(f"{v:.7g}") for v in np.ravel(values)]
+
+
+def save_reference(model_path, json_path, input_shape, seed):
+    """Runs a model in onnxruntime on a seeded random normal input and stores input and output.
+
+    The input is rounded to 7 significant digits *before* it is run, so the
+    JSON input (parsed back to float32) is exactly the tensor that produced
+    the JSON output.
+    """
+    raw = np.random.default_rng(seed).standard_normal(input_shape).astype(np.float32)
+    rounded = round7(raw)
+    x = np.array(rounded, dtype=np.float32).reshape(input_shape)
+    (y,) = cpu_session(model_path).run([OUTPUT], {INPUT: x})
+    reference = {
+        "input_shape": list(x.shape),
+        "input": rounded,
+        "output_shape": list(y.shape),
+        "output": round7(y),
+    }
+    json_path.write_text(json.dumps(reference, separators=(",", ":")) + "\n")
+    report(json_path)
+
+
+# --------------------------------------------------------------------------
+# Verification
+# --------------------------------------------------------------------------
+
+
+def cpu_session(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run_once(path):
+    """Loads a model, feeds ones of a concrete shape, checks the output is finite; returns the shapes."""
+    session = cpu_session(path)
+    feeds = {}
+    for inp in session.get_inputs():
+        shape = [CONCRETE_DIMS[d] if isinstance(d, str) else d for d in inp.shape]
+        dtype = np.int64 if inp.type == "tensor(int64)" else np.float32
+        feeds[inp.name] = np.ones(shape, dtype=dtype)
+    outputs = session.run(None, feeds)
+    for out in outputs:
+        assert np.all(np.isfinite(out)), f"{path}: non-finite output"
+    return [i.shape for i in session.get_inputs()], [o.shape for o in session.get_outputs()]
+
+
+def softmax(logits):
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def check_colors(out_dir):
+    """Every colour variant must classify a solid frame of each prototype correctly with p > 0.9."""
+    frames = np.stack([np.broadcast_to(normalize_rgb(rgb)[:, None, None], (3, 16, 16)) for _, rgb in COLOR_CLASSES])
+    variants = {
+        "colors.onnx": lambda s: s.run([OUTPUT], {INPUT: frames})[0],
+        "colors_nhwc.onnx": lambda s: s.run([OUTPUT], {INPUT: frames.transpose(0, 2, 3, 1).copy()})[0],
+        "colors_b1.onnx": lambda s: np.concatenate([s.run([OUTPUT], {INPUT: f[None]})[0] for f in frames]),
+        "colors_dynamic.onnx": lambda s: s.run([OUTPUT], {INPUT: np.tile(frames, (1, 1, 3, 2))})[0],
+        "colors_logits.onnx": lambda s: softmax(s.run([OUTPUT], {INPUT: frames})[0]),
+    }
+    min_prob = 1.0
+    for name, run in variants.items():
+        probs = run(cpu_session(out_dir / name))
+        for k, (label, _) in enumerate(COLOR_CLASSES):
+            assert probs[k].argmax() == k, f"{name}: solid {label} classified as {COLOR_CLASSES[probs[k].argmax()][0]}"
+            assert probs[k, k] > 0.9, f"{name}: solid {label} only p={probs[k, k]:.4f}"
+            min_prob = min(min_prob, float(probs[k, k]))
+    print(f"self-check: {len(variants)} colour models classify all {len(COLOR_CLASSES)} solid colours correctly "
+          f"(lowest p = {min_prob:.6f})")
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="output folder")
+    parser.add_argument("--bench", action="store_true", help="also write the MobileNetV2 benchmark model")
+    args = parser.parse_args()
+    out = args.out
+    bad = out / "bad"
+    bad.mkdir(parents=True, exist_ok=True)
+
+    valid_models = {
+        "colors.onnx": build_colors(),
+        "colors_nhwc.onnx": build_colors(nhwc=True),
+        "colors_b1.onnx": build_colors(batch=1),
+        "colors_dynamic.onnx": build_colors(height="H", width="W"),
+        "colors_logits.onnx": build_colors(softmax=False),
+        "cnn.onnx": build_cnn(),
+    }
+    if args.bench:
+        valid_models["mobilenet_v2_224.onnx"] = build_mobilenet_v2()
+
+    for name, model in valid_models.items():
+        save_model(model, out / name)
+    save_text(out / "colors.txt", [label for label, _ in COLOR_CLASSES])
+    save_text(out / "cnn.txt", [f"class{i}" for i in range(10)])
+    if args.bench:
+        save_text(out / "mobilenet_v2_224.txt", [f"class{i}" for i in range(1000)])
+
+    save_reference(out / "cnn.onnx", out / "cnn_reference.json", (3, 3, 32, 32), SEED_CNN_REFERENCE)
+    save_reference(out / "colors.onnx", out / "colors_reference.json", (2, 3, 16, 16), SEED_COLORS_REFERENCE)
+
+    # Bad models: the first three are valid ONNX, just not something the element accepts.
+    save_model(build_two_inputs(), bad / "two_inputs.onnx")
+    save_model(build_int_input(), bad / "int_input.onnx")
+    save_model(build_rank3_input(), bad / "rank3_input.onnx")
+    save_model(build_no_output(), bad / "no_output.onnx", check=False)
+    save_model(build_unsupported_op(), bad / "unsupported_op.onnx", check=False)
+    save_external_data_model(bad / "external_data.onnx")
+    colors_bytes = (out / "colors.onnx").read_bytes()
+    save_bytes(bad / "truncated.onnx", colors_bytes[: len(colors_bytes) // 2])
+    save_bytes(bad / "random.bin", np.random.default_rng(SEED_RANDOM_BIN).bytes(4096))
+    save_bytes(bad / "empty.onnx", b"")
+
+    # Verification: every valid model loads and runs in onnxruntime.
+    for name in valid_models:
+        inputs, outputs = run_once(out / name)
+        print(f"ok: {name} runs in onnxruntime, inputs {inputs} -> outputs {outputs}")
+    for name in ["two_inputs.onnx", "int_input.onnx", "rank3_input.onnx"]:
+        inputs, outputs = run_once(bad / name)
+        print(f"ok: bad/{name} runs in onnxruntime, inputs {inputs} -> outputs {outputs}")
+    check_colors(out)
+
+
+if __name__ == "__main__":
+    main()

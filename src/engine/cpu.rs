@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The embedded CPU backend: tract, pure Rust, nothing to install.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use tract_onnx::prelude::*;
+
+use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
+use crate::preprocess::{InputSpec, Preprocessor};
+use crate::trtclassify::CAT;
+
+pub struct CpuEngine {
+    info: ModelInfo,
+    plan: Arc<TypedRunnableModel>,
+    preprocessor: Preprocessor,
+    /// Scratch for one model call, reused.
+    input: Vec<f32>,
+}
+
+impl CpuEngine {
+    pub fn build(options: &EngineOptions) -> Result<Self, EngineError> {
+        let model = OnnxModel::load(&options.model)?;
+        Self::from_model(&model, options)
+    }
+
+    pub fn from_model(model: &OnnxModel, options: &EngineOptions) -> Result<Self, EngineError> {
+        let fail = |reason: String| EngineError::Build {
+            path: model.path.clone(),
+            reason,
+        };
+        if options.precision == Precision::Fp16 {
+            gst::info!(
+                CAT,
+                "the cpu backend runs fp32 (precision=fp16 applies to GPU backends)"
+            );
+        }
+        let input = input_spec(model, options).map_err(fail)?;
+        let model_batch = match model.input.batch {
+            Dim::Fixed(n) => {
+                if n < options.batch_size {
+                    gst::info!(
+                        CAT,
+                        "{}: the model fixes its batch at {n}; running batches of {} as {n} at a time",
+                        model.path.display(),
+                        options.batch_size
+                    );
+                }
+                n
+            }
+            Dim::Dynamic(_) => options.batch_size,
+        };
+
+        // tract is written to return errors, but a malformed graph can still trip an
+        // assertion deep inside; a panic must not take the pipeline down.
+        let (plan, num_classes) =
+            catch_unwind(AssertUnwindSafe(|| optimise(model, &input, model_batch)))
+                .unwrap_or_else(|panic| {
+                    Err(OptimiseError::Other(format!(
+                        "internal error in tract: {}",
+                        panic_message(&panic)
+                    )))
+                })
+                .map_err(|e| match e {
+                    OptimiseError::Unsupported(ops) => EngineError::UnsupportedOps {
+                        path: model.path.clone(),
+                        backend: "cpu",
+                        ops,
+                    },
+                    OptimiseError::Other(reason) => fail(reason),
+                })?;
+
+        let preprocessor = Preprocessor::new(options.preprocess.clone(), input).map_err(fail)?;
+        let info = ModelInfo {
+            input,
+            num_classes,
+            model_batch,
+            outputs_probabilities: matches!(
+                model.output_op.as_deref(),
+                Some("Softmax" | "Sigmoid")
+            ),
+            backend: Backend::Cpu,
+            precision: Precision::Fp32,
+        };
+        gst::info!(
+            CAT,
+            "{}: cpu engine ready: input {:?} {}x{}x{}, {} classes, {} frame(s) per call",
+            model.path.display(),
+            input.layout,
+            input.channels,
+            input.height,
+            input.width,
+            num_classes,
+            model_batch
+        );
+        Ok(CpuEngine {
+            info,
+            plan,
+            preprocessor,
+            input: Vec::new(),
+        })
+    }
+
+    fn run_call(&self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+        let spec = &self.info.input;
+        let b = self.info.model_batch;
+        let shape = match spec.layout {
+            crate::preprocess::Layout::Nchw => [b, spec.channels, spec.height, spec.width],
+            crate::preprocess::Layout::Nhwc => [b, spec.height, spec.width, spec.channels],
+        };
+        // A partial batch is padded with zeros: the plan is optimised for one batch size.
+        let mut data = vec![0.0f32; b * spec.frame_len()];
+        data[..input.len()].copy_from_slice(input);
+        let tensor = Tensor::from_shape(&shape, &data)
+            .map_err(|e| EngineError::Inference(format!("{e:#}")))?;
+        let outputs = catch_unwind(AssertUnwindSafe(|| self.plan.run(tvec!(tensor.into()))))
+            .unwrap_or_else(|panic| {
+                Err(anyhow::anyhow!(
+                    "internal error in tract: {}",
+                    panic_message(&panic)
+                ))
+            })
+            .map_err(|e| EngineError::Inference(format!("{e:#}")))?;
+        let scores = outputs[0]
+            .to_plain_array_view::<f32>()
+            .map_err(|e| EngineError::Inference(format!("{e:#}")))?;
+        let scores = scores
+            .as_slice()
+            .ok_or_else(|| EngineError::Inference("output is not contiguous".into()))?;
+        Ok(scores
+            .chunks(self.info.num_classes)
+            .take(n)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+}
+
+impl Engine for CpuEngine {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+        let frame_len = self.info.input.frame_len();
+        assert_eq!(input.len(), n * frame_len, "input holds {n} frames");
+        let mut scores = Vec::with_capacity(n);
+        for chunk in input.chunks(self.info.model_batch * frame_len) {
+            scores.extend(self.run_call(chunk, chunk.len() / frame_len)?);
+        }
+        Ok(scores)
+    }
+
+    fn classify(
+        &mut self,
+        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let frame_len = self.info.input.frame_len();
+        let mut input = std::mem::take(&mut self.input);
+        input.resize(frames.len() * frame_len, 0.0);
+        for (frame, out) in frames.iter().zip(input.chunks_mut(frame_len)) {
+            self.preprocessor.run(frame, out)?;
+        }
+        let scores = self.infer(&input, frames.len());
+        self.input = input;
+        scores
+    }
+}
+
+/// The model input with its spatial size settled: from the model, or from the element's
+/// input size for models that leave it open.
+fn input_spec(model: &OnnxModel, options: &EngineOptions) -> Result<InputSpec, String> {
+    let input = &model.input;
+    let axis = |name: &str, dim: &Dim, forced: Option<usize>| match (dim.fixed(), forced) {
+        (Some(n), None) => Ok(n),
+        (None, Some(n)) => Ok(n),
+        (Some(n), Some(m)) if n == m => Ok(n),
+        (Some(n), Some(m)) => Err(format!(
+            "input-{name} is {m} but the model's input `{}` fixes its {name} at {n}",
+            input.name
+        )),
+        (None, None) => Err(format!(
+            "the {name} of input `{}` is dynamic ({dim}); set input-width and input-height",
+            input.name
+        )),
+    };
+    Ok(InputSpec {
+        layout: input.layout,
+        channels: input.channels,
+        height: axis("height", &input.height, options.input_size.map(|s| s.0))?,
+        width: axis("width", &input.width, options.input_size.map(|s| s.1))?,
+    })
+}
+
+enum OptimiseError {
+    Unsupported(Vec<String>),
+    Other(String),
+}
+
+/// Parses the graph with tract, pins the input shape, optimises, and returns the runnable
+/// plan with the number of classes.
+fn optimise(
+    model: &OnnxModel,
+    input: &InputSpec,
+    batch: usize,
+) -> Result<(Arc<TypedRunnableModel>, usize), OptimiseError> {
+    let other = |e: anyhow::Error| OptimiseError::Other(format!("{e:#}"));
+    let parsed = tract_onnx::onnx()
+        .parse(&model.proto, model.dir())
+        .map_err(other)?;
+    if !parsed.unresolved_inputs.is_empty() {
+        return Err(OptimiseError::Other(format!(
+            "the graph uses values that nothing defines: {}",
+            parsed.unresolved_inputs.join(", ")
+        )));
+    }
+    let mut graph = parsed.model;
+
+    let unsupported: Vec<String> = graph
+        .nodes()
+        .iter()
+        .filter_map(|n| {
+            let name = n.op.name();
+            name.strip_prefix("Unimplemented(")
+                .and_then(|s| s.strip_suffix(')'))
+                .map(str::to_owned)
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !unsupported.is_empty() {
+        return Err(OptimiseError::Unsupported(unsupported));
+    }
+
+    // Keep only the first output: a classifier's scores.
+    let first_output = graph.output_outlets().map_err(other)?[0];
+    graph
+        .select_output_outlets(&[first_output])
+        .map_err(other)?;
+
+    let shape: TVec<usize> = match input.layout {
+        crate::preprocess::Layout::Nchw => tvec![batch, input.channels, input.height, input.width],
+        crate::preprocess::Layout::Nhwc => tvec![batch, input.height, input.width, input.channels],
+    };
+    let graph = graph
+        .with_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))
+        .map_err(other)?;
+    let typed = graph.into_optimized().map_err(other)?;
+
+    let output = typed.output_fact(0).map_err(other)?;
+    if output.datum_type != f32::datum_type() {
+        return Err(OptimiseError::Other(format!(
+            "the output holds {:?}; float32 class scores are expected",
+            output.datum_type
+        )));
+    }
+    let dims = output.shape.as_concrete().ok_or_else(|| {
+        OptimiseError::Other(format!("the output shape {:?} is not fixed", output.shape))
+    })?;
+    if dims.first() != Some(&batch) {
+        return Err(OptimiseError::Other(format!(
+            "the output shape {dims:?} does not start with the batch axis ({batch}); class scores per image are expected"
+        )));
+    }
+    let num_classes: usize = dims[1..].iter().product();
+    if num_classes == 0 {
+        return Err(OptimiseError::Other(format!(
+            "the output shape {dims:?} holds no class scores"
+        )));
+    }
+    let plan = typed.into_runnable().map_err(other)?;
+    Ok((plan, num_classes))
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

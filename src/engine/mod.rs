@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The seam between the element and its inference backends.
+//!
+//! An engine is built once per model and options (in the element's `start()`), takes a batch
+//! of video frames, and returns one score vector per frame. Each backend does its own
+//! preprocessing so that a GPU backend can do it on the GPU.
+
+pub mod cpu;
+pub mod onnx;
+
+use std::path::PathBuf;
+
+use crate::preprocess::{InputSpec, PreprocessError, PreprocessOptions};
+pub use onnx::{Dim, ModelError, OnnxModel};
+
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstTrtClassifyBackend")]
+pub enum Backend {
+    #[default]
+    #[enum_value(
+        name = "Auto: the fastest backend that works on this machine",
+        nick = "auto"
+    )]
+    Auto = 0,
+    #[enum_value(name = "CPU: embedded, works anywhere (fp32)", nick = "cpu")]
+    Cpu = 1,
+    #[enum_value(name = "CUDA: our fp16 engine on NVIDIA GPUs", nick = "cuda")]
+    Cuda = 2,
+    #[enum_value(name = "TensorRT: where TensorRT 10 is installed", nick = "tensorrt")]
+    Tensorrt = 3,
+}
+
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstTrtClassifyPrecision")]
+pub enum Precision {
+    #[default]
+    #[enum_value(
+        name = "FP16: half precision on GPUs (the CPU backend runs fp32)",
+        nick = "fp16"
+    )]
+    Fp16 = 0,
+    #[enum_value(name = "FP32: single precision", nick = "fp32")]
+    Fp32 = 1,
+}
+
+/// Everything that shapes an engine; a change of any of it means another engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub model: PathBuf,
+    /// The most frames run at once.
+    pub batch_size: usize,
+    /// Height and width for models whose spatial axes are dynamic.
+    pub input_size: Option<(usize, usize)>,
+    pub precision: Precision,
+    pub gpu_id: u32,
+    pub preprocess: PreprocessOptions,
+}
+
+/// What the element needs to know of a built engine.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub input: InputSpec,
+    pub num_classes: usize,
+    /// Frames run in one call of the model; 1 when the model fixes its batch axis at 1.
+    pub model_batch: usize,
+    /// Whether the model's own last operator makes probabilities (Softmax, Sigmoid).
+    pub outputs_probabilities: bool,
+    pub backend: Backend,
+    pub precision: Precision,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("backend={backend} is not available: {reason}")]
+    Unavailable {
+        backend: &'static str,
+        reason: String,
+    },
+    #[error("{}: the {backend} backend does not support the operator(s) {}", path.display(), ops.join(", "))]
+    UnsupportedOps {
+        path: PathBuf,
+        backend: &'static str,
+        ops: Vec<String>,
+    },
+    #[error("{}: {reason}", path.display())]
+    Build { path: PathBuf, reason: String },
+    #[error("inference failed: {0}")]
+    Inference(String),
+    #[error(transparent)]
+    Preprocess(#[from] PreprocessError),
+}
+
+pub trait Engine: Send {
+    fn info(&self) -> &ModelInfo;
+
+    /// Runs `n` preprocessed frames laid out as the model's input, one after the other.
+    fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Preprocesses and runs `frames` (at most the engine's batch size).
+    fn classify(
+        &mut self,
+        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
+    ) -> Result<Vec<Vec<f32>>, EngineError>;
+}
+
+/// Builds the engine for `backend`. `Auto` takes the first of the GPU backends that is built in
+/// and usable, else the CPU; an explicit backend that is not usable is an error, never a
+/// silent fallback.
+pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine>, EngineError> {
+    match backend {
+        Backend::Auto => match gpu_unavailable_reason() {
+            Some(reason) => {
+                gst::info!(
+                    crate::trtclassify::CAT,
+                    "backend=auto: using cpu ({reason})"
+                );
+                Ok(Box::new(cpu::CpuEngine::build(options)?))
+            }
+            None => unreachable!("no GPU backend is built in"),
+        },
+        Backend::Cpu => Ok(Box::new(cpu::CpuEngine::build(options)?)),
+        Backend::Cuda => Err(EngineError::Unavailable {
+            backend: "cuda",
+            reason: gpu_unavailable_reason().unwrap_or_default(),
+        }),
+        Backend::Tensorrt => Err(EngineError::Unavailable {
+            backend: "tensorrt",
+            reason: "this plugin was built without TensorRT support".into(),
+        }),
+    }
+}
+
+/// Why no GPU backend can run here, or `None` when one can.
+fn gpu_unavailable_reason() -> Option<String> {
+    Some("this plugin was built without the CUDA engine".into())
+}

@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Reading an ONNX file and checking that it is an image classifier, before any backend sees
+//! it: every problem found here names the file and says what is wrong with it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use tract_onnx::pb;
+use tract_onnx::prelude::tract_itertools::Itertools;
+
+use crate::preprocess::Layout;
+
+/// ONNX `TensorProto.DataType` code of float32.
+const ONNX_FLOAT: i32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{}: cannot read the model: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not an ONNX model: {reason}", path.display())]
+    NotOnnx { path: PathBuf, reason: String },
+    #[error("{}: not an image classifier: {reason}", path.display())]
+    NotClassifier { path: PathBuf, reason: String },
+}
+
+/// One axis of the input: a number, or a name when the model leaves it open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    Dynamic(String),
+}
+
+impl Dim {
+    pub fn fixed(&self) -> Option<usize> {
+        match self {
+            Dim::Fixed(n) => Some(*n),
+            Dim::Dynamic(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Dynamic(name) if name.is_empty() => write!(f, "?"),
+            Dim::Dynamic(name) => write!(f, "{name}"),
+        }
+    }
+}
+
+/// The image input of a classifier: batch, channel and spatial axes found from its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInput {
+    pub name: String,
+    pub layout: Layout,
+    pub batch: Dim,
+    pub channels: usize,
+    pub height: Dim,
+    pub width: Dim,
+}
+
+/// A parsed ONNX file that passed the classifier checks.
+pub struct OnnxModel {
+    pub path: PathBuf,
+    pub proto: pb::ModelProto,
+    pub input: ImageInput,
+    pub output: String,
+    /// The operator producing the output, to tell whether scores already are probabilities.
+    pub output_op: Option<String>,
+}
+
+impl OnnxModel {
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        let bytes = read(path)?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, ModelError> {
+        let not_onnx = |reason: String| ModelError::NotOnnx {
+            path: path.to_owned(),
+            reason,
+        };
+        let not_classifier = |reason: String| ModelError::NotClassifier {
+            path: path.to_owned(),
+            reason,
+        };
+        if bytes.is_empty() {
+            return Err(not_onnx("the file is empty".into()));
+        }
+        let proto = <pb::ModelProto as prost::Message>::decode(bytes).map_err(|e| {
+            not_onnx(format!(
+                "the protobuf does not decode ({e}); is the file truncated?"
+            ))
+        })?;
+        let graph = proto
+            .graph
+            .as_ref()
+            .filter(|g| !g.node.is_empty())
+            .ok_or_else(|| not_onnx("it holds no graph".into()))?;
+
+        let inputs: Vec<&pb::ValueInfoProto> = graph
+            .input
+            .iter()
+            .filter(|i| !graph.initializer.iter().any(|t| t.name == i.name))
+            .collect();
+        let input = match inputs.as_slice() {
+            [input] => *input,
+            [] => return Err(not_classifier("the model has no input".into())),
+            many => {
+                return Err(not_classifier(format!(
+                    "the model has {} inputs ({}); one image input is expected",
+                    many.len(),
+                    many.iter().map(|i| &i.name).join(", ")
+                )));
+            }
+        };
+        let input = image_input(input).map_err(not_classifier)?;
+
+        let output = graph
+            .output
+            .first()
+            .ok_or_else(|| not_classifier("the model has no output".into()))?
+            .name
+            .clone();
+        let output_op = graph
+            .node
+            .iter()
+            .find(|n| n.output.contains(&output))
+            .map(|n| n.op_type.clone());
+
+        Ok(OnnxModel {
+            path: path.to_owned(),
+            proto,
+            input,
+            output,
+            output_op,
+        })
+    }
+
+    /// The folder that external weights are looked up in.
+    pub fn dir(&self) -> Option<&str> {
+        self.path.parent().and_then(Path::to_str)
+    }
+
+    pub fn file_name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.display().to_string())
+    }
+
+    /// Operators of the graph, each once, in the order they first appear.
+    pub fn op_types(&self) -> Vec<String> {
+        self.proto
+            .graph
+            .iter()
+            .flat_map(|g| &g.node)
+            .map(|n| match n.domain.as_str() {
+                "" | "ai.onnx" => n.op_type.clone(),
+                domain => format!("{domain}.{}", n.op_type),
+            })
+            .unique()
+            .collect()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ModelError> {
+    let io = |source| ModelError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if std::fs::metadata(path).map_err(io)?.is_dir() {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "it is a directory, not a file",
+        )));
+    }
+    std::fs::read(path).map_err(io)
+}
+
+fn image_input(input: &pb::ValueInfoProto) -> Result<ImageInput, String> {
+    let name = &input.name;
+    let Some(pb::type_proto::Value::TensorType(tensor)) =
+        input.r#type.as_ref().and_then(|t| t.value.as_ref())
+    else {
+        return Err(format!("input `{name}` is not a tensor"));
+    };
+    if tensor.elem_type != ONNX_FLOAT {
+        let ty = pb::tensor_proto::DataType::try_from(tensor.elem_type)
+            .map(|t| format!("{t:?}").to_lowercase())
+            .unwrap_or_else(|_| format!("type {}", tensor.elem_type));
+        return Err(format!(
+            "input `{name}` holds {ty}; an image input of float32 is expected"
+        ));
+    }
+    let dims: Vec<Dim> = tensor
+        .shape
+        .as_ref()
+        .ok_or_else(|| format!("input `{name}` has no shape"))?
+        .dim
+        .iter()
+        .map(|d| match &d.value {
+            Some(pb::tensor_shape_proto::dimension::Value::DimValue(n)) if *n > 0 => {
+                Dim::Fixed(*n as usize)
+            }
+            Some(pb::tensor_shape_proto::dimension::Value::DimParam(p)) => Dim::Dynamic(p.clone()),
+            _ => Dim::Dynamic(String::new()),
+        })
+        .collect();
+    let shape = || dims.iter().join("×");
+    let [batch, a, b, c] = dims.as_slice() else {
+        return Err(format!(
+            "input `{name}` has shape {} ({} axes); an image input has 4 axes, NCHW or NHWC",
+            shape(),
+            dims.len()
+        ));
+    };
+    let is_channels = |d: &Dim| matches!(d.fixed(), Some(1 | 3));
+    let (layout, channels, height, width) = if is_channels(a) {
+        (Layout::Nchw, a, b, c)
+    } else if is_channels(c) {
+        (Layout::Nhwc, c, a, b)
+    } else {
+        return Err(format!(
+            "input `{name}` has shape {}: neither axis 1 (NCHW) nor axis 3 (NHWC) holds 1 or 3 colour channels",
+            shape()
+        ));
+    };
+    Ok(ImageInput {
+        name: name.clone(),
+        layout,
+        batch: batch.clone(),
+        channels: channels.fixed().expect("checked above"),
+        height: height.clone(),
+        width: width.clone(),
+    })
+}

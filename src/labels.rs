@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Class labels: a text file with one label per line, line N naming class N.
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{}: cannot read the labels file: {source}", path.display())]
+pub struct LabelsError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Labels(Vec<String>);
+
+impl Labels {
+    pub fn load(path: &Path) -> Result<Self, LabelsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LabelsError {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self::parse(&text))
+    }
+
+    /// One label per line; surrounding white space (and Windows line ends) is trimmed, and
+    /// trailing empty lines are dropped so that a final newline does not add a class.
+    pub fn parse(text: &str) -> Self {
+        let mut labels: Vec<String> = text.lines().map(|l| l.trim().to_owned()).collect();
+        while labels.last().is_some_and(|l| l.is_empty()) {
+            labels.pop();
+        }
+        Labels(labels)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The label of `class_id`, or its number when the file has none for it.
+    pub fn get(&self, class_id: usize) -> String {
+        match self.0.get(class_id) {
+            Some(label) if !label.is_empty() => label.clone(),
+            _ => class_id.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_stand_in_for_missing_labels() {
+        let labels = Labels::parse("cat\r\n\ndog\n\n");
+        assert_eq!(labels.len(), 3);
+        assert_eq!(labels.get(0), "cat");
+        assert_eq!(labels.get(1), "1");
+        assert_eq!(labels.get(2), "dog");
+        assert_eq!(labels.get(7), "7");
+    }
+
+    #[test]
+    fn unreadable_file_names_the_path() {
+        let err = Labels::load(Path::new("/nonexistent/labels.txt")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("/nonexistent/labels.txt"), "{msg}");
+        assert!(msg.contains("No such file"), "{msg}");
+    }
+}

@@ -1,0 +1,541 @@
+// SPDX-License-Identifier: MPL-2.0
+//! CPU preprocessing: any supported video frame to the model's float input.
+//!
+//! Colour conversion and resizing go through GStreamer's own `GstVideoConverter` (the code
+//! behind `videoconvertscale`), which handles every raw format, strides, cropping and borders;
+//! what is left here is the per-channel normalisation `(pixel × scale − mean[c]) / std[c]`,
+//! done through a 256-entry table per channel.
+
+use gst_video::prelude::*;
+
+/// How frames are fitted to the model's input size.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstTrtClassifyResizeMode")]
+pub enum ResizeMode {
+    #[default]
+    #[enum_value(
+        name = "Stretch: scale to the input size, ignoring the aspect ratio",
+        nick = "stretch"
+    )]
+    Stretch = 0,
+    #[enum_value(
+        name = "Letterbox: keep the aspect ratio, pad the rest with the mean colour",
+        nick = "letterbox"
+    )]
+    Letterbox = 1,
+    #[enum_value(
+        name = "Center crop: keep the aspect ratio, crop the middle of the frame",
+        nick = "center-crop"
+    )]
+    CenterCrop = 2,
+}
+
+/// Order of the colour channels the model expects.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstTrtClassifyChannelOrder")]
+pub enum ChannelOrder {
+    #[default]
+    #[enum_value(name = "RGB", nick = "rgb")]
+    Rgb = 0,
+    #[enum_value(name = "BGR", nick = "bgr")]
+    Bgr = 1,
+}
+
+/// Memory layout of the model's image input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Nchw,
+    Nhwc,
+}
+
+/// The model's image input, batch axis left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputSpec {
+    pub layout: Layout,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+impl InputSpec {
+    pub fn frame_len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreprocessOptions {
+    pub scale: f32,
+    /// One value, or one per channel in the model's channel order.
+    pub mean: Vec<f32>,
+    /// One value, or one per channel in the model's channel order; all > 0.
+    pub std: Vec<f32>,
+    pub channel_order: ChannelOrder,
+    pub resize: ResizeMode,
+}
+
+impl Default for PreprocessOptions {
+    fn default() -> Self {
+        Self {
+            scale: 1.0 / 255.0,
+            mean: vec![0.485, 0.456, 0.406],
+            std: vec![0.229, 0.224, 0.225],
+            channel_order: ChannelOrder::Rgb,
+            resize: ResizeMode::Stretch,
+        }
+    }
+}
+
+impl PreprocessOptions {
+    /// Mean and std with one value per model channel. A single value applies to every channel;
+    /// for a one-channel model, three values are averaged (the grey of an RGB mean).
+    pub fn per_channel(&self, channels: usize) -> Result<(Vec<f32>, Vec<f32>), String> {
+        let fit = |name: &str, values: &[f32]| -> Result<Vec<f32>, String> {
+            match values.len() {
+                n if n == channels => Ok(values.to_vec()),
+                1 => Ok(vec![values[0]; channels]),
+                3 if channels == 1 => Ok(vec![values.iter().sum::<f32>() / 3.0]),
+                n => Err(format!(
+                    "{name} has {n} values but the model takes {channels} channel(s): give 1 or {channels}"
+                )),
+            }
+        };
+        Ok((fit("mean", &self.mean)?, fit("std", &self.std)?))
+    }
+}
+
+/// A rectangle in pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rect {
+    pub x: i32,
+    pub y: i32,
+    pub w: i32,
+    pub h: i32,
+}
+
+/// Where the frame is read from and where it lands in the model input.
+pub fn geometry(src: (i32, i32), dst: (i32, i32), mode: ResizeMode) -> (Rect, Rect) {
+    let (sw, sh) = src;
+    let (dw, dh) = dst;
+    let full_src = Rect {
+        x: 0,
+        y: 0,
+        w: sw,
+        h: sh,
+    };
+    let full_dst = Rect {
+        x: 0,
+        y: 0,
+        w: dw,
+        h: dh,
+    };
+    match mode {
+        ResizeMode::Stretch => (full_src, full_dst),
+        ResizeMode::Letterbox => {
+            let scale = f64::min(dw as f64 / sw as f64, dh as f64 / sh as f64);
+            let w = ((sw as f64 * scale).round() as i32).clamp(1, dw);
+            let h = ((sh as f64 * scale).round() as i32).clamp(1, dh);
+            (
+                full_src,
+                Rect {
+                    x: (dw - w) / 2,
+                    y: (dh - h) / 2,
+                    w,
+                    h,
+                },
+            )
+        }
+        ResizeMode::CenterCrop => {
+            let scale = f64::max(dw as f64 / sw as f64, dh as f64 / sh as f64);
+            let w = ((dw as f64 / scale).round() as i32).clamp(1, sw);
+            let h = ((dh as f64 / scale).round() as i32).clamp(1, sh);
+            (
+                Rect {
+                    x: (sw - w) / 2,
+                    y: (sh - h) / 2,
+                    w,
+                    h,
+                },
+                full_dst,
+            )
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PreprocessError {
+    #[error("cannot convert {format:?} {width}x{height} to the model input: {reason}")]
+    Convert {
+        format: gst_video::VideoFormat,
+        width: u32,
+        height: u32,
+        reason: String,
+    },
+}
+
+/// A converter for one input format and size, made again when the caps change.
+struct Converter {
+    in_info: gst_video::VideoInfo,
+    converter: gst_video::VideoConverter,
+    out_info: gst_video::VideoInfo,
+    out: gst::Buffer,
+}
+
+pub struct Preprocessor {
+    options: PreprocessOptions,
+    input: InputSpec,
+    /// `table[c][p]` is the normalised value of pixel value `p` in channel `c`.
+    table: Vec<[f32; 256]>,
+    converter: Option<Converter>,
+}
+
+impl Preprocessor {
+    pub fn new(options: PreprocessOptions, input: InputSpec) -> Result<Self, String> {
+        let (mean, std) = options.per_channel(input.channels)?;
+        let table = mean
+            .iter()
+            .zip(&std)
+            .map(|(m, s)| std::array::from_fn(|p| (p as f32 * options.scale - m) / s))
+            .collect();
+        Ok(Self {
+            options,
+            input,
+            table,
+            converter: None,
+        })
+    }
+
+    pub fn input(&self) -> &InputSpec {
+        &self.input
+    }
+
+    /// Writes the model input for `frame` into `out` (`input.frame_len()` values).
+    pub fn run(
+        &mut self,
+        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        out: &mut [f32],
+    ) -> Result<(), PreprocessError> {
+        self.ensure_converter(frame.info())?;
+        let converter = self.converter.as_mut().expect("just made");
+        let mut converted = gst_video::VideoFrameRef::from_buffer_ref_writable(
+            converter.out.make_mut(),
+            &converter.out_info,
+        )
+        .expect("the scratch buffer is sized for its info");
+        converter.converter.frame_ref(frame, &mut converted);
+
+        let stride = converted.plane_stride()[0] as usize;
+        let data = converted
+            .plane_data(0)
+            .expect("packed formats have plane 0");
+        normalise(data, stride, &self.input, &self.table, out);
+        Ok(())
+    }
+
+    fn ensure_converter(&mut self, info: &gst_video::VideoInfo) -> Result<(), PreprocessError> {
+        if self.converter.as_ref().is_none_or(|c| &c.in_info != info) {
+            self.converter = Some(self.make_converter(info)?);
+        }
+        Ok(())
+    }
+
+    fn make_converter(&self, in_info: &gst_video::VideoInfo) -> Result<Converter, PreprocessError> {
+        let fail = |reason: String| PreprocessError::Convert {
+            format: in_info.format(),
+            width: in_info.width(),
+            height: in_info.height(),
+            reason,
+        };
+        let format = match (self.input.channels, self.options.channel_order) {
+            (1, _) => gst_video::VideoFormat::Gray8,
+            (_, ChannelOrder::Rgb) => gst_video::VideoFormat::Rgb,
+            (_, ChannelOrder::Bgr) => gst_video::VideoFormat::Bgr,
+        };
+        let out_info = gst_video::VideoInfo::builder(
+            format,
+            self.input.width as u32,
+            self.input.height as u32,
+        )
+        .build()
+        .map_err(|e| fail(e.to_string()))?;
+
+        let (src, dst) = geometry(
+            (in_info.width() as i32, in_info.height() as i32),
+            (self.input.width as i32, self.input.height as i32),
+            self.options.resize,
+        );
+        let mut config = gst_video::VideoConverterConfig::new();
+        config.set_resampler_method(gst_video::VideoResamplerMethod::Linear);
+        config.set_dither_method(gst_video::VideoDitherMethod::None);
+        config.set_threads(1);
+        config.set_src_x(src.x);
+        config.set_src_y(src.y);
+        config.set_src_width(Some(src.w));
+        config.set_src_height(Some(src.h));
+        config.set_dest_x(dst.x);
+        config.set_dest_y(dst.y);
+        config.set_dest_width(Some(dst.w));
+        config.set_dest_height(Some(dst.h));
+        config.set_fill_border(true);
+        config.set_border_argb(self.border_argb());
+        let converter = gst_video::VideoConverter::new(in_info, &out_info, Some(config))
+            .map_err(|e| fail(e.to_string()))?;
+        let out = gst::Buffer::with_size(out_info.size()).map_err(|e| fail(e.to_string()))?;
+        Ok(Converter {
+            in_info: in_info.clone(),
+            converter,
+            out_info,
+            out,
+        })
+    }
+
+    /// Letterbox borders get the mean colour, which normalises to zero: padding then looks
+    /// like "no information" to the model rather than like black.
+    fn border_argb(&self) -> u32 {
+        let (mean, _) = self
+            .options
+            .per_channel(self.input.channels)
+            .expect("checked in new()");
+        let pixel = |c: usize| {
+            (mean[c.min(mean.len() - 1)] / self.options.scale)
+                .round()
+                .clamp(0.0, 255.0) as u32
+        };
+        let (r, g, b) = match self.options.channel_order {
+            ChannelOrder::Rgb => (pixel(0), pixel(1), pixel(2)),
+            ChannelOrder::Bgr => (pixel(2), pixel(1), pixel(0)),
+        };
+        0xff00_0000 | (r << 16) | (g << 8) | b
+    }
+}
+
+/// Packed 8-bit pixels (`channels` per pixel, rows `stride` bytes apart) to normalised floats
+/// in the model's layout.
+fn normalise(data: &[u8], stride: usize, input: &InputSpec, table: &[[f32; 256]], out: &mut [f32]) {
+    let (c, h, w) = (input.channels, input.height, input.width);
+    let out = &mut out[..c * h * w];
+    for y in 0..h {
+        let row = &data[y * stride..y * stride + w * c];
+        match input.layout {
+            Layout::Nhwc => {
+                for (dst, (i, p)) in out[y * w * c..(y + 1) * w * c]
+                    .iter_mut()
+                    .zip(row.iter().enumerate())
+                {
+                    *dst = table[i % c][*p as usize];
+                }
+            }
+            Layout::Nchw => {
+                for (ch, table) in table.iter().enumerate() {
+                    let plane = &mut out[ch * h * w + y * w..ch * h * w + (y + 1) * w];
+                    for (dst, p) in plane.iter_mut().zip(row.iter().skip(ch).step_by(c)) {
+                        *dst = table[*p as usize];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn init() {
+        let _ = gst::init();
+    }
+
+    #[test]
+    fn letterbox_and_crop_keep_the_aspect_ratio() {
+        let (s, d) = geometry((1920, 1080), (224, 224), ResizeMode::Letterbox);
+        assert_eq!(
+            s,
+            Rect {
+                x: 0,
+                y: 0,
+                w: 1920,
+                h: 1080
+            }
+        );
+        assert_eq!(
+            d,
+            Rect {
+                x: 0,
+                y: 49,
+                w: 224,
+                h: 126
+            }
+        );
+        let (s, d) = geometry((1920, 1080), (224, 224), ResizeMode::CenterCrop);
+        assert_eq!(
+            s,
+            Rect {
+                x: 420,
+                y: 0,
+                w: 1080,
+                h: 1080
+            }
+        );
+        assert_eq!(
+            d,
+            Rect {
+                x: 0,
+                y: 0,
+                w: 224,
+                h: 224
+            }
+        );
+        let (s, d) = geometry((640, 480), (320, 240), ResizeMode::Stretch);
+        assert_eq!((s.w, s.h, d.w, d.h), (640, 480, 320, 240));
+    }
+
+    #[test]
+    fn mean_and_std_fit_the_channel_count() {
+        let o = PreprocessOptions::default();
+        assert_eq!(o.per_channel(3).unwrap().0, vec![0.485, 0.456, 0.406]);
+        let (m, s) = o.per_channel(1).unwrap();
+        assert!((m[0] - 0.449).abs() < 1e-6 && (s[0] - 0.226).abs() < 1e-6);
+        let o = PreprocessOptions {
+            mean: vec![0.5, 0.5],
+            ..Default::default()
+        };
+        assert!(o.per_channel(3).unwrap_err().contains("mean has 2 values"));
+    }
+
+    /// A solid frame in `format` converted and normalised; returns the NCHW output.
+    fn solid(
+        format: gst_video::VideoFormat,
+        rgb: [u8; 3],
+        options: PreprocessOptions,
+        layout: Layout,
+    ) -> Vec<f32> {
+        init();
+        // Draw the colour in RGB, then let a converter produce the test format, as upstream would.
+        let rgb_info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, 64, 48)
+            .build()
+            .unwrap();
+        let mut rgb_buf = gst::Buffer::with_size(rgb_info.size()).unwrap();
+        {
+            let mut f =
+                gst_video::VideoFrameRef::from_buffer_ref_writable(rgb_buf.make_mut(), &rgb_info)
+                    .unwrap();
+            let stride = f.plane_stride()[0] as usize;
+            let data = f.plane_data_mut(0).unwrap();
+            for y in 0..48 {
+                for x in 0..64 {
+                    data[y * stride + x * 3..y * stride + x * 3 + 3].copy_from_slice(&rgb);
+                }
+            }
+        }
+        let info = gst_video::VideoInfo::builder(format, 64, 48)
+            .build()
+            .unwrap();
+        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+        {
+            let conv = gst_video::VideoConverter::new(&rgb_info, &info, None).unwrap();
+            let src =
+                gst_video::VideoFrameRef::from_buffer_ref_readable(&rgb_buf, &rgb_info).unwrap();
+            let mut dst =
+                gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info).unwrap();
+            conv.frame_ref(&src, &mut dst);
+        }
+        let input = InputSpec {
+            layout,
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        let mut pre = Preprocessor::new(options, input).unwrap();
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
+        let mut out = vec![f32::NAN; input.frame_len()];
+        pre.run(&frame, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn every_format_normalises_to_the_same_values() {
+        let expected = [
+            (200.0 / 255.0 - 0.485) / 0.229,
+            (100.0 / 255.0 - 0.456) / 0.224,
+            (50.0 / 255.0 - 0.406) / 0.225,
+        ];
+        use gst_video::VideoFormat::*;
+        for format in [Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420] {
+            let out = solid(
+                format,
+                [200, 100, 50],
+                PreprocessOptions::default(),
+                Layout::Nchw,
+            );
+            // YUV formats go through a lossy round trip; two pixel levels of slack.
+            let tol = 2.5 / 255.0 / 0.224;
+            for c in 0..3 {
+                for v in &out[c * 64..(c + 1) * 64] {
+                    assert!(
+                        (v - expected[c]).abs() < tol,
+                        "{format:?} channel {c}: {v} vs {}",
+                        expected[c]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bgr_order_and_nhwc_layout() {
+        let options = PreprocessOptions {
+            mean: vec![0.0],
+            std: vec![1.0],
+            channel_order: ChannelOrder::Bgr,
+            ..Default::default()
+        };
+        let out = solid(
+            gst_video::VideoFormat::Rgb,
+            [255, 0, 51],
+            options,
+            Layout::Nhwc,
+        );
+        for px in out.chunks(3) {
+            assert!(
+                (px[0] - 0.2).abs() < 1e-6 && px[1].abs() < 1e-6 && (px[2] - 1.0).abs() < 1e-6,
+                "{px:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn letterbox_border_is_the_mean() {
+        init();
+        // A white 64x16 frame letterboxed into 8x8: rows 0-2 and 5-7 are border.
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, 64, 16)
+            .build()
+            .unwrap();
+        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+        buf.make_mut().map_writable().unwrap().fill(255);
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        let options = PreprocessOptions {
+            resize: ResizeMode::Letterbox,
+            ..Default::default()
+        };
+        let mut pre = Preprocessor::new(options, input).unwrap();
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
+        let mut out = vec![f32::NAN; input.frame_len()];
+        pre.run(&frame, &mut out).unwrap();
+        for c in 0..3 {
+            let plane = &out[c * 64..(c + 1) * 64];
+            assert!(plane[0].abs() < 0.03, "border of channel {c}: {}", plane[0]);
+            assert!(
+                plane[4 * 8 + 4] > 2.0,
+                "picture of channel {c}: {}",
+                plane[36]
+            );
+        }
+    }
+}

@@ -1,0 +1,914 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The `trtclassify` element: holds frames until a batch is full (or `batch-timeout` passes,
+//! or a serialized event arrives), classifies the batch, attaches the results and sends the
+//! frames on, in order.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+use gst_base::subclass::base_transform::GenerateOutputSuccess;
+use gst_base::subclass::prelude::*;
+
+use super::timer::BatchTimer;
+use crate::engine::{self, Backend, Engine, EngineError, EngineOptions, ModelError, Precision};
+use crate::labels::Labels;
+use crate::meta::{ClassEntry, Classification};
+use crate::postprocess::{self, Softmax};
+use crate::preprocess::{ChannelOrder, PreprocessOptions, ResizeMode};
+use crate::results::ResultsWriter;
+
+pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "trtclassify",
+        gst::DebugColorFlags::empty(),
+        Some("ONNX image classification"),
+    )
+});
+
+const DEFAULT_BACKEND: Backend = Backend::Auto;
+const DEFAULT_PRECISION: Precision = Precision::Fp16;
+const DEFAULT_GPU_ID: u32 = 0;
+const DEFAULT_BATCH_SIZE: u32 = 1;
+const MAX_BATCH_SIZE: u32 = 64;
+const DEFAULT_BATCH_TIMEOUT_MS: i32 = 100;
+const DEFAULT_TOP_K: u32 = 5;
+const DEFAULT_THRESHOLD: f64 = 0.0;
+const DEFAULT_SOFTMAX: Softmax = Softmax::Auto;
+const DEFAULT_SCALE: f64 = 1.0 / 255.0;
+const DEFAULT_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+const DEFAULT_STD: [f32; 3] = [0.229, 0.224, 0.225];
+const DEFAULT_CHANNEL_ORDER: ChannelOrder = ChannelOrder::Rgb;
+const DEFAULT_RESIZE_MODE: ResizeMode = ResizeMode::Stretch;
+const DEFAULT_INTERVAL: u32 = 1;
+
+#[derive(Debug, Clone)]
+struct Settings {
+    onnx_location: Option<String>,
+    labels_location: Option<String>,
+    results_location: Option<String>,
+    backend: Backend,
+    precision: Precision,
+    gpu_id: u32,
+    batch_size: u32,
+    input_width: u32,
+    input_height: u32,
+    softmax: Softmax,
+    scale: f64,
+    mean: Vec<f32>,
+    std: Vec<f32>,
+    channel_order: ChannelOrder,
+    resize_mode: ResizeMode,
+    tunables: Tunables,
+    /// A property value that was refused; `start()` fails with it, so that a typo in a
+    /// launch line never runs silently with the old value.
+    refused: Option<String>,
+}
+
+/// What may change while playing; copied out for every buffer.
+#[derive(Debug, Clone, Copy)]
+struct Tunables {
+    batch_timeout_ms: i32,
+    top_k: u32,
+    threshold: f64,
+    interval: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            onnx_location: None,
+            labels_location: None,
+            results_location: None,
+            backend: DEFAULT_BACKEND,
+            precision: DEFAULT_PRECISION,
+            gpu_id: DEFAULT_GPU_ID,
+            batch_size: DEFAULT_BATCH_SIZE,
+            input_width: 0,
+            input_height: 0,
+            softmax: DEFAULT_SOFTMAX,
+            scale: DEFAULT_SCALE,
+            mean: DEFAULT_MEAN.to_vec(),
+            std: DEFAULT_STD.to_vec(),
+            channel_order: DEFAULT_CHANNEL_ORDER,
+            resize_mode: DEFAULT_RESIZE_MODE,
+            tunables: Tunables {
+                batch_timeout_ms: DEFAULT_BATCH_TIMEOUT_MS,
+                top_k: DEFAULT_TOP_K,
+                threshold: DEFAULT_THRESHOLD,
+                interval: DEFAULT_INTERVAL,
+            },
+            refused: None,
+        }
+    }
+}
+
+/// A frame held until its batch runs.
+struct Pending {
+    buffer: gst::Buffer,
+    frame: u64,
+    /// True when this frame is inferred, false when it carries the last result (`interval`).
+    fresh: bool,
+}
+
+struct State {
+    engine: Box<dyn Engine>,
+    labels: Labels,
+    model_name: String,
+    batch_size: usize,
+    /// Whether scores go through a softmax; for `softmax=auto` settled on the first result.
+    apply_softmax: Option<bool>,
+    results: Option<(String, ResultsWriter)>,
+    info: Option<gst_video::VideoInfo>,
+    pending: Vec<Pending>,
+    /// How many of `pending` are fresh, i.e. go to the engine.
+    to_infer: usize,
+    /// When the oldest fresh pending frame has waited `batch-timeout`.
+    deadline: Option<Instant>,
+    ready: VecDeque<gst::Buffer>,
+    frame_count: u64,
+    last: Vec<ClassEntry>,
+    /// An error from a push made outside the streaming thread, returned by the next chain.
+    flow_error: Option<gst::FlowError>,
+    timer: Option<BatchTimer>,
+}
+
+#[derive(Default)]
+pub struct TrtClassify {
+    settings: Mutex<Settings>,
+    state: Mutex<Option<State>>,
+    /// Kept apart from `state`, which is held during inference, so that queries never wait.
+    framerate: Mutex<Option<gst::Fraction>>,
+    num_classes: AtomicU32,
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for TrtClassify {
+    const NAME: &'static str = "GstTrtClassify";
+    type Type = super::TrtClassify;
+    type ParentType = gst_base::BaseTransform;
+}
+
+impl ObjectImpl for TrtClassify {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            let float_array = |name: &str, nick: &str, blurb: &str| {
+                gst::ParamSpecArray::builder(name)
+                    .nick(nick)
+                    .blurb(blurb)
+                    .element_spec(&glib::ParamSpecDouble::builder("value").build())
+                    .mutable_ready()
+                    .build()
+            };
+            vec![
+                glib::ParamSpecString::builder("onnx-location")
+                    .nick("ONNX location")
+                    .blurb("Path of the ONNX image classifier (one float32 input, NCHW or NHWC)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("labels-location")
+                    .nick("Labels location")
+                    .blurb("Text file with one class label per line (line N names class N); without it, class numbers are the labels")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("results-location")
+                    .nick("Results location")
+                    .blurb("File that one JSON object per frame is appended to, one per line (\"-\" for standard output)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("backend", DEFAULT_BACKEND)
+                    .nick("Backend")
+                    .blurb("Inference backend; one that is not built in or not usable fails at start")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("precision", DEFAULT_PRECISION)
+                    .nick("Precision")
+                    .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("gpu-id")
+                    .nick("GPU id")
+                    .blurb("Index of the GPU that GPU backends run on")
+                    .maximum(63)
+                    .default_value(DEFAULT_GPU_ID)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("batch-size")
+                    .nick("Batch size")
+                    .blurb("Frames classified together; a frame waits for its batch-mates at most batch-timeout")
+                    .minimum(1)
+                    .maximum(MAX_BATCH_SIZE)
+                    .default_value(DEFAULT_BATCH_SIZE)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecInt::builder("batch-timeout")
+                    .nick("Batch timeout")
+                    .blurb("Milliseconds a frame may wait for batch-mates before a partial batch runs (-1: wait for a full batch)")
+                    .minimum(-1)
+                    .maximum(60_000)
+                    .default_value(DEFAULT_BATCH_TIMEOUT_MS)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("top-k")
+                    .nick("Top k")
+                    .blurb("Number of best classes reported per frame")
+                    .minimum(1)
+                    .maximum(1000)
+                    .default_value(DEFAULT_TOP_K)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecDouble::builder("threshold")
+                    .nick("Threshold")
+                    .blurb("Minimum confidence of a reported class")
+                    .minimum(0.0)
+                    .maximum(1.0)
+                    .default_value(DEFAULT_THRESHOLD)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("softmax", DEFAULT_SOFTMAX)
+                    .nick("Softmax")
+                    .blurb("Turn the model's scores into probabilities")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecDouble::builder("scale")
+                    .nick("Scale")
+                    .blurb("Pixel scale factor: input = (pixel × scale − mean[c]) / std[c]")
+                    .minimum(f64::MIN_POSITIVE)
+                    .maximum(1.0e6)
+                    .default_value(DEFAULT_SCALE)
+                    .mutable_ready()
+                    .build(),
+                float_array(
+                    "mean",
+                    "Mean",
+                    "Per-channel mean, in the model's channel order, subtracted after scaling (1 value or 1 per channel; default <0.485, 0.456, 0.406>)",
+                ),
+                float_array(
+                    "std",
+                    "Standard deviation",
+                    "Per-channel standard deviation, in the model's channel order, divided by (1 value or 1 per channel, each > 0; default <0.229, 0.224, 0.225>)",
+                ),
+                glib::ParamSpecEnum::builder_with_default("channel-order", DEFAULT_CHANNEL_ORDER)
+                    .nick("Channel order")
+                    .blurb("Order of the colour channels the model expects")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("resize-mode", DEFAULT_RESIZE_MODE)
+                    .nick("Resize mode")
+                    .blurb("How frames are fitted to the model's input size")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("input-width")
+                    .nick("Input width")
+                    .blurb("Model input width for models whose width is dynamic (0: from the model)")
+                    .maximum(16384)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("input-height")
+                    .nick("Input height")
+                    .blurb("Model input height for models whose height is dynamic (0: from the model)")
+                    .maximum(16384)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("interval")
+                    .nick("Interval")
+                    .blurb("Classify every Nth frame; frames in between carry the last result, marked as not fresh")
+                    .minimum(1)
+                    .maximum(10_000)
+                    .default_value(DEFAULT_INTERVAL)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("num-classes")
+                    .nick("Number of classes")
+                    .blurb("Classes the loaded model scores (0 until the element has started)")
+                    .read_only()
+                    .build(),
+            ]
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let mut settings = self.settings.lock().unwrap();
+        let name = pspec.name();
+        match name {
+            "onnx-location" => settings.onnx_location = value.get().expect("type checked upstream"),
+            "labels-location" => {
+                settings.labels_location = value.get().expect("type checked upstream")
+            }
+            "results-location" => {
+                settings.results_location = value.get().expect("type checked upstream")
+            }
+            "backend" => settings.backend = value.get().expect("type checked upstream"),
+            "precision" => settings.precision = value.get().expect("type checked upstream"),
+            "gpu-id" => settings.gpu_id = value.get().expect("type checked upstream"),
+            "batch-size" => settings.batch_size = value.get().expect("type checked upstream"),
+            "batch-timeout" => {
+                settings.tunables.batch_timeout_ms = value.get().expect("type checked upstream")
+            }
+            "top-k" => settings.tunables.top_k = value.get().expect("type checked upstream"),
+            "threshold" => {
+                settings.tunables.threshold = value.get().expect("type checked upstream")
+            }
+            "softmax" => settings.softmax = value.get().expect("type checked upstream"),
+            "scale" => settings.scale = value.get().expect("type checked upstream"),
+            "mean" | "std" => match parse_channel_values(name, value) {
+                Ok(values) if name == "mean" => settings.mean = values,
+                Ok(values) => settings.std = values,
+                Err(problem) => {
+                    gst::error!(CAT, imp = self, "refusing {problem}");
+                    glib::g_warning!("trtclassify", "{}: refusing {}", self.obj().name(), problem);
+                    settings.refused = Some(problem);
+                }
+            },
+            "channel-order" => settings.channel_order = value.get().expect("type checked upstream"),
+            "resize-mode" => settings.resize_mode = value.get().expect("type checked upstream"),
+            "input-width" => settings.input_width = value.get().expect("type checked upstream"),
+            "input-height" => settings.input_height = value.get().expect("type checked upstream"),
+            "interval" => settings.tunables.interval = value.get().expect("type checked upstream"),
+            _ => unimplemented!(),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        let settings = self.settings.lock().unwrap();
+        let array =
+            |values: &[f32]| gst::Array::new(values.iter().map(|v| f64::from(*v))).to_value();
+        match pspec.name() {
+            "onnx-location" => settings.onnx_location.to_value(),
+            "labels-location" => settings.labels_location.to_value(),
+            "results-location" => settings.results_location.to_value(),
+            "backend" => settings.backend.to_value(),
+            "precision" => settings.precision.to_value(),
+            "gpu-id" => settings.gpu_id.to_value(),
+            "batch-size" => settings.batch_size.to_value(),
+            "batch-timeout" => settings.tunables.batch_timeout_ms.to_value(),
+            "top-k" => settings.tunables.top_k.to_value(),
+            "threshold" => settings.tunables.threshold.to_value(),
+            "softmax" => settings.softmax.to_value(),
+            "scale" => settings.scale.to_value(),
+            "mean" => array(&settings.mean),
+            "std" => array(&settings.std),
+            "channel-order" => settings.channel_order.to_value(),
+            "resize-mode" => settings.resize_mode.to_value(),
+            "input-width" => settings.input_width.to_value(),
+            "input-height" => settings.input_height.to_value(),
+            "interval" => settings.tunables.interval.to_value(),
+            "num-classes" => self.num_classes.load(Ordering::Relaxed).to_value(),
+            _ => unimplemented!(),
+        }
+    }
+}
+
+/// A `mean` or `std` value: 1 or 3 finite numbers, std values above 0.
+fn parse_channel_values(name: &str, value: &glib::Value) -> Result<Vec<f32>, String> {
+    let array = value
+        .get::<gst::Array>()
+        .map_err(|_| format!("{name}: expected an array such as <0.5, 0.5, 0.5>"))?;
+    let values = array
+        .iter()
+        .map(|v| {
+            v.get::<f64>()
+                .or_else(|_| v.get::<f32>().map(f64::from))
+                .or_else(|_| v.get::<i32>().map(f64::from))
+                .map_err(|_| format!("{name}: {v:?} is not a number"))
+        })
+        .collect::<Result<Vec<f64>, _>>()?;
+    if !matches!(values.len(), 1 | 3) {
+        return Err(format!(
+            "{name}: {} values given; give 1 (all channels) or 3 (one per channel)",
+            values.len()
+        ));
+    }
+    if let Some(bad) = values
+        .iter()
+        .find(|v| !v.is_finite() || (name == "std" && **v <= 0.0))
+    {
+        return Err(format!(
+            "{name}: {bad} is not allowed (values must be finite{})",
+            if name == "std" { " and above 0" } else { "" }
+        ));
+    }
+    Ok(values.into_iter().map(|v| v as f32).collect())
+}
+
+impl GstObjectImpl for TrtClassify {}
+
+impl ElementImpl for TrtClassify {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static ELEMENT_METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "Image classifier",
+                "Filter/Analyzer/Video",
+                "Classifies video frames with an ONNX image classifier (batched, CPU or GPU) and attaches the top-k classes as TrtClassifyMeta",
+                "trtclassify developers",
+            )
+        });
+        Some(&*ELEMENT_METADATA)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            use gst_video::VideoFormat::*;
+            let caps = gst_video::VideoCapsBuilder::new()
+                .format_list([
+                    Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420, Gray8,
+                ])
+                .build();
+            vec![
+                gst::PadTemplate::new(
+                    "src",
+                    gst::PadDirection::Src,
+                    gst::PadPresence::Always,
+                    &caps,
+                )
+                .unwrap(),
+                gst::PadTemplate::new(
+                    "sink",
+                    gst::PadDirection::Sink,
+                    gst::PadPresence::Always,
+                    &caps,
+                )
+                .unwrap(),
+            ]
+        });
+        PAD_TEMPLATES.as_ref()
+    }
+}
+
+impl BaseTransformImpl for TrtClassify {
+    const MODE: gst_base::subclass::BaseTransformMode =
+        gst_base::subclass::BaseTransformMode::AlwaysInPlace;
+    const PASSTHROUGH_ON_SAME_CAPS: bool = false;
+    const TRANSFORM_IP_ON_PASSTHROUGH: bool = false;
+
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = self.settings.lock().unwrap().clone();
+        if let Some(problem) = &settings.refused {
+            return Err(gst::error_msg!(
+                gst::LibraryError::Settings,
+                ["Invalid property value: {}", problem]
+            ));
+        }
+        let Some(location) = settings.onnx_location.clone() else {
+            return Err(gst::error_msg!(
+                gst::LibraryError::Settings,
+                ["onnx-location is not set: give the path of an ONNX image classifier"]
+            ));
+        };
+        let labels = match &settings.labels_location {
+            Some(path) => Labels::load(path.as_ref())
+                .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e]))?,
+            None => Labels::default(),
+        };
+        let options = EngineOptions {
+            model: location.clone().into(),
+            batch_size: settings.batch_size as usize,
+            input_size: match (settings.input_height, settings.input_width) {
+                (0, 0) => None,
+                (0, _) | (_, 0) => {
+                    return Err(gst::error_msg!(
+                        gst::LibraryError::Settings,
+                        ["set both input-width and input-height, or neither"]
+                    ));
+                }
+                (h, w) => Some((h as usize, w as usize)),
+            },
+            precision: settings.precision,
+            gpu_id: settings.gpu_id,
+            preprocess: PreprocessOptions {
+                scale: settings.scale as f32,
+                mean: settings.mean.clone(),
+                std: settings.std.clone(),
+                channel_order: settings.channel_order,
+                resize: settings.resize_mode,
+            },
+        };
+
+        let started = Instant::now();
+        let engine = engine::build(settings.backend, &options).map_err(start_error)?;
+        let info = engine.info().clone();
+        gst::info!(
+            CAT,
+            imp = self,
+            "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
+            info.backend,
+            started.elapsed(),
+            info.num_classes,
+            info.input.width,
+            info.input.height
+        );
+        if info.model_batch < options.batch_size {
+            gst::info!(
+                CAT,
+                imp = self,
+                "the model fixes its batch at {}: frames of a batch run {} at a time",
+                info.model_batch,
+                info.model_batch
+            );
+        }
+        if !labels.is_empty() && labels.len() != info.num_classes {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Settings,
+                [
+                    "{}: {} labels for {} classes; numbers stand in for missing labels",
+                    settings.labels_location.as_deref().unwrap_or_default(),
+                    labels.len(),
+                    info.num_classes
+                ]
+            );
+        }
+        self.num_classes
+            .store(info.num_classes as u32, Ordering::Relaxed);
+
+        let results = match &settings.results_location {
+            Some(path) => Some((
+                path.clone(),
+                ResultsWriter::open(path).map_err(|e| {
+                    gst::error_msg!(
+                        gst::ResourceError::OpenWrite,
+                        ["{}: cannot open the results file: {}", path, e]
+                    )
+                })?,
+            )),
+            None => None,
+        };
+
+        let timer = if settings.batch_size > 1 {
+            let element = self.obj().downgrade();
+            let timer = BatchTimer::spawn(move || {
+                if let Some(element) = element.upgrade() {
+                    element.imp().on_batch_timeout();
+                }
+            })
+            .map_err(|e| {
+                gst::error_msg!(
+                    gst::CoreError::Thread,
+                    ["cannot start the batch timer: {}", e]
+                )
+            })?;
+            Some(timer)
+        } else {
+            None
+        };
+
+        let model_name = std::path::Path::new(&location)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or(location);
+        let apply_softmax = match settings.softmax {
+            Softmax::On => Some(true),
+            Softmax::Off => Some(false),
+            Softmax::Auto if info.outputs_probabilities => Some(false),
+            Softmax::Auto => None,
+        };
+        *self.state.lock().unwrap() = Some(State {
+            engine,
+            labels,
+            model_name,
+            batch_size: settings.batch_size as usize,
+            apply_softmax,
+            results,
+            info: None,
+            pending: Vec::new(),
+            to_infer: 0,
+            deadline: None,
+            ready: VecDeque::new(),
+            frame_count: 0,
+            last: Vec::new(),
+            flow_error: None,
+            timer,
+        });
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        // Dropping the state stops the timer thread and releases held frames.
+        *self.state.lock().unwrap() = None;
+        *self.framerate.lock().unwrap() = None;
+        Ok(())
+    }
+
+    fn set_caps(&self, incaps: &gst::Caps, _outcaps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let info = gst_video::VideoInfo::from_caps(incaps)
+            .map_err(|_| gst::loggable_error!(CAT, "cannot parse caps {}", incaps))?;
+        gst::debug!(
+            CAT,
+            imp = self,
+            "input {:?} {}x{}",
+            info.format(),
+            info.width(),
+            info.height()
+        );
+        *self.framerate.lock().unwrap() = Some(info.fps()).filter(|f| f.numer() > 0);
+        if let Some(state) = self.state.lock().unwrap().as_mut() {
+            state.info = Some(info);
+        }
+        Ok(())
+    }
+
+    fn sink_event(&self, event: gst::Event) -> bool {
+        match event.view() {
+            gst::EventView::FlushStop(_) => {
+                if let Some(state) = self.state.lock().unwrap().as_mut() {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "flush: dropping {} held frames",
+                        state.pending.len()
+                    );
+                    state.pending.clear();
+                    state.ready.clear();
+                    state.to_infer = 0;
+                    state.deadline = None;
+                    state.flow_error = None;
+                    if let Some(timer) = &state.timer {
+                        timer.disarm();
+                    }
+                }
+            }
+            // Held frames go out before any serialized event (caps, segment, EOS, ...) so that
+            // frames and events keep their order downstream.
+            _ if event.is_serialized() => {
+                if let Err(err) = self.finish_batch() {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "pushing held frames before {:?}: {:?}",
+                        event.type_(),
+                        err
+                    );
+                }
+                if let gst::EventView::StreamStart(_) = event.view()
+                    && let Some(state) = self.state.lock().unwrap().as_mut()
+                {
+                    state.frame_count = 0;
+                    state.last.clear();
+                }
+            }
+            _ => (),
+        }
+        self.parent_sink_event(event)
+    }
+
+    fn query(&self, direction: gst::PadDirection, query: &mut gst::QueryRef) -> bool {
+        if direction == gst::PadDirection::Src
+            && let gst::QueryViewMut::Latency(q) = query.view_mut()
+        {
+            if !BaseTransformImplExt::parent_query(self, direction, q.query_mut()) {
+                return false;
+            }
+            let (live, min, max) = q.result();
+            let added = self.added_latency();
+            gst::debug!(CAT, imp = self, "adding {added} of latency");
+            q.set(live, min + added, max.map(|m| m + added));
+            return true;
+        }
+        BaseTransformImplExt::parent_query(self, direction, query)
+    }
+
+    fn submit_input_buffer(
+        &self,
+        _is_discont: bool,
+        buffer: gst::Buffer,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let tunables = self.settings.lock().unwrap().tunables;
+        let mut guard = self.state.lock().unwrap();
+        let Some(state) = guard.as_mut() else {
+            return Err(gst::FlowError::Flushing);
+        };
+        if let Some(err) = state.flow_error.take() {
+            return Err(err);
+        }
+        let frame = state.frame_count;
+        state.frame_count += 1;
+        let fresh = frame % u64::from(tunables.interval) == 0;
+        state.pending.push(Pending {
+            buffer,
+            frame,
+            fresh,
+        });
+        if fresh {
+            state.to_infer += 1;
+            if state.to_infer == 1 && state.batch_size > 1 && tunables.batch_timeout_ms >= 0 {
+                let deadline =
+                    Instant::now() + Duration::from_millis(tunables.batch_timeout_ms as u64);
+                state.deadline = Some(deadline);
+                if let Some(timer) = &state.timer {
+                    timer.arm(deadline);
+                }
+            }
+        }
+        // A carried frame with no fresh frame ahead of it goes straight on with the last result.
+        if state.to_infer == 0 || state.to_infer >= state.batch_size {
+            self.run_batch(state, &tunables)?;
+        }
+        Ok(gst::FlowSuccess::Ok)
+    }
+
+    fn generate_output(&self) -> Result<GenerateOutputSuccess, gst::FlowError> {
+        let mut guard = self.state.lock().unwrap();
+        match guard.as_mut().and_then(|s| s.ready.pop_front()) {
+            Some(buffer) => Ok(GenerateOutputSuccess::Buffer(buffer)),
+            None => Ok(GenerateOutputSuccess::NoOutput),
+        }
+    }
+}
+
+impl TrtClassify {
+    /// Classifies the held frames, attaches their results and queues them in `ready`.
+    fn run_batch(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
+        state.deadline = None;
+        if let Some(timer) = &state.timer {
+            timer.disarm();
+        }
+        if state.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut state.pending);
+        let to_infer = std::mem::take(&mut state.to_infer);
+
+        let mut scores = Vec::new();
+        if to_infer > 0 {
+            let Some(info) = state.info.as_ref() else {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ["frames arrived before caps"]
+                );
+                return Err(gst::FlowError::NotNegotiated);
+            };
+            let frames = pending
+                .iter()
+                .filter(|p| p.fresh)
+                .map(|p| {
+                    gst_video::VideoFrameRef::from_buffer_ref_readable(p.buffer.as_ref(), info)
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| {
+                    gst::element_imp_error!(
+                        self,
+                        gst::StreamError::Format,
+                        ["a buffer does not match its caps"]
+                    );
+                    gst::FlowError::Error
+                })?;
+            let started = Instant::now();
+            scores = state.engine.classify(&frames).map_err(|e| {
+                gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", e]);
+                gst::FlowError::Error
+            })?;
+            gst::trace!(
+                CAT,
+                imp = self,
+                "classified {} frame(s) in {:.2?}",
+                frames.len(),
+                started.elapsed()
+            );
+        }
+
+        let mut scores = scores.into_iter();
+        let mut lines = Vec::new();
+        for Pending {
+            mut buffer,
+            frame,
+            fresh,
+        } in pending
+        {
+            if fresh {
+                let mut s = scores.next().expect("one score vector per fresh frame");
+                let apply = *state.apply_softmax.get_or_insert_with(|| {
+                    let apply = !postprocess::is_distribution(&s);
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "softmax=auto: scores {} probabilities",
+                        if apply { "are not" } else { "already are" }
+                    );
+                    apply
+                });
+                if apply {
+                    postprocess::softmax_in_place(&mut s);
+                }
+                state.last =
+                    postprocess::top_k(&s, tunables.top_k as usize, tunables.threshold as f32)
+                        .into_iter()
+                        .map(|(id, confidence)| ClassEntry {
+                            class_id: id as u32,
+                            label: state.labels.get(id),
+                            confidence,
+                        })
+                        .collect();
+            }
+            let result = Classification {
+                model: state.model_name.clone(),
+                frame,
+                fresh,
+                classes: state.last.clone(),
+            };
+            if state.results.is_some() {
+                lines.push(ResultsWriter::format(&result, buffer.pts()));
+            }
+            result.attach(buffer.make_mut());
+            state.ready.push_back(buffer);
+        }
+        if let Some((path, writer)) = state.results.as_mut()
+            && let Err(e) = writer.write_lines(&lines)
+        {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Write,
+                ["{}: cannot write results: {}", path, e]
+            );
+            return Err(gst::FlowError::Error);
+        }
+        Ok(())
+    }
+
+    /// Runs the held frames as a partial batch and pushes them, from outside `generate_output`:
+    /// before a serialized event, or from the timer thread. The caller holds the stream lock.
+    fn finish_batch(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let tunables = self.settings.lock().unwrap().tunables;
+        let ready = {
+            let mut guard = self.state.lock().unwrap();
+            let Some(state) = guard.as_mut() else {
+                return Ok(gst::FlowSuccess::Ok);
+            };
+            self.run_batch(state, &tunables)?;
+            std::mem::take(&mut state.ready)
+        };
+        let srcpad = self.obj().src_pad().clone();
+        for buffer in ready {
+            srcpad.push(buffer)?;
+        }
+        Ok(gst::FlowSuccess::Ok)
+    }
+
+    /// Called on the timer thread when a partial batch has waited `batch-timeout`.
+    fn on_batch_timeout(&self) {
+        let sinkpad = self.obj().sink_pad().clone();
+        let _stream_lock = sinkpad.stream_lock();
+        {
+            let guard = self.state.lock().unwrap();
+            // The batch may have run in the meantime, or the element stopped.
+            match guard.as_ref().and_then(|s| s.deadline) {
+                Some(deadline) if deadline <= Instant::now() => (),
+                _ => return,
+            }
+            gst::debug!(CAT, imp = self, "batch-timeout: running a partial batch");
+        }
+        if let Err(err) = self.finish_batch()
+            && let Some(state) = self.state.lock().unwrap().as_mut()
+        {
+            state.flow_error = Some(err);
+        }
+    }
+
+    /// The delay that holding frames for a batch adds: up to `batch-size − 1` frame durations
+    /// (times `interval`), bounded by `batch-timeout`.
+    fn added_latency(&self) -> gst::ClockTime {
+        let settings = self.settings.lock().unwrap();
+        if settings.batch_size <= 1 {
+            return gst::ClockTime::ZERO;
+        }
+        let waiting_frames =
+            u64::from(settings.batch_size - 1) * u64::from(settings.tunables.interval);
+        let by_rate = self.framerate.lock().unwrap().and_then(|fps| {
+            gst::ClockTime::SECOND
+                .mul_div_ceil(fps.denom() as u64 * waiting_frames, fps.numer() as u64)
+        });
+        let by_timeout = u64::try_from(settings.tunables.batch_timeout_ms)
+            .ok()
+            .map(gst::ClockTime::from_mseconds);
+        match (by_rate, by_timeout) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(gst::ClockTime::ZERO),
+        }
+    }
+}
+
+/// The GStreamer error for an engine that could not be built.
+fn start_error(err: EngineError) -> gst::ErrorMessage {
+    match &err {
+        EngineError::Model(ModelError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            gst::error_msg!(gst::ResourceError::NotFound, ["{}", err])
+        }
+        EngineError::Model(ModelError::Io { .. }) => {
+            gst::error_msg!(gst::ResourceError::OpenRead, ["{}", err])
+        }
+        EngineError::Model(_) => gst::error_msg!(gst::StreamError::WrongType, ["{}", err]),
+        EngineError::Unavailable { .. } => gst::error_msg!(gst::LibraryError::Init, ["{}", err]),
+        EngineError::UnsupportedOps { .. } => {
+            gst::error_msg!(gst::CoreError::NotImplemented, ["{}", err])
+        }
+        _ => gst::error_msg!(gst::LibraryError::Settings, ["{}", err]),
+    }
+}

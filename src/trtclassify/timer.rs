@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Wakes the element when the oldest frame of a partial batch has waited `batch-timeout`, so a
+//! stalled live source does not hold frames forever.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+#[derive(Default)]
+struct Shared {
+    deadline: Option<Instant>,
+    shutdown: bool,
+}
+
+pub struct BatchTimer {
+    shared: Arc<(Mutex<Shared>, Condvar)>,
+}
+
+impl BatchTimer {
+    /// Spawns the timer thread; `on_expire` runs on it each time an armed deadline passes.
+    pub fn spawn(on_expire: impl Fn() + Send + 'static) -> std::io::Result<Self> {
+        let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("trtclassify-timer".into())
+            .spawn(move || {
+                let (lock, cond) = &*thread_shared;
+                let mut s = lock.lock().unwrap();
+                loop {
+                    if s.shutdown {
+                        return;
+                    }
+                    match s.deadline {
+                        None => s = cond.wait(s).unwrap(),
+                        Some(d) if Instant::now() >= d => {
+                            s.deadline = None;
+                            drop(s);
+                            on_expire();
+                            s = lock.lock().unwrap();
+                        }
+                        Some(d) => s = cond.wait_timeout(s, d - Instant::now()).unwrap().0,
+                    }
+                }
+            })?;
+        Ok(Self { shared })
+    }
+
+    pub fn arm(&self, deadline: Instant) {
+        let (lock, cond) = &*self.shared;
+        lock.lock().unwrap().deadline = Some(deadline);
+        cond.notify_one();
+    }
+
+    pub fn disarm(&self) {
+        self.shared.0.lock().unwrap().deadline = None;
+    }
+}
+
+impl Drop for BatchTimer {
+    /// Stops the thread without joining it: it may be waiting for the pad's stream lock, which
+    /// the caller (the element's `stop()`) can hold; it exits as soon as it gets it.
+    fn drop(&mut self) {
+        let (lock, cond) = &*self.shared;
+        lock.lock().unwrap().shutdown = true;
+        cond.notify_one();
+    }
+}

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Once;
+
+use gst::prelude::*;
+use gsttrtclassify::meta::Classification;
+
+pub fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        gst::init().unwrap();
+        gsttrtclassify::plugin_register_static().expect("the plugin registers");
+    });
+}
+
+pub fn model(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name)
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The colour classes of `models/colors.onnx`, in class order, with their RGB values.
+pub const COLORS: [(&str, [u8; 3]); 6] = [
+    ("black", [0, 0, 0]),
+    ("white", [255, 255, 255]),
+    ("red", [255, 0, 0]),
+    ("green", [0, 255, 0]),
+    ("blue", [0, 0, 255]),
+    ("yellow", [255, 255, 0]),
+];
+
+pub fn rgb_caps(width: i32, height: i32) -> gst::Caps {
+    gst_video::VideoCapsBuilder::new()
+        .format(gst_video::VideoFormat::Rgb)
+        .width(width)
+        .height(height)
+        .framerate(gst::Fraction::new(25, 1))
+        .build()
+}
+
+/// A solid RGB frame, stamped with `index` as its offset and 40 ms per frame as its PTS.
+pub fn solid_rgb(width: u32, height: u32, rgb: [u8; 3], index: u64) -> gst::Buffer {
+    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, width, height)
+        .build()
+        .unwrap();
+    let mut buffer = gst::Buffer::with_size(info.size()).unwrap();
+    {
+        let buffer = buffer.get_mut().unwrap();
+        buffer.set_pts(gst::ClockTime::from_mseconds(40 * index));
+        buffer.set_duration(gst::ClockTime::from_mseconds(40));
+        buffer.set_offset(index);
+        let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(buffer, &info).unwrap();
+        let stride = frame.plane_stride()[0] as usize;
+        let data = frame.plane_data_mut(0).unwrap();
+        for row in data.chunks_mut(stride) {
+            for px in row[..width as usize * 3].chunks_mut(3) {
+                px.copy_from_slice(&rgb);
+            }
+        }
+    }
+    buffer
+}
+
+/// The frame index that `solid_rgb` put on a buffer, with its classification.
+pub fn index_and_result(buffer: &gst::BufferRef) -> (u64, Classification) {
+    let result =
+        Classification::from_buffer(buffer).expect("every output buffer carries a classification");
+    (buffer.offset(), result)
+}
+
+/// Runs a `gst-launch` style pipeline ending in `appsink name=sink` to EOS and returns the
+/// classifications of all buffers, or the error message text.
+pub fn run_pipeline(description: &str) -> Result<Vec<Classification>, String> {
+    init();
+    let pipeline = gst::parse::launch(description)
+        .map_err(|e| e.to_string())?
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let sink = pipeline.by_name("sink").expect("an appsink named sink");
+    let sink = sink.downcast::<gst_app::AppSink>().unwrap();
+    let results = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let collected = results.clone();
+    sink.set_callbacks(
+        gst_app::AppSinkCallbacks::builder()
+            .new_sample(move |sink| {
+                let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                let buffer = sample.buffer().expect("samples hold buffers");
+                collected.lock().unwrap().push(
+                    Classification::from_buffer(buffer).expect("buffer without classification"),
+                );
+                Ok(gst::FlowSuccess::Ok)
+            })
+            .build(),
+    );
+    let outcome = run_to_eos(&pipeline);
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    outcome.map(|_| results)
+}
+
+/// Plays `pipeline` until EOS (Ok) or an error (Err with the error and its debug text).
+pub fn run_to_eos(pipeline: &gst::Pipeline) -> Result<(), String> {
+    let bus = pipeline.bus().unwrap();
+    if pipeline.set_state(gst::State::Playing).is_err() {
+        // The reason is on the bus.
+    }
+    let outcome = loop {
+        let Some(msg) = bus.timed_pop_filtered(
+            gst::ClockTime::from_seconds(60),
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        ) else {
+            break Err("timed out waiting for EOS".to_owned());
+        };
+        match msg.view() {
+            gst::MessageView::Eos(_) => break Ok(()),
+            gst::MessageView::Error(err) => {
+                break Err(format!(
+                    "{} ({})",
+                    err.error(),
+                    err.debug().unwrap_or_default()
+                ));
+            }
+            _ => unreachable!(),
+        }
+    };
+    pipeline.set_state(gst::State::Null).unwrap();
+    outcome
+}
+
+/// The launch-line fragment for the colour model with its labels.
+pub fn colors_element(extra: &str) -> String {
+    format!(
+        "trtclassify onnx-location={} labels-location={} {extra}",
+        model("colors.onnx"),
+        model("colors.txt")
+    )
+}

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The element through `gst_check::Harness`: frame counts, order, batching, EOS, flushes,
+//! latency, caps changes, interval and top-k.
+
+mod common;
+
+use common::{COLORS, index_and_result, rgb_caps, solid_rgb};
+use gst::prelude::*;
+use gsttrtclassify::meta::Classification;
+
+fn harness(extra: &str) -> gst_check::Harness {
+    common::init();
+    let mut h = gst_check::Harness::new_parse(&common::colors_element(extra));
+    h.set_src_caps(rgb_caps(32, 24));
+    h
+}
+
+/// The colour of frame `i` in the tests: cycles through the classes so that a result given to
+/// the wrong frame shows.
+fn colour_of(i: u64) -> (&'static str, [u8; 3]) {
+    COLORS[(i as usize * 5 + 1) % COLORS.len()]
+}
+
+fn push_frames(h: &mut gst_check::Harness, range: std::ops::Range<u64>) {
+    for i in range {
+        h.push(solid_rgb(32, 24, colour_of(i).1, i)).unwrap();
+    }
+}
+
+/// Pulls everything that came out and checks each frame carries its own colour.
+fn pull_all(h: &mut gst_check::Harness) -> Vec<(u64, Classification)> {
+    let mut out = Vec::new();
+    while let Some(buffer) = h.try_pull() {
+        let (i, result) = index_and_result(&buffer);
+        if result.fresh {
+            let top = result.top().expect("a top class");
+            assert_eq!(
+                top.label,
+                colour_of(i).0,
+                "frame {i} got another frame's result"
+            );
+            assert!(top.confidence > 0.9, "frame {i}: {top:?}");
+        }
+        out.push((i, result));
+    }
+    out
+}
+
+fn indices(out: &[(u64, Classification)]) -> Vec<u64> {
+    out.iter().map(|(i, _)| *i).collect()
+}
+
+#[test]
+fn batch_of_one_passes_every_frame_at_once() {
+    let mut h = harness("");
+    for i in 0..7 {
+        h.push(solid_rgb(32, 24, colour_of(i).1, i)).unwrap();
+        let out = pull_all(&mut h);
+        assert_eq!(indices(&out), vec![i], "frame {i} left at once");
+        assert_eq!(out[0].1.frame, i);
+        assert_eq!(out[0].1.model, "colors.onnx");
+        assert_eq!(out[0].1.classes.len(), 5, "top-k defaults to 5");
+    }
+}
+
+#[test]
+fn frames_wait_for_a_full_batch_and_leave_in_order() {
+    let mut h = harness("batch-size=4 batch-timeout=-1");
+    push_frames(&mut h, 0..3);
+    assert_eq!(h.buffers_in_queue(), 0, "a partial batch is held");
+    push_frames(&mut h, 3..4);
+    assert_eq!(indices(&pull_all(&mut h)), vec![0, 1, 2, 3]);
+    push_frames(&mut h, 4..10);
+    assert_eq!(indices(&pull_all(&mut h)), vec![4, 5, 6, 7]);
+    // EOS drains the partial batch before the EOS itself.
+    assert!(h.push_event(gst::event::Eos::new()));
+    assert_eq!(indices(&pull_all(&mut h)), vec![8, 9]);
+    let mut saw_eos = false;
+    while let Some(event) = h.try_pull_event() {
+        saw_eos |= event.type_() == gst::EventType::Eos;
+    }
+    assert!(saw_eos, "EOS follows the drained frames");
+}
+
+#[test]
+fn flush_drops_held_frames() {
+    let mut h = harness("batch-size=4 batch-timeout=-1");
+    push_frames(&mut h, 0..3);
+    assert!(h.push_event(gst::event::FlushStart::new()));
+    assert!(h.push_event(gst::event::FlushStop::new(true)));
+    h.push_event(gst::event::Segment::new(&gst::FormattedSegment::<
+        gst::ClockTime,
+    >::new()));
+    push_frames(&mut h, 10..14);
+    assert_eq!(
+        indices(&pull_all(&mut h)),
+        vec![10, 11, 12, 13],
+        "held frames were dropped, none leaked"
+    );
+}
+
+#[test]
+fn batch_timeout_releases_a_partial_batch() {
+    let mut h = harness("batch-size=8 batch-timeout=30");
+    push_frames(&mut h, 0..3);
+    let started = std::time::Instant::now();
+    let mut out = Vec::new();
+    while out.len() < 3 && started.elapsed() < std::time::Duration::from_secs(10) {
+        if let Some(buffer) = h.try_pull() {
+            out.push(index_and_result(&buffer).0);
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    assert_eq!(out, vec![0, 1, 2], "the stalled partial batch came out");
+}
+
+#[test]
+fn latency_adds_the_batch_wait() {
+    // 25 fps: 3 frames of 40 ms wait for the 4th; the timeout bounds it.
+    let h = harness("batch-size=4 batch-timeout=-1");
+    assert_eq!(h.query_latency(), Some(gst::ClockTime::from_mseconds(120)));
+    let h = harness("batch-size=4 batch-timeout=50");
+    assert_eq!(h.query_latency(), Some(gst::ClockTime::from_mseconds(50)));
+    let h = harness("batch-size=1");
+    assert_eq!(h.query_latency(), Some(gst::ClockTime::ZERO));
+}
+
+#[test]
+fn caps_change_mid_stream() {
+    let mut h = harness("batch-size=3 batch-timeout=-1");
+    push_frames(&mut h, 0..2);
+    // New resolution: the two held frames leave first, at the old size.
+    h.set_src_caps(rgb_caps(64, 48));
+    let first = pull_all(&mut h);
+    assert_eq!(indices(&first), vec![0, 1]);
+    for i in 2..5 {
+        h.push(solid_rgb(64, 48, colour_of(i).1, i)).unwrap();
+    }
+    let out = h.pull().unwrap();
+    assert_eq!(out.size(), 64 * 48 * 3);
+    assert_eq!(
+        index_and_result(&out).1.top().unwrap().label,
+        colour_of(2).0
+    );
+    assert_eq!(indices(&pull_all(&mut h)), vec![3, 4]);
+}
+
+#[test]
+fn interval_carries_the_last_result() {
+    let mut h = harness("interval=3 batch-size=2 batch-timeout=-1");
+    push_frames(&mut h, 0..7);
+    h.push_event(gst::event::Eos::new());
+    let out = pull_all(&mut h);
+    assert_eq!(indices(&out), (0..7).collect::<Vec<_>>());
+    for (i, result) in &out {
+        assert_eq!(result.fresh, i % 3 == 0, "frame {i}");
+        let source = i - i % 3;
+        assert_eq!(
+            result.top().unwrap().label,
+            colour_of(source).0,
+            "frame {i} carries frame {source}'s result"
+        );
+        assert_eq!(result.frame, *i);
+    }
+}
+
+#[test]
+fn top_k_and_threshold() {
+    let mut h = harness("top-k=2");
+    push_frames(&mut h, 0..1);
+    let (_, result) = pull_all(&mut h).remove(0);
+    assert_eq!(result.classes.len(), 2);
+    assert!(result.classes[0].confidence >= result.classes[1].confidence);
+
+    let mut h = harness("threshold=0.5");
+    push_frames(&mut h, 0..1);
+    let (_, result) = pull_all(&mut h).remove(0);
+    assert_eq!(
+        result.classes.len(),
+        1,
+        "only the confident class passes 0.5"
+    );
+}
+
+#[test]
+fn pixels_are_never_changed() {
+    let mut h = harness("");
+    let input = solid_rgb(32, 24, [12, 34, 56], 0);
+    let bytes = input.map_readable().unwrap().to_vec();
+    h.push(input).unwrap();
+    let out = h.pull().unwrap();
+    assert_eq!(out.map_readable().unwrap().as_slice(), bytes.as_slice());
+}

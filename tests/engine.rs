@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The CPU engine against onnxruntime's reference outputs, and the model checks.
+
+mod common;
+
+use gsttrtclassify::engine::cpu::CpuEngine;
+use gsttrtclassify::engine::{Engine, EngineError, EngineOptions, Precision};
+use gsttrtclassify::preprocess::{Layout, PreprocessOptions};
+
+fn options(model: &str, batch_size: usize) -> EngineOptions {
+    EngineOptions {
+        model: common::model(model).into(),
+        batch_size,
+        input_size: None,
+        precision: Precision::Fp32,
+        gpu_id: 0,
+        preprocess: PreprocessOptions::default(),
+    }
+}
+
+struct Reference {
+    input_shape: Vec<usize>,
+    input: Vec<f32>,
+    output_shape: Vec<usize>,
+    output: Vec<f32>,
+}
+
+fn reference(name: &str) -> Reference {
+    let text = std::fs::read_to_string(common::model(name)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let floats = |key: &str| -> Vec<f32> {
+        json[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let dims = |key: &str| -> Vec<usize> {
+        json[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect()
+    };
+    Reference {
+        input_shape: dims("input_shape"),
+        input: floats("input"),
+        output_shape: dims("output_shape"),
+        output: floats("output"),
+    }
+}
+
+/// Runs the reference input through the engine built at `batch_size` and compares with
+/// onnxruntime.
+fn check_against_reference(model: &str, reference_file: &str, batch_size: usize) {
+    common::init();
+    let r = reference(reference_file);
+    let mut engine = CpuEngine::build(&options(model, batch_size)).unwrap();
+    assert_eq!(engine.info().num_classes, r.output_shape[1]);
+    let n = r.input_shape[0];
+    let scores = engine.infer(&r.input, n).unwrap();
+    assert_eq!(scores.len(), n, "one score vector per frame");
+    for (i, (got, want)) in scores
+        .iter()
+        .zip(r.output.chunks(r.output_shape[1]))
+        .enumerate()
+    {
+        for (c, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 + 1e-4 * w.abs(),
+                "{model} batch {batch_size}: frame {i} class {c}: tract {g} vs onnxruntime {w}"
+            );
+        }
+    }
+}
+
+#[test]
+fn small_cnn_matches_onnxruntime_at_every_batch_size() {
+    // 3 reference frames: batch 1 (one by one), 2 (a full and a partial call), 4 (padded).
+    for batch in [1, 2, 4] {
+        check_against_reference("cnn.onnx", "cnn_reference.json", batch);
+    }
+}
+
+#[test]
+fn colour_classifier_matches_onnxruntime() {
+    check_against_reference("colors.onnx", "colors_reference.json", 2);
+}
+
+#[test]
+fn fixed_batch_model_runs_frames_one_by_one() {
+    common::init();
+    let r = reference("colors_reference.json");
+    let mut engine = CpuEngine::build(&options("colors_b1.onnx", 8)).unwrap();
+    assert_eq!(engine.info().model_batch, 1);
+    let scores = engine.infer(&r.input, 2).unwrap();
+    for (got, want) in scores.iter().flatten().zip(&r.output) {
+        assert!((got - want).abs() < 1e-4, "{got} vs {want}");
+    }
+}
+
+#[test]
+fn layouts_are_recognised() {
+    common::init();
+    let nchw = CpuEngine::build(&options("colors.onnx", 1)).unwrap();
+    assert_eq!(nchw.info().input.layout, Layout::Nchw);
+    let nhwc = CpuEngine::build(&options("colors_nhwc.onnx", 1)).unwrap();
+    assert_eq!(nhwc.info().input.layout, Layout::Nhwc);
+    assert_eq!(
+        (
+            nhwc.info().input.height,
+            nhwc.info().input.width,
+            nhwc.info().input.channels
+        ),
+        (16, 16, 3)
+    );
+    assert!(
+        nchw.info().outputs_probabilities,
+        "colors.onnx ends in Softmax"
+    );
+    let logits = CpuEngine::build(&options("colors_logits.onnx", 1)).unwrap();
+    assert!(!logits.info().outputs_probabilities);
+}
+
+#[test]
+fn dynamic_spatial_size_needs_an_input_size() {
+    common::init();
+    let err = CpuEngine::build(&options("colors_dynamic.onnx", 1))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("colors_dynamic.onnx") && err.contains("set input-width and input-height"),
+        "{err}"
+    );
+    let mut o = options("colors_dynamic.onnx", 1);
+    o.input_size = Some((24, 40));
+    let engine = CpuEngine::build(&o).unwrap();
+    assert_eq!(
+        (engine.info().input.height, engine.info().input.width),
+        (24, 40)
+    );
+    let mut o = options("colors.onnx", 1);
+    o.input_size = Some((24, 40));
+    let err = CpuEngine::build(&o).err().unwrap().to_string();
+    assert!(err.contains("fixes its height at 16"), "{err}");
+}
+
+/// Every bad model fails with an error that names the file and the problem.
+#[test]
+fn bad_models_get_clear_errors() {
+    common::init();
+    let cases: &[(&str, &str)] = &[
+        ("bad/does_not_exist.onnx", "No such file or directory"),
+        ("bad", "it is a directory"),
+        ("bad/empty.onnx", "not an ONNX model: the file is empty"),
+        (
+            "bad/random.bin",
+            "not an ONNX model: the protobuf does not decode",
+        ),
+        (
+            "bad/truncated.onnx",
+            "not an ONNX model: the protobuf does not decode",
+        ),
+        ("bad/two_inputs.onnx", "the model has 2 inputs"),
+        (
+            "bad/int_input.onnx",
+            "holds int64; an image input of float32 is expected",
+        ),
+        (
+            "bad/rank3_input.onnx",
+            "(3 axes); an image input has 4 axes",
+        ),
+        ("bad/no_output.onnx", "the model has no output"),
+        (
+            "bad/unsupported_op.onnx",
+            "does not support the operator(s) FrobnicateImage",
+        ),
+        ("bad/external_data.onnx", "external_data.weights"),
+    ];
+    for (file, problem) in cases {
+        let err = match CpuEngine::build(&options(file, 1)) {
+            Ok(_) => panic!("{file} was accepted"),
+            Err(err) => err,
+        };
+        let msg = err.to_string();
+        let path = common::model(file);
+        assert!(
+            msg.contains(&path),
+            "{file}: the error does not name the file: {msg}"
+        );
+        assert!(
+            msg.contains(problem),
+            "{file}: expected «{problem}» in «{msg}»"
+        );
+        if *file == "bad/unsupported_op.onnx" {
+            assert!(matches!(err, EngineError::UnsupportedOps { .. }));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Whole pipelines: labels and confidences from real sources, the JSON lines, the meta through
+//! other elements, Python access, and start errors on the bus.
+
+mod common;
+
+use common::{colors_element, model, run_pipeline};
+
+/// videotestsrc patterns and the class the colour model must give them.
+const PATTERNS: [(&str, &str); 5] = [
+    ("red", "red"),
+    ("green", "green"),
+    ("blue", "blue"),
+    ("white", "white"),
+    ("black", "black"),
+];
+
+#[test]
+fn test_patterns_get_their_colour_in_every_format() {
+    for format in ["RGB", "BGRx", "xRGB", "RGBA", "NV12", "I420", "GRAY8"] {
+        for (pattern, label) in PATTERNS {
+            // GRAY8 has no colour: only white and black are meaningful there.
+            if format == "GRAY8" && !matches!(pattern, "white" | "black") {
+                continue;
+            }
+            let results = run_pipeline(&format!(
+                "videotestsrc num-buffers=3 pattern={pattern} ! video/x-raw,format={format},width=160,height=120 ! \
+                 {} ! appsink name=sink sync=false",
+                colors_element("batch-size=2")
+            ))
+            .unwrap();
+            assert_eq!(
+                results.len(),
+                3,
+                "{format} {pattern}: every frame comes out"
+            );
+            for (i, r) in results.iter().enumerate() {
+                let top = r.top().unwrap();
+                assert_eq!(top.label, label, "{format} {pattern} frame {i}: {r:?}");
+                assert!(
+                    top.confidence > 0.9,
+                    "{format} {pattern}: confidence {}",
+                    top.confidence
+                );
+                assert_eq!(r.frame, i as u64);
+                assert!(r.fresh);
+            }
+        }
+    }
+}
+
+#[test]
+fn bgr_channel_order_swaps_red_and_blue() {
+    let results = run_pipeline(&format!(
+        "videotestsrc num-buffers=2 pattern=red ! {} ! appsink name=sink sync=false",
+        colors_element("channel-order=bgr mean=<0.406,0.456,0.485> std=<0.225,0.224,0.229>")
+    ))
+    .unwrap();
+    assert_eq!(
+        results[0].top().unwrap().label,
+        "blue",
+        "the model sees red in the blue slot"
+    );
+}
+
+#[test]
+fn nhwc_fixed_batch_and_logit_models_classify_alike() {
+    for (file, extra) in [
+        ("colors_nhwc.onnx", "batch-size=3"),
+        ("colors_b1.onnx", "batch-size=4"),
+        ("colors_logits.onnx", ""),
+        (
+            "colors_dynamic.onnx",
+            "input-width=20 input-height=12 resize-mode=letterbox",
+        ),
+    ] {
+        let results = run_pipeline(&format!(
+            "videotestsrc num-buffers=5 pattern=green ! video/x-raw,width=64,height=48 ! \
+             trtclassify onnx-location={} labels-location={} {extra} ! appsink name=sink sync=false",
+            model(file),
+            model("colors.txt")
+        ))
+        .unwrap();
+        assert_eq!(results.len(), 5, "{file}");
+        for r in &results {
+            let top = r.top().unwrap();
+            assert_eq!(top.label, "green", "{file}: {r:?}");
+            // colors_logits.onnx has no Softmax: softmax=auto must apply one.
+            assert!(
+                top.confidence > 0.9 && top.confidence <= 1.0,
+                "{file}: {top:?}"
+            );
+            let sum: f32 = r.classes.iter().map(|c| c.confidence).sum();
+            assert!(sum <= 1.0 + 1e-5, "{file}: confidences add up to {sum}");
+        }
+    }
+}
+
+#[test]
+fn results_location_writes_one_json_line_per_frame() {
+    let path =
+        std::env::temp_dir().join(format!("trtclassify-results-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let results = run_pipeline(&format!(
+        "videotestsrc num-buffers=6 pattern=blue ! {} ! appsink name=sink sync=false",
+        colors_element(&format!(
+            "interval=2 batch-size=2 top-k=3 results-location={}",
+            path.display()
+        ))
+    ))
+    .unwrap();
+    assert_eq!(results.len(), 6);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["frame"], i as u64);
+        assert_eq!(
+            line["pts_ns"],
+            i as u64 * 1_000_000_000 / 30,
+            "videotestsrc runs at 30 fps"
+        );
+        assert_eq!(line["fresh"], i % 2 == 0);
+        assert_eq!(line["model"], "colors.onnx");
+        let topk = line["topk"].as_array().unwrap();
+        assert_eq!(topk.len(), 3);
+        assert_eq!(topk[0]["label"], "blue");
+        assert_eq!(topk[0]["class_id"], 4);
+        assert!(topk[0]["confidence"].as_f64().unwrap() > 0.9);
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn meta_survives_queue_tee_videoconvert_and_videoscale() {
+    let results = run_pipeline(&format!(
+        "videotestsrc num-buffers=4 pattern=white ! video/x-raw,format=I420 ! {} ! queue ! tee ! \
+         videoconvert ! video/x-raw,format=RGBA ! videoscale ! video/x-raw,width=80,height=60 ! \
+         appsink name=sink sync=false",
+        colors_element("")
+    ))
+    .unwrap();
+    assert_eq!(results.len(), 4);
+    assert!(results.iter().all(|r| r.top().unwrap().label == "white"));
+}
+
+#[test]
+fn start_errors_name_the_file_and_the_problem() {
+    let cases = [
+        (
+            format!("onnx-location={}", model("missing.onnx")),
+            "missing.onnx: cannot read the model: No such file",
+        ),
+        (
+            format!("onnx-location={}", model("bad/random.bin")),
+            "random.bin: not an ONNX model",
+        ),
+        (
+            format!("onnx-location={}", model("bad/unsupported_op.onnx")),
+            "FrobnicateImage",
+        ),
+        (
+            format!(
+                "onnx-location={} labels-location=/nonexistent/labels.txt",
+                model("colors.onnx")
+            ),
+            "/nonexistent/labels.txt: cannot read the labels file",
+        ),
+        (
+            format!("onnx-location={} backend=cuda", model("colors.onnx")),
+            "backend=cuda is not available",
+        ),
+        (
+            format!("onnx-location={} backend=tensorrt", model("colors.onnx")),
+            "backend=tensorrt is not available",
+        ),
+        (
+            format!("onnx-location={} mean=<0.1,0.2>", model("colors.onnx")),
+            "mean: 2 values given",
+        ),
+        (
+            format!("onnx-location={} std=<0.1,0,0.2>", model("colors.onnx")),
+            "std: 0 is not allowed",
+        ),
+        ("".to_owned(), "onnx-location is not set"),
+        (
+            format!(
+                "onnx-location={} results-location=/nonexistent/dir/out.jsonl",
+                model("colors.onnx")
+            ),
+            "/nonexistent/dir/out.jsonl: cannot open the results file",
+        ),
+    ];
+    for (props, expected) in cases {
+        let err = run_pipeline(&format!(
+            "videotestsrc num-buffers=2 ! trtclassify {props} ! appsink name=sink"
+        ))
+        .expect_err(&props);
+        assert!(
+            err.contains(expected),
+            "{props}: expected «{expected}» in «{err}»"
+        );
+    }
+}
+
+#[test]
+fn out_of_range_property_values_are_refused() {
+    common::init();
+    let element = gst::ElementFactory::make("trtclassify").build().unwrap();
+    // GObject refuses values outside the documented range and keeps the old one.
+    let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        element.set_property("batch-size", 0u32)
+    }));
+    assert!(refused.is_err(), "batch-size=0 is out of range");
+    assert_eq!(element.property::<u32>("batch-size"), 1);
+}
+
+#[test]
+fn python_reads_the_meta_without_the_crate() {
+    let python = std::path::Path::new("/usr/bin/python3");
+    let has_gi = python.exists()
+        && std::process::Command::new(python)
+            .args(["-c", "import gi; gi.require_version('Gst', '1.0')"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !has_gi {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install python3-gi and python3-gst-1.0"
+        );
+        eprintln!(
+            "SKIPPED python_reads_the_meta_without_the_crate: /usr/bin/python3 lacks python3-gi/python3-gst-1.0"
+        );
+        return;
+    }
+    // The plugin library that cargo built beside the test binary.
+    let exe = std::env::current_exe().unwrap();
+    let plugin_dir = exe.parent().unwrap().parent().unwrap();
+    assert!(
+        plugin_dir.join("libgsttrtclassify.so").exists(),
+        "no plugin in {}",
+        plugin_dir.display()
+    );
+    let out = std::process::Command::new(python)
+        .arg("examples/read_meta.py")
+        .arg("green")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("GST_PLUGIN_PATH", plugin_dir)
+        .env(
+            "GST_REGISTRY",
+            std::env::temp_dir().join(format!("trtclassify-registry-{}.bin", std::process::id())),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    for (i, line) in lines.iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("frame {i} fresh=True green 1.000")),
+            "{line}"
+        );
+    }
+}

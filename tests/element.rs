@@ -5,7 +5,6 @@
 mod common;
 
 use common::{COLORS, index_and_result, rgb_caps, solid_rgb};
-use gst::prelude::*;
 use gsttrtclassify::meta::Classification;
 
 fn harness(extra: &str) -> gst_check::Harness {

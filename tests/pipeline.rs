@@ -5,6 +5,7 @@
 mod common;
 
 use common::{colors_element, model, run_pipeline};
+use gst::prelude::*;
 
 /// videotestsrc patterns and the class the colour model must give them.
 const PATTERNS: [(&str, &str); 5] = [

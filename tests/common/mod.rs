@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 
 use gst::prelude::*;
+use gst_video::prelude::*;
 use gsttrtclassify::meta::Classification;
 
 pub fn init() {
@@ -106,27 +107,20 @@ pub fn run_pipeline(description: &str) -> Result<Vec<Classification>, String> {
 /// Plays `pipeline` until EOS (Ok) or an error (Err with the error and its debug text).
 pub fn run_to_eos(pipeline: &gst::Pipeline) -> Result<(), String> {
     let bus = pipeline.bus().unwrap();
-    if pipeline.set_state(gst::State::Playing).is_err() {
-        // The reason is on the bus.
-    }
-    let outcome = loop {
-        let Some(msg) = bus.timed_pop_filtered(
-            gst::ClockTime::from_seconds(60),
-            &[gst::MessageType::Eos, gst::MessageType::Error],
-        ) else {
-            break Err("timed out waiting for EOS".to_owned());
-        };
-        match msg.view() {
-            gst::MessageView::Eos(_) => break Ok(()),
-            gst::MessageView::Error(err) => {
-                break Err(format!(
-                    "{} ({})",
-                    err.error(),
-                    err.debug().unwrap_or_default()
-                ));
-            }
-            _ => unreachable!(),
-        }
+    // A failed state change leaves its reason on the bus.
+    let _ = pipeline.set_state(gst::State::Playing);
+    let msg = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(60),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    let outcome = match msg.as_ref().map(|m| m.view()) {
+        None => Err("timed out waiting for EOS".to_owned()),
+        Some(gst::MessageView::Error(err)) => Err(format!(
+            "{} ({})",
+            err.error(),
+            err.debug().unwrap_or_default()
+        )),
+        Some(_) => Ok(()),
     };
     pipeline.set_state(gst::State::Null).unwrap();
     outcome

@@ -317,6 +317,18 @@ def build_unsupported_op():
     )
 
 
+def build_huge_input():
+    """A colour classifier that declares an absurd 100000x100000 input (checker-valid)."""
+    return build_colors(batch=1, height=100000, width=100000)
+
+
+def build_five_channels():
+    """Input [1,5,16,16]: neither axis 1 nor axis 3 holds 1 or 3 channels."""
+    b = GraphBuilder()
+    b.op("Flatten", [b.op("GlobalAveragePool", [INPUT])], output=OUTPUT, axis=1)
+    return b.model("five_channels", [float_input([1, 5, 16, 16])], [float_output([1, 5])])
+
+
 # --------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------
@@ -478,6 +490,8 @@ def main():
     save_model(build_rank3_input(), bad / "rank3_input.onnx")
     save_model(build_no_output(), bad / "no_output.onnx", check=False)
     save_model(build_unsupported_op(), bad / "unsupported_op.onnx", check=False)
+    save_model(build_huge_input(), bad / "huge_input.onnx")
+    save_model(build_five_channels(), bad / "five_channels.onnx")
     save_external_data_model(bad / "external_data.onnx")
     colors_bytes = (out / "colors.onnx").read_bytes()
     save_bytes(bad / "truncated.onnx", colors_bytes[: len(colors_bytes) // 2])

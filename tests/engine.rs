@@ -78,7 +78,7 @@ fn check_against_reference(model: &str, reference_file: &str, batch_size: usize)
 
 #[test]
 fn small_cnn_matches_onnxruntime_at_every_batch_size() {
-    // 3 reference frames: batch 1 (one by one), 2 (a full and a partial call), 4 (padded).
+    // 3 reference frames, whatever the element's batch size.
     for batch in [1, 2, 4] {
         check_against_reference("cnn.onnx", "cnn_reference.json", batch);
     }
@@ -179,6 +179,14 @@ fn bad_models_get_clear_errors() {
             "does not support the operator(s) FrobnicateImage",
         ),
         ("bad/external_data.onnx", "external_data.weights"),
+        (
+            "bad/huge_input.onnx",
+            "the height of input `image` is 100000; at most 8192 is supported",
+        ),
+        (
+            "bad/five_channels.onnx",
+            "neither axis 1 (NCHW) nor axis 3 (NHWC) holds 1 or 3 colour channels",
+        ),
     ];
     for (file, problem) in cases {
         let err = match CpuEngine::build(&options(file, 1)) {

@@ -9,6 +9,9 @@ use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxMod
 use crate::preprocess::{InputSpec, Preprocessor};
 use crate::trtclassify::CAT;
 
+/// A fixed batch above this is taken for a broken model rather than allocated.
+const MAX_MODEL_BATCH: usize = 256;
+
 pub struct CpuEngine {
     info: ModelInfo,
     plan: Arc<TypedRunnableModel>,
@@ -34,21 +37,28 @@ impl CpuEngine {
                 "the cpu backend runs fp32 (precision=fp16 applies to GPU backends)"
             );
         }
-        let input = input_spec(model, options).map_err(fail)?;
+        let input = model.input_spec(options.input_size).map_err(fail)?;
+        // tract runs one thread per call; measured on MobileNetV2 (docs/benchmarks.md), a
+        // batch of 8 in one call costs twice the time per frame of 8 single-frame calls (the
+        // activations leave the cache). So frames run one per call unless the model fixes a
+        // larger batch.
         let model_batch = match model.input.batch {
-            Dim::Fixed(n) => {
-                if n < options.batch_size {
-                    gst::info!(
-                        CAT,
-                        "{}: the model fixes its batch at {n}; running batches of {} as {n} at a time",
-                        model.path.display(),
-                        options.batch_size
-                    );
-                }
-                n
+            Dim::Fixed(n) if n > MAX_MODEL_BATCH => {
+                return Err(fail(format!(
+                    "the model fixes its batch at {n}; at most {MAX_MODEL_BATCH} is supported"
+                )));
             }
-            Dim::Dynamic(_) => options.batch_size,
+            Dim::Fixed(n) => n,
+            Dim::Dynamic(_) => 1,
         };
+        if options.batch_size > model_batch {
+            gst::info!(
+                CAT,
+                "{}: the cpu backend runs batches of {} as {model_batch} frame(s) per call",
+                model.path.display(),
+                options.batch_size
+            );
+        }
 
         // tract is written to return errors, but a malformed graph can still trip an
         // assertion deep inside; a panic must not take the pipeline down.
@@ -163,31 +173,6 @@ impl Engine for CpuEngine {
         self.input = input;
         scores
     }
-}
-
-/// The model input with its spatial size settled: from the model, or from the element's
-/// input size for models that leave it open.
-fn input_spec(model: &OnnxModel, options: &EngineOptions) -> Result<InputSpec, String> {
-    let input = &model.input;
-    let axis = |name: &str, dim: &Dim, forced: Option<usize>| match (dim.fixed(), forced) {
-        (Some(n), None) => Ok(n),
-        (None, Some(n)) => Ok(n),
-        (Some(n), Some(m)) if n == m => Ok(n),
-        (Some(n), Some(m)) => Err(format!(
-            "input-{name} is {m} but the model's input `{}` fixes its {name} at {n}",
-            input.name
-        )),
-        (None, None) => Err(format!(
-            "the {name} of input `{}` is dynamic ({dim}); set input-width and input-height",
-            input.name
-        )),
-    };
-    Ok(InputSpec {
-        layout: input.layout,
-        channels: input.channels,
-        height: axis("height", &input.height, options.input_size.map(|s| s.0))?,
-        width: axis("width", &input.width, options.input_size.map(|s| s.1))?,
-    })
 }
 
 enum OptimiseError {

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use tract_onnx::pb;
 use tract_onnx::prelude::tract_itertools::Itertools;
 
-use crate::preprocess::Layout;
+use crate::preprocess::{InputSpec, Layout};
+
+/// A larger input side is taken for a broken model rather than allocated.
+const MAX_SIDE: usize = 8192;
 
 /// ONNX `TensorProto.DataType` code of float32.
 const ONNX_FLOAT: i32 = 1;
@@ -139,6 +142,43 @@ impl OnnxModel {
             input,
             output,
             output_op,
+        })
+    }
+
+    /// The model input with its spatial size settled: from the model, or from `input_size`
+    /// (height, width) for models that leave it open.
+    pub fn input_spec(&self, input_size: Option<(usize, usize)>) -> Result<InputSpec, String> {
+        let input = &self.input;
+        let axis = |name: &str, dim: &Dim, forced: Option<usize>| {
+            let n = match (dim.fixed(), forced) {
+                (Some(n), None) | (None, Some(n)) => n,
+                (Some(n), Some(m)) if n == m => n,
+                (Some(n), Some(m)) => {
+                    return Err(format!(
+                        "input-{name} is {m} but the model's input `{}` fixes its {name} at {n}",
+                        input.name
+                    ));
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "the {name} of input `{}` is dynamic ({dim}); set input-width and input-height",
+                        input.name
+                    ));
+                }
+            };
+            if n > MAX_SIDE {
+                return Err(format!(
+                    "the {name} of input `{}` is {n}; at most {MAX_SIDE} is supported",
+                    input.name
+                ));
+            }
+            Ok(n)
+        };
+        Ok(InputSpec {
+            layout: input.layout,
+            channels: input.channels,
+            height: axis("height", &input.height, input_size.map(|s| s.0))?,
+            width: axis("width", &input.width, input_size.map(|s| s.1))?,
         })
     }
 

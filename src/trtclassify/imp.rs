@@ -41,8 +41,8 @@ const DEFAULT_TOP_K: u32 = 5;
 const DEFAULT_THRESHOLD: f64 = 0.0;
 const DEFAULT_SOFTMAX: Softmax = Softmax::Auto;
 const DEFAULT_SCALE: f64 = 1.0 / 255.0;
-const DEFAULT_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-const DEFAULT_STD: [f32; 3] = [0.229, 0.224, 0.225];
+const DEFAULT_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
+const DEFAULT_STD: [f64; 3] = [0.229, 0.224, 0.225];
 const DEFAULT_CHANNEL_ORDER: ChannelOrder = ChannelOrder::Rgb;
 const DEFAULT_RESIZE_MODE: ResizeMode = ResizeMode::Stretch;
 const DEFAULT_INTERVAL: u32 = 1;
@@ -60,8 +60,8 @@ struct Settings {
     input_height: u32,
     softmax: Softmax,
     scale: f64,
-    mean: Vec<f32>,
-    std: Vec<f32>,
+    mean: Vec<f64>,
+    std: Vec<f64>,
     channel_order: ChannelOrder,
     resize_mode: ResizeMode,
     tunables: Tunables,
@@ -132,6 +132,8 @@ struct State {
     deadline: Option<Instant>,
     ready: VecDeque<gst::Buffer>,
     frame_count: u64,
+    /// Frames still to carry `last` before the next fresh one (`interval`).
+    carry_left: u32,
     last: Vec<ClassEntry>,
     /// An error from a push made outside the streaming thread, returned by the next chain.
     flow_error: Option<gst::FlowError>,
@@ -238,7 +240,7 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecDouble::builder("scale")
                     .nick("Scale")
                     .blurb("Pixel scale factor: input = (pixel × scale − mean[c]) / std[c]")
-                    .minimum(f64::MIN_POSITIVE)
+                    .minimum(1.0e-9)
                     .maximum(1.0e6)
                     .default_value(DEFAULT_SCALE)
                     .mutable_ready()
@@ -266,13 +268,13 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecUInt::builder("input-width")
                     .nick("Input width")
                     .blurb("Model input width for models whose width is dynamic (0: from the model)")
-                    .maximum(16384)
+                    .maximum(8192)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("input-height")
                     .nick("Input height")
                     .blurb("Model input height for models whose height is dynamic (0: from the model)")
-                    .maximum(16384)
+                    .maximum(8192)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("interval")
@@ -337,8 +339,7 @@ impl ObjectImpl for TrtClassify {
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
         let settings = self.settings.lock().unwrap();
-        let array =
-            |values: &[f32]| gst::Array::new(values.iter().map(|v| f64::from(*v))).to_value();
+        let array = |values: &[f64]| gst::Array::new(values.iter().copied()).to_value();
         match pspec.name() {
             "onnx-location" => settings.onnx_location.to_value(),
             "labels-location" => settings.labels_location.to_value(),
@@ -366,7 +367,7 @@ impl ObjectImpl for TrtClassify {
 }
 
 /// A `mean` or `std` value: 1 or 3 finite numbers, std values above 0.
-fn parse_channel_values(name: &str, value: &glib::Value) -> Result<Vec<f32>, String> {
+fn parse_channel_values(name: &str, value: &glib::Value) -> Result<Vec<f64>, String> {
     let array = value
         .get::<gst::Array>()
         .map_err(|_| format!("{name}: expected an array such as <0.5, 0.5, 0.5>"))?;
@@ -394,7 +395,7 @@ fn parse_channel_values(name: &str, value: &glib::Value) -> Result<Vec<f32>, Str
             if name == "std" { " and above 0" } else { "" }
         ));
     }
-    Ok(values.into_iter().map(|v| v as f32).collect())
+    Ok(values)
 }
 
 impl GstObjectImpl for TrtClassify {}
@@ -483,8 +484,8 @@ impl BaseTransformImpl for TrtClassify {
             gpu_id: settings.gpu_id,
             preprocess: PreprocessOptions {
                 scale: settings.scale as f32,
-                mean: settings.mean.clone(),
-                std: settings.std.clone(),
+                mean: settings.mean.iter().map(|v| *v as f32).collect(),
+                std: settings.std.iter().map(|v| *v as f32).collect(),
                 channel_order: settings.channel_order,
                 resize: settings.resize_mode,
             },
@@ -503,15 +504,6 @@ impl BaseTransformImpl for TrtClassify {
             info.input.width,
             info.input.height
         );
-        if info.model_batch < options.batch_size {
-            gst::info!(
-                CAT,
-                imp = self,
-                "the model fixes its batch at {}: frames of a batch run {} at a time",
-                info.model_batch,
-                info.model_batch
-            );
-        }
         if !labels.is_empty() && labels.len() != info.num_classes {
             gst::element_imp_warning!(
                 self,
@@ -581,6 +573,7 @@ impl BaseTransformImpl for TrtClassify {
             deadline: None,
             ready: VecDeque::new(),
             frame_count: 0,
+            carry_left: 0,
             last: Vec::new(),
             flow_error: None,
             timer,
@@ -628,6 +621,9 @@ impl BaseTransformImpl for TrtClassify {
                     state.to_infer = 0;
                     state.deadline = None;
                     state.flow_error = None;
+                    // After a seek, a result from before it describes another picture.
+                    state.carry_left = 0;
+                    state.last.clear();
                     if let Some(timer) = &state.timer {
                         timer.disarm();
                     }
@@ -649,6 +645,7 @@ impl BaseTransformImpl for TrtClassify {
                     && let Some(state) = self.state.lock().unwrap().as_mut()
                 {
                     state.frame_count = 0;
+                    state.carry_left = 0;
                     state.last.clear();
                 }
             }
@@ -673,6 +670,44 @@ impl BaseTransformImpl for TrtClassify {
         BaseTransformImplExt::parent_query(self, direction, query)
     }
 
+    /// Held frames come from upstream's buffer pool: ask for room for them, so that a source
+    /// with a small pool (a camera, a hardware decoder) does not stall waiting for buffers
+    /// that the batch holds.
+    fn propose_allocation(
+        &self,
+        decide_query: Option<&gst::query::Allocation>,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        self.parent_propose_allocation(decide_query, query)?;
+        let held = {
+            let settings = self.settings.lock().unwrap();
+            (settings.batch_size - 1) * settings.tunables.interval
+        };
+        if held == 0 {
+            return Ok(());
+        }
+        let pools: Vec<_> = query.allocation_pools().collect();
+        if pools.is_empty() {
+            let size = query
+                .get()
+                .0
+                .and_then(|caps| gst_video::VideoInfo::from_caps(caps).ok())
+                .map_or(0, |info| info.size() as u32);
+            query.add_allocation_pool(None::<&gst::BufferPool>, size, held + 2, 0);
+        }
+        for (i, (pool, size, min, max)) in pools.into_iter().enumerate() {
+            let min = min + held;
+            let max = if max == 0 { 0 } else { max.max(min) };
+            query.set_nth_allocation_pool(i as u32, pool.as_ref(), size, min, max);
+        }
+        gst::debug!(
+            CAT,
+            imp = self,
+            "asked upstream for {held} more buffers for held frames"
+        );
+        Ok(())
+    }
+
     fn submit_input_buffer(
         &self,
         _is_discont: bool,
@@ -688,7 +723,11 @@ impl BaseTransformImpl for TrtClassify {
         }
         let frame = state.frame_count;
         state.frame_count += 1;
-        let fresh = frame % u64::from(tunables.interval) == 0;
+        let fresh = state.carry_left == 0;
+        state.carry_left = match fresh {
+            true => tunables.interval - 1,
+            false => state.carry_left - 1,
+        };
         state.pending.push(Pending {
             buffer,
             frame,

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Fuzzes model loading: arbitrary bytes as an ONNX file, through the classifier checks and
+//! the CPU engine build. Any outcome but an error or an engine (a panic, a hang, a crash) is a
+//! bug.
+#![no_main]
+
+use std::path::Path;
+use std::sync::Once;
+
+use gsttrtclassify::engine::cpu::CpuEngine;
+use gsttrtclassify::engine::{EngineOptions, OnnxModel, Precision};
+use gsttrtclassify::preprocess::PreprocessOptions;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| gst::init().unwrap());
+    let path = Path::new("fuzz.onnx");
+    let Ok(model) = OnnxModel::from_bytes(path, data) else {
+        return;
+    };
+    let options = EngineOptions {
+        model: path.into(),
+        batch_size: 2,
+        // Dynamic spatial sizes get a small fixed size, so that huge declared sizes are the
+        // only way to ask for much memory.
+        input_size: None,
+        precision: Precision::Fp32,
+        gpu_id: 0,
+        preprocess: PreprocessOptions::default(),
+    };
+    let _ = CpuEngine::from_model(&model, &options);
+});

@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Reliability: state churn, many pipelines in one process, bounded waits with live sources.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{colors_element, run_pipeline};
+use gst::prelude::*;
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// 200 cycles NULL → PLAYING → NULL with the model loaded each time. Memory after the warm-up
+/// cycles may grow by at most 16 MiB over the remaining 180 cycles (under 100 KiB a cycle).
+#[test]
+fn state_churn_is_bounded() {
+    common::init();
+    let pipeline = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=4 pattern=red ! video/x-raw,width=64,height=48 ! {} ! fakesink name=sink",
+        colors_element("batch-size=2 batch-timeout=5")
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let bus = pipeline.bus().unwrap();
+    let mut warm = 0;
+    for cycle in 0..200 {
+        if cycle == 20 {
+            warm = rss_bytes();
+        }
+        pipeline.set_state(gst::State::Playing).unwrap();
+        let msg = bus
+            .timed_pop_filtered(
+                gst::ClockTime::from_seconds(30),
+                &[gst::MessageType::Eos, gst::MessageType::Error],
+            )
+            .expect("cycle finished");
+        assert!(
+            matches!(msg.view(), gst::MessageView::Eos(_)),
+            "cycle {cycle}: {msg:?}"
+        );
+        pipeline.set_state(gst::State::Null).unwrap();
+    }
+    let growth = rss_bytes().saturating_sub(warm);
+    eprintln!(
+        "state churn: RSS grew {} KiB over 180 cycles",
+        growth / 1024
+    );
+    assert!(
+        growth < 16 << 20,
+        "RSS grew {} KiB over 180 cycles",
+        growth / 1024
+    );
+}
+
+/// 16 pipelines on the same model in one process, started in two waves with some stopped
+/// while the others run; every pipeline that runs to the end has every frame, correctly
+/// classified.
+#[test]
+fn sixteen_pipelines_in_one_process() {
+    common::init();
+    let patterns = ["red", "green", "blue", "white", "black"];
+    let make = |i: usize| {
+        let pattern = patterns[i % patterns.len()];
+        let pipeline = gst::parse::launch(&format!(
+            "videotestsrc is-live=true num-buffers=40 pattern={pattern} ! video/x-raw,width=96,height=64,framerate=100/1 ! \
+             {} ! appsink name=sink sync=false",
+            colors_element(&format!("batch-size={} batch-timeout=20 top-k=1", 1 + i % 4))
+        ))
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+        let sink = pipeline
+            .by_name("sink")
+            .unwrap()
+            .downcast::<gst_app::AppSink>()
+            .unwrap();
+        let labels = Arc::new(Mutex::new(Vec::new()));
+        let collected = labels.clone();
+        sink.set_callbacks(
+            gst_app::AppSinkCallbacks::builder()
+                .new_sample(move |sink| {
+                    let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                    let r =
+                        gsttrtclassify::meta::Classification::from_buffer(sample.buffer().unwrap())
+                            .unwrap();
+                    collected
+                        .lock()
+                        .unwrap()
+                        .push(r.top().unwrap().label.clone());
+                    Ok(gst::FlowSuccess::Ok)
+                })
+                .build(),
+        );
+        (pipeline, pattern, labels)
+    };
+    let mut running: Vec<_> = (0..8).map(make).collect();
+    for (p, _, _) in &running {
+        p.set_state(gst::State::Playing).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for i in 8..16 {
+        let (p, pattern, labels) = make(i);
+        p.set_state(gst::State::Playing).unwrap();
+        running.push((p, pattern, labels));
+    }
+    // Stop four of the first wave mid-stream.
+    for (p, _, _) in running.drain(0..4) {
+        p.set_state(gst::State::Null).unwrap();
+    }
+    for (p, pattern, labels) in running {
+        let msg = p
+            .bus()
+            .unwrap()
+            .timed_pop_filtered(
+                gst::ClockTime::from_seconds(60),
+                &[gst::MessageType::Eos, gst::MessageType::Error],
+            )
+            .expect("EOS");
+        assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
+        p.set_state(gst::State::Null).unwrap();
+        let labels = labels.lock().unwrap();
+        assert_eq!(labels.len(), 40, "{pattern}: every frame came out");
+        assert!(labels.iter().all(|l| l == pattern), "{pattern}: {labels:?}");
+    }
+}
+
+/// When each buffer (by PTS) passed a pad.
+type PassLog = Arc<Mutex<Vec<(u64, Instant)>>>;
+
+/// Records when each buffer (by PTS) passes the element's sink and src pads.
+fn timing_probes(element: &gst::Element) -> (PassLog, PassLog) {
+    let record = |pad: &str| {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        element
+            .static_pad(pad)
+            .unwrap()
+            .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+                if let Some(buffer) = info.buffer() {
+                    l.lock()
+                        .unwrap()
+                        .push((buffer.pts().unwrap().nseconds(), Instant::now()));
+                }
+                gst::PadProbeReturn::Ok
+            });
+        log
+    };
+    (record("sink"), record("src"))
+}
+
+/// A live 10 fps source with batch-size 8 and batch-timeout 50 ms: a full batch would take
+/// 800 ms to gather, but no frame may wait longer than the timeout plus one inference.
+#[test]
+fn live_source_waits_are_bounded_by_the_timeout() {
+    common::init();
+    let pipeline = gst::parse::launch(&format!(
+        "videotestsrc is-live=true num-buffers=12 pattern=blue ! video/x-raw,width=64,height=48,framerate=10/1 ! \
+         {} ! fakesink sync=false",
+        colors_element("name=classify batch-size=8 batch-timeout=50")
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let element = pipeline.by_name("classify").unwrap();
+    let (arrived, left) = timing_probes(&element);
+    common::run_to_eos(&pipeline).unwrap();
+    let arrived = arrived.lock().unwrap();
+    let left = left.lock().unwrap();
+    assert_eq!(left.len(), 12);
+    let longest = arrived
+        .iter()
+        .map(|(pts, t)| {
+            let out = left
+                .iter()
+                .find(|(p, _)| p == pts)
+                .expect("every frame came out")
+                .1;
+            out - *t
+        })
+        .max()
+        .unwrap();
+    eprintln!("live source, batch-size 8, batch-timeout 50 ms: longest wait {longest:?}");
+    // 50 ms of timeout; an inference of this model takes well under a millisecond, the rest is
+    // scheduling slack on a loaded 2-core CI machine.
+    assert!(
+        longest < Duration::from_millis(150),
+        "a frame waited {longest:?}"
+    );
+    assert!(
+        longest >= Duration::from_millis(45),
+        "frames did wait for batch-mates ({longest:?})"
+    );
+}
+
+/// A live source that stalls (pushes 3 frames, then nothing, without EOS) does not hold its
+/// frames: they come out once batch-timeout passes.
+#[test]
+fn stalled_source_releases_held_frames() {
+    common::init();
+    let pipeline = gst::parse::launch(&format!(
+        "appsrc name=src is-live=true format=time ! {} ! appsink name=sink sync=false",
+        colors_element("batch-size=8 batch-timeout=40")
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let src = pipeline
+        .by_name("src")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    src.set_caps(Some(&common::rgb_caps(32, 24)));
+    let sink = pipeline
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let started = Instant::now();
+    for i in 0..3 {
+        src.push_buffer(common::solid_rgb(32, 24, common::COLORS[2].1, i))
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let sample = sink
+            .try_pull_sample(gst::ClockTime::from_seconds(5))
+            .expect("held frames came out without more input");
+        got.push(sample.buffer().unwrap().offset());
+    }
+    let waited = started.elapsed();
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert_eq!(got, vec![0, 1, 2]);
+    assert!(
+        waited < Duration::from_secs(2),
+        "frames were held {waited:?}"
+    );
+}
+
+#[test]
+fn batch_size_does_not_change_results() {
+    // Batch size does not change results: the same stream at batch 1 and 7.
+    let run = |batch: u32| {
+        run_pipeline(&format!(
+            "videotestsrc num-buffers=20 pattern=smpte ! video/x-raw,width=80,height=60 ! {} ! appsink name=sink sync=false",
+            colors_element(&format!("batch-size={batch} batch-timeout=-1 top-k=6"))
+        ))
+        .unwrap()
+    };
+    let (a, b) = (run(1), run(7));
+    assert_eq!(a.len(), 20);
+    for (x, y) in a.iter().zip(&b) {
+        for (cx, cy) in x.classes.iter().zip(&y.classes) {
+            assert_eq!(cx.class_id, cy.class_id);
+            assert!((cx.confidence - cy.confidence).abs() < 1e-5);
+        }
+    }
+}

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{COLORS, index_and_result, rgb_caps, solid_rgb};
+use gst::prelude::*;
 use gsttrtclassify::meta::Classification;
 
 fn harness(extra: &str) -> gst_check::Harness {
@@ -79,6 +80,20 @@ fn frames_wait_for_a_full_batch_and_leave_in_order() {
         saw_eos |= event.type_() == gst::EventType::Eos;
     }
     assert!(saw_eos, "EOS follows the drained frames");
+}
+
+#[test]
+fn drain_query_releases_held_frames() {
+    let mut h = harness("batch-size=4 batch-timeout=-1");
+    push_frames(&mut h, 0..3);
+    assert_eq!(h.buffers_in_queue(), 0);
+    let mut drain = gst::query::Drain::new();
+    h.element()
+        .unwrap()
+        .static_pad("sink")
+        .unwrap()
+        .query(&mut drain);
+    assert_eq!(indices(&pull_all(&mut h)), vec![0, 1, 2]);
 }
 
 #[test]

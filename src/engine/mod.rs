@@ -63,7 +63,7 @@ pub struct EngineOptions {
 pub struct ModelInfo {
     pub input: InputSpec,
     pub num_classes: usize,
-    /// Frames run in one call of the model; 1 when the model fixes its batch axis at 1.
+    /// Frames run in one call of the model: the backend's choice within what the model allows.
     pub model_batch: usize,
     /// Whether the model's own last operator makes probabilities (Softmax, Sigmoid).
     pub outputs_probabilities: bool,

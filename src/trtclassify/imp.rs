@@ -655,6 +655,13 @@ impl BaseTransformImpl for TrtClassify {
     }
 
     fn query(&self, direction: gst::PadDirection, query: &mut gst::QueryRef) -> bool {
+        // A drain query asks for every held buffer back (a decoder renegotiating its pool).
+        if direction == gst::PadDirection::Sink
+            && let gst::QueryView::Drain(_) = query.view()
+            && let Err(err) = self.finish_batch()
+        {
+            gst::debug!(CAT, imp = self, "pushing held frames on drain: {err:?}");
+        }
         if direction == gst::PadDirection::Src
             && let gst::QueryViewMut::Latency(q) = query.view_mut()
         {

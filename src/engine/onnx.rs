@@ -124,6 +124,21 @@ impl OnnxModel {
         };
         let input = image_input(input).map_err(not_classifier)?;
 
+        // tract indexes values by name and panics on an output that nothing defines.
+        let defined = |name: &str| {
+            graph.input.iter().any(|i| i.name == name)
+                || graph.initializer.iter().any(|t| t.name == name)
+                || graph
+                    .node
+                    .iter()
+                    .any(|n| n.output.iter().any(|o| o == name))
+        };
+        if let Some(undefined) = graph.output.iter().find(|o| !defined(&o.name)) {
+            return Err(not_onnx(format!(
+                "graph output `{}` is not produced by any node",
+                undefined.name
+            )));
+        }
         let output = graph
             .output
             .first()

@@ -179,6 +179,11 @@ fn bad_models_get_clear_errors() {
             "does not support the operator(s) FrobnicateImage",
         ),
         ("bad/external_data.onnx", "external_data.weights"),
+        // Found by the fuzzer: tract 0.23 panicked on it.
+        (
+            "bad/fuzz_undefined_output.onnx",
+            "is not produced by any node",
+        ),
         (
             "bad/huge_input.onnx",
             "the height of input `image` is 100000; at most 8192 is supported",

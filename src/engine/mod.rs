@@ -6,6 +6,7 @@
 //! preprocessing so that a GPU backend can do it on the GPU.
 
 pub mod cpu;
+pub mod cuda;
 pub mod onnx;
 
 use std::path::PathBuf;

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The engine's own graph: a handful of operators with ONNX semantics (logical NCHW shapes),
+//! every shape known, every constant folded. It knows nothing of GPUs, so that the import
+//! and the rewriting passes can be checked on any machine against `reference`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A constant: weights, or a value folded at import. Integers are held as f32, which is
+/// exact for the shapes and indices of image classifiers (below 2^24).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Arc<Vec<f32>>,
+}
+
+impl Tensor {
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Self {
+            shape,
+            data: Arc::new(data),
+        }
+    }
+
+    pub fn scalar(value: f32) -> Self {
+        Self::new(vec![], vec![value])
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The values as integers (shapes, axes, indices).
+    pub fn ints(&self) -> Vec<i64> {
+        self.data.iter().map(|&v| v as i64).collect()
+    }
+}
+
+/// Element-wise functions of one value; `None` where an operator has no activation.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Act {
+    None,
+    Relu,
+    LeakyRelu(f32),
+    Clip(f32, f32),
+    Sigmoid,
+    HardSigmoid(f32, f32),
+    HardSwish,
+    /// x·sigmoid(x), from PyTorch's SiLU exported as Sigmoid then Mul.
+    Silu,
+    Tanh,
+    Erf,
+    /// x·Φ(x) with the exact (erf) form.
+    Gelu,
+    Exp,
+    Sqrt,
+    Neg,
+    Abs,
+    Reciprocal,
+    Softplus,
+    Elu(f32),
+}
+
+impl Act {
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Act::None => x,
+            Act::Relu => x.max(0.0),
+            Act::LeakyRelu(a) => {
+                if x < 0.0 {
+                    a * x
+                } else {
+                    x
+                }
+            }
+            Act::Clip(lo, hi) => x.max(lo).min(hi),
+            Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Act::HardSigmoid(a, b) => (a * x + b).clamp(0.0, 1.0),
+            Act::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+            Act::Silu => x / (1.0 + (-x).exp()),
+            Act::Tanh => x.tanh(),
+            Act::Erf => erf(x),
+            Act::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
+            Act::Exp => x.exp(),
+            Act::Sqrt => x.sqrt(),
+            Act::Neg => -x,
+            Act::Abs => x.abs(),
+            Act::Reciprocal => 1.0 / x,
+            Act::Softplus => (1.0 + x.exp()).ln(),
+            Act::Elu(a) => {
+                if x < 0.0 {
+                    a * (x.exp() - 1.0)
+                } else {
+                    x
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+}
+
+impl BinOp {
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+            BinOp::Pow => a.powf(b),
+            BinOp::Max => a.max(b),
+            BinOp::Min => a.min(b),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conv2d {
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    /// Top, left, bottom, right.
+    pub pads: [usize; 4],
+    pub dilations: [usize; 2],
+    pub group: usize,
+    /// Applied after the bias and the residual.
+    pub act: Act,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolKind {
+    Max,
+    Avg { count_include_pad: bool },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pool2d {
+    pub kind: PoolKind,
+    pub kernel: [usize; 2],
+    pub strides: [usize; 2],
+    /// Top, left, bottom, right, as declared: `ceil_mode` shows in the output shape only.
+    pub pads: [usize; 4],
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Inputs: x, weight [K, C/group, R, S], bias [K], and optionally a residual (the output's
+    /// shape) added before `act`.
+    Conv(Conv2d),
+    /// Inference batch normalisation; inputs x, scale, bias, mean, var. Folded into the
+    /// convolution before it where there is one.
+    BatchNorm {
+        epsilon: f32,
+    },
+    /// `y = act(x · W + bias)` over the last axis of x. Inputs: x, W as [K, N], optional bias
+    /// [N].
+    Gemm {
+        act: Act,
+    },
+    Pool(Pool2d),
+    /// Mean over the spatial axes of an NCHW tensor, kept as [N, C, 1, 1].
+    GlobalAvgPool,
+    Unary(Act),
+    /// NumPy broadcasting, then `act`.
+    Binary {
+        op: BinOp,
+        act: Act,
+    },
+    Softmax {
+        axis: usize,
+    },
+    /// Inputs: x, scale, bias, over the axes from `axis` on.
+    LayerNorm {
+        axis: usize,
+        epsilon: f32,
+    },
+    Lrn {
+        size: usize,
+        alpha: f32,
+        beta: f32,
+        bias: f32,
+    },
+    Concat {
+        axis: usize,
+    },
+    /// `output[i] = input[perm[i]]` for axes.
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// The output shape is the output value's.
+    Reshape,
+    /// Keeps `start..end` of one axis.
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
+    /// Mean over `axes`; the output shape says whether they are kept.
+    ReduceMean {
+        axes: Vec<usize>,
+    },
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Conv(_) => "Conv",
+            Op::BatchNorm { .. } => "BatchNormalization",
+            Op::Gemm { .. } => "Gemm",
+            Op::Pool(p) if p.kind == PoolKind::Max => "MaxPool",
+            Op::Pool(_) => "AveragePool",
+            Op::GlobalAvgPool => "GlobalAveragePool",
+            Op::Unary(_) => "Unary",
+            Op::Binary { .. } => "Binary",
+            Op::Softmax { .. } => "Softmax",
+            Op::LayerNorm { .. } => "LayerNormalization",
+            Op::Lrn { .. } => "LRN",
+            Op::Concat { .. } => "Concat",
+            Op::Transpose { .. } => "Transpose",
+            Op::Reshape => "Reshape",
+            Op::Slice { .. } => "Slice",
+            Op::ReduceMean { .. } => "ReduceMean",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// The ONNX node's name (or its output's), kept for messages and for naming weights.
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<String>,
+    pub output: String,
+}
+
+/// A graph in topological order with the shape of every value. Constants live in `consts`;
+/// everything else is computed from the one input.
+#[derive(Debug, Clone, Default)]
+pub struct Graph {
+    pub nodes: Vec<Node>,
+    pub shapes: HashMap<String, Vec<usize>>,
+    pub consts: HashMap<String, Tensor>,
+    pub input: String,
+    pub output: String,
+}
+
+impl Graph {
+    pub fn shape(&self, value: &str) -> &[usize] {
+        self.shapes
+            .get(value)
+            .map(Vec::as_slice)
+            .or_else(|| self.consts.get(value).map(|t| t.shape.as_slice()))
+            .unwrap_or_else(|| panic!("value `{value}` has no shape"))
+    }
+
+    pub fn is_const(&self, value: &str) -> bool {
+        self.consts.contains_key(value)
+    }
+
+    /// How many node inputs (and the graph output) read `value`.
+    pub fn uses(&self, value: &str) -> usize {
+        self.nodes
+            .iter()
+            .flat_map(|n| &n.inputs)
+            .filter(|i| *i == value)
+            .count()
+            + usize::from(self.output == value)
+    }
+
+    pub fn producer(&self, value: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.output == value)
+    }
+
+    /// Drops constants no node reads any more.
+    pub fn prune_consts(&mut self) {
+        let used: std::collections::HashSet<&String> =
+            self.nodes.iter().flat_map(|n| &n.inputs).collect();
+        self.consts.retain(|k, _| used.contains(k));
+    }
+}
+
+/// Broadcast shape of NumPy's rules, or `None` where the shapes do not broadcast.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    (0..rank)
+        .map(|i| {
+            let da = if i + a.len() >= rank {
+                a[i + a.len() - rank]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= rank {
+                b[i + b.len() - rank]
+            } else {
+                1
+            };
+            match (da, db) {
+                (x, y) if x == y => Some(x),
+                (1, y) => Some(y),
+                (x, 1) => Some(x),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Row-major strides of `shape`.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+/// Abramowitz–Stegun 7.1.26 has 1.5e-7 absolute error, well below fp16's resolution.
+pub fn erf(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let y = 1.0
+        - (((((1.061_405_4 * t - 1.453_152_1) * t) + 1.421_413_8) * t - 0.284_496_74) * t
+            + 0.254_829_6)
+            * t
+            * (-x * x).exp();
+    y.copysign(x)
+}

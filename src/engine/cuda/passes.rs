@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Rewrites that make the graph cheaper to run and leave its results unchanged (checked by
+//! the tests with `reference`): batch norms folded into convolution weights, activations,
+//! residual adds and biases fused into the operator before them.
+
+use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
+
+/// All passes, in the order that lets each find its patterns.
+pub fn optimise(graph: &mut Graph) {
+    fold_batchnorm(graph);
+    fuse_silu(graph);
+    fuse_gemm_bias(graph);
+    fuse_residual(graph);
+    fuse_activation(graph);
+    remove_dead(graph);
+    graph.prune_consts();
+}
+
+/// The node producing `value` when only one node reads it.
+fn sole_producer(graph: &Graph, value: &str) -> Option<usize> {
+    (graph.uses(value) == 1)
+        .then(|| graph.producer(value))
+        .flatten()
+}
+
+/// `BatchNormalization(Conv(x))` becomes `Conv(x)` with scaled weights and a shifted bias;
+/// a batch norm after anything else becomes a per-channel multiply and add.
+pub fn fold_batchnorm(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        let Op::BatchNorm { epsilon } = graph.nodes[i].op else {
+            i += 1;
+            continue;
+        };
+        let node = graph.nodes[i].clone();
+        let [scale, shift] = bn_affine(graph, &node, epsilon);
+        let conv = sole_producer(graph, &node.inputs[0]).filter(|&c| {
+            matches!(&graph.nodes[c].op, Op::Conv(conv) if conv.act == Act::None)
+                && graph.nodes[c].inputs.len() == 3
+        });
+        if let Some(c) = conv {
+            let conv_node = &graph.nodes[c];
+            let w = &graph.consts[&conv_node.inputs[1]];
+            let b = &graph.consts[&conv_node.inputs[2]];
+            let per_k = w.len() / w.shape[0];
+            let w = Tensor::new(
+                w.shape.clone(),
+                w.data
+                    .iter()
+                    .enumerate()
+                    .map(|(j, v)| v * scale[j / per_k])
+                    .collect(),
+            );
+            let b = Tensor::new(
+                b.shape.clone(),
+                b.data
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| v * scale[k] + shift[k])
+                    .collect(),
+            );
+            let (w_name, b_name) = (
+                format!("{}.folded_weight", conv_node.name),
+                format!("{}.folded_bias", conv_node.name),
+            );
+            graph.consts.insert(w_name.clone(), w);
+            graph.consts.insert(b_name.clone(), b);
+            let conv_node = &mut graph.nodes[c];
+            conv_node.inputs[1] = w_name;
+            conv_node.inputs[2] = b_name;
+            conv_node.output = node.output.clone();
+            graph.shapes.remove(&node.inputs[0]);
+            graph.nodes.remove(i);
+            continue;
+        }
+        // y = x·scale + shift, per channel (axis 1).
+        let rank = graph.shape(&node.inputs[0]).len();
+        let mut shape = vec![scale.len()];
+        shape.resize(rank - 1, 1);
+        let (scale_name, shift_name, mid) = (
+            format!("{}.scale", node.name),
+            format!("{}.shift", node.name),
+            format!("{}.scaled", node.output),
+        );
+        graph
+            .consts
+            .insert(scale_name.clone(), Tensor::new(shape.clone(), scale));
+        graph
+            .consts
+            .insert(shift_name.clone(), Tensor::new(shape, shift));
+        let out_shape = graph.shape(&node.output).to_vec();
+        graph.shapes.insert(mid.clone(), out_shape);
+        let binary = |op, inputs, output| Node {
+            name: node.name.clone(),
+            op: Op::Binary { op, act: Act::None },
+            inputs,
+            output,
+        };
+        graph.nodes[i] = binary(
+            BinOp::Mul,
+            vec![node.inputs[0].clone(), scale_name],
+            mid.clone(),
+        );
+        graph.nodes.insert(
+            i + 1,
+            binary(BinOp::Add, vec![mid, shift_name], node.output.clone()),
+        );
+        i += 2;
+    }
+}
+
+/// Per-channel scale and shift of an inference batch norm.
+fn bn_affine(graph: &Graph, node: &Node, epsilon: f32) -> [Vec<f32>; 2] {
+    let [gamma, beta, mean, var] = [1, 2, 3, 4].map(|i| &graph.consts[&node.inputs[i]].data);
+    let scale: Vec<f32> = gamma
+        .iter()
+        .zip(var.iter())
+        .map(|(g, v)| g / (v + epsilon).sqrt())
+        .collect();
+    let shift = beta
+        .iter()
+        .zip(mean.iter())
+        .zip(&scale)
+        .map(|((b, m), s)| b - m * s)
+        .collect();
+    [scale, shift]
+}
+
+/// `Mul(x, Sigmoid(x))`, PyTorch's SiLU, becomes one `Silu(x)`.
+pub fn fuse_silu(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        let node = &graph.nodes[i];
+        if let Op::Binary {
+            op: BinOp::Mul,
+            act: Act::None,
+        } = node.op
+        {
+            for (a, b) in [(0, 1), (1, 0)] {
+                let (x, s) = (&node.inputs[a], &node.inputs[b]);
+                let Some(p) = sole_producer(graph, s) else {
+                    continue;
+                };
+                let producer = &graph.nodes[p];
+                if producer.op == Op::Unary(Act::Sigmoid)
+                    && &producer.inputs[0] == x
+                    && graph.shape(x) == graph.shape(&node.output)
+                {
+                    let x = x.clone();
+                    let dead = producer.output.clone();
+                    let node = &mut graph.nodes[i];
+                    node.op = Op::Unary(Act::Silu);
+                    node.inputs = vec![x];
+                    graph.shapes.remove(&dead);
+                    graph.nodes.remove(p);
+                    i = i.saturating_sub(1);
+                    break;
+                }
+            }
+        }
+        i += 1;
+    }
+}
+
+/// `Add(Gemm(x), bias)` with a bias along the last axis becomes the Gemm's own bias, which
+/// cuBLASLt adds in its epilogue.
+pub fn fuse_gemm_bias(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        let node = &graph.nodes[i];
+        if let Op::Binary {
+            op: BinOp::Add,
+            act: Act::None,
+        } = node.op
+        {
+            for (a, b) in [(0, 1), (1, 0)] {
+                let (y, bias) = (&node.inputs[a], &node.inputs[b]);
+                let Some(p) = sole_producer(graph, y) else {
+                    continue;
+                };
+                let producer = &graph.nodes[p];
+                let n = *graph.shape(y).last().unwrap_or(&0);
+                let fits = graph
+                    .consts
+                    .get(bias)
+                    .is_some_and(|t| t.len() == n && t.shape.iter().rev().skip(1).all(|&d| d == 1));
+                if matches!(producer.op, Op::Gemm { act: Act::None })
+                    && producer.inputs.len() == 2
+                    && fits
+                    && graph.shape(y) == graph.shape(&node.output)
+                {
+                    let t = &graph.consts[bias];
+                    let flat = Tensor::new(vec![n], t.data.to_vec());
+                    let name = format!("{}.bias", producer.name);
+                    graph.consts.insert(name.clone(), flat);
+                    let output = node.output.clone();
+                    let dead = y.clone();
+                    let producer = &mut graph.nodes[p];
+                    producer.inputs.push(name);
+                    producer.output = output;
+                    graph.shapes.remove(&dead);
+                    graph.nodes.remove(i);
+                    i = i.saturating_sub(1);
+                    break;
+                }
+            }
+        }
+        i += 1;
+    }
+}
+
+/// `Add(Conv(x), z)` becomes a convolution that adds `z` itself (cuDNN's fused residual).
+/// The fused node takes the Add's place, where `z` is known to be computed.
+pub fn fuse_residual(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        let node = &graph.nodes[i];
+        if let Op::Binary {
+            op: BinOp::Add,
+            act: Act::None,
+        } = node.op
+        {
+            for (a, b) in [(0, 1), (1, 0)] {
+                let (y, z) = (&node.inputs[a], &node.inputs[b]);
+                let Some(p) = sole_producer(graph, y) else {
+                    continue;
+                };
+                let producer = &graph.nodes[p];
+                let fusable = matches!(&producer.op, Op::Conv(c) if c.act == Act::None)
+                    && producer.inputs.len() == 3
+                    && !graph.is_const(z)
+                    && graph.shape(z) == graph.shape(y)
+                    && y != z;
+                if fusable {
+                    let mut fused = producer.clone();
+                    fused.inputs.push(z.clone());
+                    fused.output = node.output.clone();
+                    let dead = y.clone();
+                    graph.nodes[i] = fused;
+                    graph.nodes.remove(p);
+                    graph.shapes.remove(&dead);
+                    i -= 1;
+                    break;
+                }
+            }
+        }
+        i += 1;
+    }
+}
+
+/// An activation after a convolution, a matrix product or an element-wise operation runs in
+/// that operator.
+pub fn fuse_activation(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        let Op::Unary(act) = graph.nodes[i].op else {
+            i += 1;
+            continue;
+        };
+        let input = graph.nodes[i].inputs[0].clone();
+        let target = sole_producer(graph, &input).filter(|&p| match &graph.nodes[p].op {
+            Op::Conv(c) => c.act == Act::None,
+            Op::Gemm { act } | Op::Binary { act, .. } => *act == Act::None,
+            _ => false,
+        });
+        if let Some(p) = target {
+            let output = graph.nodes[i].output.clone();
+            let producer = &mut graph.nodes[p];
+            match &mut producer.op {
+                Op::Conv(c) => c.act = act,
+                Op::Gemm { act: a } | Op::Binary { act: a, .. } => *a = act,
+                _ => unreachable!("filtered above"),
+            }
+            producer.output = output;
+            graph.shapes.remove(&input);
+            graph.nodes.remove(i);
+            continue;
+        }
+        i += 1;
+    }
+}
+
+/// Drops nodes whose results nothing reads.
+pub fn remove_dead(graph: &mut Graph) {
+    loop {
+        let dead = graph.nodes.iter().rposition(|n| graph.uses(&n.output) == 0);
+        match dead {
+            Some(d) => {
+                let node = graph.nodes.remove(d);
+                graph.shapes.remove(&node.output);
+            }
+            None => break,
+        }
+    }
+}

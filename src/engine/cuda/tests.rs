@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The IR on the CPU: the import against onnxruntime's outputs, and every pass against the
+//! graph before it.
+
+use std::path::{Path, PathBuf};
+
+use super::ir::{Graph, Op, Tensor};
+use super::{import, passes, reference};
+use crate::engine::OnnxModel;
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
+}
+
+struct Reference {
+    input: Tensor,
+    output: Vec<f32>,
+}
+
+fn load_reference(name: &str) -> Reference {
+    let text = std::fs::read_to_string(models().join(name)).expect("reference file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
+    let floats = |key: &str| -> Vec<f32> {
+        v[key]
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect()
+    };
+    let shape: Vec<usize> = v["input_shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|d| d.as_u64().expect("dim") as usize)
+        .collect();
+    Reference {
+        input: Tensor::new(shape, floats("input")),
+        output: floats("output"),
+    }
+}
+
+fn import_model(name: &str, batch: usize) -> Graph {
+    let model = OnnxModel::load(&models().join(name)).expect("model loads");
+    let spec = model.input_spec(None).expect("fixed input size");
+    import::import(&model, batch, spec.height, spec.width).expect("model imports")
+}
+
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * (1.0 + w.abs()),
+            "value {i}: got {g}, want {w}"
+        );
+    }
+}
+
+fn count(graph: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
+    graph.nodes.iter().filter(|n| pred(&n.op)).count()
+}
+
+#[test]
+fn import_matches_onnxruntime() {
+    for (model, reference) in [
+        ("cnn.onnx", "cnn_reference.json"),
+        ("colors.onnx", "colors_reference.json"),
+    ] {
+        let r = load_reference(reference);
+        let graph = import_model(model, r.input.shape[0]);
+        let out = reference::run(&graph, &r.input);
+        assert_close(&out.data, &r.output, 1e-4);
+    }
+}
+
+#[test]
+fn passes_keep_results_and_fuse() {
+    let r = load_reference("cnn_reference.json");
+    let mut graph = import_model("cnn.onnx", r.input.shape[0]);
+    let before = reference::run(&graph, &r.input);
+    let nodes_before = graph.nodes.len();
+    assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 4);
+
+    passes::optimise(&mut graph);
+    let after = reference::run(&graph, &r.input);
+    assert_close(&after.data, &before.data, 1e-5);
+    assert_close(&after.data, &r.output, 1e-4);
+    // Every batch norm follows a convolution; relu/relu6 and the residual add fuse into it.
+    assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 0);
+    assert_eq!(count(&graph, |op| matches!(op, Op::Unary(_))), 0);
+    assert_eq!(count(&graph, |op| matches!(op, Op::Binary { .. })), 0);
+    let ops: Vec<&str> = graph.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(
+        ops,
+        [
+            "Conv",
+            "Conv",
+            "Conv",
+            "MaxPool",
+            "Conv",
+            "AveragePool",
+            "GlobalAveragePool",
+            "Reshape",
+            "Gemm"
+        ],
+        "{nodes_before} nodes before"
+    );
+    let residual = graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Conv(_)) && n.inputs.len() == 4)
+        .count();
+    assert_eq!(residual, 1);
+}
+
+#[test]
+fn import_folds_shape_chains_per_batch() {
+    // The same model imports at several batch sizes with every shape settled.
+    for batch in [1, 2, 7] {
+        let graph = import_model("cnn.onnx", batch);
+        assert_eq!(graph.shape(&graph.output), [batch, 10]);
+    }
+}
+
+#[test]
+fn unsupported_ops_are_named() {
+    let model = OnnxModel::load(&models().join("bad/unsupported_op.onnx")).expect("loads");
+    assert_eq!(
+        import::unsupported_ops(&model),
+        ["com.example.nonexistent.FrobnicateImage"]
+    );
+}

@@ -10,8 +10,12 @@
 
 pub mod import;
 pub mod ir;
+pub mod lower;
 pub mod passes;
+pub mod plan;
 pub mod reference;
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use super::ir::{Graph, Op, Tensor};
-use super::{import, passes, reference};
+use super::plan::{DType, Weights};
+use super::{import, lower, passes, reference, sim};
 use crate::engine::OnnxModel;
 
 fn models() -> PathBuf {
@@ -130,4 +131,35 @@ fn unsupported_ops_are_named() {
         import::unsupported_ops(&model),
         ["com.example.nonexistent.FrobnicateImage"]
     );
+}
+
+/// Imports, optimises and lowers `model` at each batch size, runs the plans on the CPU
+/// simulator and compares with the reference evaluation of the imported graph.
+fn check_lowering(model: &str, reference_file: &str) {
+    let r = load_reference(reference_file);
+    let frames = r.input.shape[0];
+    let frame_len = r.input.len() / frames;
+    let mut weights = Weights::default();
+    for batch in [1, frames] {
+        let input = Tensor::new(
+            [vec![batch], r.input.shape[1..].to_vec()].concat(),
+            r.input.data[..batch * frame_len].to_vec(),
+        );
+        let mut graph = import_model(model, batch);
+        let want = reference::run(&graph, &input);
+        passes::optimise(&mut graph);
+        let plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
+        let got = sim::run(&plan, &weights, &input.data);
+        assert_close(&got, &want.data, 1e-4);
+    }
+    // The plans of both batch sizes share one copy of each weight.
+    let mut names = weights.names.clone();
+    names.dedup();
+    assert_eq!(names.len(), weights.names.len(), "{:?}", weights.names);
+}
+
+#[test]
+fn lowered_plans_match_reference() {
+    check_lowering("cnn.onnx", "cnn_reference.json");
+    check_lowering("colors.onnx", "colors_reference.json");
 }

@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The lowered form of a graph for one batch size: a list of GPU steps over one activation
+//! arena, with every layout, offset and stride settled. It is what the engine file stores
+//! and what `runtime` replays; `sim` runs it on the CPU for the tests.
+
+use serde::{Deserialize, Serialize};
+
+use super::ir::{Act, BinOp};
+
+/// Iteration dimensions of an element-wise step, after merging.
+pub const MAX_RANK: usize = 6;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DType {
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+/// Where a step reads or writes; offsets are in elements of the plan's type (f32 for the
+/// input and output buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Loc {
+    Arena(usize),
+    Weight {
+        index: usize,
+        offset: usize,
+    },
+    /// The frames, f32, as the model's input layout.
+    Input(usize),
+    /// The scores, f32.
+    Output(usize),
+    /// A buffer not placed in the arena yet; only during lowering.
+    Temp {
+        id: usize,
+        offset: usize,
+    },
+}
+
+impl Loc {
+    pub fn offset(self, elements: usize) -> Loc {
+        match self {
+            Loc::Arena(o) => Loc::Arena(o + elements),
+            Loc::Weight { index, offset } => Loc::Weight {
+                index,
+                offset: offset + elements,
+            },
+            Loc::Input(o) => Loc::Input(o + elements),
+            Loc::Output(o) => Loc::Output(o + elements),
+            Loc::Temp { id, offset } => Loc::Temp {
+                id,
+                offset: offset + elements,
+            },
+        }
+    }
+}
+
+/// An operand of an element-wise step: its start and its stride (in elements) along each
+/// iteration dimension; 0 broadcasts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Strided {
+    pub loc: Loc,
+    pub strides: Vec<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Cast {
+    None,
+    /// Reads f32 (the input frames).
+    FromF32,
+    /// Writes f32 (the scores).
+    ToF32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConvStep {
+    /// Input N, C, H, W (NHWC in memory); output K, OH, OW.
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub kernel: [usize; 2],
+    /// Symmetric: asymmetric pads are made explicit by the lowering.
+    pub pads: [usize; 2],
+    pub strides: [usize; 2],
+    pub dilations: [usize; 2],
+    pub group: usize,
+    pub act: Act,
+    pub x: Loc,
+    /// KRSC.
+    pub weight: Loc,
+    pub bias: Loc,
+    pub residual: Option<Loc>,
+    pub y: Loc,
+    /// Chosen by timing while building; `None` until then.
+    pub algo: Option<Tuned>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tuned {
+    pub algo: i32,
+    pub math: i32,
+    pub workspace: usize,
+    /// Whether cuDNN's fused convolution + bias + activation (+ residual) runs it.
+    pub fused: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Step {
+    /// `out = act(op(a, b))`, or `act(a)`, over `dims`.
+    Ew {
+        op: Option<BinOp>,
+        act: Act,
+        cast: Cast,
+        dims: Vec<usize>,
+        out: Strided,
+        a: Strided,
+        b: Option<Strided>,
+    },
+    /// Sets `len` elements to zero.
+    Zero {
+        loc: Loc,
+        len: usize,
+    },
+    Conv(ConvStep),
+    /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias)`, act being None or Relu.
+    Gemm {
+        rows: usize,
+        n: usize,
+        k: usize,
+        x: Loc,
+        w: Loc,
+        bias: Option<Loc>,
+        relu: bool,
+        y: Loc,
+    },
+    /// NHWC in and out.
+    Pool {
+        n: usize,
+        h: usize,
+        w: usize,
+        c: usize,
+        oh: usize,
+        ow: usize,
+        kernel: [usize; 2],
+        strides: [usize; 2],
+        /// Top, left, bottom, right.
+        pads: [usize; 4],
+        max: bool,
+        count_include_pad: bool,
+        x: Loc,
+        y: Loc,
+    },
+    /// NHWC [n, hw, c] to [n, c].
+    GlobalAvgPool {
+        n: usize,
+        hw: usize,
+        c: usize,
+        x: Loc,
+        y: Loc,
+    },
+    Softmax {
+        rows: usize,
+        len: usize,
+        x: Loc,
+        y: Loc,
+    },
+    LayerNorm {
+        rows: usize,
+        len: usize,
+        epsilon: f32,
+        x: Loc,
+        scale: Loc,
+        bias: Option<Loc>,
+        y: Loc,
+    },
+    RowMean {
+        rows: usize,
+        len: usize,
+        x: Loc,
+        y: Loc,
+    },
+    /// Across the channels of an NHWC tensor.
+    Lrn {
+        pixels: usize,
+        c: usize,
+        size: usize,
+        alpha: f32,
+        beta: f32,
+        bias: f32,
+        x: Loc,
+        y: Loc,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub batch: usize,
+    pub dtype: DType,
+    /// Elements of `dtype`.
+    pub arena_len: usize,
+    /// f32 elements of the input and output buffers for the whole batch.
+    pub input_len: usize,
+    pub output_len: usize,
+    pub steps: Vec<Step>,
+}
+
+/// Constants in f32, converted to the plan's type when they are uploaded. Shared by the
+/// plans of all batch sizes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Weights {
+    pub names: Vec<String>,
+    #[serde(skip)]
+    pub data: Vec<std::sync::Arc<Vec<f32>>>,
+}
+
+impl Weights {
+    /// The index of the constant `name`, added if new.
+    pub fn add(&mut self, name: &str, data: &std::sync::Arc<Vec<f32>>) -> usize {
+        // A constant folded per batch size can have other values under the same name.
+        let same = |(n, d): (&String, &std::sync::Arc<Vec<f32>>)| n == name && **d == **data;
+        if let Some(i) = self.names.iter().zip(&self.data).position(same) {
+            return i;
+        }
+        self.names.push(name.to_owned());
+        self.data.push(data.clone());
+        self.names.len() - 1
+    }
+}

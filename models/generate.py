@@ -9,18 +9,22 @@ the folder of this script):
 
     colors*.onnx        hand-built colour classifiers whose right answer is known
     cnn.onnx            small random-weight CNN (ResNet / MobileNet style layers)
+    ops.onnx            random-weight op-coverage CNN: the ops of PyTorch exports of the
+                        common CNN classifiers (opset 17), ends in Softmax
     *_reference.json    onnxruntime outputs for fixed random inputs
     bad/*               broken or unsupported models for the error-handling tests
 
 With --bench the (large, not committed) MobileNetV2 benchmark model is written
 as well, e.g. `python3 models/generate.py --out target/bench --bench`.
 
-All models are float32, opset 13, IR version 8 (so older runtimes such as tract
-load them), with the input named "image" and the output named "scores".
-Every random number comes from a seeded numpy Generator, so running the script
-twice produces byte-identical files. After writing, every valid model is loaded
-and run once in onnxruntime, and the colour classifiers are checked to classify
-solid-colour frames correctly.
+All models are float32, opset 13 (ops.onnx: opset 17, for LayerNormalization),
+IR version 8 (so older runtimes such as tract load them), with the input named
+"image" and the output named "scores". Every random number comes from a seeded
+numpy Generator, so running the script twice produces byte-identical files (the
+head BatchNorm statistics of ops.onnx are measured with onnxruntime and rounded
+to 3 digits). After writing, every valid model is loaded and run once in
+onnxruntime, the colour classifiers are checked to classify solid-colour frames
+correctly, and ops.onnx is checked for its op coverage and its reference outputs.
 """
 
 import argparse
@@ -60,6 +64,9 @@ SEED_CNN_REFERENCE = 2
 SEED_COLORS_REFERENCE = 3
 SEED_RANDOM_BIN = 4
 SEED_MOBILENET = 5
+SEED_OPS_WEIGHTS = 6
+SEED_OPS_REFERENCE = 7
+SEED_OPS_CALIBRATION = 8
 
 # Concrete sizes substituted for symbolic dims when the models are run.
 CONCRETE_DIMS = {"N": 2, "H": 24, "W": 20}
@@ -102,21 +109,30 @@ class GraphBuilder:
 
     # --- layers with random weights (need self.rng) ---
 
-    def conv(self, x, cin, cout, kernel, stride=1, group=1, bias=False):
-        """Conv with He-normal weights (std = sqrt(2 / fan_in)); 'same' padding for odd kernels."""
+    def conv(self, x, cin, cout, kernel, stride=1, group=1, bias=False, dilation=1, pads=None, gain=1.0):
+        """Conv with He-normal weights (std = gain * sqrt(2 / fan_in)).
+
+        Padding is 'same' for odd kernels (dilation * (kernel // 2) per side) unless pads
+        ([top, left, bottom, right]) is given. The dilations attribute is only written when
+        dilation != 1, so the older models keep their bytes.
+        """
         fan_in = cin // group * kernel * kernel
-        w = self.rng.normal(0.0, np.sqrt(2.0 / fan_in), (cout, cin // group, kernel, kernel))
+        w = self.rng.normal(0.0, gain * np.sqrt(2.0 / fan_in), (cout, cin // group, kernel, kernel))
         inputs = [x, self.const("conv_w", w.astype(np.float32))]
         if bias:
             inputs.append(self.const("conv_b", self.rng.normal(0.0, 0.1, cout).astype(np.float32)))
-        pad = kernel // 2
+        pad = dilation * (kernel // 2)
+        attrs = {}
+        if dilation != 1:
+            attrs["dilations"] = [dilation, dilation]
         return self.op(
             "Conv",
             inputs,
             kernel_shape=[kernel, kernel],
             strides=[stride, stride],
-            pads=[pad, pad, pad, pad],
+            pads=list(pads) if pads is not None else [pad, pad, pad, pad],
             group=group,
+            **attrs,
         )
 
     def batchnorm(self, x, channels):
@@ -149,9 +165,9 @@ class GraphBuilder:
             )
         return self.op("Clip", [x, *self._relu6_bounds])
 
-    def model(self, graph_name, inputs, outputs, extra_opsets=()):
+    def model(self, graph_name, inputs, outputs, extra_opsets=(), opset=OPSET):
         graph = helper.make_graph(self.nodes, graph_name, inputs, outputs, self.initializers)
-        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+        opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
         return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name=PRODUCER)
 
 
@@ -220,6 +236,190 @@ def build_cnn():
     x = b.op("Flatten", [x], axis=1)
     b.gemm(x, 32, 10, output=OUTPUT)
     return b.model("cnn", [float_input(["N", 3, 32, 32])], [float_output(["N", 10])])
+
+
+# --------------------------------------------------------------------------
+# Op-coverage model
+# --------------------------------------------------------------------------
+
+OPS_OPSET = 17  # LayerNormalization needs 17
+OPS_LABELS = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+OPS_LOGIT_GAIN = 2.0  # scales the last Gemm so the softmax is neither flat nor one-hot
+
+
+def build_ops():
+    """Random-weight CNN that uses, once or more, the ops that PyTorch (legacy exporter, opset 17)
+    exports of the common CNN classifiers contain, written the way the exporter writes them;
+    [N,3,32,32] -> [N,10] probabilities.
+
+    Sizes along the way: 32x32 -> 16x16 (stem) -> 8x8 (max pool) -> 4x4 (last conv).
+    """
+    b = GraphBuilder(np.random.default_rng(SEED_OPS_WEIGHTS))
+    rng = b.rng
+
+    def f32(array):
+        return np.asarray(array, dtype=np.float32)
+
+    def i64(array):
+        return np.asarray(array, dtype=np.int64)
+
+    def silu(x):
+        return b.op("Mul", [x, b.op("Sigmoid", [x])])
+
+    def squeeze_excite(x, channels, squeezed, pool="GlobalAveragePool", gate="Sigmoid"):
+        """GAP (or ReduceMean over H,W) -> 1x1 -> ReLU -> 1x1 -> gate, times the block input."""
+        if pool == "GlobalAveragePool":
+            s = b.op("GlobalAveragePool", [x])
+        else:
+            s = b.op("ReduceMean", [x], axes=[2, 3], keepdims=1)  # axes an attribute up to opset 17
+        s = b.op("Relu", [b.conv(s, channels, squeezed, 1, bias=True)])
+        s = b.conv(s, squeezed, channels, 1, bias=True)
+        if gate == "HardSigmoid":
+            s = b.op("HardSigmoid", [s], alpha=1.0 / 6.0, beta=0.5)  # F.hardsigmoid
+        else:
+            s = b.op(gate, [s])
+        return b.op("Mul", [x, s])  # [N,C,H,W] * [N,C,1,1]
+
+    # Normalisation inside the model: (x - mean) / std, constants shaped [1,3,1,1].
+    x = b.op("Sub", [INPUT, b.const("norm_mean", f32([0.1, -0.05, 0.0]).reshape(1, 3, 1, 1))])
+    x = b.op("Div", [x, b.const("norm_std", f32([1.1, 0.9, 1.0]).reshape(1, 3, 1, 1))])
+
+    # Stem: Conv 3x3/2 with bias, TF-style asymmetric 'same' pads -> BN -> ReLU.   [N,16,16,16]
+    x = b.conv(x, 3, 16, 3, stride=2, bias=True, pads=[0, 0, 1, 1])
+    x = b.op("Relu", [b.batchnorm(x, 16)])
+    # ResNet max pool 3x3/2, pads 1.                                               [N,16,8,8]
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+
+    # SE-ResNet basic block: conv-BN-ReLU-conv-BN-SE, + skip, ReLU.
+    skip = x
+    h = b.op("Relu", [b.batchnorm(b.conv(x, 16, 16, 3, gain=0.5), 16)])
+    h = b.batchnorm(b.conv(h, 16, 16, 3, gain=0.5), 16)
+    h = squeeze_excite(h, 16, 4)
+    x = b.op("Relu", [b.op("Add", [h, skip])])
+
+    # EfficientNet MBConv: 1x1 expand -> BN -> SiLU -> dw 3x3 -> BN -> SiLU -> SE (ReduceMean)
+    # -> 1x1 project -> BN -> Dropout (identity at inference) -> + skip.
+    skip = x
+    h = silu(b.batchnorm(b.conv(x, 16, 32, 1, gain=0.5), 32))
+    h = silu(b.batchnorm(b.conv(h, 32, 32, 3, group=32, gain=0.6), 32))
+    h = squeeze_excite(h, 32, 8, pool="ReduceMean")
+    h = b.batchnorm(b.conv(h, 32, 16, 1, gain=0.5), 16)
+    h = b.op("Dropout", [h])
+    x = b.op("Add", [h, skip])
+
+    # MobileNetV2/V3 block: 1x1 -> BN -> ReLU6 (Clip) -> dw 3x3 -> BN -> HardSwish
+    # -> SE with a hard-sigmoid gate -> 1x1 -> BN -> + skip.
+    skip = x
+    h = b.relu6(b.batchnorm(b.conv(x, 16, 32, 1, gain=0.5), 32))
+    h = b.op("HardSwish", [b.batchnorm(b.conv(h, 32, 32, 3, group=32), 32)])
+    h = squeeze_excite(h, 32, 8, gate="HardSigmoid")
+    h = b.batchnorm(b.conv(h, 32, 16, 1, gain=0.5), 16)
+    x = b.op("Add", [h, skip])
+
+    # ASPP-like block: 1x1 | grouped 3x3 (4 groups) | dilated 3x3 (d=2), Sum of the three -> BN -> Tanh.
+    third = 0.5 / np.sqrt(3.0)
+    branches = [
+        b.conv(x, 16, 16, 1, gain=third),
+        b.conv(x, 16, 16, 3, group=4, gain=third),
+        b.conv(x, 16, 16, 3, dilation=2, gain=third),
+    ]
+    x = b.op("Tanh", [b.batchnorm(b.op("Sum", branches), 16)])
+
+    # Fire / Inception module: squeeze 1x1 -> [1x1 | 3x3 | avg pool 3x3 (count_include_pad=1) -> 1x1],
+    # Concat along channels.                                                       [N,24,8,8]
+    s = b.op("Relu", [b.conv(x, 16, 8, 1, bias=True)])
+    e1 = b.op("Relu", [b.conv(s, 8, 8, 1, bias=True)])
+    e3 = b.op("Relu", [b.conv(s, 8, 8, 3, bias=True)])
+    pool = b.op("AveragePool", [s], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1)
+    ep = b.op("Relu", [b.conv(pool, 8, 8, 1, bias=True)])
+    x = b.op("Concat", [e1, e3, ep], axis=1)
+
+    # ShuffleNet channel shuffle, groups 2, as the legacy exporter writes x.view(n, g, C/g, h, w):
+    # the batch size comes from Shape -> Gather(0) -> Unsqueeze, the rest are constants.
+    groups, channels, height, width = 2, 24, 8, 8
+    n = b.op("Gather", [b.op("Shape", [x]), b.const("gather_index", i64(0))], axis=0)
+    n = b.op("Unsqueeze", [n, b.const("unsqueeze_axes", i64([0]))])
+    split_shape = b.op(
+        "Concat", [n] + [b.const("shape_part", i64([d])) for d in (groups, channels // groups, height, width)], axis=0
+    )
+    x = b.op("Reshape", [x, split_shape])
+    x = b.op("Transpose", [x], perm=[0, 2, 1, 3, 4])
+    merged_shape = b.op("Concat", [n] + [b.const("shape_part", i64([d])) for d in (channels, height, width)], axis=0)
+    x = b.op("Reshape", [x, merged_shape])
+
+    # AlexNet / GoogLeNet local response normalisation.
+    x = b.op("LRN", [x], size=5, alpha=1e-4, beta=0.75, bias=1.0)
+
+    # DenseNet layer: BN -> ReLU -> 3x3 (growth 8), Concat with its input.        [N,32,8,8]
+    y = b.conv(b.op("Relu", [b.batchnorm(x, 24)]), 24, 8, 3)
+    x = b.op("Concat", [x, y], axis=1)
+
+    # PoolFormer token mixer: x + (avg pool 3x3 (count_include_pad=0) - x).
+    pool = b.op("AveragePool", [x], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0)
+    x = b.op("Add", [x, b.op("Sub", [pool, x])])
+
+    # ConvNeXt block: dw 7x7 -> NHWC -> LayerNorm -> Linear 4C -> GELU (erf) -> Linear C -> NCHW
+    # -> layer scale [C,1,1] -> + skip.
+    c = 32
+    skip = x
+    h = b.conv(x, c, c, 7, group=c, bias=True)
+    h = b.op("Transpose", [h], perm=[0, 2, 3, 1])
+    ln_scale = b.const("ln_scale", f32(rng.uniform(0.8, 1.2, c)))
+    ln_bias = b.const("ln_bias", f32(rng.normal(0.0, 0.1, c)))
+    h = b.op("LayerNormalization", [h, ln_scale, ln_bias], axis=-1, epsilon=1e-6)
+    w1 = b.const("mlp_w", f32(rng.normal(0.0, np.sqrt(2.0 / c), (c, 4 * c))))
+    b1 = b.const("mlp_b", f32(rng.normal(0.0, 0.1, 4 * c)))
+    h = b.op("Add", [b.op("MatMul", [h, w1]), b1])
+    # GELU as the exporter writes it before opset 20: x * (erf(x / sqrt(2)) + 1) * 0.5
+    erf = b.op("Erf", [b.op("Div", [h, b.const("gelu_sqrt2", f32(np.sqrt(2.0)))])])
+    h = b.op("Mul", [b.op("Mul", [h, b.op("Add", [erf, b.const("gelu_one", f32(1.0))])]), b.const("gelu_half", f32(0.5))])
+    w2 = b.const("mlp_w", f32(rng.normal(0.0, np.sqrt(1.0 / (4 * c)), (4 * c, c))))
+    b2 = b.const("mlp_b", f32(rng.normal(0.0, 0.1, c)))
+    h = b.op("Add", [b.op("MatMul", [h, w2]), b2])
+    h = b.op("Transpose", [h], perm=[0, 3, 1, 2])
+    h = b.op("Mul", [h, b.const("layer_scale", f32(rng.uniform(0.2, 0.5, (c, 1, 1))))])
+    x = b.op("Add", [h, skip])
+
+    # Downsample: Conv 3x3/2 -> BN -> ReLU.                                         [N,32,4,4]
+    x = b.op("Relu", [b.batchnorm(b.conv(x, c, c, 3, stride=2), c)])
+
+    # Head: GAP -> Flatten -> BatchNorm1d, some no-ops (Unsqueeze/Squeeze, Identity, + zeros
+    # from ConstantOfShape), Gemm (transB=1) -> ReLU -> Dropout -> Gemm (transB=0) -> Softmax.
+    x = b.op("GlobalAveragePool", [x])
+    x = b.op("Flatten", [x], axis=1)  # [N,32]
+    # BatchNorm1d (on [N,C]) whose running statistics are "trained": measured with onnxruntime on
+    # seeded calibration frames and rounded to 3 digits, so that last-bit differences between
+    # runtimes or machines (almost) never change the file. Random frames differ little after
+    # global pooling; this spreads them so that they get different top-1 classes, as real images
+    # would.
+    probe = b.model("ops_probe", [float_input(["N", 3, 32, 32])], [float_output(["N", c], name=x)], opset=OPS_OPSET)
+    calibration = np.random.default_rng(SEED_OPS_CALIBRATION).standard_normal((64, 3, 32, 32)).astype(np.float32)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    (features,) = session.run([x], {INPUT: calibration})
+    mean = [float(f"{v:.3g}") for v in features.mean(axis=0)]
+    var = [float(f"{v:.3g}") for v in features.var(axis=0)]
+    bn_params = [f32(np.ones(c)), f32(np.zeros(c)), f32(mean), f32(var)]
+    x = b.op(
+        "BatchNormalization",
+        [x] + [b.const(prefix, v) for prefix, v in zip(["bn_gamma", "bn_beta", "bn_mean", "bn_var"], bn_params)],
+        epsilon=1e-5,
+    )
+    x = b.op("Unsqueeze", [x, b.const("unsqueeze_axes", i64([2]))])  # [N,32,1]
+    x = b.op("Squeeze", [x, b.const("squeeze_axes", i64([2]))])  # [N,32]
+    x = b.op("Identity", [x])
+    zeros = b.op(
+        "ConstantOfShape",
+        [b.const("zeros_shape", i64([1]))],
+        value=numpy_helper.from_array(f32([0.0]), "value"),
+    )
+    x = b.op("Add", [x, zeros])
+    hidden = 64
+    x = b.op("Relu", [b.gemm(x, c, hidden)])
+    x = b.op("Dropout", [x])
+    w = rng.normal(0.0, OPS_LOGIT_GAIN * np.sqrt(1.0 / hidden), (hidden, 10))
+    x = b.op("Gemm", [x, b.const("fc_w", f32(w)), b.const("fc_b", f32(rng.normal(0.0, 0.1, 10)))], transB=0)
+    b.op("Softmax", [x], output=OUTPUT, axis=1)
+    return b.model("ops", [float_input(["N", 3, 32, 32])], [float_output(["N", 10])], opset=OPS_OPSET)
 
 
 # --------------------------------------------------------------------------
@@ -449,6 +649,36 @@ def check_colors(out_dir):
           f"(lowest p = {min_prob:.6f})")
 
 
+# Ops that ops.onnx must contain (what the PyTorch exports of the common torchvision classifiers use).
+OPS_REQUIRED = {
+    "Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "ConstantOfShape", "Conv", "Div",
+    "Dropout", "Erf", "Flatten", "Gather", "Gemm", "GlobalAveragePool", "HardSigmoid", "HardSwish",
+    "Identity", "LRN", "LayerNormalization", "MatMul", "MaxPool", "Mul", "ReduceMean", "Relu", "Reshape",
+    "Shape", "Sigmoid", "Softmax", "Squeeze", "Sub", "Sum", "Tanh", "Transpose", "Unsqueeze",
+}  # fmt: skip
+
+
+def check_ops(out_dir):
+    """ops.onnx: op coverage, batch 1 == batch 3, reference reproduced, non-trivial probabilities."""
+    path = out_dir / "ops.onnx"
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert OPS_REQUIRED <= ops, f"ops.onnx lacks {sorted(OPS_REQUIRED - ops)}"
+    reference = json.loads((out_dir / "ops_reference.json").read_text())
+    x = np.array(reference["input"], dtype=np.float32).reshape(reference["input_shape"])
+    expected = np.array(reference["output"], dtype=np.float32).reshape(reference["output_shape"])
+    session = cpu_session(path)
+    (batch,) = session.run([OUTPUT], {INPUT: x})
+    singles = np.concatenate([session.run([OUTPUT], {INPUT: frame[None]})[0] for frame in x])
+    assert np.allclose(batch, expected, rtol=1e-5, atol=1e-6), "ops.onnx: reference not reproduced"
+    assert np.allclose(singles, batch, rtol=1e-4, atol=1e-6), "ops.onnx: batch 1 and batch 3 differ"
+    assert np.allclose(batch.sum(axis=1), 1.0, atol=1e-5), "ops.onnx: rows do not sum to 1"
+    top1, confidence = batch.argmax(axis=1), batch.max(axis=1)
+    assert np.all((confidence > 0.2) & (confidence < 0.95)), f"ops.onnx: top-1 confidences {confidence}"
+    assert len(set(top1.tolist())) > 1, f"ops.onnx: every reference frame has top-1 {top1[0]}"
+    print(f"self-check: ops.onnx has {len(ops)} op types; reference top-1 {top1.tolist()} "
+          f"with p = {[round(float(c), 4) for c in confidence]}; batch 1 == batch 3")
+
+
 # --------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------
@@ -470,6 +700,7 @@ def main():
         "colors_dynamic.onnx": build_colors(height="H", width="W"),
         "colors_logits.onnx": build_colors(softmax=False),
         "cnn.onnx": build_cnn(),
+        "ops.onnx": build_ops(),
     }
     if args.bench:
         valid_models["mobilenet_v2_224.onnx"] = build_mobilenet_v2()
@@ -478,11 +709,13 @@ def main():
         save_model(model, out / name)
     save_text(out / "colors.txt", [label for label, _ in COLOR_CLASSES])
     save_text(out / "cnn.txt", [f"class{i}" for i in range(10)])
+    save_text(out / "ops.txt", OPS_LABELS)
     if args.bench:
         save_text(out / "mobilenet_v2_224.txt", [f"class{i}" for i in range(1000)])
 
     save_reference(out / "cnn.onnx", out / "cnn_reference.json", (3, 3, 32, 32), SEED_CNN_REFERENCE)
     save_reference(out / "colors.onnx", out / "colors_reference.json", (2, 3, 16, 16), SEED_COLORS_REFERENCE)
+    save_reference(out / "ops.onnx", out / "ops_reference.json", (3, 3, 32, 32), SEED_OPS_REFERENCE)
 
     # Bad models: the first three are valid ONNX, just not something the element accepts.
     save_model(build_two_inputs(), bad / "two_inputs.onnx")
@@ -506,6 +739,7 @@ def main():
         inputs, outputs = run_once(bad / name)
         print(f"ok: bad/{name} runs in onnxruntime, inputs {inputs} -> outputs {outputs}")
     check_colors(out)
+    check_ops(out)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,36 @@ pub struct EngineOptions {
     pub precision: Precision,
     pub gpu_id: u32,
     pub preprocess: PreprocessOptions,
+    /// Hears what a long engine build is doing.
+    pub progress: Progress,
+}
+
+/// A callback for progress messages while an engine builds.
+#[derive(Clone, Default)]
+pub struct Progress(Option<std::sync::Arc<ProgressFn>>);
+
+type ProgressFn = dyn Fn(&str) + Send + Sync;
+
+impl Progress {
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(f)))
+    }
+
+    pub fn report(&self, message: &str) {
+        if let Some(f) = &self.0 {
+            f(message);
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Progress(..)"
+        } else {
+            "Progress(none)"
+        })
+    }
 }
 
 /// What the element needs to know of a built engine.
@@ -113,29 +143,36 @@ pub trait Engine: Send {
 /// silent fallback.
 pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine>, EngineError> {
     match backend {
-        Backend::Auto => match gpu_unavailable_reason() {
-            Some(reason) => {
-                gst::info!(
-                    crate::trtclassify::CAT,
-                    "backend=auto: using cpu ({reason})"
-                );
-                Ok(Box::new(cpu::CpuEngine::build(options)?))
+        Backend::Auto => {
+            let cuda = match cuda::unavailable_reason() {
+                Some(reason) => Err((reason, false)),
+                None => cuda::CudaEngine::build(options).map_err(|e| match e {
+                    EngineError::Unavailable { reason, .. } => (reason, false),
+                    other => (other.to_string(), true),
+                }),
+            };
+            match cuda {
+                Ok(engine) => Ok(Box::new(engine)),
+                // No GPU is the normal case of auto; a GPU that fails to build this model
+                // is worth a warning.
+                Err((reason, false)) => {
+                    gst::info!(crate::trtclassify::CAT, "backend=auto: using cpu: {reason}");
+                    Ok(Box::new(cpu::CpuEngine::build(options)?))
+                }
+                Err((reason, true)) => {
+                    gst::warning!(
+                        crate::trtclassify::CAT,
+                        "backend=auto: the cuda engine failed, using cpu: {reason}"
+                    );
+                    Ok(Box::new(cpu::CpuEngine::build(options)?))
+                }
             }
-            None => unreachable!("no GPU backend is built in"),
-        },
+        }
         Backend::Cpu => Ok(Box::new(cpu::CpuEngine::build(options)?)),
-        Backend::Cuda => Err(EngineError::Unavailable {
-            backend: "cuda",
-            reason: gpu_unavailable_reason().unwrap_or_default(),
-        }),
+        Backend::Cuda => Ok(Box::new(cuda::CudaEngine::build(options)?)),
         Backend::Tensorrt => Err(EngineError::Unavailable {
             backend: "tensorrt",
             reason: "this plugin was built without TensorRT support".into(),
         }),
     }
-}
-
-/// Why no GPU backend can run here, or `None` when one can.
-fn gpu_unavailable_reason() -> Option<String> {
-    Some("this plugin was built without the CUDA engine".into())
 }

@@ -449,136 +449,13 @@ impl BaseTransformImpl for TrtClassify {
     const TRANSFORM_IP_ON_PASSTHROUGH: bool = false;
 
     fn start(&self) -> Result<(), gst::ErrorMessage> {
-        let settings = self.settings.lock().unwrap().clone();
-        if let Some(problem) = &settings.refused {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["Invalid property value: {}", problem]
-            ));
-        }
-        let Some(location) = settings.onnx_location.clone() else {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["onnx-location is not set: give the path of an ONNX image classifier"]
-            ));
+        let result = self.start_engine();
+        let (kind, text) = match &result {
+            Ok(()) => (gst::ProgressType::Complete, "engine ready"),
+            Err(_) => (gst::ProgressType::Error, "engine build failed"),
         };
-        let labels = match &settings.labels_location {
-            Some(path) => Labels::load(path.as_ref())
-                .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e]))?,
-            None => Labels::default(),
-        };
-        let options = EngineOptions {
-            model: location.clone().into(),
-            batch_size: settings.batch_size as usize,
-            input_size: match (settings.input_height, settings.input_width) {
-                (0, 0) => None,
-                (0, _) | (_, 0) => {
-                    return Err(gst::error_msg!(
-                        gst::LibraryError::Settings,
-                        ["set both input-width and input-height, or neither"]
-                    ));
-                }
-                (h, w) => Some((h as usize, w as usize)),
-            },
-            precision: settings.precision,
-            gpu_id: settings.gpu_id,
-            preprocess: PreprocessOptions {
-                scale: settings.scale as f32,
-                mean: settings.mean.iter().map(|v| *v as f32).collect(),
-                std: settings.std.iter().map(|v| *v as f32).collect(),
-                channel_order: settings.channel_order,
-                resize: settings.resize_mode,
-            },
-        };
-
-        let started = Instant::now();
-        let engine = engine::build(settings.backend, &options).map_err(start_error)?;
-        let info = engine.info().clone();
-        gst::info!(
-            CAT,
-            imp = self,
-            "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
-            info.backend,
-            started.elapsed(),
-            info.num_classes,
-            info.input.width,
-            info.input.height
-        );
-        if !labels.is_empty() && labels.len() != info.num_classes {
-            gst::element_imp_warning!(
-                self,
-                gst::LibraryError::Settings,
-                [
-                    "{}: {} labels for {} classes; numbers stand in for missing labels",
-                    settings.labels_location.as_deref().unwrap_or_default(),
-                    labels.len(),
-                    info.num_classes
-                ]
-            );
-        }
-        self.num_classes
-            .store(info.num_classes as u32, Ordering::Relaxed);
-
-        let results = match &settings.results_location {
-            Some(path) => Some((
-                path.clone(),
-                ResultsWriter::open(path).map_err(|e| {
-                    gst::error_msg!(
-                        gst::ResourceError::OpenWrite,
-                        ["{}: cannot open the results file: {}", path, e]
-                    )
-                })?,
-            )),
-            None => None,
-        };
-
-        let timer = if settings.batch_size > 1 {
-            let element = self.obj().downgrade();
-            let timer = BatchTimer::spawn(move || {
-                if let Some(element) = element.upgrade() {
-                    element.imp().on_batch_timeout();
-                }
-            })
-            .map_err(|e| {
-                gst::error_msg!(
-                    gst::CoreError::Thread,
-                    ["cannot start the batch timer: {}", e]
-                )
-            })?;
-            Some(timer)
-        } else {
-            None
-        };
-
-        let model_name = std::path::Path::new(&location)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or(location);
-        let apply_softmax = match settings.softmax {
-            Softmax::On => Some(true),
-            Softmax::Off => Some(false),
-            Softmax::Auto if info.outputs_probabilities => Some(false),
-            Softmax::Auto => None,
-        };
-        *self.state.lock().unwrap() = Some(State {
-            engine,
-            labels,
-            model_name,
-            batch_size: settings.batch_size as usize,
-            apply_softmax,
-            results,
-            info: None,
-            pending: Vec::new(),
-            to_infer: 0,
-            deadline: None,
-            ready: VecDeque::new(),
-            frame_count: 0,
-            carry_left: 0,
-            last: Vec::new(),
-            flow_error: None,
-            timer,
-        });
-        Ok(())
+        self.post_progress(kind, text);
+        result
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
@@ -768,6 +645,163 @@ impl BaseTransformImpl for TrtClassify {
 }
 
 impl TrtClassify {
+    /// Loads the model and builds the engine; `start()` wraps it in progress messages.
+    fn start_engine(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = self.settings.lock().unwrap().clone();
+        if let Some(problem) = &settings.refused {
+            return Err(gst::error_msg!(
+                gst::LibraryError::Settings,
+                ["Invalid property value: {}", problem]
+            ));
+        }
+        let Some(location) = settings.onnx_location.clone() else {
+            return Err(gst::error_msg!(
+                gst::LibraryError::Settings,
+                ["onnx-location is not set: give the path of an ONNX image classifier"]
+            ));
+        };
+        let labels = match &settings.labels_location {
+            Some(path) => Labels::load(path.as_ref())
+                .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e]))?,
+            None => Labels::default(),
+        };
+        let options = EngineOptions {
+            model: location.clone().into(),
+            batch_size: settings.batch_size as usize,
+            input_size: match (settings.input_height, settings.input_width) {
+                (0, 0) => None,
+                (0, _) | (_, 0) => {
+                    return Err(gst::error_msg!(
+                        gst::LibraryError::Settings,
+                        ["set both input-width and input-height, or neither"]
+                    ));
+                }
+                (h, w) => Some((h as usize, w as usize)),
+            },
+            precision: settings.precision,
+            gpu_id: settings.gpu_id,
+            progress: self.progress_reporter(),
+            preprocess: PreprocessOptions {
+                scale: settings.scale as f32,
+                mean: settings.mean.iter().map(|v| *v as f32).collect(),
+                std: settings.std.iter().map(|v| *v as f32).collect(),
+                channel_order: settings.channel_order,
+                resize: settings.resize_mode,
+            },
+        };
+
+        let started = Instant::now();
+        let engine = engine::build(settings.backend, &options).map_err(start_error)?;
+        let info = engine.info().clone();
+        gst::info!(
+            CAT,
+            imp = self,
+            "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
+            info.backend,
+            started.elapsed(),
+            info.num_classes,
+            info.input.width,
+            info.input.height
+        );
+        if !labels.is_empty() && labels.len() != info.num_classes {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Settings,
+                [
+                    "{}: {} labels for {} classes; numbers stand in for missing labels",
+                    settings.labels_location.as_deref().unwrap_or_default(),
+                    labels.len(),
+                    info.num_classes
+                ]
+            );
+        }
+        self.num_classes
+            .store(info.num_classes as u32, Ordering::Relaxed);
+
+        let results = match &settings.results_location {
+            Some(path) => Some((
+                path.clone(),
+                ResultsWriter::open(path).map_err(|e| {
+                    gst::error_msg!(
+                        gst::ResourceError::OpenWrite,
+                        ["{}: cannot open the results file: {}", path, e]
+                    )
+                })?,
+            )),
+            None => None,
+        };
+
+        let timer = if settings.batch_size > 1 {
+            let element = self.obj().downgrade();
+            let timer = BatchTimer::spawn(move || {
+                if let Some(element) = element.upgrade() {
+                    element.imp().on_batch_timeout();
+                }
+            })
+            .map_err(|e| {
+                gst::error_msg!(
+                    gst::CoreError::Thread,
+                    ["cannot start the batch timer: {}", e]
+                )
+            })?;
+            Some(timer)
+        } else {
+            None
+        };
+
+        let model_name = std::path::Path::new(&location)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or(location);
+        let apply_softmax = match settings.softmax {
+            Softmax::On => Some(true),
+            Softmax::Off => Some(false),
+            Softmax::Auto if info.outputs_probabilities => Some(false),
+            Softmax::Auto => None,
+        };
+        *self.state.lock().unwrap() = Some(State {
+            engine,
+            labels,
+            model_name,
+            batch_size: settings.batch_size as usize,
+            apply_softmax,
+            results,
+            info: None,
+            pending: Vec::new(),
+            to_infer: 0,
+            deadline: None,
+            ready: VecDeque::new(),
+            frame_count: 0,
+            carry_left: 0,
+            last: Vec::new(),
+            flow_error: None,
+            timer,
+        });
+        Ok(())
+    }
+
+    /// Posts a progress message (GStreamer's `GST_MESSAGE_PROGRESS`) about the engine build.
+    fn post_progress(&self, kind: gst::ProgressType, text: &str) {
+        let obj = self.obj();
+        let msg = gst::message::Progress::builder(kind, "engine-build", text)
+            .src(&*obj)
+            .build();
+        let _ = obj.post_message(msg);
+    }
+
+    /// Turns the engine's progress reports into bus messages.
+    fn progress_reporter(&self) -> engine::Progress {
+        self.post_progress(gst::ProgressType::Start, "building the engine");
+        let element = self.obj().downgrade();
+        engine::Progress::new(move |text| {
+            if let Some(element) = element.upgrade() {
+                element
+                    .imp()
+                    .post_progress(gst::ProgressType::Continue, text);
+            }
+        })
+    }
+
     /// Classifies the held frames, attaches their results and queues them in `ready`.
     fn run_batch(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
         state.deadline = None;

@@ -17,9 +17,12 @@ pub fn init() {
     });
 }
 
+/// A file of `models/`; `TRTCLASSIFY_MODELS_DIR` moves the folder, for test binaries run on
+/// another machine (the GPU host).
 pub fn model(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
+    std::env::var_os("TRTCLASSIFY_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
         .join(name)
         .to_str()
         .unwrap()

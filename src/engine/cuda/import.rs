@@ -1044,7 +1044,7 @@ fn reshape(input: &[usize], target: &[i64], allow_zero: bool) -> Result<Vec<usiz
     }
     if let Some(i) = infer {
         let known: usize = shape.iter().product();
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return Err(format!("cannot reshape {input:?} to {target:?}"));
         }
         shape[i] = total / known;

@@ -31,6 +31,10 @@ impl Tensor {
         self.data.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
     /// The values as integers (shapes, axes, indices).
     pub fn ints(&self) -> Vec<i64> {
         self.data.iter().map(|&v| v as i64).collect()

@@ -67,6 +67,7 @@ fn import_matches_onnxruntime() {
     for (model, reference) in [
         ("cnn.onnx", "cnn_reference.json"),
         ("colors.onnx", "colors_reference.json"),
+        ("ops.onnx", "ops_reference.json"),
     ] {
         let r = load_reference(reference);
         let graph = import_model(model, r.input.shape[0]);
@@ -162,4 +163,70 @@ fn check_lowering(model: &str, reference_file: &str) {
 fn lowered_plans_match_reference() {
     check_lowering("cnn.onnx", "cnn_reference.json");
     check_lowering("colors.onnx", "colors_reference.json");
+    check_lowering("ops.onnx", "ops_reference.json");
+}
+
+#[test]
+fn kernels_compile_with_nvrtc() {
+    // NVRTC needs no GPU: where it is installed, the kernels are compiled for both types.
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        skipped("kernels_compile_with_nvrtc: libnvrtc is not installed here");
+        return;
+    }
+    for dtype in [DType::F16, DType::F32] {
+        let ptx = super::runtime::compile(dtype, (8, 0)).unwrap_or_else(|e| panic!("{e}"));
+        for kernel in ["ew", "ew_from_f32", "bias_act", "pool_nhwc", "softmax_rows"] {
+            assert!(
+                ptx.contains(&format!(".entry {kernel}(")),
+                "{kernel} missing"
+            );
+        }
+    }
+}
+
+#[test]
+fn torchvision_models_import_and_lower() {
+    // The torchvision exports are 5–115 MB and not in the repository; run with
+    // TRTCLASSIFY_TORCHVISION_DIR set to the output of `bench/gpu/torch_models.py export`.
+    let Some(dir) = std::env::var_os("TRTCLASSIFY_TORCHVISION_DIR") else {
+        println!(
+            "SKIPPED torchvision_models_import_and_lower: TRTCLASSIFY_TORCHVISION_DIR is not set"
+        );
+        return;
+    };
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).expect("torchvision dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "onnx") {
+            continue;
+        }
+        let model = OnnxModel::load(&path).expect("model loads");
+        assert_eq!(import::unsupported_ops(&model), Vec::<String>::new());
+        let mut weights = Weights::default();
+        for batch in [1, 8] {
+            let mut graph = import::import(&model, batch, 224, 224)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            passes::optimise(&mut graph);
+            assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 0);
+            let plan = lower::lower(&graph, DType::F16, &mut weights)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(plan.output_len, batch * 1000);
+            println!(
+                "{}: batch {batch}: {} nodes, {} steps, arena {} MB (fp16)",
+                path.display(),
+                graph.nodes.len(),
+                plan.steps.len(),
+                (plan.arena_len * 2) >> 20
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 0);
+}
+
+/// Says a test did not run, on stderr directly so that the harness does not capture it.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
 }

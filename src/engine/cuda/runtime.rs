@@ -1,0 +1,1117 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Runs plans on the GPU: weights uploaded once, one activation arena shared by the plans of
+//! every batch size (one runs at a time, on one stream), cuDNN convolutions with the
+//! algorithm timed fastest, cuBLASLt matrix products with the bias in the epilogue, NVRTC
+//! kernels for the rest, and each plan captured as a CUDA graph so a batch is one launch.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublaslt::{result as ltr, sys as lt};
+use cudarc::cudnn::sys as dnn;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, sys as drv,
+};
+
+use super::ir::Act;
+use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned, Weights};
+
+/// The kernels' source, compiled by NVRTC for the GPU at hand.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// The most workspace a convolution algorithm may use.
+const MAX_WORKSPACE: usize = 256 << 20;
+
+/// The shared libraries the engine loads, by the names cudarc looks for.
+pub fn missing_libraries() -> Vec<&'static str> {
+    // SAFETY: each call only tries to dlopen the library and closes it again.
+    let present = unsafe {
+        [
+            (
+                "libcuda (the NVIDIA driver)",
+                cudarc::driver::sys::is_culib_present(),
+            ),
+            ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
+            ("libcublasLt", cudarc::cublaslt::sys::is_culib_present()),
+            ("libcudnn", cudarc::cudnn::sys::is_culib_present()),
+        ]
+    };
+    present
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Compiles the kernels for `dtype` and the compute capability `arch` (major, minor).
+pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<String, String> {
+    let mut options = vec![format!("--gpu-architecture=compute_{}{}", arch.0, arch.1)];
+    if dtype == DType::F16 {
+        options.push("-DHALF".into());
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        options,
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
+        .map(|ptx| ptx.to_src())
+        .map_err(|e| format!("NVRTC could not compile the kernels: {e:?}"))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct EwParams {
+    n: i64,
+    rank: i32,
+    op: i32,
+    act: i32,
+    p0: f32,
+    p1: f32,
+    dims: [i32; MAX_RANK],
+    so: [i64; MAX_RANK],
+    sa: [i64; MAX_RANK],
+    sb: [i64; MAX_RANK],
+}
+// SAFETY: plain old data laid out as the kernels' `struct Ew`.
+unsafe impl DeviceRepr for EwParams {}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PoolParams {
+    v: [i32; 16],
+}
+// SAFETY: sixteen ints, as the kernels' `struct Pool`.
+unsafe impl DeviceRepr for PoolParams {}
+
+/// The kernel id and parameters of an activation (the order of `Act` in ir.rs).
+fn act_params(act: Act) -> (i32, f32, f32) {
+    match act {
+        Act::None => (0, 0.0, 0.0),
+        Act::Relu => (1, 0.0, 0.0),
+        Act::LeakyRelu(a) => (2, a, 0.0),
+        Act::Clip(lo, hi) => (3, lo, hi),
+        Act::Sigmoid => (4, 0.0, 0.0),
+        Act::HardSigmoid(a, b) => (5, a, b),
+        Act::HardSwish => (6, 0.0, 0.0),
+        Act::Silu => (7, 0.0, 0.0),
+        Act::Tanh => (8, 0.0, 0.0),
+        Act::Erf => (9, 0.0, 0.0),
+        Act::Gelu => (10, 0.0, 0.0),
+        Act::Exp => (11, 0.0, 0.0),
+        Act::Sqrt => (12, 0.0, 0.0),
+        Act::Neg => (13, 0.0, 0.0),
+        Act::Abs => (14, 0.0, 0.0),
+        Act::Reciprocal => (15, 0.0, 0.0),
+        Act::Softplus => (16, 0.0, 0.0),
+        Act::Elu(a) => (17, a, 0.0),
+    }
+}
+
+fn dnn_check(status: dnn::cudnnStatus_t, what: &str) -> Result<(), String> {
+    if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: cuDNN returns a static string.
+    let msg = unsafe { std::ffi::CStr::from_ptr(dnn::cudnnGetErrorString(status)) };
+    Err(format!("cuDNN {what}: {}", msg.to_string_lossy()))
+}
+
+fn lt_check(status: Result<(), ltr::CublasError>, what: &str) -> Result<(), String> {
+    status.map_err(|e| format!("cuBLASLt {what}: {e:?}"))
+}
+
+fn drv_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
+    move |e| format!("CUDA {what}: {e}")
+}
+
+struct Kernels {
+    ew: CudaFunction,
+    ew_from_f32: CudaFunction,
+    ew_to_f32: CudaFunction,
+    bias_act: CudaFunction,
+    pool: CudaFunction,
+    global_avg: CudaFunction,
+    softmax: CudaFunction,
+    layernorm: CudaFunction,
+    mean: CudaFunction,
+    lrn: CudaFunction,
+}
+
+/// cuDNN descriptors of one convolution.
+struct ConvDescs {
+    x: dnn::cudnnTensorDescriptor_t,
+    y: dnn::cudnnTensorDescriptor_t,
+    bias: dnn::cudnnTensorDescriptor_t,
+    w: dnn::cudnnFilterDescriptor_t,
+    conv: dnn::cudnnConvolutionDescriptor_t,
+    act: dnn::cudnnActivationDescriptor_t,
+}
+
+impl Drop for ConvDescs {
+    fn drop(&mut self) {
+        // SAFETY: created by `ConvDescs::new` and used by nothing else.
+        unsafe {
+            dnn::cudnnDestroyTensorDescriptor(self.x);
+            dnn::cudnnDestroyTensorDescriptor(self.y);
+            dnn::cudnnDestroyTensorDescriptor(self.bias);
+            dnn::cudnnDestroyFilterDescriptor(self.w);
+            dnn::cudnnDestroyConvolutionDescriptor(self.conv);
+            dnn::cudnnDestroyActivationDescriptor(self.act);
+        }
+    }
+}
+
+impl ConvDescs {
+    fn new(c: &ConvStep, dtype: DType) -> Result<Self, String> {
+        let ty = match dtype {
+            DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
+            DType::F32 => dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        };
+        let nhwc = dnn::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC;
+        let i = |v: usize| v as i32;
+        let mut d = ConvDescs {
+            x: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            bias: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+            act: std::ptr::null_mut(),
+        };
+        // SAFETY: descriptors are created before use and destroyed by Drop.
+        unsafe {
+            dnn_check(dnn::cudnnCreateTensorDescriptor(&mut d.x), "descriptor")?;
+            dnn_check(dnn::cudnnCreateTensorDescriptor(&mut d.y), "descriptor")?;
+            dnn_check(dnn::cudnnCreateTensorDescriptor(&mut d.bias), "descriptor")?;
+            dnn_check(dnn::cudnnCreateFilterDescriptor(&mut d.w), "descriptor")?;
+            dnn_check(
+                dnn::cudnnCreateConvolutionDescriptor(&mut d.conv),
+                "descriptor",
+            )?;
+            dnn_check(
+                dnn::cudnnCreateActivationDescriptor(&mut d.act),
+                "descriptor",
+            )?;
+            let shape = format!(
+                "convolution {}x{}x{}x{} -> {} channels, kernel {:?}, group {}",
+                c.n, c.c, c.h, c.w, c.k, c.kernel, c.group
+            );
+            dnn_check(
+                dnn::cudnnSetTensor4dDescriptor(d.x, nhwc, ty, i(c.n), i(c.c), i(c.h), i(c.w)),
+                &shape,
+            )?;
+            dnn_check(
+                dnn::cudnnSetTensor4dDescriptor(d.y, nhwc, ty, i(c.n), i(c.k), i(c.oh), i(c.ow)),
+                &shape,
+            )?;
+            dnn_check(
+                dnn::cudnnSetTensor4dDescriptor(d.bias, nhwc, ty, 1, i(c.k), 1, 1),
+                &shape,
+            )?;
+            dnn_check(
+                dnn::cudnnSetFilter4dDescriptor(
+                    d.w,
+                    ty,
+                    nhwc,
+                    i(c.k),
+                    i(c.c / c.group),
+                    i(c.kernel[0]),
+                    i(c.kernel[1]),
+                ),
+                &shape,
+            )?;
+            dnn_check(
+                dnn::cudnnSetConvolution2dDescriptor(
+                    d.conv,
+                    i(c.pads[0]),
+                    i(c.pads[1]),
+                    i(c.strides[0]),
+                    i(c.strides[1]),
+                    i(c.dilations[0]),
+                    i(c.dilations[1]),
+                    dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+                    dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                ),
+                &shape,
+            )?;
+            dnn_check(
+                dnn::cudnnSetConvolutionGroupCount(d.conv, i(c.group)),
+                &shape,
+            )?;
+            let math = match dtype {
+                DType::F16 => dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH,
+                // fp32 means fp32: no TF32 tensor cores.
+                DType::F32 => dnn::cudnnMathType_t::CUDNN_FMA_MATH,
+            };
+            dnn_check(dnn::cudnnSetConvolutionMathType(d.conv, math), &shape)?;
+            dnn_check(
+                dnn::cudnnSetActivationDescriptor(
+                    d.act,
+                    if c.act == Act::Relu {
+                        dnn::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU
+                    } else {
+                        dnn::cudnnActivationMode_t::CUDNN_ACTIVATION_IDENTITY
+                    },
+                    dnn::cudnnNanPropagation_t::CUDNN_NOT_PROPAGATE_NAN,
+                    0.0,
+                ),
+                &shape,
+            )?;
+        }
+        Ok(d)
+    }
+}
+
+fn algo_from(v: i32) -> dnn::cudnnConvolutionFwdAlgo_t {
+    use dnn::cudnnConvolutionFwdAlgo_t::*;
+    match v {
+        0 => CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        1 => CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        2 => CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        3 => CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        4 => CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        5 => CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        6 => CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        _ => CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    }
+}
+
+fn math_from(v: i32) -> dnn::cudnnMathType_t {
+    use dnn::cudnnMathType_t::*;
+    match v {
+        0 => CUDNN_DEFAULT_MATH,
+        1 => CUDNN_TENSOR_OP_MATH,
+        2 => CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
+        _ => CUDNN_FMA_MATH,
+    }
+}
+
+/// cuBLASLt descriptors and the chosen algorithm of one matrix product.
+struct GemmDescs {
+    desc: lt::cublasLtMatmulDesc_t,
+    a: lt::cublasLtMatrixLayout_t,
+    b: lt::cublasLtMatrixLayout_t,
+    c: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for GemmDescs {
+    fn drop(&mut self) {
+        // SAFETY: created by `Runtime::gemm_descs` and used by nothing else.
+        unsafe {
+            let _ = ltr::destroy_matmul_desc(self.desc);
+            let _ = ltr::destroy_matrix_layout(self.a);
+            let _ = ltr::destroy_matrix_layout(self.b);
+            let _ = ltr::destroy_matrix_layout(self.c);
+        }
+    }
+}
+
+enum Prepared {
+    Conv(Box<ConvDescs>),
+    Gemm(Box<GemmDescs>),
+    None,
+}
+
+struct BatchPlan {
+    plan: Plan,
+    prepared: Vec<Prepared>,
+    graph: Option<CudaGraph>,
+}
+
+pub struct Runtime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    dtype: DType,
+    kernels: Kernels,
+    cudnn: dnn::cudnnHandle_t,
+    cublaslt: lt::cublasLtHandle_t,
+    arena: CudaSlice<u8>,
+    weights: Vec<CudaSlice<u8>>,
+    input: CudaSlice<f32>,
+    output: CudaSlice<f32>,
+    workspace: CudaSlice<u8>,
+    lt_workspace: CudaSlice<u8>,
+    plans: Vec<BatchPlan>,
+    sm_count: u32,
+    host_out: Vec<f32>,
+}
+
+// SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
+// engine is only used through `&mut self`, and every call binds the context first.
+unsafe impl Send for Runtime {}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Graphs and descriptors go before the handles they were made with.
+        self.plans.clear();
+        // SAFETY: the handles were created in `Runtime::new` and nothing uses them now.
+        unsafe {
+            dnn::cudnnDestroy(self.cudnn);
+            let _ = ltr::destroy_handle(self.cublaslt);
+        }
+    }
+}
+
+/// A GPU that answers: its context, name and compute capability.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub name: String,
+    pub arch: (i32, i32),
+}
+
+pub fn open_gpu(ordinal: u32) -> Result<Gpu, String> {
+    let count = CudaContext::device_count().map_err(drv_err("device count"))?;
+    if ordinal as i32 >= count {
+        return Err(format!(
+            "gpu-id={ordinal}, but this machine has {count} CUDA device(s)"
+        ));
+    }
+    let ctx = CudaContext::new(ordinal as usize).map_err(drv_err("context"))?;
+    let name = ctx.name().map_err(drv_err("device name"))?;
+    let arch = ctx
+        .compute_capability()
+        .map_err(drv_err("compute capability"))?;
+    Ok(Gpu { ctx, name, arch })
+}
+
+/// The versions that an engine file must match: CUDA driver, cuDNN, cuBLASLt.
+pub fn library_versions() -> String {
+    let mut driver = 0;
+    // SAFETY: writes one int.
+    unsafe { drv::cuDriverGetVersion(&mut driver) };
+    let cudnn = cudarc::cudnn::result::get_version();
+    // SAFETY: no arguments.
+    let cublaslt = unsafe { lt::cublasLtGetVersion() };
+    format!("driver {driver}, cuDNN {cudnn}, cuBLASLt {cublaslt}")
+}
+
+impl Runtime {
+    /// Uploads the weights, loads the kernels and prepares every plan; plans without tuned
+    /// algorithms are tuned now. `progress` hears about each plan tuned.
+    pub fn new(
+        gpu: &Gpu,
+        ptx: &str,
+        dtype: DType,
+        weights: &Weights,
+        plans: Vec<Plan>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Self, String> {
+        let ctx = gpu.ctx.clone();
+        // One stream, one user: cudarc's cross-stream event tracking is not needed, and
+        // its events would end up in the captured graphs.
+        // SAFETY: no other stream touches these buffers.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv_err("stream"))?;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(drv_err("module load"))?;
+        let f = |name: &str| module.load_function(name).map_err(drv_err("kernel"));
+        let kernels = Kernels {
+            ew: f("ew")?,
+            ew_from_f32: f("ew_from_f32")?,
+            ew_to_f32: f("ew_to_f32")?,
+            bias_act: f("bias_act")?,
+            pool: f("pool_nhwc")?,
+            global_avg: f("global_avg_nhwc")?,
+            softmax: f("softmax_rows")?,
+            layernorm: f("layernorm_rows")?,
+            mean: f("mean_rows")?,
+            lrn: f("lrn_nhwc")?,
+        };
+        let sm_count = ctx
+            .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv_err("attribute"))? as u32;
+
+        let weights = weights
+            .data
+            .iter()
+            .map(|w| {
+                let bytes = to_bytes(w, dtype);
+                stream.clone_htod(&bytes).map_err(drv_err("weight upload"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
+        let arena = stream
+            .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
+            .map_err(drv_err("arena allocation"))?;
+        let input = stream
+            .alloc_zeros::<f32>(max(|p| p.input_len))
+            .map_err(drv_err("input allocation"))?;
+        let output = stream
+            .alloc_zeros::<f32>(max(|p| p.output_len))
+            .map_err(drv_err("output allocation"))?;
+        let lt_workspace = stream
+            .alloc_zeros::<u8>(32 << 20)
+            .map_err(drv_err("workspace allocation"))?;
+        let mut cudnn = std::ptr::null_mut();
+        let mut cublaslt = std::ptr::null_mut();
+        // SAFETY: handles are created once here and destroyed in Drop.
+        unsafe {
+            dnn_check(dnn::cudnnCreate(&mut cudnn), "handle")?;
+            dnn_check(
+                dnn::cudnnSetStream(cudnn, stream.cu_stream() as dnn::cudaStream_t),
+                "stream",
+            )?;
+        }
+        cublaslt = match ltr::create_handle() {
+            Ok(h) => h,
+            Err(e) => {
+                // SAFETY: created just above.
+                unsafe { dnn::cudnnDestroy(cudnn) };
+                return Err(format!("cuBLASLt handle: {e:?}"));
+            }
+        }
+        .max(cublaslt);
+        let mut rt = Runtime {
+            ctx,
+            stream: stream.clone(),
+            dtype,
+            kernels,
+            cudnn,
+            cublaslt,
+            arena,
+            weights,
+            input,
+            output,
+            workspace: stream.alloc_zeros::<u8>(1).map_err(drv_err("allocation"))?,
+            lt_workspace,
+            plans: Vec::new(),
+            sm_count,
+            host_out: Vec::new(),
+        };
+        let tune = plans.iter().any(|p| {
+            p.steps
+                .iter()
+                .any(|s| matches!(s, Step::Conv(c) if c.algo.is_none()))
+        });
+        if tune {
+            rt.workspace = stream
+                .alloc_zeros::<u8>(MAX_WORKSPACE)
+                .map_err(drv_err("tuning workspace allocation"))?;
+        }
+        for plan in plans {
+            let batch = plan.batch;
+            let prepared = rt.prepare(plan)?;
+            rt.plans.push(prepared);
+            if tune {
+                progress(&format!("tuned batch size {batch}"));
+            }
+        }
+        // Keep only the workspace the chosen algorithms need.
+        let needed = rt
+            .plans
+            .iter()
+            .flat_map(|p| &p.plan.steps)
+            .filter_map(|s| match s {
+                Step::Conv(c) => c.algo.map(|a| a.workspace),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        if needed != rt.workspace.len() {
+            rt.plans.iter_mut().for_each(|p| p.graph = None);
+            rt.workspace = stream
+                .alloc_zeros::<u8>(needed)
+                .map_err(drv_err("workspace allocation"))?;
+        }
+        for i in 0..rt.plans.len() {
+            rt.capture(i)?;
+        }
+        Ok(rt)
+    }
+
+    /// The plans with their tuned algorithms, for the engine file.
+    pub fn plans(&self) -> Vec<Plan> {
+        self.plans.iter().map(|p| p.plan.clone()).collect()
+    }
+
+    pub fn batch_sizes(&self) -> Vec<usize> {
+        self.plans.iter().map(|p| p.plan.batch).collect()
+    }
+
+    fn ptr(&self, loc: Loc) -> u64 {
+        let base = |s: &CudaSlice<u8>| s.device_ptr(&self.stream).0;
+        let size = self.dtype.size() as u64;
+        match loc {
+            Loc::Arena(o) => base(&self.arena) + o as u64 * size,
+            Loc::Weight { index, offset } => base(&self.weights[index]) + offset as u64 * size,
+            Loc::Input(o) => self.input.device_ptr(&self.stream).0 + o as u64 * 4,
+            Loc::Output(o) => self.output.device_ptr(&self.stream).0 + o as u64 * 4,
+            Loc::Temp { .. } => unreachable!("plans hold placed buffers only"),
+        }
+    }
+
+    fn prepare(&mut self, mut plan: Plan) -> Result<BatchPlan, String> {
+        let mut prepared = Vec::with_capacity(plan.steps.len());
+        for step in &mut plan.steps {
+            prepared.push(match step {
+                Step::Conv(c) => {
+                    let descs = ConvDescs::new(c, self.dtype)?;
+                    if c.algo.is_none() {
+                        c.algo = Some(self.tune(c, &descs)?);
+                    }
+                    Prepared::Conv(Box::new(descs))
+                }
+                Step::Gemm {
+                    rows,
+                    n,
+                    k,
+                    bias,
+                    relu,
+                    ..
+                } => Prepared::Gemm(Box::new(self.gemm_descs(*rows, *n, *k, *bias, *relu)?)),
+                _ => Prepared::None,
+            });
+        }
+        Ok(BatchPlan {
+            plan,
+            prepared,
+            graph: None,
+        })
+    }
+
+    /// Times cuDNN's algorithms for `c` on its real shapes and keeps the fastest that fits
+    /// the workspace; then checks whether the fused call takes it.
+    fn tune(&mut self, c: &ConvStep, d: &ConvDescs) -> Result<Tuned, String> {
+        let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 8] =
+            // SAFETY: a plain C struct for cuDNN to fill.
+            unsafe { std::mem::zeroed() };
+        let mut returned = 0;
+        let ws = self.ptr_u8(&self.workspace);
+        // SAFETY: the pointers are live device buffers of the sizes the descriptors state.
+        unsafe {
+            dnn_check(
+                dnn::cudnnFindConvolutionForwardAlgorithmEx(
+                    self.cudnn,
+                    d.x,
+                    self.ptr(c.x) as *const c_void,
+                    d.w,
+                    self.ptr(c.weight) as *const c_void,
+                    d.conv,
+                    d.y,
+                    self.ptr(c.y) as *mut c_void,
+                    perf.len() as i32,
+                    &mut returned,
+                    perf.as_mut_ptr(),
+                    ws as *mut c_void,
+                    self.workspace.len(),
+                ),
+                "algorithm search",
+            )?;
+        }
+        let best = perf[..returned as usize]
+            .iter()
+            .find(|p| {
+                p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+                    && p.memory <= self.workspace.len()
+            })
+            .ok_or("cuDNN found no algorithm for a convolution")?;
+        let mut tuned = Tuned {
+            algo: best.algo as i32,
+            math: best.mathType as i32,
+            workspace: best.memory,
+            fused: false,
+        };
+        // cuDNN's fused call takes ReLU or identity (the latter with one algorithm only).
+        let fusable = c.act == Act::Relu
+            || (c.act == Act::None
+                && best.algo
+                    == dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+        if fusable {
+            tuned.fused = true;
+            if self.conv(c, d, &tuned).is_err() {
+                tuned.fused = false;
+            }
+            self.stream.synchronize().map_err(drv_err("synchronize"))?;
+        }
+        Ok(tuned)
+    }
+
+    fn ptr_u8(&self, s: &CudaSlice<u8>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    fn gemm_descs(
+        &self,
+        rows: usize,
+        n: usize,
+        k: usize,
+        bias: Option<Loc>,
+        relu: bool,
+    ) -> Result<GemmDescs, String> {
+        let ty = match self.dtype {
+            DType::F16 => lt::cudaDataType_t::CUDA_R_16F,
+            DType::F32 => lt::cudaDataType_t::CUDA_R_32F,
+        };
+        // Row-major y[rows, n] = x[rows, k] · w[k, n] is, column-major, yᵀ = wᵀ · xᵀ:
+        // A = w as n×k (ld n), B = x as k×rows (ld k), C = y as n×rows (ld n); the bias runs
+        // along C's rows, one value per output.
+        let desc = ltr::create_matmul_desc(
+            lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lt::cudaDataType_t::CUDA_R_32F,
+        );
+        let desc = desc.map_err(|e| format!("cuBLASLt descriptor: {e:?}"))?;
+        let layout = |r: usize, c: usize, ld: usize| {
+            ltr::create_matrix_layout(ty, r as u64, c as u64, ld as i64)
+                .map_err(|e| format!("cuBLASLt layout: {e:?}"))
+        };
+        let mut g = GemmDescs {
+            desc,
+            a: layout(n, k, n)?,
+            b: layout(k, rows, k)?,
+            c: layout(n, rows, n)?,
+            // SAFETY: a plain C struct, filled by the heuristic below.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        let epilogue = match (bias.is_some(), relu) {
+            (true, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (true, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            (false, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU,
+            (false, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+        };
+        // SAFETY: attributes of the types cuBLASLt documents for them.
+        unsafe {
+            lt_check(
+                ltr::set_matmul_desc_attribute(
+                    g.desc,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &epilogue as *const _ as *const c_void,
+                    std::mem::size_of_val(&epilogue),
+                ),
+                "epilogue",
+            )?;
+            if let Some(bias) = bias {
+                let ptr = self.ptr(bias);
+                lt_check(
+                    ltr::set_matmul_desc_attribute(
+                        g.desc,
+                        lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        &ptr as *const u64 as *const c_void,
+                        std::mem::size_of::<u64>(),
+                    ),
+                    "bias",
+                )?;
+            }
+            let pref = ltr::create_matmul_pref().map_err(|e| format!("cuBLASLt: {e:?}"))?;
+            let size = self.lt_workspace.len();
+            let found = lt_check(
+                ltr::set_matmul_pref_attribute(
+                    pref,
+                    lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &size as *const usize as *const c_void,
+                    std::mem::size_of::<usize>(),
+                ),
+                "preference",
+            )
+            .and_then(|()| {
+                ltr::get_matmul_algo_heuristic(
+                    self.cublaslt,
+                    g.desc,
+                    g.a,
+                    g.b,
+                    g.c,
+                    g.c,
+                    pref,
+                )
+                .map_err(|e| format!("cuBLASLt found no algorithm for {rows}x{k}x{n}: {e:?}"))
+            });
+            let _ = ltr::destroy_matmul_pref(pref);
+            g.algo = found?.algo;
+        }
+        Ok(g)
+    }
+
+    fn launch_cfg(&self, n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(256).clamp(1, self.sm_count as usize * 16) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn rows_cfg(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn conv(&self, c: &ConvStep, d: &ConvDescs, tuned: &Tuned) -> Result<(), String> {
+        let (one, zero) = (1.0f32, 0.0f32);
+        let ws = self.ptr_u8(&self.workspace) as *mut c_void;
+        let (x, w, y) = (
+            self.ptr(c.x) as *const c_void,
+            self.ptr(c.weight) as *const c_void,
+            self.ptr(c.y) as *mut c_void,
+        );
+        let algo = algo_from(tuned.algo);
+        // SAFETY: live device buffers of the sizes the descriptors state.
+        unsafe {
+            dnn_check(
+                dnn::cudnnSetConvolutionMathType(d.conv, math_from(tuned.math)),
+                "math type",
+            )?;
+            if tuned.fused {
+                let (z, alpha2) = match c.residual {
+                    Some(z) => (self.ptr(z) as *const c_void, 1.0f32),
+                    None => (y as *const c_void, 0.0f32),
+                };
+                return dnn_check(
+                    dnn::cudnnConvolutionBiasActivationForward(
+                        self.cudnn,
+                        &one as *const f32 as *const c_void,
+                        d.x,
+                        x,
+                        d.w,
+                        w,
+                        d.conv,
+                        algo,
+                        ws,
+                        tuned.workspace,
+                        &alpha2 as *const f32 as *const c_void,
+                        d.y,
+                        z,
+                        d.bias,
+                        self.ptr(c.bias) as *const c_void,
+                        d.act,
+                        d.y,
+                        y,
+                    ),
+                    "fused convolution",
+                );
+            }
+            dnn_check(
+                dnn::cudnnConvolutionForward(
+                    self.cudnn,
+                    &one as *const f32 as *const c_void,
+                    d.x,
+                    x,
+                    d.w,
+                    w,
+                    d.conv,
+                    algo,
+                    ws,
+                    tuned.workspace,
+                    &zero as *const f32 as *const c_void,
+                    d.y,
+                    y,
+                ),
+                "convolution",
+            )?;
+        }
+        let n = c.n * c.k * c.oh * c.ow;
+        let (id, p0, p1) = act_params(c.act);
+        let z = c.residual.map_or(0u64, |z| self.ptr(z));
+        let (y, bias) = (self.ptr(c.y), self.ptr(c.bias));
+        let (len, channels) = (n as i64, c.k as i32);
+        let mut b = self.stream.launch_builder(&self.kernels.bias_act);
+        b.arg(&y).arg(&bias).arg(&z).arg(&len).arg(&channels);
+        b.arg(&id).arg(&p0).arg(&p1);
+        // SAFETY: argument types match the kernel's signature.
+        unsafe { b.launch(self.launch_cfg(n)) }
+            .map(drop)
+            .map_err(drv_err("kernel launch"))
+    }
+
+    /// Enqueues every step of plan `i` on the stream.
+    fn enqueue(&self, i: usize) -> Result<(), String> {
+        let bp = &self.plans[i];
+        for (step, prepared) in bp.plan.steps.iter().zip(&bp.prepared) {
+            self.step(step, prepared)?;
+        }
+        Ok(())
+    }
+
+    fn step(&self, step: &Step, prepared: &Prepared) -> Result<(), String> {
+        let launch = |mut b: cudarc::driver::LaunchArgs, cfg: LaunchConfig| {
+            // SAFETY: argument types match the kernel's signature (kernels.cu).
+            unsafe { b.launch(cfg) }
+                .map(drop)
+                .map_err(drv_err("kernel launch"))
+        };
+        match (step, prepared) {
+            (
+                Step::Ew {
+                    op,
+                    act,
+                    cast,
+                    dims,
+                    out,
+                    a,
+                    b,
+                },
+                _,
+            ) => {
+                let (id, p0, p1) = act_params(*act);
+                let mut p = EwParams {
+                    n: dims.iter().product::<usize>() as i64,
+                    rank: dims.len() as i32,
+                    op: op.map_or(-1, |o| o as i32),
+                    act: id,
+                    p0,
+                    p1,
+                    ..Default::default()
+                };
+                for (j, &d) in dims.iter().enumerate() {
+                    p.dims[j] = d as i32;
+                    p.so[j] = out.strides[j];
+                    p.sa[j] = a.strides[j];
+                    p.sb[j] = b.as_ref().map_or(0, |b| b.strides[j]);
+                }
+                let func = match cast {
+                    Cast::None => &self.kernels.ew,
+                    Cast::FromF32 => &self.kernels.ew_from_f32,
+                    Cast::ToF32 => &self.kernels.ew_to_f32,
+                };
+                let (o, x, y) = (
+                    self.ptr(out.loc),
+                    self.ptr(a.loc),
+                    b.as_ref().map_or(0, |b| self.ptr(b.loc)),
+                );
+                let mut l = self.stream.launch_builder(func);
+                l.arg(&p).arg(&o).arg(&x).arg(&y);
+                launch(l, self.launch_cfg(p.n as usize))
+            }
+            (Step::Zero { loc, len }, _) => {
+                // SAFETY: a live region of the arena.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        self.ptr(*loc),
+                        0,
+                        len * self.dtype.size(),
+                        self.stream.cu_stream(),
+                    )
+                }
+                .map_err(drv_err("memset"))
+            }
+            (Step::Conv(c), Prepared::Conv(d)) => {
+                let tuned = c.algo.ok_or("an untuned convolution")?;
+                self.conv(c, d, &tuned)
+            }
+            (Step::Gemm { x, w, y, .. }, Prepared::Gemm(g)) => {
+                let (one, zero) = (1.0f32, 0.0f32);
+                let (a, b, c) = (self.ptr(*w), self.ptr(*x), self.ptr(*y));
+                // SAFETY: live device buffers of the sizes the layouts state.
+                let r = unsafe {
+                    ltr::matmul(
+                        self.cublaslt,
+                        g.desc,
+                        &one as *const f32 as *const c_void,
+                        &zero as *const f32 as *const c_void,
+                        a as *const c_void,
+                        g.a,
+                        b as *const c_void,
+                        g.b,
+                        c as *const c_void,
+                        g.c,
+                        c as *mut c_void,
+                        g.c,
+                        &g.algo,
+                        self.ptr_u8(&self.lt_workspace) as *mut c_void,
+                        self.lt_workspace.len(),
+                        self.stream.cu_stream() as *mut _,
+                    )
+                };
+                lt_check(r, "matmul")
+            }
+            (
+                Step::Pool {
+                    n,
+                    h,
+                    w,
+                    c,
+                    oh,
+                    ow,
+                    kernel,
+                    strides,
+                    pads,
+                    max,
+                    count_include_pad,
+                    x,
+                    y,
+                },
+                _,
+            ) => {
+                let v = [
+                    *n,
+                    *h,
+                    *w,
+                    *c,
+                    *oh,
+                    *ow,
+                    kernel[0],
+                    kernel[1],
+                    strides[0],
+                    strides[1],
+                    pads[0],
+                    pads[1],
+                    pads[2],
+                    pads[3],
+                    usize::from(*max),
+                    usize::from(*count_include_pad),
+                ];
+                let p = PoolParams {
+                    v: v.map(|x| x as i32),
+                };
+                let (xp, yp) = (self.ptr(*x), self.ptr(*y));
+                let mut l = self.stream.launch_builder(&self.kernels.pool);
+                l.arg(&p).arg(&xp).arg(&yp);
+                launch(l, self.launch_cfg(n * oh * ow * c))
+            }
+            (Step::GlobalAvgPool { n, hw, c, x, y }, _) => {
+                let (xp, yp) = (self.ptr(*x), self.ptr(*y));
+                let (ni, hwi, ci) = (*n as i32, *hw as i32, *c as i32);
+                let mut l = self.stream.launch_builder(&self.kernels.global_avg);
+                l.arg(&xp).arg(&yp).arg(&ni).arg(&hwi).arg(&ci);
+                launch(l, self.launch_cfg(n * c))
+            }
+            (Step::Softmax { rows, len, x, y }, _) | (Step::RowMean { rows, len, x, y }, _) => {
+                let (xp, yp, leni) = (self.ptr(*x), self.ptr(*y), *len as i32);
+                let func = if matches!(step, Step::Softmax { .. }) {
+                    &self.kernels.softmax
+                } else {
+                    &self.kernels.mean
+                };
+                let mut l = self.stream.launch_builder(func);
+                l.arg(&xp).arg(&yp).arg(&leni);
+                launch(l, Self::rows_cfg(*rows))
+            }
+            (
+                Step::LayerNorm {
+                    rows,
+                    len,
+                    epsilon,
+                    x,
+                    scale,
+                    bias,
+                    y,
+                },
+                _,
+            ) => {
+                let (xp, yp, sp) = (self.ptr(*x), self.ptr(*y), self.ptr(*scale));
+                let bp = bias.map_or(0, |b| self.ptr(b));
+                let leni = *len as i32;
+                let mut l = self.stream.launch_builder(&self.kernels.layernorm);
+                l.arg(&xp)
+                    .arg(&yp)
+                    .arg(&sp)
+                    .arg(&bp)
+                    .arg(&leni)
+                    .arg(epsilon);
+                launch(l, Self::rows_cfg(*rows))
+            }
+            (
+                Step::Lrn {
+                    pixels,
+                    c,
+                    size,
+                    alpha,
+                    beta,
+                    bias,
+                    x,
+                    y,
+                },
+                _,
+            ) => {
+                let (xp, yp) = (self.ptr(*x), self.ptr(*y));
+                let (pi, ci, si) = (*pixels as i64, *c as i32, *size as i32);
+                let mut l = self.stream.launch_builder(&self.kernels.lrn);
+                l.arg(&xp).arg(&yp).arg(&pi).arg(&ci).arg(&si);
+                l.arg(alpha).arg(beta).arg(bias);
+                launch(l, self.launch_cfg(pixels * c))
+            }
+            _ => Err("a step without its prepared descriptors".into()),
+        }
+    }
+
+    /// Runs plan `i` once (which also loads cuDNN's kernels), then captures it as a graph.
+    fn capture(&mut self, i: usize) -> Result<(), String> {
+        self.enqueue(i)?;
+        self.stream.synchronize().map_err(drv_err("warm-up run"))?;
+        self.stream
+            .begin_capture(drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(drv_err("stream capture"))?;
+        let enqueued = self.enqueue(i);
+        let graph = self
+            .stream
+            .end_capture(drv::CUgraphInstantiate_flags(0))
+            .map_err(drv_err("graph capture"));
+        enqueued?;
+        let graph = graph?.ok_or("the captured graph is empty")?;
+        graph.upload().map_err(drv_err("graph upload"))?;
+        self.plans[i].graph = Some(graph);
+        Ok(())
+    }
+
+    /// Runs `n` frames (f32, the model's input layout, one after the other) through the
+    /// smallest plan that holds them; returns the scores, `n` times the output per frame.
+    pub fn run(&mut self, input: &[f32], n: usize) -> Result<&[f32], String> {
+        let i = self
+            .plans
+            .iter()
+            .position(|p| p.plan.batch >= n)
+            .ok_or_else(|| format!("no plan runs {n} frames at once"))?;
+        let plan = &self.plans[i].plan;
+        let (frame_in, frame_out) = (plan.input_len / plan.batch, plan.output_len / plan.batch);
+        self.ctx.bind_to_thread().map_err(drv_err("context"))?;
+        let input_ptr = self.input.device_ptr(&self.stream).0;
+        let output_ptr = self.output.device_ptr(&self.stream).0;
+        let len_out = n * frame_out;
+        self.host_out.resize(len_out, 0.0);
+        // SAFETY: the device buffers hold at least the plan's lengths; the host buffers
+        // outlive the synchronisation below.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                input_ptr,
+                &input[..n * frame_in],
+                self.stream.cu_stream(),
+            )
+            .map_err(drv_err("upload"))?;
+            self.plans[i]
+                .graph
+                .as_ref()
+                .ok_or("the plan has no graph")?
+                .launch()
+                .map_err(drv_err("graph launch"))?;
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut self.host_out[..len_out],
+                output_ptr,
+                self.stream.cu_stream(),
+            )
+            .map_err(drv_err("download"))?;
+        }
+        self.stream.synchronize().map_err(drv_err("inference"))?;
+        Ok(&self.host_out[..len_out])
+    }
+
+    /// Replays plan `i`'s graph `runs` times on its current input; for benchmarks.
+    pub fn replay(&self, batch: usize, runs: usize) -> Result<f64, String> {
+        let bp = self
+            .plans
+            .iter()
+            .find(|p| p.plan.batch == batch)
+            .ok_or("no such batch size")?;
+        let graph = bp.graph.as_ref().ok_or("no graph")?;
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        let start = std::time::Instant::now();
+        for _ in 0..runs {
+            graph.launch().map_err(drv_err("graph launch"))?;
+        }
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        Ok(start.elapsed().as_secs_f64() / runs as f64)
+    }
+}
+
+fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => data
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}

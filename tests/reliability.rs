@@ -20,13 +20,10 @@ fn rss_bytes() -> u64 {
 #[test]
 fn state_churn_is_bounded() {
     common::init();
-    let pipeline = gst::parse::launch(&format!(
+    let pipeline = common::launch(&format!(
         "videotestsrc num-buffers=4 pattern=red ! video/x-raw,width=64,height=48 ! {} ! fakesink name=sink",
         colors_element("batch-size=2 batch-timeout=5")
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
+    ));
     let bus = pipeline.bus().unwrap();
     let mut warm = 0;
     for cycle in 0..200 {
@@ -67,19 +64,15 @@ fn sixteen_pipelines_in_one_process() {
     let patterns = ["red", "green", "blue", "white", "black"];
     let make = |i: usize| {
         let pattern = patterns[i % patterns.len()];
-        let pipeline = gst::parse::launch(&format!(
+        let pipeline = common::launch(&format!(
             "videotestsrc is-live=true num-buffers=40 pattern={pattern} ! video/x-raw,width=96,height=64,framerate=100/1 ! \
              {} ! appsink name=sink sync=false",
-            colors_element(&format!("batch-size={} batch-timeout=20 top-k=1", 1 + i % 4))
-        ))
-        .unwrap()
-        .downcast::<gst::Pipeline>()
-        .unwrap();
-        let sink = pipeline
-            .by_name("sink")
-            .unwrap()
-            .downcast::<gst_app::AppSink>()
-            .unwrap();
+            colors_element(&format!(
+                "batch-size={} batch-timeout=20 top-k=1",
+                1 + i % 4
+            ))
+        ));
+        let sink = common::appsink(&pipeline, "sink");
         let labels = Arc::new(Mutex::new(Vec::new()));
         let collected = labels.clone();
         sink.set_callbacks(
@@ -159,14 +152,11 @@ fn timing_probes(element: &gst::Element) -> (PassLog, PassLog) {
 #[test]
 fn live_source_waits_are_bounded_by_the_timeout() {
     common::init();
-    let pipeline = gst::parse::launch(&format!(
+    let pipeline = common::launch(&format!(
         "videotestsrc is-live=true num-buffers=12 pattern=blue ! video/x-raw,width=64,height=48,framerate=10/1 ! \
          {} ! fakesink sync=false",
         colors_element("name=classify batch-size=8 batch-timeout=50")
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
+    ));
     let element = pipeline.by_name("classify").unwrap();
     let (arrived, left) = timing_probes(&element);
     common::run_to_eos(&pipeline).unwrap();
@@ -203,24 +193,17 @@ fn live_source_waits_are_bounded_by_the_timeout() {
 #[test]
 fn stalled_source_releases_held_frames() {
     common::init();
-    let pipeline = gst::parse::launch(&format!(
+    let pipeline = common::launch(&format!(
         "appsrc name=src is-live=true format=time ! {} ! appsink name=sink sync=false",
         colors_element("batch-size=8 batch-timeout=40")
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
+    ));
     let src = pipeline
         .by_name("src")
         .unwrap()
         .downcast::<gst_app::AppSrc>()
         .unwrap();
     src.set_caps(Some(&common::rgb_caps(32, 24)));
-    let sink = pipeline
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
+    let sink = common::appsink(&pipeline, "sink");
     pipeline.set_state(gst::State::Playing).unwrap();
     let started = Instant::now();
     for i in 0..3 {

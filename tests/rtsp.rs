@@ -87,20 +87,13 @@ fn rtsp_camera_is_classified_and_its_loss_ends_cleanly() {
         return;
     }
     let mut camera = Camera::start();
-    let pipeline = gst::parse::launch(&format!(
+    let pipeline = common::launch(&format!(
         "rtspsrc location=rtsp://127.0.0.1:{}/cam protocols=tcp latency=50 tcp-timeout=3000000 timeout=3000000 ! rtph264depay ! h264parse ! \
          decodebin ! videoconvert ! {} ! appsink name=sink sync=false",
         camera.port,
         common::colors_element("batch-size=4 batch-timeout=40 top-k=1")
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
-    let sink = pipeline
-        .by_name("sink")
-        .unwrap()
-        .downcast::<gst_app::AppSink>()
-        .unwrap();
+    ));
+    let sink = common::appsink(&pipeline, "sink");
     pipeline.set_state(gst::State::Playing).unwrap();
 
     for i in 0..20 {

@@ -150,25 +150,18 @@ impl Engine for CpuEngine {
     }
 
     fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        let frame_len = self.info.input.frame_len();
-        assert_eq!(input.len(), n * frame_len, "input holds {n} frames");
-        let mut scores = Vec::with_capacity(n);
-        for chunk in input.chunks(self.info.model_batch * frame_len) {
-            scores.extend(self.run_call(chunk, chunk.len() / frame_len)?);
-        }
-        Ok(scores)
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
+            self.run_call(chunk, frames)
+        })
     }
 
     fn classify(
         &mut self,
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let frame_len = self.info.input.frame_len();
         let mut input = std::mem::take(&mut self.input);
-        input.resize(frames.len() * frame_len, 0.0);
-        for (frame, out) in frames.iter().zip(input.chunks_mut(frame_len)) {
-            self.preprocessor.run(frame, out)?;
-        }
+        super::preprocess_frames(&mut self.preprocessor, frames, &mut input)?;
         let scores = self.infer(&input, frames.len());
         self.input = input;
         scores

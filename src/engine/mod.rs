@@ -138,19 +138,48 @@ pub trait Engine: Send {
     ) -> Result<Vec<Vec<f32>>, EngineError>;
 }
 
+/// Preprocesses `frames` into `input`, one model input after the other; `input` is scratch
+/// kept by the engine so that the streaming thread does not allocate per batch.
+pub(crate) fn preprocess_frames(
+    preprocessor: &mut crate::preprocess::Preprocessor,
+    frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
+    input: &mut Vec<f32>,
+) -> Result<(), EngineError> {
+    let frame_len = preprocessor.input().frame_len();
+    input.resize(frames.len() * frame_len, 0.0);
+    for (frame, out) in frames.iter().zip(input.chunks_mut(frame_len)) {
+        preprocessor.run(frame, out)?;
+    }
+    Ok(())
+}
+
+/// Runs `n` frames of `input` in calls of at most `batch` frames; `call` gets each chunk
+/// with its frame count and returns one score vector per frame.
+pub(crate) fn infer_in_calls(
+    input: &[f32],
+    n: usize,
+    frame_len: usize,
+    batch: usize,
+    mut call: impl FnMut(&[f32], usize) -> Result<Vec<Vec<f32>>, EngineError>,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    assert_eq!(input.len(), n * frame_len, "input holds {n} frames");
+    let mut scores = Vec::with_capacity(n);
+    for chunk in input.chunks(batch * frame_len) {
+        scores.extend(call(chunk, chunk.len() / frame_len)?);
+    }
+    Ok(scores)
+}
+
 /// Builds the engine for `backend`. `Auto` takes the first of the GPU backends that is built in
 /// and usable, else the CPU; an explicit backend that is not usable is an error, never a
 /// silent fallback.
 pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine>, EngineError> {
     match backend {
         Backend::Auto => {
-            let cuda = match cuda::unavailable_reason() {
-                Some(reason) => Err((reason, false)),
-                None => cuda::CudaEngine::build(options).map_err(|e| match e {
-                    EngineError::Unavailable { reason, .. } => (reason, false),
-                    other => (other.to_string(), true),
-                }),
-            };
+            let cuda = cuda::CudaEngine::build(options).map_err(|e| match e {
+                EngineError::Unavailable { reason, .. } => (reason, false),
+                other => (other.to_string(), true),
+            });
             match cuda {
                 Ok(engine) => Ok(Box::new(engine)),
                 // No GPU is the normal case of auto; a GPU that fails to build this model

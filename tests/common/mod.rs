@@ -78,6 +78,23 @@ pub fn index_and_result(buffer: &gst::BufferRef) -> (u64, Classification) {
     (buffer.offset(), result)
 }
 
+/// A pipeline from a `gst-launch` description that is known to parse.
+pub fn launch(description: &str) -> gst::Pipeline {
+    gst::parse::launch(description)
+        .unwrap_or_else(|e| panic!("{description}: {e}"))
+        .downcast::<gst::Pipeline>()
+        .expect("a pipeline")
+}
+
+/// The appsink called `name` in `pipeline`.
+pub fn appsink(pipeline: &gst::Pipeline, name: &str) -> gst_app::AppSink {
+    pipeline
+        .by_name(name)
+        .unwrap_or_else(|| panic!("no element {name}"))
+        .downcast::<gst_app::AppSink>()
+        .expect("an appsink")
+}
+
 /// Runs a `gst-launch` style pipeline ending in `appsink name=sink` to EOS and returns the
 /// classifications of all buffers, or the error message text.
 pub fn run_pipeline(description: &str) -> Result<Vec<Classification>, String> {
@@ -86,8 +103,7 @@ pub fn run_pipeline(description: &str) -> Result<Vec<Classification>, String> {
         .map_err(|e| e.to_string())?
         .downcast::<gst::Pipeline>()
         .unwrap();
-    let sink = pipeline.by_name("sink").expect("an appsink named sink");
-    let sink = sink.downcast::<gst_app::AppSink>().unwrap();
+    let sink = appsink(&pipeline, "sink");
     let results = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let collected = results.clone();
     sink.set_callbacks(

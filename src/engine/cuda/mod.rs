@@ -61,7 +61,15 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
+    /// Fails with `Unavailable` before reading the model where the CUDA libraries are missing,
+    /// so that `backend=auto` costs nothing on machines without a GPU.
     pub fn build(options: &EngineOptions) -> Result<Self, EngineError> {
+        if let Some(reason) = unavailable_reason() {
+            return Err(EngineError::Unavailable {
+                backend: "cuda",
+                reason,
+            });
+        }
         let model = OnnxModel::load(&options.model)?;
         Self::from_model(&model, options)
     }
@@ -71,12 +79,6 @@ impl CudaEngine {
             path: model.path.clone(),
             reason,
         };
-        if let Some(reason) = unavailable_reason() {
-            return Err(EngineError::Unavailable {
-                backend: "cuda",
-                reason,
-            });
-        }
         let unsupported = import::unsupported_ops(model);
         if !unsupported.is_empty() {
             return Err(EngineError::UnsupportedOps {
@@ -165,30 +167,23 @@ impl Engine for CudaEngine {
     }
 
     fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        let frame_len = self.info.input.frame_len();
-        assert_eq!(input.len(), n * frame_len, "input holds {n} frames");
-        let mut scores = Vec::with_capacity(n);
-        for chunk in input.chunks(self.info.model_batch * frame_len) {
-            let frames = chunk.len() / frame_len;
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let classes = self.info.num_classes;
+        super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
             let out = self
                 .runtime
                 .run(chunk, frames)
                 .map_err(EngineError::Inference)?;
-            scores.extend(out.chunks(self.info.num_classes).map(<[f32]>::to_vec));
-        }
-        Ok(scores)
+            Ok(out.chunks(classes).map(<[f32]>::to_vec).collect())
+        })
     }
 
     fn classify(
         &mut self,
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let frame_len = self.info.input.frame_len();
         let mut input = std::mem::take(&mut self.input);
-        input.resize(frames.len() * frame_len, 0.0);
-        for (frame, out) in frames.iter().zip(input.chunks_mut(frame_len)) {
-            self.preprocessor.run(frame, out)?;
-        }
+        super::preprocess_frames(&mut self.preprocessor, frames, &mut input)?;
         let scores = self.infer(&input, frames.len());
         self.input = input;
         scores

@@ -126,37 +126,42 @@ fn bn_affine(graph: &Graph, node: &Node, epsilon: f32) -> [Vec<f32>; 2] {
     [scale, shift]
 }
 
+/// For the plain binary `op` node `i`: an operand whose sole producer `fits` (given the
+/// producer, the operand and the other operand), as (producer index, operand, other operand).
+fn operand_from(
+    graph: &Graph,
+    i: usize,
+    op: BinOp,
+    fits: impl Fn(&Node, &str, &str) -> bool,
+) -> Option<(usize, String, String)> {
+    let node = &graph.nodes[i];
+    if node.op != (Op::Binary { op, act: Act::None }) {
+        return None;
+    }
+    [(0, 1), (1, 0)].into_iter().find_map(|(a, b)| {
+        let (y, other) = (&node.inputs[a], &node.inputs[b]);
+        let p = sole_producer(graph, y)?;
+        fits(&graph.nodes[p], y, other).then(|| (p, y.clone(), other.clone()))
+    })
+}
+
 /// `Mul(x, Sigmoid(x))`, PyTorch's SiLU, becomes one `Silu(x)`.
 pub fn fuse_silu(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
-        let node = &graph.nodes[i];
-        if let Op::Binary {
-            op: BinOp::Mul,
-            act: Act::None,
-        } = node.op
-        {
-            for (a, b) in [(0, 1), (1, 0)] {
-                let (x, s) = (&node.inputs[a], &node.inputs[b]);
-                let Some(p) = sole_producer(graph, s) else {
-                    continue;
-                };
-                let producer = &graph.nodes[p];
-                if producer.op == Op::Unary(Act::Sigmoid)
-                    && &producer.inputs[0] == x
-                    && graph.shape(x) == graph.shape(&node.output)
-                {
-                    let x = x.clone();
-                    let dead = producer.output.clone();
-                    let node = &mut graph.nodes[i];
-                    node.op = Op::Unary(Act::Silu);
-                    node.inputs = vec![x];
-                    graph.shapes.remove(&dead);
-                    graph.nodes.remove(p);
-                    i = i.saturating_sub(1);
-                    break;
-                }
-            }
+        let out_shape = graph.shapes.get(&graph.nodes[i].output).cloned();
+        let found = operand_from(graph, i, BinOp::Mul, |producer, _, x| {
+            producer.op == Op::Unary(Act::Sigmoid)
+                && producer.inputs[0] == x
+                && out_shape.as_deref() == Some(graph.shape(x))
+        });
+        if let Some((p, sigmoid, x)) = found {
+            let node = &mut graph.nodes[i];
+            node.op = Op::Unary(Act::Silu);
+            node.inputs = vec![x];
+            graph.shapes.remove(&sigmoid);
+            graph.nodes.remove(p);
+            continue;
         }
         i += 1;
     }
@@ -167,43 +172,30 @@ pub fn fuse_silu(graph: &mut Graph) {
 pub fn fuse_gemm_bias(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
-        let node = &graph.nodes[i];
-        if let Op::Binary {
-            op: BinOp::Add,
-            act: Act::None,
-        } = node.op
-        {
-            for (a, b) in [(0, 1), (1, 0)] {
-                let (y, bias) = (&node.inputs[a], &node.inputs[b]);
-                let Some(p) = sole_producer(graph, y) else {
-                    continue;
-                };
-                let producer = &graph.nodes[p];
-                let n = *graph.shape(y).last().unwrap_or(&0);
-                let fits = graph
-                    .consts
-                    .get(bias)
-                    .is_some_and(|t| t.len() == n && t.shape.iter().rev().skip(1).all(|&d| d == 1));
-                if matches!(producer.op, Op::Gemm { act: Act::None })
-                    && producer.inputs.len() == 2
-                    && fits
-                    && graph.shape(y) == graph.shape(&node.output)
-                {
-                    let t = &graph.consts[bias];
-                    let flat = Tensor::new(vec![n], t.data.to_vec());
-                    let name = format!("{}.bias", producer.name);
-                    graph.consts.insert(name.clone(), flat);
-                    let output = node.output.clone();
-                    let dead = y.clone();
-                    let producer = &mut graph.nodes[p];
-                    producer.inputs.push(name);
-                    producer.output = output;
-                    graph.shapes.remove(&dead);
-                    graph.nodes.remove(i);
-                    i = i.saturating_sub(1);
-                    break;
-                }
-            }
+        let out_shape = graph.shapes.get(&graph.nodes[i].output).cloned();
+        let found = operand_from(graph, i, BinOp::Add, |producer, y, bias| {
+            let n = *graph.shape(y).last().unwrap_or(&0);
+            let fits = graph
+                .consts
+                .get(bias)
+                .is_some_and(|t| t.len() == n && t.shape.iter().rev().skip(1).all(|&d| d == 1));
+            matches!(producer.op, Op::Gemm { act: Act::None })
+                && producer.inputs.len() == 2
+                && fits
+                && out_shape.as_deref() == Some(graph.shape(y))
+        });
+        if let Some((p, y, bias)) = found {
+            let t = &graph.consts[&bias];
+            let flat = Tensor::new(vec![t.len()], t.data.to_vec());
+            let name = format!("{}.bias", graph.nodes[p].name);
+            graph.consts.insert(name.clone(), flat);
+            let output = graph.nodes[i].output.clone();
+            let producer = &mut graph.nodes[p];
+            producer.inputs.push(name);
+            producer.output = output;
+            graph.shapes.remove(&y);
+            graph.nodes.remove(i);
+            continue;
         }
         i += 1;
     }
@@ -214,35 +206,21 @@ pub fn fuse_gemm_bias(graph: &mut Graph) {
 pub fn fuse_residual(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
-        let node = &graph.nodes[i];
-        if let Op::Binary {
-            op: BinOp::Add,
-            act: Act::None,
-        } = node.op
-        {
-            for (a, b) in [(0, 1), (1, 0)] {
-                let (y, z) = (&node.inputs[a], &node.inputs[b]);
-                let Some(p) = sole_producer(graph, y) else {
-                    continue;
-                };
-                let producer = &graph.nodes[p];
-                let fusable = matches!(&producer.op, Op::Conv(c) if c.act == Act::None)
-                    && producer.inputs.len() == 3
-                    && !graph.is_const(z)
-                    && graph.shape(z) == graph.shape(y)
-                    && y != z;
-                if fusable {
-                    let mut fused = producer.clone();
-                    fused.inputs.push(z.clone());
-                    fused.output = node.output.clone();
-                    let dead = y.clone();
-                    graph.nodes[i] = fused;
-                    graph.nodes.remove(p);
-                    graph.shapes.remove(&dead);
-                    i -= 1;
-                    break;
-                }
-            }
+        let found = operand_from(graph, i, BinOp::Add, |producer, y, z| {
+            matches!(&producer.op, Op::Conv(c) if c.act == Act::None)
+                && producer.inputs.len() == 3
+                && !graph.is_const(z)
+                && graph.shape(z) == graph.shape(y)
+                && y != z
+        });
+        if let Some((p, y, z)) = found {
+            let mut fused = graph.nodes[p].clone();
+            fused.inputs.push(z);
+            fused.output = graph.nodes[i].output.clone();
+            graph.nodes[i] = fused;
+            graph.nodes.remove(p);
+            graph.shapes.remove(&y);
+            continue;
         }
         i += 1;
     }

@@ -204,6 +204,42 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// Every buffer the step reads or writes.
+    pub fn locs_mut(&mut self) -> Vec<&mut Loc> {
+        match self {
+            Step::Ew { out, a, b, .. } => {
+                let mut locs = vec![&mut out.loc, &mut a.loc];
+                locs.extend(b.as_mut().map(|b| &mut b.loc));
+                locs
+            }
+            Step::Zero { loc, .. } => vec![loc],
+            Step::Conv(c) => {
+                let mut locs = vec![&mut c.x, &mut c.weight, &mut c.bias, &mut c.y];
+                locs.extend(c.residual.as_mut());
+                locs
+            }
+            Step::Gemm { x, w, bias, y, .. } => {
+                let mut locs = vec![x, w, y];
+                locs.extend(bias.as_mut());
+                locs
+            }
+            Step::LayerNorm {
+                x, scale, bias, y, ..
+            } => {
+                let mut locs = vec![x, scale, y];
+                locs.extend(bias.as_mut());
+                locs
+            }
+            Step::Pool { x, y, .. }
+            | Step::GlobalAvgPool { x, y, .. }
+            | Step::Softmax { x, y, .. }
+            | Step::RowMean { x, y, .. }
+            | Step::Lrn { x, y, .. } => vec![x, y],
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub batch: usize,

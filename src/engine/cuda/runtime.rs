@@ -445,24 +445,26 @@ impl Runtime {
             .alloc_zeros::<u8>(32 << 20)
             .map_err(drv_err("workspace allocation"))?;
         let mut cudnn = std::ptr::null_mut();
-        let mut cublaslt = std::ptr::null_mut();
-        // SAFETY: handles are created once here and destroyed in Drop.
+        // SAFETY: the handle is created once here and destroyed in Drop (or below on error).
         unsafe {
             dnn_check(dnn::cudnnCreate(&mut cudnn), "handle")?;
-            dnn_check(
+            let attached = dnn_check(
                 dnn::cudnnSetStream(cudnn, stream.cu_stream() as dnn::cudaStream_t),
                 "stream",
-            )?;
+            );
+            if let Err(e) = attached {
+                dnn::cudnnDestroy(cudnn);
+                return Err(e);
+            }
         }
-        cublaslt = match ltr::create_handle() {
+        let cublaslt = match ltr::create_handle() {
             Ok(h) => h,
             Err(e) => {
                 // SAFETY: created just above.
                 unsafe { dnn::cudnnDestroy(cudnn) };
                 return Err(format!("cuBLASLt handle: {e:?}"));
             }
-        }
-        .max(cublaslt);
+        };
         let mut rt = Runtime {
             ctx,
             stream: stream.clone(),
@@ -511,7 +513,6 @@ impl Runtime {
             .unwrap_or(0)
             .max(1);
         if needed != rt.workspace.len() {
-            rt.plans.iter_mut().for_each(|p| p.graph = None);
             rt.workspace = stream
                 .alloc_zeros::<u8>(needed)
                 .map_err(drv_err("workspace allocation"))?;
@@ -520,15 +521,6 @@ impl Runtime {
             rt.capture(i)?;
         }
         Ok(rt)
-    }
-
-    /// The plans with their tuned algorithms, for the engine file.
-    pub fn plans(&self) -> Vec<Plan> {
-        self.plans.iter().map(|p| p.plan.clone()).collect()
-    }
-
-    pub fn batch_sizes(&self) -> Vec<usize> {
-        self.plans.iter().map(|p| p.plan.batch).collect()
     }
 
     fn ptr(&self, loc: Loc) -> u64 {

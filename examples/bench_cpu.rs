@@ -37,6 +37,7 @@ fn main() {
             input_size: None,
             precision: Precision::Fp32,
             gpu_id: 0,
+            engine_location: None,
             progress: Default::default(),
             preprocess: PreprocessOptions::default(),
         };

@@ -24,6 +24,7 @@ is deterministic for a given torch/torchvision version and machine.
 """
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -262,6 +263,15 @@ def export_one(name, outdir):
     # activation, which says whether an fp16 engine of this model can overflow.
     torch_probs, max_activation = forward_with_max_activation(model, torch.from_numpy(image))
     torch_diff = float(np.abs(torch_probs.numpy() - probs).max())
+    # PyTorch's own fp16 error on this GPU (channels_last, as in the benchmark): the yardstick
+    # for the error of our fp16 engine.
+    fp16 = None
+    if torch.cuda.is_available():
+        half = copy.deepcopy(model).half().cuda().to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            x16 = torch.from_numpy(image).half().cuda().to(memory_format=torch.channels_last)
+            fp16 = half(x16).float().cpu().numpy()
+        del half
 
     reference = {
         "model": name,
@@ -273,6 +283,8 @@ def export_one(name, outdir):
         "output": [float_list(row) for row in probs],
         "top5": top5.tolist(),
         "torch_vs_onnxruntime_max_abs_diff": torch_diff,
+        "torch_fp16_output": None if fp16 is None else [float_list(row) for row in fp16],
+        "torch_fp16_max_abs_diff": None if fp16 is None else float(np.abs(fp16 - probs).max()),
         "max_abs_activation": max_activation,
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__, "onnxruntime": ort.__version__},
     }
@@ -280,10 +292,11 @@ def export_one(name, outdir):
 
     size_mb = onnx_path.stat().st_size / 1e6
     top1 = " ".join(f"{int(t[0])}:{probs[i, t[0]]:.3f}" for i, t in enumerate(top5))
+    fp16_note = "" if fp16 is None else f"  torch-fp16 {np.abs(fp16 - probs).max():.1e}"
     warn = "  WARNING: activations beyond fp16 range" if max_activation > 65504 else ""
     print(
         f"{name:<20} export {export_s:6.1f} s  {size_mb:7.1f} MB  top1 {top1}  "
-        f"torch-ort {torch_diff:.1e}  max|act| {max_activation:.3g}{warn}  ops: {','.join(ops)}",
+        f"torch-ort {torch_diff:.1e}{fp16_note}  max|act| {max_activation:.3g}{warn}  ops: {','.join(ops)}",
         flush=True,
     )
 

@@ -27,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
         input_size: None,
         precision: Precision::Fp32,
         gpu_id: 0,
+        engine_location: None,
         preprocess: PreprocessOptions::default(),
+        progress: Default::default(),
     };
     let _ = CpuEngine::from_model(&model, &options);
 });

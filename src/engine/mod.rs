@@ -8,6 +8,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod onnx;
+mod ranks;
 
 use std::path::PathBuf;
 
@@ -56,6 +57,8 @@ pub struct EngineOptions {
     pub input_size: Option<(usize, usize)>,
     pub precision: Precision,
     pub gpu_id: u32,
+    /// Where the GPU engine is saved and loaded; `None`: the per-user cache folder.
+    pub engine_location: Option<PathBuf>,
     pub preprocess: PreprocessOptions,
     /// Hears what a long engine build is doing.
     pub progress: Progress,

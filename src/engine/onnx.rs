@@ -26,6 +26,8 @@ pub enum ModelError {
     },
     #[error("{}: not an ONNX model: {reason}", path.display())]
     NotOnnx { path: PathBuf, reason: String },
+    #[error("{}: invalid model: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
     #[error("{}: not an image classifier: {reason}", path.display())]
     NotClassifier { path: PathBuf, reason: String },
 }
@@ -123,6 +125,10 @@ impl OnnxModel {
             }
         };
         let input = image_input(input).map_err(not_classifier)?;
+        super::ranks::check_axes(graph, &input.name, 4).map_err(|reason| ModelError::Invalid {
+            path: path.to_owned(),
+            reason,
+        })?;
 
         // tract indexes values by name and panics on an output that nothing defines.
         let defined = |name: &str| {

@@ -52,6 +52,7 @@ struct Settings {
     onnx_location: Option<String>,
     labels_location: Option<String>,
     results_location: Option<String>,
+    engine_location: Option<String>,
     backend: Backend,
     precision: Precision,
     gpu_id: u32,
@@ -85,6 +86,7 @@ impl Default for Settings {
             onnx_location: None,
             labels_location: None,
             results_location: None,
+            engine_location: None,
             backend: DEFAULT_BACKEND,
             precision: DEFAULT_PRECISION,
             gpu_id: DEFAULT_GPU_ID,
@@ -181,6 +183,11 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecString::builder("results-location")
                     .nick("Results location")
                     .blurb("File that one JSON object per frame is appended to, one per line (\"-\" for standard output)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("engine-location")
+                    .nick("Engine location")
+                    .blurb("File the built GPU engine is saved to and loaded from when it matches the model, GPU, libraries, precision and batch size (otherwise rebuilt and rewritten); default: a file in the per-user cache folder ($XDG_CACHE_HOME/trtclassify)")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("backend", DEFAULT_BACKEND)
@@ -306,6 +313,9 @@ impl ObjectImpl for TrtClassify {
             "results-location" => {
                 settings.results_location = value.get().expect("type checked upstream")
             }
+            "engine-location" => {
+                settings.engine_location = value.get().expect("type checked upstream")
+            }
             "backend" => settings.backend = value.get().expect("type checked upstream"),
             "precision" => settings.precision = value.get().expect("type checked upstream"),
             "gpu-id" => settings.gpu_id = value.get().expect("type checked upstream"),
@@ -343,6 +353,7 @@ impl ObjectImpl for TrtClassify {
         match pspec.name() {
             "onnx-location" => settings.onnx_location.to_value(),
             "labels-location" => settings.labels_location.to_value(),
+            "engine-location" => settings.engine_location.to_value(),
             "results-location" => settings.results_location.to_value(),
             "backend" => settings.backend.to_value(),
             "precision" => settings.precision.to_value(),
@@ -680,6 +691,7 @@ impl TrtClassify {
             },
             precision: settings.precision,
             gpu_id: settings.gpu_id,
+            engine_location: settings.engine_location.clone().map(Into::into),
             progress: self.progress_reporter(),
             preprocess: PreprocessOptions {
                 scale: settings.scale as f32,

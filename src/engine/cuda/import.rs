@@ -1069,3 +1069,18 @@ fn scale(w: &Tensor, alpha: f32) -> Tensor {
     }
     Tensor::new(w.shape.clone(), w.data.iter().map(|v| v * alpha).collect())
 }
+
+/// The external weight files the model names, each once, in order.
+pub fn external_files(model: &OnnxModel) -> Vec<std::path::PathBuf> {
+    let dir = model.path.parent().unwrap_or(Path::new("."));
+    let files: std::collections::BTreeSet<_> = model
+        .proto
+        .graph
+        .iter()
+        .flat_map(|g| &g.initializer)
+        .filter(|t| t.data_location == Some(1))
+        .filter_map(|t| t.external_data.iter().find(|e| e.key == "location"))
+        .map(|e| dir.join(&e.value))
+        .collect();
+    files.into_iter().collect()
+}

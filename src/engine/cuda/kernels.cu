@@ -147,17 +147,26 @@ extern "C" __global__ void pool_nhwc(const Pool p, const T *x, T *y) {
     }
 }
 
-// One thread per (image, channel): consecutive threads read consecutive channels.
+// One block of 32×32 threads per (image, 32 channels): threadIdx.x picks the channel, so a
+// warp reads 32 consecutive channels of one pixel; the 32 rows of threads split the pixels
+// and their sums meet in shared memory. (One thread per channel summing every pixel alone
+// made the squeeze-excitation blocks of EfficientNet take milliseconds.)
 extern "C" __global__ void global_avg_nhwc(const T *x, T *y, int n, int hw, int c) {
-    long long total = (long long)n * c;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        int ch = i % c;
-        long long b = i / c;
-        const T *src = x + b * hw * c + ch;
-        float acc = 0.f;
-        for (int p = 0; p < hw; ++p) acc += ld(src[(long long)p * c]);
-        y[i] = st(acc / hw);
+    __shared__ float partial[32][33];
+    int chunks = (c + 31) / 32;
+    int b = blockIdx.x / chunks, ch = (blockIdx.x % chunks) * 32 + threadIdx.x;
+    float acc = 0.f;
+    if (ch < c) {
+        const T *src = x + (long long)b * hw * c + ch;
+#pragma unroll 4
+        for (int p = threadIdx.y; p < hw; p += 32) acc += ld(src[(long long)p * c]);
+    }
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && ch < c) {
+        float s = 0.f;
+        for (int r = 0; r < 32; ++r) s += partial[r][threadIdx.x];
+        y[(long long)b * c + ch] = st(s / hw);
     }
 }
 
@@ -241,5 +250,115 @@ extern "C" __global__ void lrn_nhwc(const T *x, T *y, long long pixels, int c, i
             sq += v * v;
         }
         y[i] = st(ld(x[i]) / powf(bias + alpha / size * sq, beta));
+    }
+}
+
+// Frame preprocessing: one raw 8-bit video frame to the model's normalised f32 input, in one
+// pass: colour conversion, antialiased bilinear resampling (the triangle filter widened by
+// the downscale factor, as PIL, torchvision and the CPU backend resize), crop or letterbox,
+// normalisation, channel order and layout. One thread per output pixel.
+struct Pre {
+    int format;                 // 0: packed RGB-like, 1: NV12, 2: I420
+    int pixel_stride;           // bytes per pixel (packed)
+    int off[3];                 // byte offsets of R, G, B in a pixel (packed)
+    long long plane[3];         // byte offsets of the planes in the frame's data
+    int stride[3];              // row strides of the planes
+    int size[2];                // frame width and height
+    int cosited[2];             // chroma sited on luma horizontally, vertically (else between)
+    int crop[4];                // source rectangle: x, y, w, h
+    int dst[4];                 // where it lands in the model input: x, y, w, h
+    int out_w, out_h, nchw, bgr;
+    float m[12];                // YUV to RGB (0..255): rgb = m[4c..4c+3] · (y, u, v, 1)
+    float scale;
+    float mean[3], std[3];
+    float border[3];            // the normalised letterbox colour
+};
+
+__device__ __forceinline__ void rgb_at(const Pre &p, const unsigned char *src, int x, int y,
+                                       float *rgb) {
+    if (p.format == 0) {
+        const unsigned char *px = src + p.plane[0] + (long long)y * p.stride[0] + x * p.pixel_stride;
+        rgb[0] = px[p.off[0]];
+        rgb[1] = px[p.off[1]];
+        rgb[2] = px[p.off[2]];
+        return;
+    }
+    float Y = src[p.plane[0] + (long long)y * p.stride[0] + x];
+    // 4:2:0 chroma interpolated linearly at the luma position, as GStreamer's converter does.
+    float cx = p.cosited[0] ? x * 0.5f : (x - 0.5f) * 0.5f;
+    float cy = p.cosited[1] ? y * 0.5f : (y - 0.5f) * 0.5f;
+    int cw = (p.size[0] + 1) / 2, chh = (p.size[1] + 1) / 2;
+    int x0 = (int)floorf(cx), y0 = (int)floorf(cy);
+    float fx = cx - x0, fy = cy - y0;
+    int xs[2] = {min(max(x0, 0), cw - 1), min(max(x0 + 1, 0), cw - 1)};
+    int ys[2] = {min(max(y0, 0), chh - 1), min(max(y0 + 1, 0), chh - 1)};
+    float U = 0.f, V = 0.f;
+    for (int j = 0; j < 2; j++) {
+        for (int i = 0; i < 2; i++) {
+            float w = (j ? fy : 1.f - fy) * (i ? fx : 1.f - fx);
+            if (p.format == 1) {
+                const unsigned char *uv = src + p.plane[1] + (long long)ys[j] * p.stride[1] + xs[i] * 2;
+                U += w * uv[0];
+                V += w * uv[1];
+            } else {
+                U += w * src[p.plane[1] + (long long)ys[j] * p.stride[1] + xs[i]];
+                V += w * src[p.plane[2] + (long long)ys[j] * p.stride[2] + xs[i]];
+            }
+        }
+    }
+    for (int c = 0; c < 3; c++) {
+        float v = p.m[4 * c] * Y + p.m[4 * c + 1] * U + p.m[4 * c + 2] * V + p.m[4 * c + 3];
+        rgb[c] = fminf(fmaxf(v, 0.f), 255.f);
+    }
+}
+
+// Taps of the filter for output position `i` (0-based in the destination rectangle): the
+// first source index, how many, and the filter's half-width in source pixels.
+__device__ __forceinline__ void taps(int i, int in_size, int out_size, float *center,
+                                     float *support, int *first, int *count) {
+    float scale = (float)in_size / out_size;
+    float fs = fmaxf(scale, 1.f);
+    *center = (i + 0.5f) * scale;
+    *support = fs;
+    int lo = max((int)floorf(*center - fs + 0.5f), 0);
+    int hi = min((int)floorf(*center + fs + 0.5f), in_size);
+    *first = lo;
+    *count = hi - lo;
+}
+
+extern "C" __global__ void preprocess(const Pre p, const unsigned char *src, float *out) {
+    int n = p.out_w * p.out_h;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int ox = i % p.out_w, oy = i / p.out_w;
+        float acc[3] = {0.f, 0.f, 0.f};
+        int dx = ox - p.dst[0], dy = oy - p.dst[1];
+        bool inside = dx >= 0 && dy >= 0 && dx < p.dst[2] && dy < p.dst[3];
+        if (inside) {
+            float cx, sx, cy, sy;
+            int x0, nx, y0, ny;
+            taps(dx, p.crop[2], p.dst[2], &cx, &sx, &x0, &nx);
+            taps(dy, p.crop[3], p.dst[3], &cy, &sy, &y0, &ny);
+            float wsum = 0.f;
+            for (int y = y0; y < y0 + ny; y++) {
+                float wy = fmaxf(1.f - fabsf((y + 0.5f - cy) / sy), 0.f);
+                if (wy == 0.f) continue;
+                for (int x = x0; x < x0 + nx; x++) {
+                    float w = wy * fmaxf(1.f - fabsf((x + 0.5f - cx) / sx), 0.f);
+                    if (w == 0.f) continue;
+                    float rgb[3];
+                    rgb_at(p, src, p.crop[0] + x, p.crop[1] + y, rgb);
+                    acc[0] += w * rgb[0];
+                    acc[1] += w * rgb[1];
+                    acc[2] += w * rgb[2];
+                    wsum += w;
+                }
+            }
+            for (int c = 0; c < 3; c++) acc[c] /= wsum;
+        }
+        for (int c = 0; c < 3; c++) {
+            float v = inside ? (acc[p.bgr ? 2 - c : c] * p.scale - p.mean[c]) / p.std[c] : p.border[c];
+            long long o = p.nchw ? (long long)c * n + i : (long long)i * 3 + c;
+            out[o] = v;
+        }
     }
 }

@@ -311,6 +311,49 @@ impl Lowering<'_> {
                 }
                 let wt = &self.graph.consts[&node.inputs[1]];
                 let krsc = to_krsc(wt);
+                // A 1×1 convolution over NHWC is a matrix product [pixels, c] · [c, k]: run by
+                // cuBLASLt, whose tensor-core kernels are much faster at small batches than
+                // cuDNN's convolutions of that shape.
+                let pointwise = c.kernel == [1, 1] && c.strides == [1, 1] && pads == [0, 0];
+                if pointwise && c.group == 1 {
+                    let [k, _, _, _] = dims4(&krsc.shape);
+                    let ck = transpose2(&krsc.data, k, ci);
+                    let weight = self.constant(&format!("{}.ck", node.inputs[1]), &ck);
+                    let bias = self.get(&node.inputs[2])?;
+                    let residual = match node.inputs.get(3) {
+                        Some(z) => {
+                            let z = self.get(z)?;
+                            Some(self.require(&z, &NHWC)?)
+                        }
+                        None => None,
+                    };
+                    let y = self.alloc(&shape, NHWC.to_vec());
+                    let reads: Vec<Loc> = [x.loc, y.loc]
+                        .into_iter()
+                        .chain(residual.as_ref().map(|z| z.loc))
+                        .collect();
+                    let relu = c.act == Act::Relu;
+                    self.push(
+                        Step::Gemm {
+                            rows: n * h * w,
+                            n: k,
+                            k: ci,
+                            x: x.loc,
+                            w: weight.loc,
+                            bias: Some(bias.loc),
+                            residual: residual.map(|z| z.loc),
+                            relu,
+                            y: y.loc,
+                        },
+                        &reads,
+                    );
+                    if !relu && c.act != Act::None {
+                        let s = y.strides();
+                        self.ew(None, c.act, Cast::None, &shape, &NHWC, y.loc, &s, &[&y])?;
+                    }
+                    self.values.insert(node.output.clone(), y);
+                    return Ok(());
+                }
                 let weight = self.constant(&format!("{}.krsc", node.inputs[1]), &krsc);
                 let bias = self.get(&node.inputs[2])?;
                 let residual = match node.inputs.get(3) {
@@ -371,6 +414,7 @@ impl Lowering<'_> {
                         x: x.loc,
                         w: w.loc,
                         bias,
+                        residual: None,
                         relu,
                         y: y.loc,
                     },
@@ -656,6 +700,17 @@ fn dims4(shape: &[usize]) -> [usize; 4] {
 }
 
 /// ONNX's KCRS weights to cuDNN's NHWC filter layout, KRSC.
+/// A row-major `rows × cols` matrix transposed.
+fn transpose2(data: &[f32], rows: usize, cols: usize) -> Tensor {
+    let mut t = vec![0.0; data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = data[r * cols + c];
+        }
+    }
+    Tensor::new(vec![cols, rows], t)
+}
+
 fn to_krsc(w: &Tensor) -> Tensor {
     let [k, c, r, s] = dims4(&w.shape);
     let mut data = vec![0.0; w.len()];

@@ -8,6 +8,8 @@
 //! `reference`; the GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN, which are
 //! loaded when the engine is built, so the plugin loads where there is no CUDA at all.
 
+pub mod engine_file;
+pub mod frames;
 pub mod import;
 pub mod ir;
 pub mod lower;
@@ -23,9 +25,12 @@ mod tests;
 
 use std::time::Instant;
 
+use gst_video::prelude::*;
+
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::preprocess::Preprocessor;
 use crate::trtclassify::CAT;
+use engine_file::{EngineFile, Key};
 use plan::{DType, Weights};
 
 /// Why the cuda engine cannot run here, or `None` when the libraries it needs load.
@@ -57,6 +62,8 @@ pub struct CudaEngine {
     info: ModelInfo,
     runtime: runtime::Runtime,
     preprocessor: Preprocessor,
+    /// Preprocessing on the GPU, where the model takes three channels.
+    frame_pre: Option<frames::FramePreprocess>,
     input: Vec<f32>,
 }
 
@@ -97,23 +104,25 @@ impl CudaEngine {
             Precision::Fp32 => DType::F32,
         };
         let started = Instant::now();
-        let sizes = batch_sizes(options.batch_size, model.input.batch.fixed());
-        let mut weights = Weights::default();
-        let mut plans = Vec::new();
-        for &batch in &sizes {
-            let mut graph = import::import(model, batch, spec.height, spec.width).map_err(fail)?;
-            passes::optimise(&mut graph);
-            plans.push(lower::lower(&graph, dtype, &mut weights).map_err(fail)?);
-        }
-        let num_classes = plans[0].output_len / plans[0].batch;
-        gst::info!(
-            CAT,
-            "{}: graph of {} steps for batch sizes {sizes:?} in {:.1?}",
-            model.path.display(),
-            plans[0].steps.len(),
-            started.elapsed()
-        );
-        let ptx = runtime::compile(dtype, gpu.arch).map_err(fail)?;
+        let versions = runtime::library_versions();
+        let key = Key {
+            format: engine_file::FORMAT_VERSION,
+            plugin_version: env!("CARGO_PKG_VERSION").into(),
+            onnx_sha256: engine_file::model_digest(&model.path, &import::external_files(model))
+                .map_err(fail)?,
+            gpu: gpu.name.clone(),
+            compute_capability: gpu.arch,
+            cuda_driver: versions.driver,
+            cudnn: versions.cudnn,
+            cublaslt: versions.cublaslt,
+            precision: dtype,
+            batch_sizes: batch_sizes(options.batch_size, model.input.batch.fixed()),
+            input: (spec.height, spec.width),
+        };
+        let path = options
+            .engine_location
+            .clone()
+            .unwrap_or_else(|| engine_file::cache_dir().join(key.file_name(&model.path)));
         let mut progress = |msg: &str| {
             gst::info!(
                 CAT,
@@ -123,23 +132,72 @@ impl CudaEngine {
             );
             options.progress.report(msg);
         };
-        let runtime = runtime::Runtime::new(&gpu, &ptx, dtype, &weights, plans, &mut progress)
-            .map_err(fail)?;
+
+        let loaded = match engine_file::load(&path, &key) {
+            Ok(loaded) => loaded,
+            Err(reason) => {
+                gst::warning!(
+                    CAT,
+                    "engine file {}: {reason}; building the engine again",
+                    path.display()
+                );
+                None
+            }
+        };
+        let (runtime, num_classes) = match loaded {
+            Some(file) => {
+                progress(&format!("loaded engine file {}", path.display()));
+                let runtime = runtime::Runtime::new(
+                    &gpu,
+                    &file.ptx,
+                    dtype,
+                    &file.weights,
+                    file.plans,
+                    &mut progress,
+                )
+                .map_err(fail)?;
+                (runtime, file.num_classes)
+            }
+            None => {
+                let file = build_engine(model, &gpu, key, spec, &mut progress).map_err(fail)?;
+                let runtime = runtime::Runtime::new(
+                    &gpu,
+                    &file.ptx,
+                    dtype,
+                    &file.weights,
+                    file.plans.clone(),
+                    &mut progress,
+                )
+                .map_err(fail)?;
+                let file = EngineFile {
+                    plans: runtime.plans().cloned().collect(),
+                    ..file
+                };
+                match engine_file::save(&path, &file) {
+                    Ok(()) => progress(&format!("saved engine file {}", path.display())),
+                    Err(e) => gst::warning!(
+                        CAT,
+                        "{e}; the engine runs without being saved, and is built again next time"
+                    ),
+                }
+                (runtime, file.num_classes)
+            }
+        };
         gst::info!(
             CAT,
-            "{}: cuda engine built in {:.1?} on {} (sm_{}{}, {}), {dtype:?}",
+            "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {dtype:?}",
             model.path.display(),
             started.elapsed(),
             gpu.name,
             gpu.arch.0,
             gpu.arch.1,
-            runtime::library_versions()
         );
         let preprocessor = Preprocessor::new(options.preprocess.clone(), spec).map_err(fail)?;
+        let frame_pre = frames::FramePreprocess::new(&options.preprocess, spec).map_err(fail)?;
         let info = ModelInfo {
             input: spec,
             num_classes,
-            model_batch: *sizes.last().expect("one size at least"),
+            model_batch: runtime.max_batch(),
             outputs_probabilities: matches!(
                 model.output_op.as_deref(),
                 Some("Softmax" | "Sigmoid")
@@ -151,13 +209,92 @@ impl CudaEngine {
             info,
             runtime,
             preprocessor,
+            frame_pre,
             input: Vec::new(),
         })
     }
 
-    /// Mean seconds per replay of the captured graph of `batch`; for benchmarks.
-    pub fn time_graph(&self, batch: usize, runs: usize) -> Result<f64, String> {
-        self.runtime.replay(batch, runs)
+    /// The runtime, for benchmarks and profiles.
+    pub fn runtime(&self) -> &runtime::Runtime {
+        &self.runtime
+    }
+}
+
+/// Imports the model for every batch size of `key`, lowers it, and compiles the kernels; the
+/// plans are tuned when the runtime loads them.
+fn build_engine(
+    model: &OnnxModel,
+    gpu: &runtime::Gpu,
+    key: Key,
+    spec: crate::preprocess::InputSpec,
+    progress: &mut dyn FnMut(&str),
+) -> Result<EngineFile, String> {
+    let dtype = key.precision;
+    let mut weights = Weights::default();
+    let mut plans = Vec::new();
+    for &batch in &key.batch_sizes {
+        let mut graph = import::import(model, batch, spec.height, spec.width)?;
+        passes::optimise(&mut graph);
+        plans.push(lower::lower(&graph, dtype, &mut weights)?);
+    }
+    progress(&format!(
+        "imported a graph of {} steps for batch sizes {:?}",
+        plans[0].steps.len(),
+        key.batch_sizes
+    ));
+    let ptx = runtime::compile(dtype, gpu.arch)?;
+    Ok(EngineFile {
+        num_classes: plans[0].output_len / plans[0].batch,
+        ptx,
+        weights: weights
+            .data
+            .iter()
+            .map(|w| runtime::to_bytes(w, dtype))
+            .collect(),
+        plans,
+        key,
+    })
+}
+
+impl CudaEngine {
+    /// The frames' planes and preprocessing parameters when the GPU can preprocess them
+    /// all; `None` sends them through the CPU preprocessing.
+    #[allow(clippy::type_complexity)]
+    fn gpu_frames<'a>(
+        &self,
+        frames: &'a [gst_video::VideoFrameRef<&gst::BufferRef>],
+    ) -> Result<Option<Vec<(frames::Pre, Vec<&'a [u8]>)>>, EngineError> {
+        let Some(pre) = &self.frame_pre else {
+            return Ok(None);
+        };
+        let mut raw = Vec::with_capacity(frames.len());
+        for frame in frames {
+            let planes = (0..frame.n_planes())
+                .map(|p| frame.plane_data(p))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| EngineError::Inference(format!("cannot read a frame: {e}")))?;
+            let lens: Vec<usize> = planes.iter().map(|p| p.len()).collect();
+            match pre.params(frame.info(), &lens) {
+                Some(params) => raw.push((params, planes)),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(raw))
+    }
+
+    /// The model input the GPU makes of `frames`, or `None` where the CPU would make it; for
+    /// tests that compare the two.
+    pub fn gpu_preprocess(
+        &mut self,
+        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        let Some(raw) = self.gpu_frames(frames)? else {
+            return Ok(None);
+        };
+        self.runtime
+            .preprocess_frames(&raw)
+            .map(Some)
+            .map_err(EngineError::Inference)
     }
 }
 
@@ -182,6 +319,18 @@ impl Engine for CudaEngine {
         &mut self,
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
+        if let Some(raw) = self.gpu_frames(frames)? {
+            let classes = self.info.num_classes;
+            let mut scores = Vec::with_capacity(frames.len());
+            for chunk in raw.chunks(self.info.model_batch) {
+                let out = self
+                    .runtime
+                    .run_frames(chunk)
+                    .map_err(EngineError::Inference)?;
+                scores.extend(out.chunks(classes).map(<[f32]>::to_vec));
+            }
+            return Ok(scores);
+        }
         let mut input = std::mem::take(&mut self.input);
         super::preprocess_frames(&mut self.preprocessor, frames, &mut input)?;
         let scores = self.infer(&input, frames.len());

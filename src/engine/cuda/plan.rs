@@ -134,7 +134,8 @@ pub enum Step {
         len: usize,
     },
     Conv(ConvStep),
-    /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias)`, act being None or Relu.
+    /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias + residual)`, act being None or Relu
+    /// (cuBLASLt's epilogue). Also runs 1×1 convolutions, NHWC being `[pixels, channels]`.
     Gemm {
         rows: usize,
         n: usize,
@@ -142,6 +143,7 @@ pub enum Step {
         x: Loc,
         w: Loc,
         bias: Option<Loc>,
+        residual: Option<Loc>,
         relu: bool,
         y: Loc,
     },
@@ -205,6 +207,64 @@ pub enum Step {
 }
 
 impl Step {
+    /// A one-line summary, for profiles.
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Ew { op, act, dims, .. } => format!("ew {op:?} {act:?} {dims:?}"),
+            Step::Zero { len, .. } => format!("zero {len}"),
+            Step::Conv(c) => format!(
+                "conv {}x{}x{}x{} k{}x{} s{} g{} -> {} {:?}{} {}",
+                c.n,
+                c.c,
+                c.h,
+                c.w,
+                c.kernel[0],
+                c.kernel[1],
+                c.strides[0],
+                c.group,
+                c.k,
+                c.act,
+                if c.residual.is_some() { " +res" } else { "" },
+                c.algo.map_or("untuned".into(), |t| format!(
+                    "algo {} math {}{}",
+                    t.algo,
+                    t.math,
+                    if t.fused { " fused" } else { "" }
+                ))
+            ),
+            Step::Gemm {
+                rows,
+                n,
+                k,
+                residual,
+                relu,
+                ..
+            } => format!(
+                "gemm {rows}x{k} · {k}x{n}{}{}",
+                if *relu { " Relu" } else { "" },
+                if residual.is_some() { " +res" } else { "" }
+            ),
+            Step::Pool {
+                n,
+                h,
+                w,
+                c,
+                kernel,
+                max,
+                ..
+            } => format!(
+                "{}pool {n}x{c}x{h}x{w} k{}",
+                if *max { "max" } else { "avg" },
+                kernel[0]
+            ),
+            Step::GlobalAvgPool { n, hw, c, .. } => format!("global avg {n}x{hw}x{c}"),
+            Step::Softmax { rows, len, .. } => format!("softmax {rows}x{len}"),
+            Step::LayerNorm { rows, len, .. } => format!("layernorm {rows}x{len}"),
+            Step::RowMean { rows, len, .. } => format!("mean {rows}x{len}"),
+            Step::Lrn { pixels, c, .. } => format!("lrn {pixels}x{c}"),
+        }
+    }
+
     /// Every buffer the step reads or writes.
     pub fn locs_mut(&mut self) -> Vec<&mut Loc> {
         match self {
@@ -219,9 +279,17 @@ impl Step {
                 locs.extend(c.residual.as_mut());
                 locs
             }
-            Step::Gemm { x, w, bias, y, .. } => {
+            Step::Gemm {
+                x,
+                w,
+                bias,
+                residual,
+                y,
+                ..
+            } => {
                 let mut locs = vec![x, w, y];
                 locs.extend(bias.as_mut());
+                locs.extend(residual.as_mut());
                 locs
             }
             Step::LayerNorm {

@@ -11,11 +11,12 @@ use cudarc::cublaslt::{result as ltr, sys as lt};
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, sys as drv,
+    LaunchConfig, PinnedHostSlice, PushKernelArg, sys as drv,
 };
 
+use super::frames::Pre;
 use super::ir::Act;
-use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned, Weights};
+use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned};
 
 /// The kernels' source, compiled by NVRTC for the GPU at hand.
 pub const KERNELS: &str = include_str!("kernels.cu");
@@ -136,6 +137,7 @@ struct Kernels {
     layernorm: CudaFunction,
     mean: CudaFunction,
     lrn: CudaFunction,
+    preprocess: CudaFunction,
 }
 
 /// cuDNN descriptors of one convolution.
@@ -334,7 +336,13 @@ pub struct Runtime {
     lt_workspace: CudaSlice<u8>,
     plans: Vec<BatchPlan>,
     sm_count: u32,
-    host_out: Vec<f32>,
+    /// Page-locked staging buffers, so that copies run at full speed and asynchronously.
+    host_in: PinnedHostSlice<f32>,
+    host_out: PinnedHostSlice<f32>,
+    /// Raw frames: staged in page-locked memory, uploaded, preprocessed on the GPU; grown to
+    /// the largest batch of frames seen.
+    raw_host: Option<PinnedHostSlice<u8>>,
+    raw: Option<CudaSlice<u8>>,
 }
 
 // SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
@@ -375,15 +383,34 @@ pub fn open_gpu(ordinal: u32) -> Result<Gpu, String> {
     Ok(Gpu { ctx, name, arch })
 }
 
-/// The versions that an engine file must match: CUDA driver, cuDNN, cuBLASLt.
-pub fn library_versions() -> String {
+/// The versions that an engine file must match.
+#[derive(Debug, Clone, Copy)]
+pub struct Versions {
+    pub driver: i32,
+    pub cudnn: usize,
+    pub cublaslt: usize,
+}
+
+impl std::fmt::Display for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CUDA driver {}, cuDNN {}, cuBLASLt {}",
+            self.driver, self.cudnn, self.cublaslt
+        )
+    }
+}
+
+pub fn library_versions() -> Versions {
     let mut driver = 0;
     // SAFETY: writes one int.
     unsafe { drv::cuDriverGetVersion(&mut driver) };
-    let cudnn = cudarc::cudnn::result::get_version();
-    // SAFETY: no arguments.
-    let cublaslt = unsafe { lt::cublasLtGetVersion() };
-    format!("driver {driver}, cuDNN {cudnn}, cuBLASLt {cublaslt}")
+    Versions {
+        driver,
+        cudnn: cudarc::cudnn::result::get_version(),
+        // SAFETY: no arguments.
+        cublaslt: unsafe { lt::cublasLtGetVersion() },
+    }
 }
 
 impl Runtime {
@@ -393,7 +420,7 @@ impl Runtime {
         gpu: &Gpu,
         ptx: &str,
         dtype: DType,
-        weights: &Weights,
+        weights: &[Vec<u8>],
         plans: Vec<Plan>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self, String> {
@@ -418,18 +445,15 @@ impl Runtime {
             layernorm: f("layernorm_rows")?,
             mean: f("mean_rows")?,
             lrn: f("lrn_nhwc")?,
+            preprocess: f("preprocess")?,
         };
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv_err("attribute"))? as u32;
 
         let weights = weights
-            .data
             .iter()
-            .map(|w| {
-                let bytes = to_bytes(w, dtype);
-                stream.clone_htod(&bytes).map_err(drv_err("weight upload"))
-            })
+            .map(|w| stream.clone_htod(w).map_err(drv_err("weight upload")))
             .collect::<Result<Vec<_>, _>>()?;
         let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
         let arena = stream
@@ -465,6 +489,7 @@ impl Runtime {
                 return Err(format!("cuBLASLt handle: {e:?}"));
             }
         };
+        let ctx_for_pinned = ctx.clone();
         let mut rt = Runtime {
             ctx,
             stream: stream.clone(),
@@ -480,7 +505,16 @@ impl Runtime {
             lt_workspace,
             plans: Vec::new(),
             sm_count,
-            host_out: Vec::new(),
+            // SAFETY: both are written before they are read (`run`). The input is only written
+            // by the host, so write-combined memory suits it; the output is read by the host.
+            host_in: unsafe { ctx_for_pinned.alloc_pinned::<f32>(max(|p| p.input_len)) }
+                .map_err(drv_err("pinned allocation"))?,
+            host_out: unsafe {
+                ctx_for_pinned.alloc_pinned_with_flags::<f32>(max(|p| p.output_len), 0)
+            }
+            .map_err(drv_err("pinned allocation"))?,
+            raw_host: None,
+            raw: None,
         };
         let tune = plans.iter().any(|p| {
             p.steps
@@ -593,32 +627,53 @@ impl Runtime {
                 "algorithm search",
             )?;
         }
-        let best = perf[..returned as usize]
+        // cuDNN ranks the algorithms by its own timing of the plain convolution; what runs is
+        // that convolution followed by our bias + activation kernel, or cuDNN's fused call,
+        // whose speed can differ a lot. So the leading candidates are timed as they will run.
+        let candidates = perf[..returned as usize]
             .iter()
-            .find(|p| {
+            .filter(|p| {
                 p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
                     && p.memory <= self.workspace.len()
             })
-            .ok_or("cuDNN found no algorithm for a convolution")?;
-        let mut tuned = Tuned {
-            algo: best.algo as i32,
-            math: best.mathType as i32,
-            workspace: best.memory,
-            fused: false,
-        };
-        // cuDNN's fused call takes ReLU or identity (the latter with one algorithm only).
-        let fusable = c.act == Act::Relu
-            || (c.act == Act::None
-                && best.algo
-                    == dnn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
-        if fusable {
-            tuned.fused = true;
-            if self.conv(c, d, &tuned).is_err() {
-                tuned.fused = false;
+            .take(3)
+            .flat_map(|p| {
+                [false, true].map(|fused| Tuned {
+                    algo: p.algo as i32,
+                    math: p.mathType as i32,
+                    workspace: p.memory,
+                    fused,
+                })
+            })
+            // The fused call applies ReLU or nothing; other activations need our kernel.
+            .filter(|t| !t.fused || matches!(c.act, Act::Relu | Act::None));
+        let mut best: Option<(f32, Tuned)> = None;
+        for tuned in candidates {
+            // The fused call refuses some algorithms and activations: those are skipped.
+            let Ok(ms) = self.time_conv(c, d, &tuned) else {
+                continue;
+            };
+            if best.is_none_or(|(fastest, _)| ms < fastest) {
+                best = Some((ms, tuned));
             }
-            self.stream.synchronize().map_err(drv_err("synchronize"))?;
         }
-        Ok(tuned)
+        best.map(|(_, tuned)| tuned)
+            .ok_or_else(|| "cuDNN found no algorithm for a convolution".into())
+    }
+
+    /// GPU milliseconds of five runs of the convolution `c` as `tuned` says, after one to
+    /// warm up.
+    fn time_conv(&self, c: &ConvStep, d: &ConvDescs, tuned: &Tuned) -> Result<f32, String> {
+        let timing = Some(drv::CUevent_flags::CU_EVENT_DEFAULT);
+        let ran = self.conv(c, d, tuned);
+        self.stream.synchronize().map_err(drv_err("synchronize"))?;
+        ran?;
+        let start = self.stream.record_event(timing).map_err(drv_err("event"))?;
+        for _ in 0..5 {
+            self.conv(c, d, tuned)?;
+        }
+        let end = self.stream.record_event(timing).map_err(drv_err("event"))?;
+        start.elapsed_ms(&end).map_err(drv_err("event"))
     }
 
     fn ptr_u8(&self, s: &CudaSlice<u8>) -> u64 {
@@ -716,12 +771,7 @@ impl Runtime {
     }
 
     fn launch_cfg(&self, n: usize) -> LaunchConfig {
-        let blocks = n.div_ceil(256).clamp(1, self.sm_count as usize * 16) as u32;
-        LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        }
+        grid(self.sm_count, n)
     }
 
     fn rows_cfg(rows: usize) -> LaunchConfig {
@@ -884,23 +934,30 @@ impl Runtime {
                 let tuned = c.algo.ok_or("an untuned convolution")?;
                 self.conv(c, d, &tuned)
             }
-            (Step::Gemm { x, w, y, .. }, Prepared::Gemm(g)) => {
-                let (one, zero) = (1.0f32, 0.0f32);
-                let (a, b, c) = (self.ptr(*w), self.ptr(*x), self.ptr(*y));
+            (
+                Step::Gemm {
+                    x, w, residual, y, ..
+                },
+                Prepared::Gemm(g),
+            ) => {
+                // A residual comes in as C: d = a·b + 1·c (+ bias, ReLU in the epilogue).
+                let (one, beta) = (1.0f32, if residual.is_some() { 1.0f32 } else { 0.0 });
+                let (a, b, d) = (self.ptr(*w), self.ptr(*x), self.ptr(*y));
+                let c = residual.map_or(d, |z| self.ptr(z));
                 // SAFETY: live device buffers of the sizes the layouts state.
                 let r = unsafe {
                     ltr::matmul(
                         self.cublaslt,
                         g.desc,
                         &one as *const f32 as *const c_void,
-                        &zero as *const f32 as *const c_void,
+                        &beta as *const f32 as *const c_void,
                         a as *const c_void,
                         g.a,
                         b as *const c_void,
                         g.b,
                         c as *const c_void,
                         g.c,
-                        c as *mut c_void,
+                        d as *mut c_void,
                         g.c,
                         &g.algo,
                         self.ptr_u8(&self.lt_workspace) as *mut c_void,
@@ -959,7 +1016,12 @@ impl Runtime {
                 let (ni, hwi, ci) = (*n as i32, *hw as i32, *c as i32);
                 let mut l = self.stream.launch_builder(&self.kernels.global_avg);
                 l.arg(&xp).arg(&yp).arg(&ni).arg(&hwi).arg(&ci);
-                launch(l, self.launch_cfg(n * c))
+                let cfg = LaunchConfig {
+                    grid_dim: ((n * c.div_ceil(32)) as u32, 1, 1),
+                    block_dim: (32, 32, 1),
+                    shared_mem_bytes: 0,
+                };
+                launch(l, cfg)
             }
             (Step::Softmax { rows, len, x, y }, _) | (Step::RowMean { rows, len, x, y }, _) => {
                 let (xp, yp, leni) = (self.ptr(*x), self.ptr(*y), *len as i32);
@@ -1052,14 +1114,16 @@ impl Runtime {
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
         let input_ptr = self.input.device_ptr(&self.stream).0;
         let output_ptr = self.output.device_ptr(&self.stream).0;
-        let len_out = n * frame_out;
-        self.host_out.resize(len_out, 0.0);
-        // SAFETY: the device buffers hold at least the plan's lengths; the host buffers
-        // outlive the synchronisation below.
+        let (len_in, len_out) = (n * frame_in, n * frame_out);
+        let host_in = self.host_in.as_mut_slice().map_err(drv_err("staging"))?;
+        host_in[..len_in].copy_from_slice(&input[..len_in]);
+        let host_out = self.host_out.as_mut_slice().map_err(drv_err("staging"))?;
+        // SAFETY: the device buffers hold at least the plan's lengths; the pinned host buffers
+        // live as long as the runtime, and the stream is synchronised before they are reused.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(
                 input_ptr,
-                &input[..n * frame_in],
+                &host_in[..len_in],
                 self.stream.cu_stream(),
             )
             .map_err(drv_err("upload"))?;
@@ -1070,24 +1134,151 @@ impl Runtime {
                 .launch()
                 .map_err(drv_err("graph launch"))?;
             cudarc::driver::result::memcpy_dtoh_async(
-                &mut self.host_out[..len_out],
+                &mut host_out[..len_out],
                 output_ptr,
                 self.stream.cu_stream(),
             )
             .map_err(drv_err("download"))?;
         }
         self.stream.synchronize().map_err(drv_err("inference"))?;
-        Ok(&self.host_out[..len_out])
+        Ok(&host_out[..len_out])
     }
 
-    /// Replays plan `i`'s graph `runs` times on its current input; for benchmarks.
-    pub fn replay(&self, batch: usize, runs: usize) -> Result<f64, String> {
-        let bp = self
+    /// Uploads raw frames (each: kernel parameters and its planes) and preprocesses them
+    /// into the input buffer, one after the other: while frame `i` is copied and converted
+    /// on the GPU, the host stages frame `i + 1`.
+    fn upload_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<(), String> {
+        let total: usize = frames
+            .iter()
+            .flat_map(|(_, planes)| planes)
+            .map(|p| p.len())
+            .sum();
+        if self.raw.as_ref().is_none_or(|r| r.len() < total) {
+            self.stream.synchronize().map_err(drv_err("sync"))?;
+            // SAFETY: written below before the copies read it.
+            self.raw_host = Some(
+                unsafe { self.ctx.alloc_pinned::<u8>(total) }
+                    .map_err(drv_err("pinned allocation"))?,
+            );
+            self.raw = Some(
+                // SAFETY: written by the uploads below before the kernels read it.
+                unsafe { self.stream.alloc::<u8>(total) }.map_err(drv_err("allocation"))?,
+            );
+        }
+        let raw_dev = self.ptr_u8(self.raw.as_ref().expect("allocated above"));
+        let host = self
+            .raw_host
+            .as_mut()
+            .expect("allocated above")
+            .as_mut_slice()
+            .map_err(drv_err("staging"))?;
+        let input = self.input.device_ptr(&self.stream).0;
+        let mut offset = 0;
+        for (i, (pre, planes)) in frames.iter().enumerate() {
+            let start = offset;
+            for plane in planes {
+                host[offset..offset + plane.len()].copy_from_slice(plane);
+                offset += plane.len();
+            }
+            // SAFETY: the staging range stays untouched until the stream is synchronised
+            // (the next call synchronises before it writes again).
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    raw_dev + start as u64,
+                    &host[start..offset],
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(drv_err("frame upload"))?;
+            let pixels = (pre.out_w * pre.out_h) as usize;
+            let (src, out) = (raw_dev + start as u64, input + (i * pixels * 3 * 4) as u64);
+            let mut l = self.stream.launch_builder(&self.kernels.preprocess);
+            l.arg(pre).arg(&src).arg(&out);
+            // SAFETY: argument types match the kernel's signature (kernels.cu).
+            unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(drv_err("kernel launch"))?;
+        }
+        Ok(())
+    }
+
+    /// Preprocesses raw frames on the GPU and runs them through the smallest plan that holds
+    /// them; returns the scores as `run` does.
+    pub fn run_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<&[f32], String> {
+        let n = frames.len();
+        let i = self
             .plans
             .iter()
-            .find(|p| p.plan.batch == batch)
-            .ok_or("no such batch size")?;
-        let graph = bp.graph.as_ref().ok_or("no graph")?;
+            .position(|p| p.plan.batch >= n)
+            .ok_or_else(|| format!("no plan runs {n} frames at once"))?;
+        self.ctx.bind_to_thread().map_err(drv_err("context"))?;
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        self.upload_frames(frames)?;
+        let plan = &self.plans[i].plan;
+        let len_out = n * plan.output_len / plan.batch;
+        let output_ptr = self.output.device_ptr(&self.stream).0;
+        let host_out = self.host_out.as_mut_slice().map_err(drv_err("staging"))?;
+        // SAFETY: as in `run`.
+        unsafe {
+            self.plans[i]
+                .graph
+                .as_ref()
+                .ok_or("the plan has no graph")?
+                .launch()
+                .map_err(drv_err("graph launch"))?;
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut host_out[..len_out],
+                output_ptr,
+                self.stream.cu_stream(),
+            )
+            .map_err(drv_err("download"))?;
+        }
+        self.stream.synchronize().map_err(drv_err("inference"))?;
+        Ok(&host_out[..len_out])
+    }
+
+    /// The model input that `run_frames` would feed the graph; for tests.
+    pub fn preprocess_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<Vec<f32>, String> {
+        self.ctx.bind_to_thread().map_err(drv_err("context"))?;
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        self.upload_frames(frames)?;
+        let len: usize = frames
+            .iter()
+            .map(|(p, _)| (p.out_w * p.out_h * 3) as usize)
+            .sum();
+        let mut out = vec![0.0f32; len];
+        let input = self.input.device_ptr(&self.stream).0;
+        // SAFETY: `out` outlives the synchronisation below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out, input, self.stream.cu_stream())
+        }
+        .map_err(drv_err("download"))?;
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        Ok(out)
+    }
+
+    /// The plans, tuned.
+    pub fn plans(&self) -> impl Iterator<Item = &Plan> {
+        self.plans.iter().map(|p| &p.plan)
+    }
+
+    /// The most frames one call runs.
+    pub fn max_batch(&self) -> usize {
+        self.plans.iter().map(|p| p.plan.batch).max().unwrap_or(1)
+    }
+
+    fn plan_index(&self, batch: usize) -> Result<usize, String> {
+        self.plans
+            .iter()
+            .position(|p| p.plan.batch == batch)
+            .ok_or_else(|| format!("no plan of batch size {batch}"))
+    }
+
+    /// Seconds per replay of the graph of `batch` when `runs` are queued back to back: the
+    /// throughput; for benchmarks.
+    pub fn replay(&self, batch: usize, runs: usize) -> Result<f64, String> {
+        let graph = self.plans[self.plan_index(batch)?]
+            .graph
+            .as_ref()
+            .ok_or("no graph")?;
         self.stream.synchronize().map_err(drv_err("sync"))?;
         let start = std::time::Instant::now();
         for _ in 0..runs {
@@ -1096,9 +1287,65 @@ impl Runtime {
         self.stream.synchronize().map_err(drv_err("sync"))?;
         Ok(start.elapsed().as_secs_f64() / runs as f64)
     }
+
+    /// Seconds from launch to completion of each of `runs` single replays: the latency.
+    pub fn latencies(&self, batch: usize, runs: usize) -> Result<Vec<f64>, String> {
+        let graph = self.plans[self.plan_index(batch)?]
+            .graph
+            .as_ref()
+            .ok_or("no graph")?;
+        (0..runs)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                graph.launch().map_err(drv_err("graph launch"))?;
+                self.stream.synchronize().map_err(drv_err("sync"))?;
+                Ok(start.elapsed().as_secs_f64())
+            })
+            .collect()
+    }
+
+    /// GPU milliseconds of each step of the plan of `batch`, timed with events around each
+    /// step (outside the graph, so launch gaps are not counted); a median of `runs`.
+    pub fn profile(&self, batch: usize, runs: usize) -> Result<Vec<(String, f64)>, String> {
+        let bp = &self.plans[self.plan_index(batch)?];
+        let timing = Some(drv::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut times = vec![Vec::new(); bp.plan.steps.len()];
+        for _ in 0..runs {
+            let mut events = vec![self.stream.record_event(timing).map_err(drv_err("event"))?];
+            for (step, prepared) in bp.plan.steps.iter().zip(&bp.prepared) {
+                self.step(step, prepared)?;
+                events.push(self.stream.record_event(timing).map_err(drv_err("event"))?);
+            }
+            self.stream.synchronize().map_err(drv_err("sync"))?;
+            for (t, pair) in times.iter_mut().zip(events.windows(2)) {
+                t.push(pair[0].elapsed_ms(&pair[1]).map_err(drv_err("event"))? as f64);
+            }
+        }
+        Ok(bp
+            .plan
+            .steps
+            .iter()
+            .zip(times)
+            .map(|(step, mut t)| {
+                t.sort_by(f64::total_cmp);
+                (step.describe(), t[t.len() / 2])
+            })
+            .collect())
+    }
 }
 
-fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
+/// A grid-stride launch over `n` elements: blocks of 256 threads, at most 16 per SM.
+fn grid(sm_count: u32, n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, sm_count as usize * 16) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Constants as the plan's type, little-endian, ready to upload.
+pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
     match dtype {
         DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::F16 => data

@@ -122,6 +122,7 @@ fn run_step(m: &mut Memory, step: &Step) {
             x,
             w,
             bias,
+            residual,
             relu,
             y,
         } => {
@@ -130,6 +131,9 @@ fn run_step(m: &mut Memory, step: &Step) {
                     let mut acc = bias.map_or(0.0, |b| m.read(b, j));
                     for i in 0..*k {
                         acc += m.read(*x, r * k + i) * m.read(*w, i * n + j);
+                    }
+                    if let Some(z) = residual {
+                        acc += m.read(*z, r * n + j);
                     }
                     let act = if *relu { Act::Relu } else { Act::None };
                     m.write(*y, r * n + j, act.apply(acc));

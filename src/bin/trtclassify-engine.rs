@@ -1,0 +1,335 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Builds GPU engines ahead of time, and benchmarks them.
+//!
+//!   trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size 8] [--precision fp16]
+//!                            [--input-size HxW] [--gpu-id 0]
+//!   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16] [--runs 200]
+//!                            [--engine-dir DIR] [--check] [--profile]
+//!
+//! `build` writes the engine where the element looks for it (`--engine`, or the per-user
+//! cache that `engine-location` defaults to), so that a pipeline starts without building.
+//! `bench` builds each model for each batch size from scratch, loads it again from its file,
+//! and prints a markdown table: build time, cached start, graph latency (median of single
+//! replays), images/s (graph replays back to back) and the median `infer()` call (upload,
+//! graph, download). `--check` runs `MODEL.input.bin` (4 float32 NCHW images) at every batch
+//! size and compares with `MODEL.ref.json` (written by `bench/gpu/torch_models.py export`);
+//! `--profile` prints the slowest steps of each plan.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use gsttrtclassify::engine::cuda::CudaEngine;
+use gsttrtclassify::engine::{Engine, EngineOptions, Precision, Progress};
+use gsttrtclassify::preprocess::PreprocessOptions;
+
+const USAGE: &str = "usage:
+  trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size N] [--precision fp16|fp32]
+                           [--input-size HxW] [--gpu-id N]
+  trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16|fp32] [--runs N]
+                           [--engine-dir DIR] [--check] [--profile]";
+
+struct Args {
+    command: String,
+    models: Vec<PathBuf>,
+    engine: Option<PathBuf>,
+    engine_dir: Option<PathBuf>,
+    batch_size: usize,
+    batches: Vec<usize>,
+    precision: Precision,
+    input_size: Option<(usize, usize)>,
+    gpu_id: u32,
+    runs: usize,
+    check: bool,
+    profile: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let command = it.next().ok_or("no command")?;
+    if !matches!(command.as_str(), "build" | "bench") {
+        return Err(format!("unknown command `{command}`"));
+    }
+    let mut a = Args {
+        command,
+        models: Vec::new(),
+        engine: None,
+        engine_dir: None,
+        batch_size: 8,
+        batches: vec![1, 8, 64],
+        precision: Precision::Fp16,
+        input_size: None,
+        gpu_id: 0,
+        runs: 200,
+        check: false,
+        profile: false,
+    };
+    fn number<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag} {v}: not a number"))
+    }
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--engine" => a.engine = Some(it.next().ok_or("--engine needs a file")?.into()),
+            "--engine-dir" => {
+                a.engine_dir = Some(it.next().ok_or("--engine-dir needs a folder")?.into())
+            }
+            "--batch-size" => a.batch_size = number(&arg, it.next())?,
+            "--gpu-id" => a.gpu_id = number(&arg, it.next())?,
+            "--runs" => a.runs = number::<usize>(&arg, it.next())?.max(1),
+            "--batches" => {
+                let list = it.next().ok_or("--batches needs a list such as 1,8,64")?;
+                a.batches = list
+                    .split(',')
+                    .map(|b| number(&arg, Some(b.to_owned())))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--precision" => {
+                a.precision = match it.next().as_deref() {
+                    Some("fp16") => Precision::Fp16,
+                    Some("fp32") => Precision::Fp32,
+                    other => return Err(format!("--precision {other:?}: fp16 or fp32")),
+                }
+            }
+            "--input-size" => {
+                let v = it.next().ok_or("--input-size needs HxW")?;
+                let (h, w) = v.split_once('x').ok_or("--input-size needs HxW")?;
+                a.input_size = Some((number(&arg, Some(h.into()))?, number(&arg, Some(w.into()))?));
+            }
+            "--check" => a.check = true,
+            "--profile" => a.profile = true,
+            flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
+            model => a.models.push(model.into()),
+        }
+    }
+    if a.models.is_empty() {
+        return Err("no model given".into());
+    }
+    if a.batch_size == 0 || a.batches.contains(&0) {
+        return Err("batch sizes start at 1".into());
+    }
+    Ok(a)
+}
+
+fn options(args: &Args, model: &Path, batch_size: usize, engine: Option<PathBuf>) -> EngineOptions {
+    EngineOptions {
+        model: model.into(),
+        batch_size,
+        input_size: args.input_size,
+        precision: args.precision,
+        gpu_id: args.gpu_id,
+        engine_location: engine,
+        preprocess: PreprocessOptions::default(),
+        progress: Progress::new(|msg| eprintln!("  {msg}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("trtclassify-engine: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = gst::init() {
+        eprintln!("trtclassify-engine: GStreamer: {e}");
+        return ExitCode::FAILURE;
+    }
+    let result = match args.command.as_str() {
+        "build" => build(&args),
+        _ => bench(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("trtclassify-engine: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn build(args: &Args) -> Result<(), String> {
+    for model in &args.models {
+        let started = Instant::now();
+        let engine = CudaEngine::build(&options(args, model, args.batch_size, args.engine.clone()))
+            .map_err(|e| e.to_string())?;
+        let info = engine.info();
+        println!(
+            "{}: engine for batch sizes up to {} ready in {:.2} s ({} classes, input {}x{})",
+            model.display(),
+            info.model_batch,
+            started.elapsed().as_secs_f64(),
+            info.num_classes,
+            info.input.height,
+            info.input.width
+        );
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench(args: &Args) -> Result<(), String> {
+    let dir = match &args.engine_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("trtclassify-bench-{}", std::process::id())),
+    };
+    let mut table = vec![
+        "| model | precision | batch | build | cached start | latency (median) | images/s | infer() median | check |".to_owned(),
+        "|---|---|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    for model in &args.models {
+        let stem = model
+            .file_stem()
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+        let reference = if args.check {
+            Some(Reference::load(model)?)
+        } else {
+            None
+        };
+        for &batch in &args.batches {
+            let file = dir.join(format!("{stem}-b{batch}.engine"));
+            let _ = std::fs::remove_file(&file);
+            eprintln!("{stem} batch {batch}: building");
+            let started = Instant::now();
+            let built = CudaEngine::build(&options(args, model, batch, Some(file.clone())))
+                .map_err(|e| e.to_string())?;
+            let build_s = started.elapsed().as_secs_f64();
+            drop(built);
+            eprintln!("{stem} batch {batch}: loading the engine file");
+            let started = Instant::now();
+            let mut engine = CudaEngine::build(&options(args, model, batch, Some(file.clone())))
+                .map_err(|e| e.to_string())?;
+            let cached_s = started.elapsed().as_secs_f64();
+
+            let frame = engine.info().input.frame_len();
+            let input = vec![0.1f32; batch * frame];
+            engine.infer(&input, batch).map_err(|e| e.to_string())?;
+            let rt = engine.runtime();
+            let latency = median(rt.latencies(batch, args.runs)?);
+            let throughput = median(
+                (0..5)
+                    .map(|_| rt.replay(batch, args.runs))
+                    .collect::<Result<_, _>>()?,
+            );
+            let infer = median(
+                (0..args.runs.min(50))
+                    .map(|_| {
+                        let t = Instant::now();
+                        engine
+                            .infer(&input, batch)
+                            .map(|_| t.elapsed().as_secs_f64())
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| e.to_string())?,
+            );
+            let check = match &reference {
+                Some(r) => r.check(&mut engine, batch)?,
+                None => "-".into(),
+            };
+            if args.profile {
+                print_profile(&stem, batch, engine.runtime().profile(batch, 20)?);
+            }
+            table.push(format!(
+                "| {stem} | {:?} | {batch} | {build_s:.2} s | {:.3} s | {:.3} ms | {:.0} | {:.3} ms | {check} |",
+                args.precision,
+                cached_s,
+                latency * 1e3,
+                batch as f64 / throughput,
+                infer * 1e3,
+            ));
+            let _ = std::fs::remove_file(&file);
+        }
+    }
+    if args.engine_dir.is_none() {
+        let _ = std::fs::remove_dir(&dir);
+    }
+    println!("{}", table.join("\n"));
+    Ok(())
+}
+
+fn print_profile(model: &str, batch: usize, steps: Vec<(String, f64)>) {
+    let total: f64 = steps.iter().map(|(_, ms)| ms).sum();
+    println!(
+        "\n{model} batch {batch}: {} steps, {total:.3} ms of GPU time step by step",
+        steps.len()
+    );
+    let mut by_kind = std::collections::BTreeMap::<String, (usize, f64)>::new();
+    for (what, ms) in &steps {
+        let kind = what.split(' ').next().unwrap_or("?").to_owned();
+        let e = by_kind.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += ms;
+    }
+    for (kind, (n, ms)) in by_kind {
+        println!("  {kind:<12} {n:>4} steps {ms:8.3} ms");
+    }
+    let mut slowest = steps;
+    slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (what, ms) in slowest.iter().take(15) {
+        println!("  {ms:8.4} ms  {what}");
+    }
+}
+
+/// The reference input and onnxruntime's outputs for it, from `torch_models.py export`.
+struct Reference {
+    input: Vec<f32>,
+    output: Vec<Vec<f32>>,
+}
+
+impl Reference {
+    fn load(model: &Path) -> Result<Self, String> {
+        let input_file = model.with_extension("input.bin");
+        let ref_file = model.with_extension("ref.json");
+        let bytes =
+            std::fs::read(&input_file).map_err(|e| format!("{}: {e}", input_file.display()))?;
+        let input = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        let text = std::fs::read_to_string(&ref_file)
+            .map_err(|e| format!("{}: {e}", ref_file.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", ref_file.display()))?;
+        let output = json["output"]
+            .as_array()
+            .ok_or_else(|| format!("{}: no output", ref_file.display()))?
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_f64().unwrap_or(f64::NAN) as f32)
+                    .collect()
+            })
+            .collect();
+        Ok(Reference { input, output })
+    }
+
+    /// Fills a batch of `batch` with the reference images in turn; reports the largest
+    /// error and how many frames kept the reference's top-1.
+    fn check(&self, engine: &mut CudaEngine, batch: usize) -> Result<String, String> {
+        let frame = engine.info().input.frame_len();
+        let images = self.output.len();
+        let mut input = Vec::with_capacity(batch * frame);
+        for i in 0..batch {
+            let j = i % images;
+            input.extend_from_slice(&self.input[j * frame..(j + 1) * frame]);
+        }
+        let got = engine.infer(&input, batch).map_err(|e| e.to_string())?;
+        let argmax = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b]));
+        let (mut worst, mut same) = (0.0f32, 0);
+        for (i, g) in got.iter().enumerate() {
+            let want = &self.output[i % images];
+            for (a, b) in g.iter().zip(want) {
+                worst = worst.max((a - b).abs());
+            }
+            same += usize::from(argmax(g) == argmax(want));
+        }
+        Ok(format!("max err {worst:.1e}, top-1 {same}/{batch}"))
+    }
+}

@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Preprocessing on the GPU: what the `preprocess` kernel (kernels.cu) needs to turn one raw
+//! video frame into the model's input. The frame's planes are uploaded as they are; colour
+//! conversion, resampling, crop or letterbox, normalisation and layout happen in one kernel
+//! pass, with the same geometry and filter as the CPU preprocessing (`crate::preprocess`).
+
+use cudarc::driver::DeviceRepr;
+use gst_video::VideoFormat;
+
+use crate::preprocess::{ChannelOrder, InputSpec, Layout, PreprocessOptions, geometry};
+
+/// The kernel's `struct Pre`, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pre {
+    pub format: i32,
+    pub pixel_stride: i32,
+    pub off: [i32; 3],
+    pub plane: [i64; 3],
+    pub stride: [i32; 3],
+    pub size: [i32; 2],
+    pub cosited: [i32; 2],
+    pub crop: [i32; 4],
+    pub dst: [i32; 4],
+    pub out_w: i32,
+    pub out_h: i32,
+    pub nchw: i32,
+    pub bgr: i32,
+    pub m: [f32; 12],
+    pub scale: f32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    pub border: [f32; 3],
+}
+// SAFETY: plain old data laid out as the kernel's `struct Pre`.
+unsafe impl DeviceRepr for Pre {}
+
+/// The preprocessing settings of an engine, for building each frame's parameters.
+pub struct FramePreprocess {
+    base: Pre,
+    resize: crate::preprocess::ResizeMode,
+}
+
+impl FramePreprocess {
+    /// `None` where the GPU path does not apply (one-channel models); the CPU path runs then.
+    pub fn new(options: &PreprocessOptions, input: InputSpec) -> Result<Option<Self>, String> {
+        if input.channels != 3 {
+            return Ok(None);
+        }
+        let (mean, std) = options.per_channel(3)?;
+        let norm = |c: usize, v: f32| (v * options.scale - mean[c]) / std[c];
+        let base = Pre {
+            out_w: input.width as i32,
+            out_h: input.height as i32,
+            nchw: i32::from(input.layout == Layout::Nchw),
+            bgr: i32::from(options.channel_order == ChannelOrder::Bgr),
+            scale: options.scale,
+            mean: [mean[0], mean[1], mean[2]],
+            std: [std[0], std[1], std[2]],
+            // As the CPU path: the mean colour rounded to a pixel value, then normalised.
+            border: std::array::from_fn(|c| {
+                norm(c, (mean[c] / options.scale).round().clamp(0.0, 255.0))
+            }),
+            ..Default::default()
+        };
+        Ok(Some(FramePreprocess {
+            base,
+            resize: options.resize,
+        }))
+    }
+
+    /// The kernel parameters for a frame described by `info` whose planes are uploaded one
+    /// after the other, each `plane_len` bytes; `None` for a format the kernel does not read.
+    pub fn params(&self, info: &gst_video::VideoInfo, plane_lens: &[usize]) -> Option<Pre> {
+        let mut p = self.base;
+        let finfo = info.format_info();
+        p.format = match info.format() {
+            VideoFormat::Nv12 => 1,
+            VideoFormat::I420 => 2,
+            VideoFormat::Rgb
+            | VideoFormat::Bgr
+            | VideoFormat::Rgba
+            | VideoFormat::Bgra
+            | VideoFormat::Rgbx
+            | VideoFormat::Bgrx
+            | VideoFormat::Xrgb
+            | VideoFormat::Xbgr => 0,
+            _ => return None,
+        };
+        if p.format == 0 {
+            p.pixel_stride = finfo.pixel_stride()[0];
+            let off = finfo.poffset();
+            p.off = [off[0] as i32, off[1] as i32, off[2] as i32];
+        } else {
+            p.m = yuv_to_rgb(info);
+            let site = info.chroma_site();
+            p.cosited = [
+                i32::from(site.contains(gst_video::VideoChromaSite::H_COSITED)),
+                i32::from(site.contains(gst_video::VideoChromaSite::V_COSITED)),
+            ];
+        }
+        p.size = [info.width() as i32, info.height() as i32];
+        let mut offset = 0i64;
+        for (i, len) in plane_lens.iter().enumerate().take(3) {
+            p.plane[i] = offset;
+            p.stride[i] = info.stride()[i];
+            offset += *len as i64;
+        }
+        let (src, dst) = geometry(
+            (info.width() as i32, info.height() as i32),
+            (p.out_w, p.out_h),
+            self.resize,
+        );
+        p.crop = [src.x, src.y, src.w, src.h];
+        p.dst = [dst.x, dst.y, dst.w, dst.h];
+        Some(p)
+    }
+}
+
+/// Rows of the affine map from 8-bit Y, U, V to R, G, B in 0..255, from the frame's
+/// colorimetry (matrix and range), as GStreamer's converter applies it.
+fn yuv_to_rgb(info: &gst_video::VideoInfo) -> [f32; 12] {
+    let colorimetry = info.colorimetry();
+    let (kr, kb) = colorimetry
+        .matrix()
+        .kr_kb()
+        .unwrap_or(if info.height() >= 720 {
+            (0.2126, 0.0722)
+        } else {
+            (0.299, 0.114)
+        });
+    let (kr, kb) = (kr as f32, kb as f32);
+    let kg = 1.0 - kr - kb;
+    let full = colorimetry.range() == gst_video::VideoColorRange::Range0_255;
+    // Y' = ys·(Y − y0), U' = cs·(U − 128), V' = cs·(V − 128).
+    let (ys, y0, cs) = if full {
+        (1.0, 0.0, 1.0)
+    } else {
+        (255.0 / 219.0, 16.0, 255.0 / 224.0)
+    };
+    let rv = 2.0 * (1.0 - kr) * cs;
+    let bu = 2.0 * (1.0 - kb) * cs;
+    let gu = -2.0 * kb * (1.0 - kb) / kg * cs;
+    let gv = -2.0 * kr * (1.0 - kr) / kg * cs;
+    let row = |u: f32, v: f32| [ys, u, v, -ys * y0 - 128.0 * (u + v)];
+    let [r, g, b] = [row(0.0, rv), row(gu, gv), row(bu, 0.0)];
+    [
+        r[0], r[1], r[2], r[3], g[0], g[1], g[2], g[3], b[0], b[1], b[2], b[3],
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rgb_of(m: &[f32; 12], yuv: [f32; 3]) -> [f32; 3] {
+        std::array::from_fn(|c| {
+            m[4 * c] * yuv[0] + m[4 * c + 1] * yuv[1] + m[4 * c + 2] * yuv[2] + m[4 * c + 3]
+        })
+    }
+
+    #[test]
+    fn bt709_limited_range_maps_black_white_and_red() {
+        gst::init().unwrap();
+        let info = gst_video::VideoInfo::builder(VideoFormat::Nv12, 1920, 1080)
+            .colorimetry(&"bt709".parse().unwrap())
+            .build()
+            .unwrap();
+        let m = yuv_to_rgb(&info);
+        let near = |a: [f32; 3], b: [f32; 3]| a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1.0);
+        assert!(near(rgb_of(&m, [16.0, 128.0, 128.0]), [0.0; 3]));
+        assert!(near(rgb_of(&m, [235.0, 128.0, 128.0]), [255.0; 3]));
+        // BT.709 red in limited range: Y 63, Cb 102, Cr 240.
+        let red = rgb_of(&m, [63.0, 102.0, 240.0]);
+        assert!(near(red, [255.0, 0.0, 0.0]), "{red:?}");
+    }
+
+    #[test]
+    fn params_follow_format_and_geometry() {
+        gst::init().unwrap();
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 224,
+            width: 224,
+        };
+        let options = PreprocessOptions {
+            resize: crate::preprocess::ResizeMode::Letterbox,
+            ..Default::default()
+        };
+        let pre = FramePreprocess::new(&options, input).unwrap().unwrap();
+        let info = gst_video::VideoInfo::builder(VideoFormat::Bgrx, 1920, 1080)
+            .build()
+            .unwrap();
+        let p = pre.params(&info, &[1920 * 1080 * 4]).unwrap();
+        assert_eq!((p.format, p.pixel_stride, p.off), (0, 4, [2, 1, 0]));
+        assert_eq!(p.crop, [0, 0, 1920, 1080]);
+        assert_eq!(p.dst, [0, 49, 224, 126]);
+        // The border is the mean colour: about zero once normalised.
+        assert!(p.border.iter().all(|v| v.abs() < 0.02), "{:?}", p.border);
+        let i420 = gst_video::VideoInfo::builder(VideoFormat::I420, 64, 48)
+            .build()
+            .unwrap();
+        let p = pre.params(&i420, &[64 * 48, 32 * 24, 32 * 24]).unwrap();
+        assert_eq!(
+            (p.format, p.plane, p.stride),
+            (2, [0, 3072, 3840], [64, 32, 32])
+        );
+        let gray = gst_video::VideoInfo::builder(VideoFormat::Gray8, 64, 48)
+            .build()
+            .unwrap();
+        assert!(pre.params(&gray, &[64 * 48]).is_none());
+        let grey_model = InputSpec {
+            channels: 1,
+            ..input
+        };
+        assert!(
+            FramePreprocess::new(&options, grey_model)
+                .unwrap()
+                .is_none()
+        );
+    }
+}

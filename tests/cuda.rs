@@ -56,8 +56,9 @@ fn top(scores: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-/// fp16 tolerance: every score within `abs + rel·|want|`, top-5 sharing at least 4 classes,
-/// and the same top-1 unless the reference's first two are closer than that tolerance.
+/// fp16 tolerance: every score within `abs + rel·|want|`, and the same top-1 and top-5 but
+/// for near ties: a class may stand in for another whose reference score is within that
+/// tolerance of its own.
 /// Returns the largest error seen.
 #[track_caller]
 fn compare(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) -> f32 {
@@ -77,9 +78,17 @@ fn compare(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) -> f32 {
         );
     }
     if want.len() >= 5 {
+        // A class of our top-5 outside the reference's must be a near tie with its fifth.
         let (g, w) = (top(got, 5), top(want, 5));
-        let shared = g.iter().filter(|c| w.contains(c)).count();
-        assert!(shared >= 4, "{what}: top-5 {g:?} vs {w:?}");
+        let fifth = want[w[4]];
+        let tolerance = abs + rel * fifth.abs();
+        for c in g.iter().filter(|c| !w.contains(c)) {
+            assert!(
+                fifth - want[*c] <= tolerance,
+                "{what}: top-5 {g:?} vs {w:?}: class {c} scores {} in the reference, its fifth {fifth}",
+                want[*c]
+            );
+        }
     }
     let mut worst = 0.0f32;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -296,10 +305,10 @@ fn engine_file_is_reused_and_damage_means_a_rebuild() {
         for (s, b) in scores.iter().zip(&built) {
             compare(&format!("{what} file, rebuilt"), s, b, 2e-2, 2e-2);
         }
-        assert_eq!(
-            std::fs::read(&path).unwrap().len(),
-            good.len(),
-            "{what}: rewritten"
+        let (_, heard) = build_with_file("cnn.onnx", &path);
+        assert!(
+            loaded(&heard),
+            "{what}: the rewritten file does not load: {heard:?}"
         );
     }
     // Another model's engine at the same path: its key differs.
@@ -381,8 +390,18 @@ fn gpu_preprocessing_matches_the_cpu() {
             let mut cpu = CpuEngine::build(&o).unwrap();
             let spec = gpu.info().input;
             let mut pre = Preprocessor::new(o.preprocess.clone(), spec).unwrap();
-            for format in [Rgb, Bgr, Rgbx, Bgrx, Xrgb, Xbgr, Rgba, Bgra, Nv12, I420] {
-                for (w, h) in [(320, 240), (1920, 1080), (34, 18)] {
+            for (w, h) in [(320, 240), (1920, 1080), (34, 18)] {
+                // The picture as RGB: the truth that each format's frame stands for.
+                let (truth_buffer, truth_info) = picture(Rgb, w, h);
+                let truth_frame = gst_video::VideoFrameRef::from_buffer_ref_readable(
+                    truth_buffer.as_ref(),
+                    &truth_info,
+                )
+                .unwrap();
+                let mut truth = vec![0.0; spec.frame_len()];
+                pre.run(&truth_frame, &mut truth).unwrap();
+                let truth_scores = cpu.classify(&[truth_frame]).unwrap();
+                for format in [Rgb, Bgr, Rgbx, Bgrx, Xrgb, Xbgr, Rgba, Bgra, Nv12, I420] {
                     let (buffer, info) = picture(format, w, h);
                     let frame =
                         gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info)
@@ -392,28 +411,40 @@ fn gpu_preprocessing_matches_the_cpu() {
                         .gpu_preprocess(&frames)
                         .unwrap()
                         .unwrap_or_else(|| panic!("{format:?}: not preprocessed on the GPU"));
-                    let mut want = vec![0.0; spec.frame_len()];
-                    pre.run(&frames[0], &mut want).unwrap();
-                    let diffs: Vec<f32> =
-                        got.iter().zip(&want).map(|(g, w)| (g - w).abs()).collect();
-                    let max = diffs.iter().copied().fold(0.0, f32::max);
-                    let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
+                    let mut cpu_input = vec![0.0; spec.frame_len()];
+                    pre.run(&frames[0], &mut cpu_input).unwrap();
+                    let error = |input: &[f32]| {
+                        let d: Vec<f32> = input
+                            .iter()
+                            .zip(&truth)
+                            .map(|(a, b)| (a - b).abs())
+                            .collect();
+                        (
+                            d.iter().copied().fold(0.0, f32::max),
+                            d.iter().sum::<f32>() / d.len() as f32,
+                        )
+                    };
+                    let ((max, mean), (_, cpu_mean)) = (error(&got), error(&cpu_input));
                     let what = format!("{model} {mode:?} {format:?} {w}x{h}");
-                    // One 8-bit level is 1/255/std ≈ 0.017 here.
+                    // One 8-bit level is 1/255/std ≈ 0.017 here. YUV frames lose some colour
+                    // to 4:2:0 and 8-bit rounding; GStreamer's converter, which the CPU path
+                    // uses, loses about 3 levels more on this picture (its round trip
+                    // RGB → NV12 → RGB is 3.1 levels off on average, a float conversion 0.6).
                     assert!(
-                        max <= 0.15 && mean <= 0.02,
-                        "{what}: max {max:.3}, mean {mean:.4}"
+                        max <= 0.2 && mean <= 0.03 && mean <= cpu_mean + 0.01,
+                        "{what}: off the picture by max {max:.3}, mean {mean:.4} (CPU path: mean {cpu_mean:.4})"
                     );
-                    report.push((max, mean, what.clone()));
+                    report.push((mean, cpu_mean, what.clone()));
                     let g = gpu.classify(&frames).unwrap();
-                    let c = cpu.classify(&frames).unwrap();
-                    compare(&what, &g[0], &c[0], 2e-2, 2e-2);
+                    compare(&what, &g[0], &truth_scores[0], 3e-2, 3e-2);
                 }
             }
         }
     }
     report.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for (max, mean, what) in report.iter().take(5) {
-        println!("GPU vs CPU preprocessing, largest: {what}: max {max:.3}, mean {mean:.4}");
+    for (mean, cpu_mean, what) in report.iter().take(5) {
+        println!(
+            "preprocessing off the true picture, largest: {what}: GPU mean {mean:.4}, CPU mean {cpu_mean:.4}"
+        );
     }
 }

@@ -63,7 +63,7 @@ echo "== our engine (fp16) =="
 grep "^|" "$out/bench.md"
 echo
 echo "== PyTorch fp16 =="
-tail -12 "$out/torch_bench.txt"
+tail -22 "$out/torch_bench.txt"
 echo
 echo "== pipelines: nvh264dec 1080p -> trtclassify resnet50 fp16 batch 8 =="
 echo "| streams | frames | wall | playing | frames/s | per stream |"

@@ -252,10 +252,10 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
 /// Builds `model` at batch 4 with the engine file at `engine`; returns the scores of the
 /// reference frames and the progress messages.
 fn build_with_file(model: &str, engine: &std::path::Path) -> (Vec<Vec<f32>>, Vec<String>) {
-    let reference = match model {
-        "cnn.onnx" => "cnn_reference.json",
-        _ => "colors_reference.json",
-    };
+    let (_, reference) = MODELS
+        .iter()
+        .find(|(m, _)| *m == model)
+        .expect("a test model");
     let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut o = options(&common::model(model), 4, Precision::Fp16);
     o.engine_location = Some(engine.into());

@@ -141,7 +141,7 @@ fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
     let header = body
         .get(fixed..fixed.saturating_add(header_len))
         .ok_or("the header runs past the end")?;
-    let header: Header =
+    let mut header: Header =
         serde_json::from_slice(header).map_err(|e| format!("the header does not parse: {e}"))?;
     let diffs = header.key.differences(key);
     if !diffs.is_empty() {
@@ -160,7 +160,7 @@ fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
             w.to_vec()
         })
         .collect::<Vec<_>>();
-    check_plans(&header.plans, &weights, key.precision)?;
+    check_plans(&mut header.plans, &weights, key.precision)?;
     Ok(EngineFile {
         key: header.key,
         num_classes: header.num_classes,
@@ -171,9 +171,9 @@ fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
 }
 
 /// Every weight a plan names exists and has room for its offset.
-fn check_plans(plans: &[Plan], weights: &[Vec<u8>], dtype: DType) -> Result<(), String> {
-    let mut plans = plans.to_vec();
-    for plan in &mut plans {
+fn check_plans(plans: &mut [Plan], weights: &[Vec<u8>], dtype: DType) -> Result<(), String> {
+    // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
+    for plan in plans {
         if plan.dtype != dtype {
             return Err("a plan of another precision".into());
         }

@@ -262,6 +262,25 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// The activation a matrix product's epilogue cannot apply (anything but ReLU), as an
+    /// element-wise pass over its output `y`, in place.
+    fn gemm_activation(&mut self, act: Act, y: &Val) -> Result<(), String> {
+        if matches!(act, Act::None | Act::Relu) {
+            return Ok(());
+        }
+        let strides = y.strides();
+        self.ew(
+            None,
+            act,
+            Cast::None,
+            &y.shape,
+            &y.perm,
+            y.loc,
+            &strides,
+            &[y],
+        )
+    }
+
     fn push(&mut self, step: Step, reads: &[Loc]) {
         for &loc in reads {
             self.touch(loc);
@@ -309,52 +328,7 @@ impl Lowering<'_> {
                         perm: NHWC.to_vec(),
                     };
                 }
-                let wt = &self.graph.consts[&node.inputs[1]];
-                let krsc = to_krsc(wt);
-                // A 1×1 convolution over NHWC is a matrix product [pixels, c] · [c, k]: run by
-                // cuBLASLt, whose tensor-core kernels are much faster at small batches than
-                // cuDNN's convolutions of that shape.
-                let pointwise = c.kernel == [1, 1] && c.strides == [1, 1] && pads == [0, 0];
-                if pointwise && c.group == 1 {
-                    let [k, _, _, _] = dims4(&krsc.shape);
-                    let ck = transpose2(&krsc.data, k, ci);
-                    let weight = self.constant(&format!("{}.ck", node.inputs[1]), &ck);
-                    let bias = self.get(&node.inputs[2])?;
-                    let residual = match node.inputs.get(3) {
-                        Some(z) => {
-                            let z = self.get(z)?;
-                            Some(self.require(&z, &NHWC)?)
-                        }
-                        None => None,
-                    };
-                    let y = self.alloc(&shape, NHWC.to_vec());
-                    let reads: Vec<Loc> = [x.loc, y.loc]
-                        .into_iter()
-                        .chain(residual.as_ref().map(|z| z.loc))
-                        .collect();
-                    let relu = c.act == Act::Relu;
-                    self.push(
-                        Step::Gemm {
-                            rows: n * h * w,
-                            n: k,
-                            k: ci,
-                            x: x.loc,
-                            w: weight.loc,
-                            bias: Some(bias.loc),
-                            residual: residual.map(|z| z.loc),
-                            relu,
-                            y: y.loc,
-                        },
-                        &reads,
-                    );
-                    if !relu && c.act != Act::None {
-                        let s = y.strides();
-                        self.ew(None, c.act, Cast::None, &shape, &NHWC, y.loc, &s, &[&y])?;
-                    }
-                    self.values.insert(node.output.clone(), y);
-                    return Ok(());
-                }
-                let weight = self.constant(&format!("{}.krsc", node.inputs[1]), &krsc);
+                let krsc = to_krsc(&self.graph.consts[&node.inputs[1]]);
                 let bias = self.get(&node.inputs[2])?;
                 let residual = match node.inputs.get(3) {
                     Some(z) => {
@@ -364,36 +338,63 @@ impl Lowering<'_> {
                     None => None,
                 };
                 let y = self.alloc(&shape, NHWC.to_vec());
-                let [_, k, oh, ow] = dims4(&shape);
                 let reads: Vec<Loc> = [x.loc, y.loc]
                     .into_iter()
                     .chain(residual.as_ref().map(|z| z.loc))
                     .collect();
-                self.push(
-                    Step::Conv(ConvStep {
-                        n,
-                        c: ci,
-                        h,
-                        w,
-                        k,
-                        oh,
-                        ow,
-                        kernel: c.kernel,
-                        pads,
-                        strides: c.strides,
-                        dilations: c.dilations,
-                        group: c.group,
-                        act: c.act,
-                        x: x.loc,
-                        weight: weight.loc,
-                        bias: bias.loc,
-                        residual: residual.map(|z| z.loc),
-                        y: y.loc,
-                        algo: None,
-                    }),
-                    &reads,
-                );
-                y
+                // A 1×1 convolution over NHWC is a matrix product [pixels, c] · [c, k]: run by
+                // cuBLASLt, whose tensor-core kernels are much faster at small batches than
+                // cuDNN's convolutions of that shape.
+                let pointwise = c.kernel == [1, 1] && c.strides == [1, 1] && pads == [0, 0];
+                if pointwise && c.group == 1 {
+                    let [k, _, _, _] = dims4(&krsc.shape);
+                    let ck = transpose2(&krsc.data, k, ci);
+                    let weight = self.constant(&format!("{}.ck", node.inputs[1]), &ck);
+                    self.push(
+                        Step::Gemm {
+                            rows: n * h * w,
+                            n: k,
+                            k: ci,
+                            x: x.loc,
+                            w: weight.loc,
+                            bias: Some(bias.loc),
+                            residual: residual.map(|z| z.loc),
+                            relu: c.act == Act::Relu,
+                            y: y.loc,
+                        },
+                        &reads,
+                    );
+                    self.gemm_activation(c.act, &y)?;
+                    y
+                } else {
+                    let weight = self.constant(&format!("{}.krsc", node.inputs[1]), &krsc);
+                    let [_, k, oh, ow] = dims4(&shape);
+                    self.push(
+                        Step::Conv(ConvStep {
+                            n,
+                            c: ci,
+                            h,
+                            w,
+                            k,
+                            oh,
+                            ow,
+                            kernel: c.kernel,
+                            pads,
+                            strides: c.strides,
+                            dilations: c.dilations,
+                            group: c.group,
+                            act: c.act,
+                            x: x.loc,
+                            weight: weight.loc,
+                            bias: bias.loc,
+                            residual: residual.map(|z| z.loc),
+                            y: y.loc,
+                            algo: None,
+                        }),
+                        &reads,
+                    );
+                    y
+                }
             }
             Op::Gemm { act } => {
                 let x = self.get(&node.inputs[0])?;
@@ -420,19 +421,7 @@ impl Lowering<'_> {
                     },
                     &[x.loc, y.loc],
                 );
-                if !relu && *act != Act::None {
-                    let s = y.strides();
-                    self.ew(
-                        None,
-                        *act,
-                        Cast::None,
-                        &shape,
-                        &y.perm.clone(),
-                        y.loc,
-                        &s,
-                        &[&y],
-                    )?;
-                }
+                self.gemm_activation(*act, &y)?;
                 y
             }
             Op::Pool(p) => {

@@ -144,45 +144,37 @@ impl CudaEngine {
                 None
             }
         };
-        let (runtime, num_classes) = match loaded {
+        let (mut file, fresh) = match loaded {
             Some(file) => {
                 progress(&format!("loaded engine file {}", path.display()));
-                let runtime = runtime::Runtime::new(
-                    &gpu,
-                    &file.ptx,
-                    dtype,
-                    &file.weights,
-                    file.plans,
-                    &mut progress,
-                )
-                .map_err(fail)?;
-                (runtime, file.num_classes)
+                (file, false)
             }
-            None => {
-                let file = build_engine(model, &gpu, key, spec, &mut progress).map_err(fail)?;
-                let runtime = runtime::Runtime::new(
-                    &gpu,
-                    &file.ptx,
-                    dtype,
-                    &file.weights,
-                    file.plans.clone(),
-                    &mut progress,
-                )
-                .map_err(fail)?;
-                let file = EngineFile {
-                    plans: runtime.plans().cloned().collect(),
-                    ..file
-                };
-                match engine_file::save(&path, &file) {
-                    Ok(()) => progress(&format!("saved engine file {}", path.display())),
-                    Err(e) => gst::warning!(
-                        CAT,
-                        "{e}; the engine runs without being saved, and is built again next time"
-                    ),
-                }
-                (runtime, file.num_classes)
-            }
+            None => (
+                build_engine(model, &gpu, key, spec, &mut progress).map_err(fail)?,
+                true,
+            ),
         };
+        // Plans without tuned algorithms are tuned here; a loaded file's are used as they are.
+        let runtime = runtime::Runtime::new(
+            &gpu,
+            &file.ptx,
+            dtype,
+            &file.weights,
+            std::mem::take(&mut file.plans),
+            &mut progress,
+        )
+        .map_err(fail)?;
+        if fresh {
+            file.plans = runtime.plans().cloned().collect();
+            match engine_file::save(&path, &file) {
+                Ok(()) => progress(&format!("saved engine file {}", path.display())),
+                Err(e) => gst::warning!(
+                    CAT,
+                    "{e}; the engine runs without being saved, and is built again next time"
+                ),
+            }
+        }
+        let num_classes = file.num_classes;
         gst::info!(
             CAT,
             "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {dtype:?}",

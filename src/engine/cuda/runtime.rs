@@ -1104,29 +1104,44 @@ impl Runtime {
     /// Runs `n` frames (f32, the model's input layout, one after the other) through the
     /// smallest plan that holds them; returns the scores, `n` times the output per frame.
     pub fn run(&mut self, input: &[f32], n: usize) -> Result<&[f32], String> {
-        let i = self
-            .plans
-            .iter()
-            .position(|p| p.plan.batch >= n)
-            .ok_or_else(|| format!("no plan runs {n} frames at once"))?;
+        let i = self.plan_holding(n)?;
         let plan = &self.plans[i].plan;
-        let (frame_in, frame_out) = (plan.input_len / plan.batch, plan.output_len / plan.batch);
+        let len_in = n * plan.input_len / plan.batch;
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
         let input_ptr = self.input.device_ptr(&self.stream).0;
-        let output_ptr = self.output.device_ptr(&self.stream).0;
-        let (len_in, len_out) = (n * frame_in, n * frame_out);
         let host_in = self.host_in.as_mut_slice().map_err(drv_err("staging"))?;
         host_in[..len_in].copy_from_slice(&input[..len_in]);
-        let host_out = self.host_out.as_mut_slice().map_err(drv_err("staging"))?;
-        // SAFETY: the device buffers hold at least the plan's lengths; the pinned host buffers
-        // live as long as the runtime, and the stream is synchronised before they are reused.
+        // SAFETY: the device buffer holds the plan's input; the pinned buffer lives as long
+        // as the runtime, and the stream is synchronised before it is written again.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(
                 input_ptr,
                 &host_in[..len_in],
                 self.stream.cu_stream(),
             )
-            .map_err(drv_err("upload"))?;
+        }
+        .map_err(drv_err("upload"))?;
+        self.launch_and_download(i, n)
+    }
+
+    /// The index of the smallest plan that runs `n` frames at once.
+    fn plan_holding(&self, n: usize) -> Result<usize, String> {
+        self.plans
+            .iter()
+            .position(|p| p.plan.batch >= n)
+            .ok_or_else(|| format!("no plan runs {n} frames at once"))
+    }
+
+    /// Replays plan `i` on the input buffer, downloads the scores of its first `n` frames and
+    /// waits for them.
+    fn launch_and_download(&mut self, i: usize, n: usize) -> Result<&[f32], String> {
+        let plan = &self.plans[i].plan;
+        let len_out = n * plan.output_len / plan.batch;
+        let output_ptr = self.output.device_ptr(&self.stream).0;
+        let host_out = self.host_out.as_mut_slice().map_err(drv_err("staging"))?;
+        // SAFETY: the device buffer holds the plan's output; the pinned buffer outlives the
+        // synchronisation below.
+        unsafe {
             self.plans[i]
                 .graph
                 .as_ref()
@@ -1203,36 +1218,11 @@ impl Runtime {
     /// Preprocesses raw frames on the GPU and runs them through the smallest plan that holds
     /// them; returns the scores as `run` does.
     pub fn run_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<&[f32], String> {
-        let n = frames.len();
-        let i = self
-            .plans
-            .iter()
-            .position(|p| p.plan.batch >= n)
-            .ok_or_else(|| format!("no plan runs {n} frames at once"))?;
+        let i = self.plan_holding(frames.len())?;
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
         self.stream.synchronize().map_err(drv_err("sync"))?;
         self.upload_frames(frames)?;
-        let plan = &self.plans[i].plan;
-        let len_out = n * plan.output_len / plan.batch;
-        let output_ptr = self.output.device_ptr(&self.stream).0;
-        let host_out = self.host_out.as_mut_slice().map_err(drv_err("staging"))?;
-        // SAFETY: as in `run`.
-        unsafe {
-            self.plans[i]
-                .graph
-                .as_ref()
-                .ok_or("the plan has no graph")?
-                .launch()
-                .map_err(drv_err("graph launch"))?;
-            cudarc::driver::result::memcpy_dtoh_async(
-                &mut host_out[..len_out],
-                output_ptr,
-                self.stream.cu_stream(),
-            )
-            .map_err(drv_err("download"))?;
-        }
-        self.stream.synchronize().map_err(drv_err("inference"))?;
-        Ok(&host_out[..len_out])
+        self.launch_and_download(i, frames.len())
     }
 
     /// The model input that `run_frames` would feed the graph; for tests.

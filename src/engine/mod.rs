@@ -179,26 +179,19 @@ pub(crate) fn infer_in_calls(
 pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine>, EngineError> {
     match backend {
         Backend::Auto => {
-            let cuda = cuda::CudaEngine::build(options).map_err(|e| match e {
-                EngineError::Unavailable { reason, .. } => (reason, false),
-                other => (other.to_string(), true),
-            });
-            match cuda {
-                Ok(engine) => Ok(Box::new(engine)),
+            match cuda::CudaEngine::build(options) {
+                Ok(engine) => return Ok(Box::new(engine)),
                 // No GPU is the normal case of auto; a GPU that fails to build this model
                 // is worth a warning.
-                Err((reason, false)) => {
-                    gst::info!(crate::trtclassify::CAT, "backend=auto: using cpu: {reason}");
-                    Ok(Box::new(cpu::CpuEngine::build(options)?))
+                Err(EngineError::Unavailable { reason, .. }) => {
+                    gst::info!(crate::trtclassify::CAT, "backend=auto: using cpu: {reason}")
                 }
-                Err((reason, true)) => {
-                    gst::warning!(
-                        crate::trtclassify::CAT,
-                        "backend=auto: the cuda engine failed, using cpu: {reason}"
-                    );
-                    Ok(Box::new(cpu::CpuEngine::build(options)?))
-                }
+                Err(e) => gst::warning!(
+                    crate::trtclassify::CAT,
+                    "backend=auto: the cuda engine failed, using cpu: {e}"
+                ),
             }
+            Ok(Box::new(cpu::CpuEngine::build(options)?))
         }
         Backend::Cpu => Ok(Box::new(cpu::CpuEngine::build(options)?)),
         Backend::Cuda => Ok(Box::new(cuda::CudaEngine::build(options)?)),

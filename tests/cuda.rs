@@ -355,14 +355,23 @@ fn picture(
             }
         }
     }
-    let info = gst_video::VideoInfo::builder(format, width, height)
+    convert(&rgb, &rgb_info, format)
+}
+
+/// An RGB frame converted to `format` by GStreamer.
+fn convert(
+    rgb: &gst::Buffer,
+    rgb_info: &gst_video::VideoInfo,
+    format: gst_video::VideoFormat,
+) -> (gst::Buffer, gst_video::VideoInfo) {
+    let info = gst_video::VideoInfo::builder(format, rgb_info.width(), rgb_info.height())
         .build()
         .unwrap();
     let mut out = gst::Buffer::with_size(info.size()).unwrap();
-    let converter = gst_video::VideoConverter::new(&rgb_info, &info, None).unwrap();
+    let converter = gst_video::VideoConverter::new(rgb_info, &info, None).unwrap();
     {
         let src =
-            gst_video::VideoFrameRef::from_buffer_ref_readable(rgb.as_ref(), &rgb_info).unwrap();
+            gst_video::VideoFrameRef::from_buffer_ref_readable(rgb.as_ref(), rgb_info).unwrap();
         let mut dst =
             gst_video::VideoFrameRef::from_buffer_ref_writable(out.get_mut().unwrap(), &info)
                 .unwrap();
@@ -470,4 +479,54 @@ fn gpu_preprocessing_matches_the_cpu() {
             "preprocessing off the true picture, largest: {what}: GPU mean {mean:.4}, CPU mean {cpu_mean:.4}"
         );
     }
+}
+
+/// Frames pushed one by one in mixed formats (preprocessed on the GPU, or on the CPU for
+/// GRAY8), across full and partial batches, come back in order with the CPU backend's
+/// results; a discard forgets the frames pushed before it.
+#[test]
+fn pushed_frames_match_the_cpu_in_order() {
+    use gst_video::VideoFormat::*;
+    if !gpu("pushed_frames_match_the_cpu_in_order") {
+        return;
+    }
+    let path = common::model("colors.onnx");
+    let mut cpu = CpuEngine::build(&options(&path, 1, Precision::Fp32)).expect("cpu engine");
+    let mut gpu = CudaEngine::build(&options(&path, 4, Precision::Fp16)).expect("cuda engine");
+    assert_eq!(gpu.info().model_batch, 4);
+    let rgb_info = gst_video::VideoInfo::builder(Rgb, 64, 48).build().unwrap();
+    let formats = [Rgb, Nv12, Bgrx, Gray8, I420];
+    let frames: Vec<(gst::Buffer, gst_video::VideoInfo)> = (0..11)
+        .map(|i| {
+            let rgb = common::solid_rgb(64, 48, common::COLORS[i % 6].1, i as u64);
+            convert(&rgb, &rgb_info, formats[i % formats.len()])
+        })
+        .collect();
+    let frame = |i: usize| {
+        gst_video::VideoFrameRef::from_buffer_ref_readable(frames[i].0.as_ref(), &frames[i].1)
+            .unwrap()
+    };
+    for i in [3, 1, 4] {
+        gpu.push(&frame(i)).expect("push");
+    }
+    gpu.discard();
+    // 11 frames: two full batches of 4 run as they are pushed, 3 at the end.
+    for i in 0..11 {
+        gpu.push(&frame(i)).expect("push");
+    }
+    let got = gpu.run_pushed().expect("run");
+    assert_eq!(
+        got.len(),
+        11,
+        "one result per frame pushed since the discard"
+    );
+    for (i, g) in got.iter().enumerate() {
+        let want = cpu.classify(&[frame(i)]).expect("cpu");
+        let what = format!("frame {i} ({:?})", formats[i % formats.len()]);
+        compare(&what, g, &want[0], 2e-2, 2e-2);
+        if formats[i % formats.len()] != Gray8 {
+            assert_eq!(top(g, 1)[0], i % 6, "{what}: its colour");
+        }
+    }
+    assert!(gpu.run_pushed().expect("run").is_empty(), "all run");
 }

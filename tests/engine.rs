@@ -103,6 +103,49 @@ fn fixed_batch_model_runs_frames_one_by_one() {
     }
 }
 
+/// Frames pushed one by one come back in order, each with its own result, and a discard
+/// forgets the frames pushed before it.
+#[test]
+fn pushed_frames_run_in_order_and_discard_forgets() {
+    common::init();
+    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, 32, 24)
+        .build()
+        .unwrap();
+    let buffers: Vec<gst::Buffer> = (0..9)
+        .map(|i| common::solid_rgb(32, 24, common::COLORS[i % 6].1, i as u64))
+        .collect();
+    let frame = |i: usize| {
+        gst_video::VideoFrameRef::from_buffer_ref_readable(buffers[i].as_ref(), &info).unwrap()
+    };
+    let label = |scores: &[f32]| {
+        let best = (0..scores.len())
+            .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+            .unwrap();
+        common::COLORS[best].0
+    };
+    // colors.onnx runs one frame per call; colors_b1.onnx too, as its batch is fixed at 1.
+    for model in ["colors.onnx", "colors_b1.onnx"] {
+        let mut engine = CpuEngine::build(&options(model, 4)).unwrap();
+        engine.push(&frame(7)).unwrap();
+        engine.push(&frame(8)).unwrap();
+        engine.discard();
+        for i in 0..6 {
+            engine.push(&frame(i)).unwrap();
+        }
+        let scores = engine.run_pushed().unwrap();
+        let labels: Vec<&str> = scores.iter().map(|s| label(s)).collect();
+        let want: Vec<&str> = common::COLORS.iter().map(|c| c.0).collect();
+        assert_eq!(labels, want, "{model}");
+        assert!(engine.run_pushed().unwrap().is_empty(), "{model}: all run");
+        let again = engine.classify(&[frame(2), frame(3)]).unwrap();
+        assert_eq!(
+            again,
+            scores[2..4].to_vec(),
+            "{model}: same frames, same scores"
+        );
+    }
+}
+
 #[test]
 fn layouts_are_recognised() {
     common::init();

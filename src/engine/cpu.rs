@@ -16,8 +16,10 @@ pub struct CpuEngine {
     info: ModelInfo,
     plan: Arc<TypedRunnableModel>,
     preprocessor: Preprocessor,
-    /// Scratch for one model call, reused.
+    /// The frames pushed and not yet run, preprocessed; reused.
     input: Vec<f32>,
+    /// Scores of the pushed frames that have run.
+    done: Vec<Vec<f32>>,
 }
 
 impl CpuEngine {
@@ -107,6 +109,7 @@ impl CpuEngine {
             plan,
             preprocessor,
             input: Vec::new(),
+            done: Vec::new(),
         })
     }
 
@@ -156,15 +159,57 @@ impl Engine for CpuEngine {
         })
     }
 
-    fn classify(
+    fn push(
         &mut self,
-        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
-        let mut input = std::mem::take(&mut self.input);
-        super::preprocess_frames(&mut self.preprocessor, frames, &mut input)?;
-        let scores = self.infer(&input, frames.len());
-        self.input = input;
-        scores
+        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+    ) -> Result<(), EngineError> {
+        let frame_len = self.info.input.frame_len();
+        let n = self.input.len() / frame_len;
+        self.input.resize((n + 1) * frame_len, 0.0);
+        if let Err(e) = self
+            .preprocessor
+            .run(frame, &mut self.input[n * frame_len..])
+        {
+            self.input.truncate(n * frame_len);
+            return Err(e.into());
+        }
+        if n + 1 == self.info.model_batch {
+            self.run_input()?;
+        }
+        Ok(())
+    }
+
+    fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let ran = self.run_input();
+        let scores = std::mem::take(&mut self.done);
+        ran.map(|()| scores)
+    }
+
+    fn discard(&mut self) {
+        self.input.clear();
+        self.done.clear();
+    }
+}
+
+impl CpuEngine {
+    /// Runs the pushed frames waiting in `input` (at most one model batch) into `done`.
+    fn run_input(&mut self) -> Result<(), EngineError> {
+        let n = self.input.len() / self.info.input.frame_len();
+        if n == 0 {
+            return Ok(());
+        }
+        let scores = self.run_call(&self.input, n);
+        self.input.clear();
+        match scores {
+            Ok(scores) => {
+                self.done.extend(scores);
+                Ok(())
+            }
+            Err(e) => {
+                self.done.clear();
+                Err(e)
+            }
+        }
     }
 }
 

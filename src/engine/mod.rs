@@ -134,26 +134,35 @@ pub trait Engine: Send {
     /// Runs `n` preprocessed frames laid out as the model's input, one after the other.
     fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError>;
 
-    /// Preprocesses and runs `frames` (at most the engine's batch size).
+    /// Takes the next frame of the batch being gathered, as soon as it arrives: it is
+    /// preprocessed (on a GPU: uploaded and preprocessed there) while its batch-mates are
+    /// awaited, and a full model batch runs at once. The frame may be released on return.
+    fn push(
+        &mut self,
+        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+    ) -> Result<(), EngineError>;
+
+    /// Runs what is left of the frames pushed since the last `run_pushed` or `discard`, and
+    /// returns one score vector per pushed frame, in order. The frames are forgotten
+    /// afterwards, even on error.
+    fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError>;
+
+    /// Forgets the frames pushed since the last `run_pushed` (a flush dropped them).
+    fn discard(&mut self);
+
+    /// Pushes and runs `frames`.
     fn classify(
         &mut self,
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
-    ) -> Result<Vec<Vec<f32>>, EngineError>;
-}
-
-/// Preprocesses `frames` into `input`, one model input after the other; `input` is scratch
-/// kept by the engine so that the streaming thread does not allocate per batch.
-pub(crate) fn preprocess_frames(
-    preprocessor: &mut crate::preprocess::Preprocessor,
-    frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
-    input: &mut Vec<f32>,
-) -> Result<(), EngineError> {
-    let frame_len = preprocessor.input().frame_len();
-    input.resize(frames.len() * frame_len, 0.0);
-    for (frame, out) in frames.iter().zip(input.chunks_mut(frame_len)) {
-        preprocessor.run(frame, out)?;
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        for frame in frames {
+            if let Err(e) = self.push(frame) {
+                self.discard();
+                return Err(e);
+            }
+        }
+        self.run_pushed()
     }
-    Ok(())
 }
 
 /// Runs `n` frames of `input` in calls of at most `batch` frames; `call` gets each chunk

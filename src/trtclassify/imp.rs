@@ -507,6 +507,7 @@ impl BaseTransformImpl for TrtClassify {
                     state.pending.clear();
                     state.ready.clear();
                     state.to_infer = 0;
+                    state.engine.discard();
                     state.deadline = None;
                     state.flow_error = None;
                     // After a seek, a result from before it describes another picture.
@@ -616,9 +617,12 @@ impl BaseTransformImpl for TrtClassify {
         if let Some(err) = state.flow_error.take() {
             return Err(err);
         }
+        let fresh = state.carry_left == 0;
+        if fresh {
+            self.push_to_engine(state, &buffer)?;
+        }
         let frame = state.frame_count;
         state.frame_count += 1;
-        let fresh = state.carry_left == 0;
         state.carry_left = match fresh {
             true => tunables.interval - 1,
             false => state.carry_left - 1,
@@ -814,6 +818,36 @@ impl TrtClassify {
         })
     }
 
+    /// Hands a fresh frame to the engine as it arrives, so that its preprocessing and upload
+    /// overlap the wait for its batch-mates.
+    fn push_to_engine(
+        &self,
+        state: &mut State,
+        buffer: &gst::Buffer,
+    ) -> Result<(), gst::FlowError> {
+        let Some(info) = state.info.as_ref() else {
+            gst::element_imp_error!(
+                self,
+                gst::CoreError::Negotiation,
+                ["frames arrived before caps"]
+            );
+            return Err(gst::FlowError::NotNegotiated);
+        };
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
+            .map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    ["a buffer does not match its caps"]
+                );
+                gst::FlowError::Error
+            })?;
+        state.engine.push(&frame).map_err(|e| {
+            gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", e]);
+            gst::FlowError::Error
+        })
+    }
+
     /// Classifies the held frames, attaches their results and queues them in `ready`.
     fn run_batch(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
         state.deadline = None;
@@ -828,39 +862,15 @@ impl TrtClassify {
 
         let mut scores = Vec::new();
         if to_infer > 0 {
-            let Some(info) = state.info.as_ref() else {
-                gst::element_imp_error!(
-                    self,
-                    gst::CoreError::Negotiation,
-                    ["frames arrived before caps"]
-                );
-                return Err(gst::FlowError::NotNegotiated);
-            };
-            let frames = pending
-                .iter()
-                .filter(|p| p.fresh)
-                .map(|p| {
-                    gst_video::VideoFrameRef::from_buffer_ref_readable(p.buffer.as_ref(), info)
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| {
-                    gst::element_imp_error!(
-                        self,
-                        gst::StreamError::Format,
-                        ["a buffer does not match its caps"]
-                    );
-                    gst::FlowError::Error
-                })?;
             let started = Instant::now();
-            scores = state.engine.classify(&frames).map_err(|e| {
+            scores = state.engine.run_pushed().map_err(|e| {
                 gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", e]);
                 gst::FlowError::Error
             })?;
             gst::trace!(
                 CAT,
                 imp = self,
-                "classified {} frame(s) in {:.2?}",
-                frames.len(),
+                "classified {to_infer} frame(s) in {:.2?}",
                 started.elapsed()
             );
         }

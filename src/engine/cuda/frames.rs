@@ -35,6 +35,9 @@ pub struct Pre {
 // SAFETY: plain old data laid out as the kernel's `struct Pre`.
 unsafe impl DeviceRepr for Pre {}
 
+/// A frame as the kernel reads it: its parameters and its planes.
+pub type RawFrame<'a> = (Pre, Vec<&'a [u8]>);
+
 /// The preprocessing settings of an engine, for building each frame's parameters.
 pub struct FramePreprocess {
     base: Pre,

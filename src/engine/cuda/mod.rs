@@ -64,7 +64,12 @@ pub struct CudaEngine {
     preprocessor: Preprocessor,
     /// Preprocessing on the GPU, where the model takes three channels.
     frame_pre: Option<frames::FramePreprocess>,
+    /// One frame preprocessed on the CPU, for frames the GPU kernel does not read.
     input: Vec<f32>,
+    /// Frames pushed into the runtime's input and not yet run.
+    pushed: usize,
+    /// Scores of the pushed frames that have run.
+    done: Vec<Vec<f32>>,
 }
 
 impl CudaEngine {
@@ -203,6 +208,8 @@ impl CudaEngine {
             preprocessor,
             frame_pre,
             input: Vec::new(),
+            pushed: 0,
+            done: Vec::new(),
         })
     }
 
@@ -249,29 +256,23 @@ fn build_engine(
 }
 
 impl CudaEngine {
-    /// The frames' planes and preprocessing parameters when the GPU can preprocess them
-    /// all; `None` sends them through the CPU preprocessing.
-    #[allow(clippy::type_complexity)]
-    fn gpu_frames<'a>(
+    /// The frame's planes and preprocessing parameters when the GPU can preprocess it;
+    /// `None` sends it through the CPU preprocessing.
+    fn gpu_frame<'a>(
         &self,
-        frames: &'a [gst_video::VideoFrameRef<&gst::BufferRef>],
-    ) -> Result<Option<Vec<(frames::Pre, Vec<&'a [u8]>)>>, EngineError> {
+        frame: &'a gst_video::VideoFrameRef<&gst::BufferRef>,
+    ) -> Result<Option<frames::RawFrame<'a>>, EngineError> {
         let Some(pre) = &self.frame_pre else {
             return Ok(None);
         };
-        let mut raw = Vec::with_capacity(frames.len());
-        for frame in frames {
-            let planes = (0..frame.n_planes())
-                .map(|p| frame.plane_data(p))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| EngineError::Inference(format!("cannot read a frame: {e}")))?;
-            let lens: Vec<usize> = planes.iter().map(|p| p.len()).collect();
-            match pre.params(frame.info(), &lens) {
-                Some(params) => raw.push((params, planes)),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(raw))
+        let planes = (0..frame.n_planes())
+            .map(|p| frame.plane_data(p))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::Inference(format!("cannot read a frame: {e}")))?;
+        let lens: Vec<usize> = planes.iter().map(|p| p.len()).collect();
+        Ok(pre
+            .params(frame.info(), &lens)
+            .map(|params| (params, planes)))
     }
 
     /// The model input the GPU makes of `frames`, or `None` where the CPU would make it; for
@@ -280,13 +281,36 @@ impl CudaEngine {
         &mut self,
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
     ) -> Result<Option<Vec<f32>>, EngineError> {
-        let Some(raw) = self.gpu_frames(frames)? else {
-            return Ok(None);
-        };
+        let mut raw = Vec::with_capacity(frames.len());
+        for frame in frames {
+            match self.gpu_frame(frame)? {
+                Some(r) => raw.push(r),
+                None => return Ok(None),
+            }
+        }
         self.runtime
             .preprocess_frames(&raw)
             .map(Some)
             .map_err(EngineError::Inference)
+    }
+
+    /// Runs the frames pushed into the runtime's input into `done`.
+    fn run_input(&mut self) -> Result<(), EngineError> {
+        let n = std::mem::take(&mut self.pushed);
+        if n == 0 {
+            return Ok(());
+        }
+        match self.runtime.run_staged(n) {
+            Ok(out) => {
+                let classes = self.info.num_classes;
+                self.done.extend(out.chunks(classes).map(<[f32]>::to_vec));
+                Ok(())
+            }
+            Err(e) => {
+                self.done.clear();
+                Err(EngineError::Inference(e))
+            }
+        }
     }
 }
 
@@ -307,26 +331,39 @@ impl Engine for CudaEngine {
         })
     }
 
-    fn classify(
+    fn push(
         &mut self,
-        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
-        if let Some(raw) = self.gpu_frames(frames)? {
-            let classes = self.info.num_classes;
-            let mut scores = Vec::with_capacity(frames.len());
-            for chunk in raw.chunks(self.info.model_batch) {
-                let out = self
-                    .runtime
-                    .run_frames(chunk)
-                    .map_err(EngineError::Inference)?;
-                scores.extend(out.chunks(classes).map(<[f32]>::to_vec));
+        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+    ) -> Result<(), EngineError> {
+        let slot = self.pushed;
+        let staged = match self.gpu_frame(frame)? {
+            Some((pre, planes)) => self.runtime.stage_frame(slot, &pre, &planes),
+            None => {
+                let mut input = std::mem::take(&mut self.input);
+                input.resize(self.info.input.frame_len(), 0.0);
+                let done = self.preprocessor.run(frame, &mut input);
+                self.input = input;
+                done?;
+                self.runtime.stage_input(slot, &self.input)
             }
-            return Ok(scores);
+        };
+        staged.map_err(EngineError::Inference)?;
+        self.pushed += 1;
+        if self.pushed == self.info.model_batch {
+            self.run_input()?;
         }
-        let mut input = std::mem::take(&mut self.input);
-        super::preprocess_frames(&mut self.preprocessor, frames, &mut input)?;
-        let scores = self.infer(&input, frames.len());
-        self.input = input;
-        scores
+        Ok(())
+    }
+
+    fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let ran = self.run_input();
+        let scores = std::mem::take(&mut self.done);
+        ran.map(|()| scores)
+    }
+
+    fn discard(&mut self) {
+        self.pushed = 0;
+        // The runtime reuses the staging from the start of the next batch.
+        self.done.clear();
     }
 }

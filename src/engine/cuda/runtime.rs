@@ -14,7 +14,7 @@ use cudarc::driver::{
     LaunchConfig, PinnedHostSlice, PushKernelArg, sys as drv,
 };
 
-use super::frames::Pre;
+use super::frames::{Pre, RawFrame};
 use super::ir::Act;
 use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned};
 
@@ -339,10 +339,12 @@ pub struct Runtime {
     /// Page-locked staging buffers, so that copies run at full speed and asynchronously.
     host_in: PinnedHostSlice<f32>,
     host_out: PinnedHostSlice<f32>,
-    /// Raw frames: staged in page-locked memory, uploaded, preprocessed on the GPU; grown to
-    /// the largest batch of frames seen.
+    /// Raw frames: staged in page-locked memory, uploaded, preprocessed on the GPU; sized
+    /// for a full batch of the largest frames seen.
     raw_host: Option<PinnedHostSlice<u8>>,
     raw: Option<CudaSlice<u8>>,
+    /// Bytes of `raw_host` holding frames whose copies may still be in flight.
+    raw_used: usize,
 }
 
 // SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
@@ -515,6 +517,7 @@ impl Runtime {
             .map_err(drv_err("pinned allocation"))?,
             raw_host: None,
             raw: None,
+            raw_used: 0,
         };
         let tune = plans.iter().any(|p| {
             p.steps
@@ -1159,26 +1162,32 @@ impl Runtime {
         Ok(&host_out[..len_out])
     }
 
-    /// Uploads raw frames (each: kernel parameters and its planes) and preprocesses them
-    /// into the input buffer, one after the other: while frame `i` is copied and converted
-    /// on the GPU, the host stages frame `i + 1`.
-    fn upload_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<(), String> {
-        let total: usize = frames
-            .iter()
-            .flat_map(|(_, planes)| planes)
-            .map(|p| p.len())
-            .sum();
-        if self.raw.as_ref().is_none_or(|r| r.len() < total) {
+    /// Uploads one raw frame (its planes, one after the other) and preprocesses it on the GPU
+    /// into frame `slot` of the input, asynchronously: the planes are copied to page-locked
+    /// staging first, so the caller may release the frame on return, and the copy and the
+    /// kernel run while the host waits for the next frame.
+    pub fn stage_frame(&mut self, slot: usize, pre: &Pre, planes: &[&[u8]]) -> Result<(), String> {
+        self.check_slot(slot)?;
+        self.ctx.bind_to_thread().map_err(drv_err("context"))?;
+        let len: usize = planes.iter().map(|p| p.len()).sum();
+        let capacity = self.raw.as_ref().map_or(0, |r| r.len());
+        if slot == 0 || self.raw_used + len > capacity {
+            // The staging is reused from its start once the frames in it are on the GPU (at
+            // the start of a batch the stream is idle but for a discarded batch's copies).
             self.stream.synchronize().map_err(drv_err("sync"))?;
-            // SAFETY: written below before the copies read it.
-            self.raw_host = Some(
-                unsafe { self.ctx.alloc_pinned::<u8>(total) }
-                    .map_err(drv_err("pinned allocation"))?,
-            );
-            self.raw = Some(
-                // SAFETY: written by the uploads below before the kernels read it.
-                unsafe { self.stream.alloc::<u8>(total) }.map_err(drv_err("allocation"))?,
-            );
+            self.raw_used = 0;
+            let want = len * self.max_batch();
+            if capacity < want {
+                // SAFETY: each range is written before the copy that reads it.
+                self.raw_host = Some(
+                    unsafe { self.ctx.alloc_pinned::<u8>(want) }
+                        .map_err(drv_err("pinned allocation"))?,
+                );
+                self.raw = Some(
+                    // SAFETY: each range is written by an upload before a kernel reads it.
+                    unsafe { self.stream.alloc::<u8>(want) }.map_err(drv_err("allocation"))?,
+                );
+            }
         }
         let raw_dev = self.ptr_u8(self.raw.as_ref().expect("allocated above"));
         let host = self
@@ -1187,49 +1196,87 @@ impl Runtime {
             .expect("allocated above")
             .as_mut_slice()
             .map_err(drv_err("staging"))?;
-        let input = self.input.device_ptr(&self.stream).0;
-        let mut offset = 0;
-        for (i, (pre, planes)) in frames.iter().enumerate() {
-            let start = offset;
-            for plane in planes {
-                host[offset..offset + plane.len()].copy_from_slice(plane);
-                offset += plane.len();
-            }
-            // SAFETY: the staging range stays untouched until the stream is synchronised
-            // (the next call synchronises before it writes again).
-            unsafe {
-                cudarc::driver::result::memcpy_htod_async(
-                    raw_dev + start as u64,
-                    &host[start..offset],
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(drv_err("frame upload"))?;
-            let pixels = (pre.out_w * pre.out_h) as usize;
-            let (src, out) = (raw_dev + start as u64, input + (i * pixels * 3 * 4) as u64);
-            let mut l = self.stream.launch_builder(&self.kernels.preprocess);
-            l.arg(pre).arg(&src).arg(&out);
-            // SAFETY: argument types match the kernel's signature (kernels.cu).
-            unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(drv_err("kernel launch"))?;
+        let start = self.raw_used;
+        let mut end = start;
+        for plane in planes {
+            host[end..end + plane.len()].copy_from_slice(plane);
+            end += plane.len();
         }
+        // SAFETY: the staging range stays untouched until the stream is synchronised:
+        // `raw_used` only moves back after a synchronisation.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                raw_dev + start as u64,
+                &host[start..end],
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(drv_err("frame upload"))?;
+        self.raw_used = end;
+        let pixels = (pre.out_w * pre.out_h) as usize;
+        let input = self.input.device_ptr(&self.stream).0;
+        let (src, out) = (
+            raw_dev + start as u64,
+            input + (slot * pixels * 3 * 4) as u64,
+        );
+        let mut l = self.stream.launch_builder(&self.kernels.preprocess);
+        l.arg(pre).arg(&src).arg(&out);
+        // SAFETY: argument types match the kernel's signature (kernels.cu).
+        unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(drv_err("kernel launch"))?;
         Ok(())
     }
 
-    /// Preprocesses raw frames on the GPU and runs them through the smallest plan that holds
-    /// them; returns the scores as `run` does.
-    pub fn run_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<&[f32], String> {
-        let i = self.plan_holding(frames.len())?;
+    /// Uploads one frame preprocessed on the host (f32, the model's input layout) into
+    /// frame `slot` of the input, asynchronously.
+    pub fn stage_input(&mut self, slot: usize, frame: &[f32]) -> Result<(), String> {
+        self.check_slot(slot)?;
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
-        self.stream.synchronize().map_err(drv_err("sync"))?;
-        self.upload_frames(frames)?;
-        self.launch_and_download(i, frames.len())
+        if slot == 0 {
+            // A discarded batch's copies may still read the staging.
+            self.stream.synchronize().map_err(drv_err("sync"))?;
+        }
+        let input_ptr = self.input.device_ptr(&self.stream).0;
+        let host_in = self.host_in.as_mut_slice().map_err(drv_err("staging"))?;
+        let range = slot * frame.len()..(slot + 1) * frame.len();
+        let host = host_in
+            .get_mut(range.clone())
+            .ok_or("a frame larger than the model input")?;
+        host.copy_from_slice(frame);
+        // SAFETY: each slot is written once per batch, and the stream is synchronised
+        // before the next batch, so the range stays untouched while the copy reads it.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                input_ptr + (range.start * 4) as u64,
+                &host_in[range],
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(drv_err("upload"))
     }
 
-    /// The model input that `run_frames` would feed the graph; for tests.
-    pub fn preprocess_frames(&mut self, frames: &[(Pre, Vec<&[u8]>)]) -> Result<Vec<f32>, String> {
+    fn check_slot(&self, slot: usize) -> Result<(), String> {
+        match slot < self.max_batch() {
+            true => Ok(()),
+            false => Err(format!(
+                "frame {slot} of a batch; the engine runs at most {}",
+                self.max_batch()
+            )),
+        }
+    }
+
+    /// Runs the first `n` staged frames through the smallest plan that holds them; returns the
+    /// scores as `run` does.
+    pub fn run_staged(&mut self, n: usize) -> Result<&[f32], String> {
+        let i = self.plan_holding(n)?;
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
-        self.stream.synchronize().map_err(drv_err("sync"))?;
-        self.upload_frames(frames)?;
+        self.launch_and_download(i, n)
+    }
+
+    /// The model input that staging `frames` makes; for tests.
+    pub fn preprocess_frames(&mut self, frames: &[RawFrame]) -> Result<Vec<f32>, String> {
+        for (slot, (pre, planes)) in frames.iter().enumerate() {
+            self.stage_frame(slot, pre, planes)?;
+        }
         let len: usize = frames
             .iter()
             .map(|(p, _)| (p.out_w * p.out_h * 3) as usize)

@@ -17,7 +17,7 @@ use super::plan::{DType, Loc, Plan};
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const CHECKSUM_LEN: usize = 32;
 
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.
@@ -25,6 +25,9 @@ const CHECKSUM_LEN: usize = 32;
 pub struct Key {
     pub format: u32,
     pub plugin_version: String,
+    /// SHA-256 of the kernel source the file's PTX was compiled from: the plan calls these
+    /// kernels by name and argument layout, so other kernels mean a rebuild.
+    pub kernels_sha256: String,
     /// SHA-256 of the ONNX file and of any external weight files it names.
     pub onnx_sha256: String,
     pub gpu: String,
@@ -102,6 +105,11 @@ pub fn model_digest(path: &Path, external: &[PathBuf]) -> Result<String, String>
         hasher.update(&bytes);
     }
     Ok(hex(&hasher.finalize()))
+}
+
+/// SHA-256 of `text`, in hex.
+pub fn sha256_hex(text: &str) -> String {
+    hex(&Sha256::digest(text.as_bytes()))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -248,6 +256,7 @@ mod tests {
         Key {
             format: FORMAT_VERSION,
             plugin_version: "1.0".into(),
+            kernels_sha256: "cd".repeat(32),
             onnx_sha256: "ab".repeat(32),
             gpu: "NVIDIA H200".into(),
             compute_capability: (9, 0),
@@ -330,6 +339,11 @@ mod tests {
         );
         assert!(err.contains("batch_sizes"), "{err}");
         assert!(!err.contains("cudnn"), "{err}");
+        // Another plugin build with other kernels: the PTX in the file is not theirs.
+        let mut here = key();
+        here.kernels_sha256 = "ef".repeat(32);
+        let err = load(&path, &here).err().unwrap();
+        assert!(err.contains("kernels_sha256"), "{err}");
     }
 
     #[test]

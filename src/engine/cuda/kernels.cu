@@ -66,22 +66,76 @@ struct Ew {
     long long sb[MAX_RANK];
 };
 
-template <typename O, typename A>
-__device__ __forceinline__ void ew_body(const Ew &p, O *out, const A *a, const T *b,
-                                        float (*lda)(A), O (*sto)(float)) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.n;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long rest = i, oo = 0, oa = 0, ob = 0;
+// The offsets in out, a and b of element `i` of `dims`. 32-bit division where the index fits:
+// 64-bit division costs several times as much, and this runs once per element.
+__device__ __forceinline__ void ew_offsets(const Ew &p, long long i, long long &oo,
+                                           long long &oa, long long &ob) {
+    oo = oa = ob = 0;
+    if (p.n <= 0x7fffffffLL) {
+        int rest = (int)i;
         for (int d = p.rank - 1; d >= 0; --d) {
-            long long c = rest % p.dims[d];
+            int c = rest % p.dims[d];
             rest /= p.dims[d];
             oo += c * p.so[d];
             oa += c * p.sa[d];
             ob += c * p.sb[d];
         }
+        return;
+    }
+    long long rest = i;
+    for (int d = p.rank - 1; d >= 0; --d) {
+        long long c = rest % p.dims[d];
+        rest /= p.dims[d];
+        oo += c * p.so[d];
+        oa += c * p.sa[d];
+        ob += c * p.sb[d];
+    }
+}
+
+template <typename O, typename A>
+__device__ __forceinline__ void ew_body(const Ew &p, O *out, const A *a, const T *b,
+                                        float (*lda)(A), O (*sto)(float)) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long oo, oa, ob;
+        ew_offsets(p, i, oo, oa, ob);
         float v = lda(a[oa]);
         if (p.op >= 0) v = binop(p.op, v, ld(b[ob]));
         out[oo] = sto(act(p.act, v, p.p0, p.p1));
+    }
+}
+
+// 16 bytes, moved by one vector load or store; VEC elements.
+struct alignas(16) Vec16 {
+    unsigned int x, y, z, w;
+};
+#define VEC (16 / (int)sizeof(T))
+
+// `ew` with 16-byte loads and stores, VEC consecutive elements of the last dimension per
+// thread. The host checked that the last dimension is a multiple of VEC, contiguous and
+// 16-byte aligned in out and a, and in b unless b is constant along it.
+extern "C" __global__ void ew_vec(const Ew p, T *out, const T *a, const T *b) {
+    const bool bvec = p.op >= 0 && p.sb[p.rank - 1] != 0;
+    const long long nv = p.n / VEC;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nv;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long oo, oa, ob;
+        ew_offsets(p, i * VEC, oo, oa, ob);
+        const Vec16 va = *reinterpret_cast<const Vec16 *>(a + oa);
+        Vec16 vb = {0, 0, 0, 0};
+        if (bvec) vb = *reinterpret_cast<const Vec16 *>(b + ob);
+        const float bs = p.op >= 0 && !bvec ? ld(b[ob]) : 0.f;
+        const T *ea = reinterpret_cast<const T *>(&va);
+        const T *eb = reinterpret_cast<const T *>(&vb);
+        Vec16 vo;
+        T *eo = reinterpret_cast<T *>(&vo);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            float v = ld(ea[k]);
+            if (p.op >= 0) v = binop(p.op, v, bvec ? ld(eb[k]) : bs);
+            eo[k] = st(act(p.act, v, p.p0, p.p1));
+        }
+        *reinterpret_cast<Vec16 *>(out + oo) = vo;
     }
 }
 
@@ -109,6 +163,32 @@ extern "C" __global__ void bias_act(T *y, const T *bias, const T *z, long long n
         float v = ld(y[i]) + ld(bias[i % c]);
         if (z) v += ld(z[i]);
         y[i] = st(act(act_id, v, p0, p1));
+    }
+}
+
+// `bias_act` with 16-byte loads and stores, VEC channels per thread; the host checked that
+// c is a multiple of VEC and that y, bias and z are 16-byte aligned.
+extern "C" __global__ void bias_act_vec(T *y, const T *bias, const T *z, long long n, int c,
+                                        int act_id, float p0, float p1) {
+    const long long nv = n / VEC;
+    const int cv = c / VEC;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nv;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int ch = (nv <= 0x7fffffffLL ? (int)i % cv : (int)(i % cv)) * VEC;
+        Vec16 vy = reinterpret_cast<Vec16 *>(y)[i];
+        const Vec16 vbias = *reinterpret_cast<const Vec16 *>(bias + ch);
+        Vec16 vz = {0, 0, 0, 0};
+        if (z) vz = reinterpret_cast<const Vec16 *>(z)[i];
+        T *ey = reinterpret_cast<T *>(&vy);
+        const T *eb = reinterpret_cast<const T *>(&vbias);
+        const T *ez = reinterpret_cast<const T *>(&vz);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            float v = ld(ey[k]) + ld(eb[k]);
+            if (z) v += ld(ez[k]);
+            ey[k] = st(act(act_id, v, p0, p1));
+        }
+        reinterpret_cast<Vec16 *>(y)[i] = vy;
     }
 }
 

@@ -113,6 +113,7 @@ impl CudaEngine {
         let key = Key {
             format: engine_file::FORMAT_VERSION,
             plugin_version: env!("CARGO_PKG_VERSION").into(),
+            kernels_sha256: engine_file::sha256_hex(runtime::KERNELS),
             onnx_sha256: engine_file::model_digest(&model.path, &import::external_files(model))
                 .map_err(fail)?,
             gpu: gpu.name.clone(),

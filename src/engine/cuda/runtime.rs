@@ -130,7 +130,9 @@ struct Kernels {
     ew: CudaFunction,
     ew_from_f32: CudaFunction,
     ew_to_f32: CudaFunction,
+    ew_vec: CudaFunction,
     bias_act: CudaFunction,
+    bias_act_vec: CudaFunction,
     pool: CudaFunction,
     global_avg: CudaFunction,
     softmax: CudaFunction,
@@ -440,7 +442,9 @@ impl Runtime {
             ew: f("ew")?,
             ew_from_f32: f("ew_from_f32")?,
             ew_to_f32: f("ew_to_f32")?,
+            ew_vec: f("ew_vec")?,
             bias_act: f("bias_act")?,
+            bias_act_vec: f("bias_act_vec")?,
             pool: f("pool_nhwc")?,
             global_avg: f("global_avg_nhwc")?,
             softmax: f("softmax_rows")?,
@@ -853,11 +857,17 @@ impl Runtime {
         let z = c.residual.map_or(0u64, |z| self.ptr(z));
         let (y, bias) = (self.ptr(c.y), self.ptr(c.bias));
         let (len, channels) = (n as i64, c.k as i32);
-        let mut b = self.stream.launch_builder(&self.kernels.bias_act);
+        let vec = 16 / self.dtype.size();
+        let (func, threads) =
+            match c.k.is_multiple_of(vec) && [y, bias, z].iter().all(|p| p.is_multiple_of(16)) {
+                true => (&self.kernels.bias_act_vec, n / vec),
+                false => (&self.kernels.bias_act, n),
+            };
+        let mut b = self.stream.launch_builder(func);
         b.arg(&y).arg(&bias).arg(&z).arg(&len).arg(&channels);
         b.arg(&id).arg(&p0).arg(&p1);
         // SAFETY: argument types match the kernel's signature.
-        unsafe { b.launch(self.launch_cfg(n)) }
+        unsafe { b.launch(self.launch_cfg(threads)) }
             .map(drop)
             .map_err(drv_err("kernel launch"))
     }
@@ -907,19 +917,28 @@ impl Runtime {
                     p.sa[j] = a.strides[j];
                     p.sb[j] = b.as_ref().map_or(0, |b| b.strides[j]);
                 }
-                let func = match cast {
-                    Cast::None => &self.kernels.ew,
-                    Cast::FromF32 => &self.kernels.ew_from_f32,
-                    Cast::ToF32 => &self.kernels.ew_to_f32,
-                };
                 let (o, x, y) = (
                     self.ptr(out.loc),
                     self.ptr(a.loc),
                     b.as_ref().map_or(0, |b| self.ptr(b.loc)),
                 );
+                let vec = 16 / self.dtype.size();
+                let vectorised = *cast == Cast::None
+                    && vectorisable(
+                        dims,
+                        vec,
+                        &[(&out.strides, o), (&a.strides, x)],
+                        b.as_ref().map(|b| (&b.strides[..], y)),
+                    );
+                let (func, threads) = match cast {
+                    Cast::None if vectorised => (&self.kernels.ew_vec, p.n as usize / vec),
+                    Cast::None => (&self.kernels.ew, p.n as usize),
+                    Cast::FromF32 => (&self.kernels.ew_from_f32, p.n as usize),
+                    Cast::ToF32 => (&self.kernels.ew_to_f32, p.n as usize),
+                };
                 let mut l = self.stream.launch_builder(func);
                 l.arg(&p).arg(&o).arg(&x).arg(&y);
-                launch(l, self.launch_cfg(p.n as usize))
+                launch(l, self.launch_cfg(threads))
             }
             (Step::Zero { loc, len }, _) => {
                 // SAFETY: a live region of the arena.
@@ -1372,6 +1391,28 @@ impl Runtime {
 }
 
 /// A grid-stride launch over `n` elements: blocks of 256 threads, at most 16 per SM.
+/// Whether the `ew_vec` kernel can run an element-wise step over `dims`: `vec` elements
+/// (16 bytes) per thread along the last dimension, which must be a multiple of `vec`,
+/// contiguous and 16-byte aligned in each operand (strides, device address), except that
+/// `b` may instead be constant along it.
+fn vectorisable(
+    dims: &[usize],
+    vec: usize,
+    operands: &[(&[i64], u64)],
+    b: Option<(&[i64], u64)>,
+) -> bool {
+    let Some(&last) = dims.last() else {
+        return false;
+    };
+    let aligned = |(strides, ptr): (&[i64], u64)| {
+        matches!(strides.split_last(), Some((1, outer))
+            if ptr.is_multiple_of(16) && outer.iter().all(|s| s % vec as i64 == 0))
+    };
+    last.is_multiple_of(vec)
+        && operands.iter().all(|&o| aligned(o))
+        && b.is_none_or(|b| b.0.last() == Some(&0) || aligned(b))
+}
+
 fn grid(sm_count: u32, n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, sm_count as usize * 16) as u32;
     LaunchConfig {
@@ -1389,5 +1430,66 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
             .iter()
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vectorisable;
+
+    #[test]
+    fn vector_kernel_needs_a_contiguous_aligned_last_dimension() {
+        // SiLU over a whole tensor, fp16 (8 elements in 16 bytes).
+        let flat: &[i64] = &[1];
+        assert!(vectorisable(
+            &[77_070_336],
+            8,
+            &[(flat, 256), (flat, 512)],
+            None
+        ));
+        assert!(!vectorisable(
+            &[77_070_335],
+            8,
+            &[(flat, 256), (flat, 512)],
+            None
+        ));
+        assert!(!vectorisable(&[64], 8, &[(flat, 256), (flat, 514)], None));
+        // A squeeze-excitation scale: [n, hw, c] times [n, 1, c].
+        let x: &[i64] = &[3136 * 144, 144, 1];
+        let se: &[i64] = &[144, 0, 1];
+        assert!(vectorisable(
+            &[64, 3136, 144],
+            8,
+            &[(x, 0), (x, 4096)],
+            Some((se, 32))
+        ));
+        // 20 channels: rows of 20 halves start off 16-byte boundaries.
+        let odd: &[i64] = &[3136 * 20, 20, 1];
+        assert!(!vectorisable(
+            &[64, 3136, 16],
+            8,
+            &[(odd, 0), (odd, 0)],
+            None
+        ));
+        // b constant along the last dimension (one value per row): read as a scalar.
+        let row: &[i64] = &[1, 0];
+        let m: &[i64] = &[16, 1];
+        assert!(vectorisable(&[4, 16], 8, &[(m, 0), (m, 0)], Some((row, 2))));
+        // b strided along the last dimension, or a transposed operand: scalar kernel.
+        assert!(!vectorisable(
+            &[4, 16],
+            8,
+            &[(m, 0), (m, 0)],
+            Some((&[1, 4], 0))
+        ));
+        assert!(!vectorisable(&[16, 16], 8, &[(m, 0), (&[1, 16], 0)], None));
+        // fp32: 4 elements.
+        assert!(vectorisable(
+            &[4, 12],
+            4,
+            &[(&[12, 1], 0), (&[12, 1], 16)],
+            None
+        ));
+        assert!(!vectorisable(&[], 8, &[], None));
     }
 }

@@ -24,7 +24,7 @@ for extra in ([b'-DHALF'], []):
         nvrtc.nvrtcGetPTX(prog, ptx)
         text = ptx.value.decode()
         import re
-        for k in ('ew_vec', 'bias_act_vec'):
+        for k in ('ew_vec', 'bias_act_vec', 'pool_nhwc_vec'):
             body = text[text.find('.entry ' + k):]
             body = body[:body.find('\n}')]
             print(k, 'v4 loads:', len(re.findall(r'ld\.global\.v4', body)), 'v4 stores:', len(re.findall(r'st\.global\.v4', body)), 'div.s64/rem.s64:', len(re.findall(r'(div|rem)\.s64', body)))

@@ -134,6 +134,7 @@ struct Kernels {
     bias_act: CudaFunction,
     bias_act_vec: CudaFunction,
     pool: CudaFunction,
+    pool_vec: CudaFunction,
     global_avg: CudaFunction,
     softmax: CudaFunction,
     layernorm: CudaFunction,
@@ -446,6 +447,7 @@ impl Runtime {
             bias_act: f("bias_act")?,
             bias_act_vec: f("bias_act_vec")?,
             pool: f("pool_nhwc")?,
+            pool_vec: f("pool_nhwc_vec")?,
             global_avg: f("global_avg_nhwc")?,
             softmax: f("softmax_rows")?,
             layernorm: f("layernorm_rows")?,
@@ -1029,9 +1031,16 @@ impl Runtime {
                     v: v.map(|x| x as i32),
                 };
                 let (xp, yp) = (self.ptr(*x), self.ptr(*y));
-                let mut l = self.stream.launch_builder(&self.kernels.pool);
+                let vec = 16 / self.dtype.size();
+                let outputs = n * oh * ow * c;
+                let (func, threads) =
+                    match c.is_multiple_of(vec) && xp.is_multiple_of(16) && yp.is_multiple_of(16) {
+                        true => (&self.kernels.pool_vec, outputs / vec),
+                        false => (&self.kernels.pool, outputs),
+                    };
+                let mut l = self.stream.launch_builder(func);
                 l.arg(&p).arg(&xp).arg(&yp);
-                launch(l, self.launch_cfg(n * oh * ow * c))
+                launch(l, self.launch_cfg(threads))
             }
             (Step::GlobalAvgPool { n, hw, c, x, y }, _) => {
                 let (xp, yp) = (self.ptr(*x), self.ptr(*y));

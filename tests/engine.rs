@@ -234,6 +234,12 @@ fn bad_models_get_clear_errors() {
             "bad/flatten_axis.onnx",
             "Flatten node `flatten_0` has axis 5, but its input has 4 axes",
         ),
+        // Found by the fuzzer: a 1×1 convolution padded on one side feeds an Add of widths
+        // 17 and 16; tract 0.23's optimiser ran for minutes and took gigabytes on it.
+        (
+            "bad/fuzz_inconsistent_shapes.onnx",
+            "node `add_0` (Add): its output shape",
+        ),
         // Readable by no one, root included: the kernel answers EIO.
         (
             "/proc/self/mem",

@@ -266,7 +266,22 @@ fn optimise(
     let graph = graph
         .with_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))
         .map_err(other)?;
-    let typed = graph.into_optimized().map_err(other)?;
+    let typed = graph.into_typed().map_err(other)?;
+    // The input is fixed, so every shape should be. tract keeps shapes it cannot reconcile
+    // (say, an Add of widths 17 and 16) as symbolic expressions, on which its optimiser can
+    // run for minutes and take gigabytes (a model found by the fuzzer).
+    for node in typed.eval_order().map_err(other)? {
+        let node = typed.node(node);
+        if let Some(fact) = node.outputs.iter().find(|o| !o.fact.shape.is_concrete()) {
+            return Err(OptimiseError::Other(format!(
+                "node `{}` ({}): its output shape {:?} cannot be worked out from the input's; the model's shapes are inconsistent",
+                node.name,
+                node.op.name(),
+                fact.fact.shape
+            )));
+        }
+    }
+    let typed = typed.into_optimized().map_err(other)?;
 
     let output = typed.output_fact(0).map_err(other)?;
     if output.datum_type != f32::datum_type() {

@@ -19,7 +19,7 @@ pub struct CpuEngine {
     /// The frames pushed and not yet run, preprocessed; reused.
     input: Vec<f32>,
     /// Scores of the pushed frames that have run.
-    done: Vec<Vec<f32>>,
+    ran: super::Ran,
 }
 
 impl CpuEngine {
@@ -109,7 +109,7 @@ impl CpuEngine {
             plan,
             preprocessor,
             input: Vec::new(),
-            done: Vec::new(),
+            ran: Default::default(),
         })
     }
 
@@ -180,19 +180,18 @@ impl Engine for CpuEngine {
     }
 
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-        let ran = self.run_input();
-        let scores = std::mem::take(&mut self.done);
-        ran.map(|()| scores)
+        let last = self.run_input();
+        self.ran.take(last)
     }
 
     fn discard(&mut self) {
         self.input.clear();
-        self.done.clear();
+        self.ran.clear();
     }
 }
 
 impl CpuEngine {
-    /// Runs the pushed frames waiting in `input` (at most one model batch) into `done`.
+    /// Runs the pushed frames waiting in `input` (at most one model batch) into `ran`.
     fn run_input(&mut self) -> Result<(), EngineError> {
         let n = self.input.len() / self.info.input.frame_len();
         if n == 0 {
@@ -200,16 +199,7 @@ impl CpuEngine {
         }
         let scores = self.run_call(&self.input, n);
         self.input.clear();
-        match scores {
-            Ok(scores) => {
-                self.done.extend(scores);
-                Ok(())
-            }
-            Err(e) => {
-                self.done.clear();
-                Err(e)
-            }
-        }
+        self.ran.keep(scores)
     }
 }
 

@@ -165,6 +165,42 @@ pub trait Engine: Send {
     }
 }
 
+/// The scores of pushed frames whose model batch has run, kept until `run_pushed`.
+#[derive(Debug, Default)]
+pub(crate) struct Ran(Vec<Vec<f32>>);
+
+impl Ran {
+    /// Keeps a model batch's scores; an error forgets those of every pushed frame.
+    pub(crate) fn keep(
+        &mut self,
+        scores: Result<impl IntoIterator<Item = Vec<f32>>, EngineError>,
+    ) -> Result<(), EngineError> {
+        match scores {
+            Ok(scores) => {
+                self.0.extend(scores);
+                Ok(())
+            }
+            Err(e) => {
+                self.0.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// `run_pushed`'s answer once its last model batch `last` has run: every kept score.
+    pub(crate) fn take(
+        &mut self,
+        last: Result<(), EngineError>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let scores = std::mem::take(&mut self.0);
+        last.map(|()| scores)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// Runs `n` frames of `input` in calls of at most `batch` frames; `call` gets each chunk
 /// with its frame count and returns one score vector per frame.
 pub(crate) fn infer_in_calls(

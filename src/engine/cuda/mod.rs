@@ -69,7 +69,7 @@ pub struct CudaEngine {
     /// Frames pushed into the runtime's input and not yet run.
     pushed: usize,
     /// Scores of the pushed frames that have run.
-    done: Vec<Vec<f32>>,
+    ran: super::Ran,
 }
 
 impl CudaEngine {
@@ -210,7 +210,7 @@ impl CudaEngine {
             frame_pre,
             input: Vec::new(),
             pushed: 0,
-            done: Vec::new(),
+            ran: Default::default(),
         })
     }
 
@@ -295,23 +295,19 @@ impl CudaEngine {
             .map_err(EngineError::Inference)
     }
 
-    /// Runs the frames pushed into the runtime's input into `done`.
+    /// Runs the frames pushed into the runtime's input into `ran`.
     fn run_input(&mut self) -> Result<(), EngineError> {
         let n = std::mem::take(&mut self.pushed);
         if n == 0 {
             return Ok(());
         }
-        match self.runtime.run_staged(n) {
-            Ok(out) => {
-                let classes = self.info.num_classes;
-                self.done.extend(out.chunks(classes).map(<[f32]>::to_vec));
-                Ok(())
-            }
-            Err(e) => {
-                self.done.clear();
-                Err(EngineError::Inference(e))
-            }
-        }
+        let classes = self.info.num_classes;
+        let scores = self
+            .runtime
+            .run_staged(n)
+            .map(|out| out.chunks(classes).map(<[f32]>::to_vec).collect::<Vec<_>>())
+            .map_err(EngineError::Inference);
+        self.ran.keep(scores)
     }
 }
 
@@ -340,11 +336,8 @@ impl Engine for CudaEngine {
         let staged = match self.gpu_frame(frame)? {
             Some((pre, planes)) => self.runtime.stage_frame(slot, &pre, &planes),
             None => {
-                let mut input = std::mem::take(&mut self.input);
-                input.resize(self.info.input.frame_len(), 0.0);
-                let done = self.preprocessor.run(frame, &mut input);
-                self.input = input;
-                done?;
+                self.input.resize(self.info.input.frame_len(), 0.0);
+                self.preprocessor.run(frame, &mut self.input)?;
                 self.runtime.stage_input(slot, &self.input)
             }
         };
@@ -357,14 +350,13 @@ impl Engine for CudaEngine {
     }
 
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-        let ran = self.run_input();
-        let scores = std::mem::take(&mut self.done);
-        ran.map(|()| scores)
+        let last = self.run_input();
+        self.ran.take(last)
     }
 
     fn discard(&mut self) {
         self.pushed = 0;
         // The runtime reuses the staging from the start of the next batch.
-        self.done.clear();
+        self.ran.clear();
     }
 }

@@ -9,7 +9,9 @@
 
 use gst::glib;
 
+pub mod cudamem;
 pub mod engine;
+pub mod instance;
 pub mod labels;
 pub mod meta;
 pub mod postprocess;

@@ -32,7 +32,8 @@ fn skipped(why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
 }
 
-/// Whether a GPU is usable; prints why not.
+/// Whether a GPU is usable; prints why not. Where one is expected
+/// (`TRTCLASSIFY_EXPECT_GPU`, set by the GPU host's script), no GPU is a failure, not a skip.
 fn gpu(test: &str) -> bool {
     common::init();
     let reason = cuda::unavailable_reason().or_else(|| {
@@ -41,6 +42,9 @@ fn gpu(test: &str) -> bool {
             .map(|e| format!("no usable GPU: {e}"))
     });
     match reason {
+        Some(reason) if std::env::var_os("TRTCLASSIFY_EXPECT_GPU").is_some() => {
+            panic!("{test}: a GPU is expected here, but {reason}")
+        }
         Some(reason) => {
             skipped(&format!("{test}: {reason}"));
             false
@@ -529,4 +533,196 @@ fn pushed_frames_match_the_cpu_in_order() {
         }
     }
     assert!(gpu.run_pushed().expect("run").is_empty(), "all run");
+}
+
+/// Whether GStreamer's CUDA elements (`cudaupload`, from gst-plugins-bad's nvcodec) and its
+/// CUDA library are here; prints why not.
+fn cuda_elements(test: &str) -> bool {
+    if !gpu(test) {
+        return false;
+    }
+    let reason = gsttrtclassify::cudamem::unavailable_reason()
+        .map(str::to_owned)
+        .or_else(|| {
+            gst::ElementFactory::find("cudaupload")
+                .is_none()
+                .then(|| "no cudaupload element (gst-plugins-bad's nvcodec)".to_owned())
+        });
+    match reason {
+        Some(reason) if std::env::var_os("TRTCLASSIFY_EXPECT_GPU").is_some() => {
+            panic!("{test}: GStreamer's CUDA elements are expected here, but {reason}")
+        }
+        Some(reason) => {
+            skipped(&format!("{test}: {reason}"));
+            false
+        }
+        None => true,
+    }
+}
+
+fn in_cuda_memory(caps: &Option<gst::Caps>) -> bool {
+    caps.as_ref()
+        .and_then(|c| c.features(0))
+        .is_some_and(|f| f.contains(gsttrtclassify::cudamem::CAPS_FEATURE))
+}
+
+/// Top-5 of two runs of the same frames: each class both report within `tol`, and the same
+/// top-1 but for a near tie (the other's top-1 within `tol` of it).
+fn same_results(what: &str, got: &[Classification], want: &[Classification], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: frame counts");
+    assert!(!got.is_empty(), "{what}: no frames came out");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.frame, w.frame, "{what}: order");
+        assert_eq!(
+            g.classes.len(),
+            w.classes.len(),
+            "{what}: frame {}",
+            g.frame
+        );
+        let confidence = |r: &Classification, id: u32| {
+            r.classes
+                .iter()
+                .find(|c| c.class_id == id)
+                .map(|c| c.confidence)
+        };
+        for a in &g.classes {
+            if let Some(b) = confidence(w, a.class_id) {
+                assert!(
+                    (a.confidence - b).abs() <= tol,
+                    "{what}: frame {}: class {} {} against {b}",
+                    g.frame,
+                    a.class_id,
+                    a.confidence
+                );
+            }
+        }
+        let (gt, wt) = (&g.classes[0], &w.classes[0]);
+        let tie = confidence(w, gt.class_id).is_some_and(|c| wt.confidence - c <= tol);
+        assert!(
+            gt.class_id == wt.class_id || tie,
+            "{what}: frame {}: top-1 {gt:?} against {wt:?}",
+            g.frame
+        );
+    }
+}
+
+use gsttrtclassify::meta::Classification;
+
+/// Frames in CUDA memory (through `cudaupload`) are read where they are and give what the
+/// same frames in system memory give, for every format both the GPU preprocessing and
+/// `cudaupload` take.
+#[test]
+fn cuda_memory_input_matches_system_memory() {
+    if !cuda_elements("cuda_memory_input_matches_system_memory") {
+        return;
+    }
+    let upload_caps = gst::ElementFactory::find("cudaupload")
+        .unwrap()
+        .static_pad_templates()
+        .into_iter()
+        .find(|t| t.direction() == gst::PadDirection::Src)
+        .unwrap()
+        .caps();
+    let model = common::model("cnn.onnx");
+    let mut tested = Vec::new();
+    for format in ["NV12", "I420", "RGBA", "BGRA", "RGBx", "BGRx", "RGB", "BGR"] {
+        let probe: gst::Caps = format!("video/x-raw(memory:CUDAMemory),format={format}")
+            .parse()
+            .unwrap();
+        if !upload_caps.can_intersect(&probe) {
+            continue;
+        }
+        let element = |id: &str| {
+            format!(
+                "trtclassify backend=cuda onnx-location={model} top-k=5 batch-size=4 \
+                 model-instance-id={id}-{format}"
+            )
+        };
+        let description = format!(
+            "videotestsrc num-buffers=10 pattern=ball ! \
+             video/x-raw,format={format},width=322,height=242 ! tee name=t \
+             t. ! queue ! cudaupload ! video/x-raw(memory:CUDAMemory) ! {} ! \
+                 appsink name=device sync=false \
+             t. ! queue ! {} ! appsink name=system sync=false",
+            element("device"),
+            element("system")
+        );
+        let runs = common::run_pipeline_sinks(&description, &["device", "system"])
+            .unwrap_or_else(|e| panic!("{format}: {e}"));
+        let (device, system) = (&runs[0], &runs[1]);
+        assert!(in_cuda_memory(&device.1), "{format}: {:?}", device.1);
+        assert!(!in_cuda_memory(&system.1), "{format}: {:?}", system.1);
+        assert_eq!(device.0.len(), 10, "{format}");
+        same_results(format, &device.0, &system.0, 2e-3);
+        tested.push(format);
+    }
+    eprintln!("cuda memory formats tested: {tested:?}");
+    for needed in ["NV12", "I420", "RGBA", "BGRx"] {
+        assert!(
+            tested.contains(&needed),
+            "{needed} was not tested: {tested:?}"
+        );
+    }
+}
+
+/// Four streams in CUDA memory sharing one engine (frames of all of them in each batch)
+/// get the results each stream gets alone, and the colour model names each stream's colour.
+#[test]
+fn streams_sharing_a_gpu_engine_agree_with_each_alone() {
+    if !cuda_elements("streams_sharing_a_gpu_engine_agree_with_each_alone") {
+        return;
+    }
+    let patterns = ["ball", "smpte", "checkers-8", "zone-plate"];
+    let branch = |i: usize, pattern: &str, id: &str| {
+        format!(
+            "videotestsrc num-buffers=24 pattern={pattern} ! \
+             video/x-raw,format=NV12,width=640,height=360 ! cudaupload ! \
+             video/x-raw(memory:CUDAMemory) ! trtclassify backend=cuda onnx-location={} top-k=5 batch-size=8 batch-timeout=20 \
+                 model-instance-id={id} ! appsink name=sink{i} sync=false ",
+            common::model("cnn.onnx")
+        )
+    };
+    let names: Vec<String> = (0..patterns.len()).map(|i| format!("sink{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let shared: String = patterns
+        .iter()
+        .enumerate()
+        .map(|(i, p)| branch(i, p, "shared"))
+        .collect();
+    let shared = common::run_pipeline_sinks(&shared, &names).expect("shared run");
+    for (i, pattern) in patterns.iter().enumerate() {
+        let alone =
+            common::run_pipeline_sinks(&branch(0, pattern, &format!("alone-{i}")), &["sink0"])
+                .expect("run alone");
+        assert!(in_cuda_memory(&shared[i].1));
+        same_results(pattern, &shared[i].0, &alone[0].0, 1e-2);
+    }
+
+    let colours = ["red", "green", "blue", "white"];
+    let description: String = colours
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            format!(
+                "videotestsrc num-buffers=17 pattern={c} ! video/x-raw,format=NV12,width=320,height=240 ! \
+                 cudaupload ! video/x-raw(memory:CUDAMemory) ! {} ! appsink name=sink{i} sync=false ",
+                common::colors_element(
+                    "backend=cuda batch-size=8 batch-timeout=20 top-k=1 model-instance-id=colours"
+                )
+            )
+        })
+        .collect();
+    let runs = common::run_pipeline_sinks(&description, &names).expect("colour streams");
+    for (colour, (results, caps)) in colours.iter().zip(&runs) {
+        assert!(in_cuda_memory(caps));
+        assert_eq!(results.len(), 17, "{colour}");
+        for r in results {
+            assert_eq!(
+                r.top().unwrap().label,
+                *colour,
+                "frame {} of the {colour} stream",
+                r.frame
+            );
+        }
+    }
 }

@@ -8,9 +8,15 @@ use common::{COLORS, index_and_result, rgb_caps, solid_rgb};
 use gst::prelude::*;
 use gsttrtclassify::meta::Classification;
 
+/// An element with an engine of its own: the tests of this binary run in parallel, and
+/// elements with the same settings would otherwise fill each other's batches.
 fn harness(extra: &str) -> gst_check::Harness {
     common::init();
-    let mut h = gst_check::Harness::new_parse(&common::colors_element(extra));
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut h = gst_check::Harness::new_parse(&common::colors_element(&format!(
+        "{extra} model-instance-id=element-test-{id}"
+    )));
     h.set_src_caps(rgb_caps(32, 24));
     h
 }

@@ -22,16 +22,21 @@ struct Camera {
 
 impl Camera {
     fn start() -> Self {
+        Self::start_with("red")
+    }
+
+    /// A camera showing `pattern` (a videotestsrc pattern: red, green, blue, white, ...).
+    fn start_with(pattern: &str) -> Self {
         let context = glib::MainContext::new();
         let main_loop = glib::MainLoop::new(Some(&context), false);
         let server = gst_rtsp_server::RTSPServer::new();
         server.set_address("127.0.0.1");
         server.set_service("0");
         let factory = gst_rtsp_server::RTSPMediaFactory::new();
-        factory.set_launch(
-            "( videotestsrc is-live=true pattern=red ! video/x-raw,width=160,height=120,framerate=30/1 ! \
-               openh264enc ! h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )",
-        );
+        factory.set_launch(&format!(
+            "( videotestsrc is-live=true pattern={pattern} ! video/x-raw,width=160,height=120,framerate=30/1 ! \
+               openh264enc ! h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )"
+        ));
         factory.set_shared(true);
         server.mount_points().unwrap().add_factory("/cam", factory);
         let source = server.attach(Some(&context)).expect("the server listens");
@@ -71,19 +76,91 @@ impl Camera {
     }
 }
 
+/// Whether the RTSP server's and client's elements are here; says SKIPPED where not.
+fn rtsp_elements(test: &str) -> bool {
+    common::init();
+    if gst::ElementFactory::find("openh264enc").is_some()
+        && gst::ElementFactory::find("rtspsrc").is_some()
+    {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must install gstreamer1.0-plugins-bad and -good"
+    );
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: openh264enc or rtspsrc missing (gstreamer1.0-plugins-bad/-good)"
+    );
+    false
+}
+
+/// Pulls `n` frames from `sink` and checks each is classified as `colour`.
+fn expect_colour(sink: &gst_app::AppSink, colour: &str, n: usize) {
+    for i in 0..n {
+        let sample = sink
+            .try_pull_sample(gst::ClockTime::from_seconds(20))
+            .unwrap_or_else(|| panic!("frame {i} from the {colour} camera"));
+        let result =
+            gsttrtclassify::meta::Classification::from_buffer(sample.buffer().unwrap()).unwrap();
+        let top = result.top().unwrap();
+        assert_eq!(top.label, colour, "frame {i}: {result:?}");
+        assert!(top.confidence > 0.9, "frame {i}: {top:?}");
+    }
+}
+
+/// Three loopback cameras, one engine: each camera's frames get its own colour; when one
+/// camera dies, the others go on.
+#[test]
+fn rtsp_cameras_share_one_engine_and_outlive_a_lost_camera() {
+    if !rtsp_elements("rtsp_cameras_share_one_engine_and_outlive_a_lost_camera") {
+        return;
+    }
+    let colours = ["red", "green", "blue"];
+    let mut cameras: Vec<Camera> = colours.iter().map(|c| Camera::start_with(c)).collect();
+    let branches: String = cameras
+        .iter()
+        .enumerate()
+        .map(|(i, camera)| {
+            format!(
+                "rtspsrc location=rtsp://127.0.0.1:{}/cam protocols=tcp latency=50 ! \
+                 rtph264depay ! h264parse ! decodebin ! videoconvert ! {} ! \
+                 appsink name=sink{i} sync=false ",
+                camera.port,
+                common::colors_element(
+                    "batch-size=8 batch-timeout=40 top-k=1 model-instance-id=rtsp-cameras"
+                )
+            )
+        })
+        .collect();
+    let pipeline = common::launch(&branches);
+    let sinks: Vec<_> = (0..colours.len())
+        .map(|i| common::appsink(&pipeline, &format!("sink{i}")))
+        .collect();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    for (sink, colour) in sinks.iter().zip(colours) {
+        expect_colour(sink, colour, 15);
+    }
+
+    cameras[0].stop();
+    for (sink, colour) in sinks.iter().zip(colours).skip(1) {
+        // Frames queued before the loss first, then at least 15 new ones.
+        while sink.try_pull_sample(gst::ClockTime::ZERO).is_some() {}
+        expect_colour(sink, colour, 15);
+    }
+    assert_eq!(
+        pipeline.set_state(gst::State::Null),
+        Ok(gst::StateChangeSuccess::Success)
+    );
+    for camera in cameras.iter_mut().skip(1) {
+        camera.stop();
+    }
+}
+
 #[test]
 fn rtsp_camera_is_classified_and_its_loss_ends_cleanly() {
-    common::init();
-    if gst::ElementFactory::find("openh264enc").is_none()
-        || gst::ElementFactory::find("rtspsrc").is_none()
-    {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must install gstreamer1.0-plugins-bad and -good"
-        );
-        eprintln!(
-            "SKIPPED rtsp test: openh264enc or rtspsrc missing (gstreamer1.0-plugins-bad/-good)"
-        );
+    if !rtsp_elements("rtsp_camera_is_classified_and_its_loss_ends_cleanly") {
         return;
     }
     let mut camera = Camera::start();
@@ -96,16 +173,7 @@ fn rtsp_camera_is_classified_and_its_loss_ends_cleanly() {
     let sink = common::appsink(&pipeline, "sink");
     pipeline.set_state(gst::State::Playing).unwrap();
 
-    for i in 0..20 {
-        let sample = sink
-            .try_pull_sample(gst::ClockTime::from_seconds(20))
-            .unwrap_or_else(|| panic!("frame {i} from the camera"));
-        let result =
-            gsttrtclassify::meta::Classification::from_buffer(sample.buffer().unwrap()).unwrap();
-        let top = result.top().unwrap();
-        assert_eq!(top.label, "red", "frame {i}: {result:?}");
-        assert!(top.confidence > 0.9, "frame {i}: {top:?}");
-    }
+    expect_colour(&sink, "red", 20);
 
     // The camera goes away mid-stream.
     camera.stop();

@@ -1,70 +1,92 @@
 #!/usr/bin/env bash
-# The whole GPU run, on the GPU host, from the repository root, after pack.sh (see
-# bench/gpu/README.md): exports the torchvision models, runs the cuda correctness tests,
-# benchmarks our engine and PyTorch side by side, runs the NVDEC pipelines, and prints the
-# tables last. Logs go to $OUT (or /tmp/gpu-out).
+# The GPU run, on the GPU host, from the repository root, after pack.sh (see
+# bench/gpu/README.md). Stages, all by default:
+#   tests    the cuda tests (engine, CUDA-memory input, shared engines), then the element,
+#            pipeline and scenario tests with backend=cuda; a GPU is expected, so a skip fails
+#   engine   trtclassify-engine bench beside PyTorch (ResNet-50, MobileNetV2, EfficientNet-B0)
+#   streams  bench/gpu/streams.sh: 1 to 180 NVDEC streams, decode only and decode + classify
+#   quick    a short streams check (8 and 64 streams, ResNet-50)
+# Logs go to $GPU_OUT (or /tmp/gpu-out); the tables come last.
 set -uo pipefail
 . .gpu/gpu-env.sh >/dev/null
-out=${OUT:-/tmp/gpu-out}
+out=${GPU_OUT:-/tmp/gpu-out}
 mkdir -p "$out" /tmp/tv
-video=$PWD/.gpu/files/bench1080.mp4
+stages=${*:-tests engine streams}
+has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
 models=${MODELS:-resnet50,mobilenet_v2,efficientnet_b0,mobilenet_v3_small,squeezenet1_0,shufflenet_v2_x1_0,regnet_y_400mf,densenet121,convnext_tiny}
+has tests || has engine || models=resnet50,mobilenet_v2
 python3 bench/gpu/torch_models.py export /tmp/tv --models "$models" > "$out/export.txt" 2>&1
-cut -c1-140 "$out/export.txt" | tail -9
+cut -c1-140 "$out/export.txt" | tail -3
 
-# Correctness: the test binary packed as cuda-*.
-cuda_test=$(ls /tmp/gpubin/cuda-* | head -1)
-TRTCLASSIFY_MODELS_DIR=$PWD/models TRTCLASSIFY_TORCHVISION_DIR=/tmp/tv \
-  "$cuda_test" --nocapture --test-threads=1 >"$out/cuda-test.txt" 2>"$out/cuda-test.log"
-echo "cuda tests: exit $?"
-grep -E "^test |largest|cached start|failed|panicked" "$out/cuda-test.txt" "$out/cuda-test.log" | cut -c1-300 | head -60
-
-# Our engine: build, cached start, latency, throughput, a check against onnxruntime, profiles.
-bench_models=(/tmp/tv/resnet50.onnx /tmp/tv/mobilenet_v2.onnx /tmp/tv/efficientnet_b0.onnx)
-trtclassify-engine bench "${bench_models[@]}" --batches 1,8,64 --check --profile \
-  >"$out/bench.md" 2>"$out/bench.log"
-echo "trtclassify-engine bench: exit $?"
-python3 bench/gpu/torch_models.py bench --models resnet50,mobilenet_v2,efficientnet_b0 \
-  --json "$out/torch_bench.json" >"$out/torch_bench.txt" 2>&1
-echo "torch bench: exit $?"
-
-# GStreamer: NVDEC decode of 1080p H.264 into trtclassify, 1 and 8 streams in one process.
-engine=/tmp/resnet50-b8.engine
-trtclassify-engine build /tmp/tv/resnet50.onnx --engine "$engine" --batch-size 8 2>>"$out/bench.log" |
-  tee -a "$out/pipeline.txt"
-frames=600  # bench1080.mp4: 600 frames of 1920x1080 at 30 fps
-for streams in 1 8; do
-  branches=""
-  for i in $(seq "$streams"); do
-    branches+=" filesrc location=$video ! qtdemux ! h264parse ! nvh264dec ! cudadownload !"
-    branches+=" video/x-raw,format=NV12 ! trtclassify onnx-location=/tmp/tv/resnet50.onnx"
-    branches+=" backend=cuda engine-location=$engine batch-size=8 batch-timeout=-1 ! fakesink sync=false"
+if has tests; then
+  export TRTCLASSIFY_MODELS_DIR=$PWD/models TRTCLASSIFY_TORCHVISION_DIR=/tmp/tv TRTCLASSIFY_EXPECT_GPU=1
+  for t in /tmp/gpubin/cuda-*; do
+    "$t" --nocapture --test-threads=1 >"$out/cuda-test.txt" 2>"$out/cuda-test.log"
+    echo "cuda tests: exit $?"
   done
-  start=$(date +%s.%N)
-  # shellcheck disable=SC2086
-  gst-launch-1.0 -e $branches >"$out/pipeline-$streams.txt" 2>&1
-  rc=$?
-  end=$(date +%s.%N)
-  played=$(grep -o "Execution ended after [0-9:.]*" "$out/pipeline-$streams.txt" | awk '{print $4}')
-  python3 - "$streams" "$frames" "$start" "$end" "$played" "$rc" <<'EOF' | tee -a "$out/pipeline.txt"
-import sys
-streams, frames, start, end, played, rc = sys.argv[1:]
-h, m, s = played.split(":") if played else ("0", "0", "0")
-playing = int(h) * 3600 + int(m) * 60 + float(s)
-total = int(streams) * int(frames)
-fps = total / playing if playing else 0.0
-print(f"| {streams} | {total} | {float(end) - float(start):.2f} s | {playing:.2f} s | {fps:.0f} | {fps / int(streams):.0f} | exit {rc} |")
-EOF
-done
+  grep -E "^test |largest|cached start|formats tested|failed|panicked|SKIPPED" \
+    "$out/cuda-test.txt" "$out/cuda-test.log" | cut -c1-300 | head -60
+  # The element's own tests on the GPU path: every element in them runs backend=cuda.
+  for name in element pipeline scenarios; do
+    for t in /tmp/gpubin/"$name"-*; do
+      TRTCLASSIFY_TEST_BACKEND=cuda "$t" >"$out/$name-cuda.txt" 2>"$out/$name-cuda.log"
+      echo "$name tests with backend=cuda: exit $?; $(grep '^test result' "$out/$name-cuda.txt")"
+      grep -E "FAILED|panicked" "$out/$name-cuda.txt" "$out/$name-cuda.log" | head -10
+    done
+  done
+  unset TRTCLASSIFY_TEST_BACKEND TRTCLASSIFY_EXPECT_GPU
+fi
 
-echo
-echo "== our engine (fp16) =="
-grep "^|" "$out/bench.md"
-echo
-echo "== PyTorch fp16 =="
-tail -22 "$out/torch_bench.txt"
-echo
-echo "== pipelines: nvh264dec 1080p -> trtclassify resnet50 fp16 batch 8 =="
-echo "| streams | frames | wall | playing | frames/s | per stream |"
-grep "^|" "$out/pipeline.txt"
+if has engine; then
+  bench_models=(/tmp/tv/resnet50.onnx /tmp/tv/mobilenet_v2.onnx /tmp/tv/efficientnet_b0.onnx)
+  trtclassify-engine bench "${bench_models[@]}" --batches 1,8,64 --check --profile \
+    >"$out/bench.md" 2>"$out/bench.log"
+  echo "trtclassify-engine bench: exit $?"
+  python3 bench/gpu/torch_models.py bench --models resnet50,mobilenet_v2,efficientnet_b0 \
+    --json "$out/torch_bench.json" >"$out/torch_bench.txt" 2>&1
+  echo "torch bench: exit $?"
+fi
+
+header="| pipeline | streams | frames | frames out | PLAYING→EOS | frames/s | per stream | GPU busy | NVDEC busy | GPU memory | MiB/stream | in element p50 ms | p99 ms (worst stream) | exit |"
+rm -f "$out/streams.md"
+if has quick; then
+  bench/gpu/streams.sh decode 64
+  bench/gpu/streams.sh resnet50 8 64
+fi
+if has streams; then
+  for n in 1 8 32 64 128 180; do
+    bench/gpu/streams.sh decode "$n"
+    bench/gpu/streams.sh resnet50 "$n"
+    bench/gpu/streams.sh mobilenet_v2 "$n"
+  done
+  # The old path (frames through host memory) and an engine per element, for comparison.
+  bench/gpu/streams.sh download:resnet50 64
+  bench/gpu/streams.sh own:resnet50 32
+  # H.265 1080p and H.265 2160p.
+  VIDEO=$PWD/.gpu/files/bench1080-h265.mp4 PARSE=h265parse DEC=nvh265dec LABEL=h265-decode \
+    bench/gpu/streams.sh decode 64
+  VIDEO=$PWD/.gpu/files/bench1080-h265.mp4 PARSE=h265parse DEC=nvh265dec LABEL=h265-resnet50 \
+    bench/gpu/streams.sh resnet50 64
+  VIDEO=$PWD/.gpu/files/bench2160-h265.mp4 FRAMES=300 PARSE=h265parse DEC=nvh265dec \
+    LABEL=2160p-h265-decode bench/gpu/streams.sh decode 16
+  VIDEO=$PWD/.gpu/files/bench2160-h265.mp4 FRAMES=300 PARSE=h265parse DEC=nvh265dec \
+    LABEL=2160p-h265-resnet50 bench/gpu/streams.sh resnet50 16
+fi
+
+if has engine; then
+  echo
+  echo "== our engine (fp16) =="
+  grep "^|" "$out/bench.md"
+  echo
+  echo "== PyTorch fp16 =="
+  tail -22 "$out/torch_bench.txt"
+fi
+if [ -s "$out/streams.md" ]; then
+  echo
+  echo "== streams: 1080p30 H.264 (unless said), NVDEC, trtclassify fp16 batch ${BATCH:-64} timeout ${TIMEOUT:-50} ms =="
+  echo "$header"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  cat "$out/streams.md"
+fi

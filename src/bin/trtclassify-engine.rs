@@ -182,6 +182,11 @@ fn bench(args: &Args) -> Result<(), String> {
         "| model | precision | batch | build | cached start | latency (median) | images/s | infer() median | check |".to_owned(),
         "|---|---|---|---|---|---|---|---|---|".to_owned(),
     ];
+    let mut preprocess = vec![
+        "| model | batch | frame in GPU memory | preprocessing per frame (mean of 20 batches) |"
+            .to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
     for model in &args.models {
         let stem = model
             .file_stem()
@@ -234,6 +239,20 @@ fn bench(args: &Args) -> Result<(), String> {
             if args.profile {
                 print_profile(&stem, batch, engine.runtime().profile(batch, 20)?);
             }
+            // Decoded frames as the element gets them from NVDEC (CUDA memory, NV12).
+            for (w, h) in [(1920, 1080), (3840, 2160)] {
+                let info =
+                    gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, w, h).build();
+                let ms = info.map_err(|e| e.to_string()).and_then(|info| {
+                    engine
+                        .time_device_preprocess(&info, 20)
+                        .map_err(|e| e.to_string())
+                })?;
+                preprocess.push(format!(
+                    "| {stem} | {batch} | {w}x{h} NV12 | {:.1} µs |",
+                    ms * 1e3
+                ));
+            }
             table.push(format!(
                 "| {stem} | {:?} | {batch} | {build_s:.2} s | {:.3} s | {:.3} ms | {:.0} | {:.3} ms | {check} |",
                 args.precision,
@@ -249,6 +268,8 @@ fn bench(args: &Args) -> Result<(), String> {
         let _ = std::fs::remove_dir(&dir);
     }
     println!("{}", table.join("\n"));
+    println!();
+    println!("{}", preprocess.join("\n"));
     Ok(())
 }
 

@@ -6,8 +6,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use tract_onnx::prelude::*;
 
 use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
+use crate::engine::CAT;
 use crate::preprocess::{InputSpec, Preprocessor};
-use crate::trtclassify::CAT;
 
 /// A fixed batch above this is taken for a broken model rather than allocated.
 const MAX_MODEL_BATCH: usize = 256;
@@ -92,6 +92,7 @@ impl CpuEngine {
             ),
             backend: Backend::Cpu,
             precision: Precision::Fp32,
+            reads_device_frames: false,
         };
         gst::info!(
             CAT,

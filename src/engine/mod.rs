@@ -11,9 +11,20 @@ pub mod onnx;
 mod ranks;
 
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use crate::preprocess::{InputSpec, PreprocessError, PreprocessOptions};
 pub use onnx::{Dim, ModelError, OnnxModel};
+
+/// The engines' own debug category (`GST_DEBUG=trtclassify-engine:4`): builds, engine files,
+/// fallbacks. An engine may serve several elements, so its lines name the model, not an element.
+pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "trtclassify-engine",
+        gst::DebugColorFlags::empty(),
+        Some("trtclassify inference engines"),
+    )
+});
 
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
 #[repr(u32)]
@@ -47,8 +58,9 @@ pub enum Precision {
     Fp32 = 1,
 }
 
-/// Everything that shapes an engine; a change of any of it means another engine.
-#[derive(Debug, Clone)]
+/// Everything that shapes an engine; a change of any of it means another engine. Elements
+/// whose options are equal can share one engine (`crate::instance`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
     pub model: PathBuf,
     /// The most frames run at once.
@@ -82,6 +94,13 @@ impl Progress {
     }
 }
 
+/// A listener is not part of what an engine is: options that differ only in it are equal.
+impl PartialEq for Progress {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.0.is_some() {
@@ -103,6 +122,22 @@ pub struct ModelInfo {
     pub outputs_probabilities: bool,
     pub backend: Backend,
     pub precision: Precision,
+    /// Whether `Engine::push_device` reads frames in GPU memory where they are; frames in
+    /// CUDA memory are otherwise mapped to system memory (a copy) before `push`.
+    pub reads_device_frames: bool,
+}
+
+/// A video frame whose planes are in GPU memory (GStreamer's CUDA memory), mapped as device
+/// pointers for the duration of a `push_device`.
+#[derive(Debug)]
+pub struct DevicePlanes {
+    /// Format, size and colorimetry; its strides are those of the mapped planes.
+    pub info: gst_video::VideoInfo,
+    /// The device address of each plane.
+    pub ptrs: Vec<u64>,
+    pub strides: Vec<i32>,
+    /// The CUDA context (`CUcontext`) the memory belongs to.
+    pub context: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +176,14 @@ pub trait Engine: Send {
         &mut self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
     ) -> Result<(), EngineError>;
+
+    /// As `push`, for a frame in GPU memory; only called where `info().reads_device_frames`.
+    fn push_device(&mut self, _frame: &DevicePlanes) -> Result<(), EngineError> {
+        Err(EngineError::Inference(format!(
+            "the {:?} backend reads frames from system memory only",
+            self.info().backend
+        )))
+    }
 
     /// Runs what is left of the frames pushed since the last `run_pushed` or `discard`, and
     /// returns one score vector per pushed frame, in order. The frames are forgotten
@@ -229,12 +272,11 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
                 // No GPU is the normal case of auto; a GPU that fails to build this model
                 // is worth a warning.
                 Err(EngineError::Unavailable { reason, .. }) => {
-                    gst::info!(crate::trtclassify::CAT, "backend=auto: using cpu: {reason}")
+                    gst::info!(CAT, "backend=auto: using cpu: {reason}")
                 }
-                Err(e) => gst::warning!(
-                    crate::trtclassify::CAT,
-                    "backend=auto: the cuda engine failed, using cpu: {e}"
-                ),
+                Err(e) => {
+                    gst::warning!(CAT, "backend=auto: the cuda engine failed, using cpu: {e}")
+                }
             }
             Ok(Box::new(cpu::CpuEngine::build(options)?))
         }

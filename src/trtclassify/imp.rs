@@ -4,8 +4,8 @@
 //! frames on, in order.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::glib;
@@ -15,8 +15,11 @@ use gst_base::prelude::*;
 use gst_base::subclass::base_transform::GenerateOutputSuccess;
 use gst_base::subclass::prelude::*;
 
+use super::latency::LatencyHistogram;
 use super::timer::BatchTimer;
-use crate::engine::{self, Backend, Engine, EngineError, EngineOptions, ModelError, Precision};
+use crate::cudamem;
+use crate::engine::{self, Backend, EngineError, EngineOptions, ModelError, Precision};
+use crate::instance::{self, InstanceKey, Joined};
 use crate::labels::Labels;
 use crate::meta::{ClassEntry, Classification};
 use crate::postprocess::{self, Softmax};
@@ -53,6 +56,7 @@ struct Settings {
     labels_location: Option<String>,
     results_location: Option<String>,
     engine_location: Option<String>,
+    model_instance_id: Option<String>,
     backend: Backend,
     precision: Precision,
     gpu_id: u32,
@@ -87,6 +91,7 @@ impl Default for Settings {
             labels_location: None,
             results_location: None,
             engine_location: None,
+            model_instance_id: None,
             backend: DEFAULT_BACKEND,
             precision: DEFAULT_PRECISION,
             gpu_id: DEFAULT_GPU_ID,
@@ -110,28 +115,30 @@ impl Default for Settings {
     }
 }
 
-/// A frame held until its batch runs.
+/// A frame held until its scores arrive and every frame before it has left.
 struct Pending {
     buffer: gst::Buffer,
     frame: u64,
     /// True when this frame is inferred, false when it carries the last result (`interval`).
     fresh: bool,
+    /// A fresh frame's scores, once its batch has run.
+    scores: Option<Vec<f32>>,
+    arrived: Instant,
 }
 
 struct State {
-    engine: Box<dyn Engine>,
+    /// This element's place in the engine it shares with other elements.
+    stream: instance::Stream,
     labels: Labels,
     model_name: String,
-    batch_size: usize,
     /// Whether scores go through a softmax; for `softmax=auto` settled on the first result.
     apply_softmax: Option<bool>,
     results: Option<(String, ResultsWriter)>,
     info: Option<gst_video::VideoInfo>,
-    pending: Vec<Pending>,
-    /// How many of `pending` are fresh, i.e. go to the engine.
-    to_infer: usize,
-    /// When the oldest fresh pending frame has waited `batch-timeout`.
-    deadline: Option<Instant>,
+    /// Frames in arrival order, until they leave.
+    pending: VecDeque<Pending>,
+    /// How many of `pending` are fresh and still wait for their scores.
+    unscored: usize,
     ready: VecDeque<gst::Buffer>,
     frame_count: u64,
     /// Frames still to carry `last` before the next fresh one (`interval`).
@@ -139,8 +146,25 @@ struct State {
     last: Vec<ClassEntry>,
     /// An error from a push made outside the streaming thread, returned by the next chain.
     flow_error: Option<gst::FlowError>,
-    timer: Option<BatchTimer>,
+    timer: Option<Arc<BatchTimer>>,
+    latency: LatencyHistogram,
 }
+
+impl State {
+    /// When the oldest frame still waiting for its scores arrived.
+    fn oldest_unscored(&self) -> Option<Instant> {
+        self.pending
+            .iter()
+            .find(|p| p.fresh && p.scores.is_none())
+            .map(|p| p.arrived)
+    }
+}
+
+/// Whether the element reads frames in CUDA memory where they are: not known before
+/// `start()` (then: whether it could), known once the engine is there.
+const DEVICE_FRAMES_UNKNOWN: u8 = 0;
+const DEVICE_FRAMES_YES: u8 = 1;
+const DEVICE_FRAMES_NO: u8 = 2;
 
 #[derive(Default)]
 pub struct TrtClassify {
@@ -149,6 +173,9 @@ pub struct TrtClassify {
     /// Kept apart from `state`, which is held during inference, so that queries never wait.
     framerate: Mutex<Option<gst::Fraction>>,
     num_classes: AtomicU32,
+    device_frames: AtomicU8,
+    /// The CUDA context shared with CUDA elements (decoders, converters) of the pipeline.
+    cuda_context: Mutex<Option<cudamem::Context>>,
 }
 
 #[glib::object_subclass]
@@ -188,6 +215,11 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecString::builder("engine-location")
                     .nick("Engine location")
                     .blurb("File the built GPU engine is saved to and loaded from when it matches the model, GPU, libraries, precision and batch size (otherwise rebuilt and rewritten); default: a file in the per-user cache folder ($XDG_CACHE_HOME/trtclassify)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("model-instance-id")
+                    .nick("Model instance id")
+                    .blurb("Elements of a process with the same engine settings and the same id share one engine and fill its batches together; default (unset): shared by all elements with the same settings. Give an element an id of its own for an engine of its own")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("backend", DEFAULT_BACKEND)
@@ -316,6 +348,9 @@ impl ObjectImpl for TrtClassify {
             "engine-location" => {
                 settings.engine_location = value.get().expect("type checked upstream")
             }
+            "model-instance-id" => {
+                settings.model_instance_id = value.get().expect("type checked upstream")
+            }
             "backend" => settings.backend = value.get().expect("type checked upstream"),
             "precision" => settings.precision = value.get().expect("type checked upstream"),
             "gpu-id" => settings.gpu_id = value.get().expect("type checked upstream"),
@@ -354,6 +389,7 @@ impl ObjectImpl for TrtClassify {
             "onnx-location" => settings.onnx_location.to_value(),
             "labels-location" => settings.labels_location.to_value(),
             "engine-location" => settings.engine_location.to_value(),
+            "model-instance-id" => settings.model_instance_id.to_value(),
             "results-location" => settings.results_location.to_value(),
             "backend" => settings.backend.to_value(),
             "precision" => settings.precision.to_value(),
@@ -427,11 +463,20 @@ impl ElementImpl for TrtClassify {
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
             use gst_video::VideoFormat::*;
-            let caps = gst_video::VideoCapsBuilder::new()
-                .format_list([
-                    Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420, Gray8,
-                ])
+            // CUDA memory first, so that a decoder that can give it does; what the GPU
+            // preprocessing reads (8-bit, three colours). `transform_caps` drops it where
+            // it cannot be read.
+            let mut caps = gst_video::VideoCapsBuilder::new()
+                .features([cudamem::CAPS_FEATURE])
+                .format_list([Nv12, I420, Rgba, Bgra, Rgbx, Bgrx, Rgb, Bgr])
                 .build();
+            caps.merge(
+                gst_video::VideoCapsBuilder::new()
+                    .format_list([
+                        Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420, Gray8,
+                    ])
+                    .build(),
+            );
             vec![
                 gst::PadTemplate::new(
                     "src",
@@ -450,6 +495,88 @@ impl ElementImpl for TrtClassify {
             ]
         });
         PAD_TEMPLATES.as_ref()
+    }
+
+    fn set_context(&self, context: &gst::Context) {
+        let gpu_id = self.settings.lock().unwrap().gpu_id;
+        cudamem::handle_set_context(
+            self.obj().upcast_ref(),
+            context,
+            gpu_id,
+            &mut self.cuda_context.lock().unwrap(),
+        );
+        self.parent_set_context(context)
+    }
+
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        // Before the decoders upstream open (elements go up from the sinks), so that they
+        // take the context the engine runs in.
+        if transition == gst::StateChange::NullToReady && self.may_use_cuda() {
+            self.ensure_cuda_context(true);
+        }
+        let result = self.parent_change_state(transition)?;
+        if transition == gst::StateChange::ReadyToNull {
+            *self.cuda_context.lock().unwrap() = None;
+        }
+        Ok(result)
+    }
+}
+
+impl TrtClassify {
+    /// Whether a CUDA engine may run here for these settings (before `start()` tells).
+    fn may_use_cuda(&self) -> bool {
+        let backend = self.settings.lock().unwrap().backend;
+        matches!(backend, Backend::Auto | Backend::Cuda) && cudamem::usable()
+    }
+
+    /// Whether frames in CUDA memory are read where they are.
+    fn reads_cuda_memory(&self) -> bool {
+        match self.device_frames.load(Ordering::Relaxed) {
+            DEVICE_FRAMES_YES => true,
+            DEVICE_FRAMES_NO => false,
+            _ => self.may_use_cuda(),
+        }
+    }
+
+    /// The CUDA context to share: one set on us (by the application or the bin), else one
+    /// wrapping the primary context of `gpu-id`, which the cuda engine runs in.
+    fn ensure_cuda_context(&self, announce: bool) -> Option<cudamem::Context> {
+        if let Some(ctx) = self.cuda_context.lock().unwrap().clone() {
+            return Some(ctx);
+        }
+        let obj = self.obj();
+        if announce {
+            // The bin or the application may answer by setting a context on us.
+            let _ = obj.post_message(
+                gst::message::NeedContext::builder(cudamem::CONTEXT_TYPE)
+                    .src(&*obj)
+                    .build(),
+            );
+            if let Some(ctx) = self.cuda_context.lock().unwrap().clone() {
+                return Some(ctx);
+            }
+        }
+        let gpu_id = self.settings.lock().unwrap().gpu_id;
+        let ctx = match cudamem::primary_context(gpu_id) {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                gst::info!(CAT, imp = self, "no CUDA context to share: {e}");
+                return None;
+            }
+        };
+        let ctx = self.cuda_context.lock().unwrap().get_or_insert(ctx).clone();
+        if announce {
+            gst::debug!(CAT, imp = self, "sharing the CUDA context of GPU {gpu_id}");
+            let _ = obj.post_message(
+                gst::message::HaveContext::builder(ctx.to_gst_context())
+                    .src(&*obj)
+                    .build(),
+            );
+        }
+        Some(ctx)
     }
 }
 
@@ -470,10 +597,47 @@ impl BaseTransformImpl for TrtClassify {
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
-        // Dropping the state stops the timer thread and releases held frames.
-        *self.state.lock().unwrap() = None;
+        // Dropping the state leaves the shared engine, stops the timer thread and releases
+        // held frames.
+        if let Some(state) = self.state.lock().unwrap().take() {
+            let l = &state.latency;
+            gst::info!(
+                CAT,
+                imp = self,
+                "{} frames out; time in the element (buffer in to out): p50 {:.2?}, p99 {:.2?}, max {:.2?}",
+                l.frames(),
+                l.quantile(0.5),
+                l.quantile(0.99),
+                l.max()
+            );
+        }
         *self.framerate.lock().unwrap() = None;
+        self.device_frames
+            .store(DEVICE_FRAMES_UNKNOWN, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Frames pass through unchanged, so each side takes what the other side takes, less CUDA
+    /// memory where it cannot be read.
+    fn transform_caps(
+        &self,
+        _direction: gst::PadDirection,
+        caps: &gst::Caps,
+        filter: Option<&gst::Caps>,
+    ) -> Option<gst::Caps> {
+        let mut caps = caps.clone();
+        if !self.reads_cuda_memory() {
+            caps.make_mut().filter_map_in_place(|features, _| {
+                match features.contains(cudamem::CAPS_FEATURE) {
+                    true => gst::CapsFilterMapAction::Remove,
+                    false => gst::CapsFilterMapAction::Keep,
+                }
+            });
+        }
+        Some(match filter {
+            Some(filter) => filter.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
+            None => caps,
+        })
     }
 
     fn set_caps(&self, incaps: &gst::Caps, _outcaps: &gst::Caps) -> Result<(), gst::LoggableError> {
@@ -506,9 +670,8 @@ impl BaseTransformImpl for TrtClassify {
                     );
                     state.pending.clear();
                     state.ready.clear();
-                    state.to_infer = 0;
-                    state.engine.discard();
-                    state.deadline = None;
+                    state.unscored = 0;
+                    state.stream.flush();
                     state.flow_error = None;
                     // After a seek, a result from before it describes another picture.
                     state.carry_left = 0;
@@ -521,7 +684,7 @@ impl BaseTransformImpl for TrtClassify {
             // Held frames go out before any serialized event (caps, segment, EOS, ...) so that
             // frames and events keep their order downstream.
             _ if event.is_serialized() => {
-                if let Err(err) = self.finish_batch() {
+                if let Err(err) = self.finish_batch(true) {
                     gst::debug!(
                         CAT,
                         imp = self,
@@ -544,10 +707,19 @@ impl BaseTransformImpl for TrtClassify {
     }
 
     fn query(&self, direction: gst::PadDirection, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryView::Context(q) = query.view()
+            && q.context_type() == cudamem::CONTEXT_TYPE
+            && self.may_use_cuda()
+        {
+            let ctx = self.ensure_cuda_context(false);
+            if cudamem::handle_context_query(self.obj().upcast_ref(), query, ctx.as_ref()) {
+                return true;
+            }
+        }
         // A drain query asks for every held buffer back (a decoder renegotiating its pool).
         if direction == gst::PadDirection::Sink
             && let gst::QueryView::Drain(_) = query.view()
-            && let Err(err) = self.finish_batch()
+            && let Err(err) = self.finish_batch(true)
         {
             gst::debug!(CAT, imp = self, "pushing held frames on drain: {err:?}");
         }
@@ -568,7 +740,7 @@ impl BaseTransformImpl for TrtClassify {
 
     /// Held frames come from upstream's buffer pool: ask for room for them, so that a source
     /// with a small pool (a camera, a hardware decoder) does not stall waiting for buffers
-    /// that the batch holds.
+    /// that the batch holds. Frames in CUDA memory are not counted (see below).
     fn propose_allocation(
         &self,
         decide_query: Option<&gst::query::Allocation>,
@@ -579,7 +751,14 @@ impl BaseTransformImpl for TrtClassify {
             let settings = self.settings.lock().unwrap();
             (settings.batch_size - 1) * settings.tunables.interval
         };
-        if held == 0 {
+        // CUDA memory comes from pools that grow on demand (NVDEC copies each decoded frame
+        // into one): asking for more would only preallocate GPU memory, for every camera.
+        let cuda_memory = query
+            .get()
+            .0
+            .and_then(|caps| caps.features(0))
+            .is_some_and(|f| f.contains(cudamem::CAPS_FEATURE));
+        if held == 0 || cuda_memory {
             return Ok(());
         }
         let pools: Vec<_> = query.allocation_pools().collect();
@@ -627,26 +806,18 @@ impl BaseTransformImpl for TrtClassify {
             true => tunables.interval - 1,
             false => state.carry_left - 1,
         };
-        state.pending.push(Pending {
+        state.pending.push_back(Pending {
             buffer,
             frame,
             fresh,
+            scores: None,
+            arrived: Instant::now(),
         });
-        if fresh {
-            state.to_infer += 1;
-            if state.to_infer == 1 && state.batch_size > 1 && tunables.batch_timeout_ms >= 0 {
-                let deadline =
-                    Instant::now() + Duration::from_millis(tunables.batch_timeout_ms as u64);
-                state.deadline = Some(deadline);
-                if let Some(timer) = &state.timer {
-                    timer.arm(deadline);
-                }
-            }
-        }
-        // A carried frame with no fresh frame ahead of it goes straight on with the last result.
-        if state.to_infer == 0 || state.to_infer >= state.batch_size {
-            self.run_batch(state, &tunables)?;
-        }
+        state.unscored += usize::from(fresh);
+        // A carried frame with no fresh frame ahead of it goes straight on with the last
+        // result; a full batch has run in the push.
+        self.collect(state, &tunables)?;
+        self.arm_timer(state, &tunables);
         Ok(gst::FlowSuccess::Ok)
     }
 
@@ -706,19 +877,67 @@ impl TrtClassify {
             },
         };
 
+        // The timer thread exists before the engine is joined: another stream's batch can
+        // wake it as soon as this element is in.
+        let timer = if settings.batch_size > 1 {
+            let element = self.obj().downgrade();
+            let timer = BatchTimer::spawn(move || {
+                if let Some(element) = element.upgrade() {
+                    element.imp().on_timer();
+                }
+            })
+            .map_err(|e| {
+                gst::error_msg!(
+                    gst::CoreError::Thread,
+                    ["cannot start the batch timer: {}", e]
+                )
+            })?;
+            Some(Arc::new(timer))
+        } else {
+            None
+        };
+        let wake: instance::Waker = match &timer {
+            Some(timer) => {
+                let timer = Arc::downgrade(timer);
+                Arc::new(move || {
+                    if let Some(timer) = timer.upgrade() {
+                        timer.wake();
+                    }
+                })
+            }
+            // Batches of one run in the pushing stream's own call: nothing to wake.
+            None => Arc::new(|| ()),
+        };
+
         let started = Instant::now();
-        let engine = engine::build(settings.backend, &options).map_err(start_error)?;
-        let info = engine.info().clone();
-        gst::info!(
-            CAT,
-            imp = self,
-            "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
-            info.backend,
-            started.elapsed(),
-            info.num_classes,
-            info.input.width,
-            info.input.height
-        );
+        let key = InstanceKey {
+            id: settings.model_instance_id.clone().unwrap_or_default(),
+            backend: settings.backend,
+            options: options.clone(),
+        };
+        let (stream, joined) =
+            instance::join(key, wake, || engine::build(settings.backend, &options))
+                .map_err(start_error)?;
+        let info = stream.info().clone();
+        match joined {
+            Joined::Built => gst::info!(
+                CAT,
+                imp = self,
+                "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
+                info.backend,
+                started.elapsed(),
+                info.num_classes,
+                info.input.width,
+                info.input.height
+            ),
+            Joined::Shared => gst::info!(
+                CAT,
+                imp = self,
+                "{location}: sharing the {:?} engine of {} other element(s)",
+                info.backend,
+                stream.streams() - 1
+            ),
+        }
         if !labels.is_empty() && labels.len() != info.num_classes {
             gst::element_imp_warning!(
                 self,
@@ -733,6 +952,13 @@ impl TrtClassify {
         }
         self.num_classes
             .store(info.num_classes as u32, Ordering::Relaxed);
+        self.device_frames.store(
+            match info.reads_device_frames {
+                true => DEVICE_FRAMES_YES,
+                false => DEVICE_FRAMES_NO,
+            },
+            Ordering::Relaxed,
+        );
 
         let results = match &settings.results_location {
             Some(path) => Some((
@@ -747,24 +973,6 @@ impl TrtClassify {
             None => None,
         };
 
-        let timer = if settings.batch_size > 1 {
-            let element = self.obj().downgrade();
-            let timer = BatchTimer::spawn(move || {
-                if let Some(element) = element.upgrade() {
-                    element.imp().on_batch_timeout();
-                }
-            })
-            .map_err(|e| {
-                gst::error_msg!(
-                    gst::CoreError::Thread,
-                    ["cannot start the batch timer: {}", e]
-                )
-            })?;
-            Some(timer)
-        } else {
-            None
-        };
-
         let model_name = std::path::Path::new(&location)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -776,22 +984,21 @@ impl TrtClassify {
             Softmax::Auto => None,
         };
         *self.state.lock().unwrap() = Some(State {
-            engine,
+            stream,
             labels,
             model_name,
-            batch_size: settings.batch_size as usize,
             apply_softmax,
             results,
             info: None,
-            pending: Vec::new(),
-            to_infer: 0,
-            deadline: None,
+            pending: VecDeque::new(),
+            unscored: 0,
             ready: VecDeque::new(),
             frame_count: 0,
             carry_left: 0,
             last: Vec::new(),
             flow_error: None,
             timer,
+            latency: LatencyHistogram::default(),
         });
         Ok(())
     }
@@ -819,7 +1026,8 @@ impl TrtClassify {
     }
 
     /// Hands a fresh frame to the engine as it arrives, so that its preprocessing and upload
-    /// overlap the wait for its batch-mates.
+    /// overlap the wait for its batch-mates. A frame in CUDA memory is read where it is when
+    /// the engine can; otherwise mapping it copies it to system memory.
     fn push_to_engine(
         &self,
         state: &mut State,
@@ -833,58 +1041,62 @@ impl TrtClassify {
             );
             return Err(gst::FlowError::NotNegotiated);
         };
-        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
-            .map_err(|_| {
-                gst::element_imp_error!(
-                    self,
-                    gst::StreamError::Format,
-                    ["a buffer does not match its caps"]
-                );
-                gst::FlowError::Error
-            })?;
-        state.engine.push(&frame).map_err(|e| {
+        let unreadable = |problem: &str| {
+            gst::element_imp_error!(self, gst::StreamError::Format, ["{}", problem]);
+            gst::FlowError::Error
+        };
+        let pushed = if state.stream.info().reads_device_frames
+            && cudamem::is_cuda_memory(buffer.as_ref())
+        {
+            let frame = cudamem::DeviceFrame::map(buffer.as_ref(), info)
+                .map_err(|e| unreadable(&format!("a buffer in CUDA memory cannot be read: {e}")))?;
+            state.stream.push_device(&frame.planes())
+        } else {
+            let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
+                .map_err(|_| unreadable("a buffer does not match its caps"))?;
+            state.stream.push(&frame)
+        };
+        pushed.map_err(|e| {
             gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", e]);
             gst::FlowError::Error
         })
     }
 
-    /// Classifies the held frames, attaches their results and queues them in `ready`.
-    fn run_batch(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
-        state.deadline = None;
-        if let Some(timer) = &state.timer {
-            timer.disarm();
-        }
-        if state.pending.is_empty() {
-            return Ok(());
-        }
-        let pending = std::mem::take(&mut state.pending);
-        let to_infer = std::mem::take(&mut state.to_infer);
-
-        let mut scores = Vec::new();
-        if to_infer > 0 {
-            let started = Instant::now();
-            scores = state.engine.run_pushed().map_err(|e| {
-                gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", e]);
-                gst::FlowError::Error
-            })?;
-            gst::trace!(
-                CAT,
-                imp = self,
-                "classified {to_infer} frame(s) in {:.2?}",
-                started.elapsed()
-            );
+    /// Takes the scores that have arrived for this element's frames, then sends on (into
+    /// `ready`) every frame at the front that has its result.
+    fn collect(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
+        let arrived = state.stream.take_scores();
+        let mut waiting = state
+            .pending
+            .iter_mut()
+            .filter(|p| p.fresh && p.scores.is_none());
+        for scores in arrived {
+            let (Some(frame), Ok(scores)) = (waiting.next(), scores.as_ref()) else {
+                let problem = match scores {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the engine returned scores for frames it was not given".into(),
+                };
+                gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", problem]);
+                return Err(gst::FlowError::Error);
+            };
+            frame.scores = Some(scores.clone());
+            state.unscored -= 1;
         }
 
-        let mut scores = scores.into_iter();
         let mut lines = Vec::new();
-        for Pending {
-            mut buffer,
-            frame,
-            fresh,
-        } in pending
+        while state
+            .pending
+            .front()
+            .is_some_and(|p| !p.fresh || p.scores.is_some())
         {
-            if fresh {
-                let mut s = scores.next().expect("one score vector per fresh frame");
+            let Pending {
+                mut buffer,
+                frame,
+                fresh,
+                scores,
+                arrived,
+            } = state.pending.pop_front().expect("checked above");
+            if let Some(mut s) = scores {
                 let apply = *state.apply_softmax.get_or_insert_with(|| {
                     let apply = !postprocess::is_distribution(&s);
                     gst::info!(
@@ -918,6 +1130,7 @@ impl TrtClassify {
                 lines.push(ResultsWriter::format(&result, buffer.pts()));
             }
             result.attach(buffer.make_mut());
+            state.latency.record(arrived.elapsed());
             state.ready.push_back(buffer);
         }
         if let Some((path, writer)) = state.results.as_mut()
@@ -933,16 +1146,57 @@ impl TrtClassify {
         Ok(())
     }
 
-    /// Runs the held frames as a partial batch and pushes them, from outside `generate_output`:
-    /// before a serialized event, or from the timer thread. The caller holds the stream lock.
-    fn finish_batch(&self) -> Result<gst::FlowSuccess, gst::FlowError> {
+    /// Sets the timer to the moment the oldest frame still waiting for its scores has waited
+    /// `batch-timeout`.
+    fn arm_timer(&self, state: &State, tunables: &Tunables) {
+        let Some(timer) = &state.timer else { return };
+        match (
+            state.oldest_unscored(),
+            u64::try_from(tunables.batch_timeout_ms),
+        ) {
+            (Some(arrived), Ok(ms)) => timer.arm(arrived + Duration::from_millis(ms)),
+            _ => timer.disarm(),
+        }
+    }
+
+    /// Pushes the frames whose results are in, from outside `generate_output`: before a
+    /// serialized event (`all`: after running the partial batch that holds this element's
+    /// frames), or from the timer thread (the partial batch runs once its oldest frame of
+    /// ours has waited `batch-timeout`). The caller holds the stream lock.
+    fn finish_batch(&self, all: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
         let tunables = self.settings.lock().unwrap().tunables;
         let ready = {
             let mut guard = self.state.lock().unwrap();
             let Some(state) = guard.as_mut() else {
                 return Ok(gst::FlowSuccess::Ok);
             };
-            self.run_batch(state, &tunables)?;
+            self.collect(state, &tunables)?;
+            let due = |state: &State| {
+                all || match (
+                    state.oldest_unscored(),
+                    u64::try_from(tunables.batch_timeout_ms),
+                ) {
+                    (Some(arrived), Ok(ms)) => arrived.elapsed() >= Duration::from_millis(ms),
+                    _ => false,
+                }
+            };
+            if state.unscored > 0 && due(state) {
+                gst::debug!(CAT, imp = self, "running a partial batch");
+                state.stream.run_now();
+                self.collect(state, &tunables)?;
+            }
+            if all && state.unscored > 0 {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Failed,
+                    [
+                        "{} frames were given to the engine and never came back",
+                        state.unscored
+                    ]
+                );
+                return Err(gst::FlowError::Error);
+            }
+            self.arm_timer(state, &tunables);
             std::mem::take(&mut state.ready)
         };
         let srcpad = self.obj().src_pad().clone();
@@ -952,20 +1206,12 @@ impl TrtClassify {
         Ok(gst::FlowSuccess::Ok)
     }
 
-    /// Called on the timer thread when a partial batch has waited `batch-timeout`.
-    fn on_batch_timeout(&self) {
+    /// Called on the timer thread when a partial batch may have waited `batch-timeout`, or
+    /// when another stream's batch brought scores for this element's frames.
+    fn on_timer(&self) {
         let sinkpad = self.obj().sink_pad().clone();
         let _stream_lock = sinkpad.stream_lock();
-        {
-            let guard = self.state.lock().unwrap();
-            // The batch may have run in the meantime, or the element stopped.
-            match guard.as_ref().and_then(|s| s.deadline) {
-                Some(deadline) if deadline <= Instant::now() => (),
-                _ => return,
-            }
-            gst::debug!(CAT, imp = self, "batch-timeout: running a partial batch");
-        }
-        if let Err(err) = self.finish_batch()
+        if let Err(err) = self.finish_batch(false)
             && let Some(state) = self.state.lock().unwrap().as_mut()
         {
             state.flow_error = Some(err);

@@ -8,6 +8,15 @@
  * Frames go to the engine `batch-size` at a time; every frame leaves exactly once, in order,
  * with its own result. `results-location` writes one JSON line per frame.
  *
+ * Elements of a process with the same engine settings (model, backend, precision, GPU,
+ * batch size, input size, preprocessing) and the same `model-instance-id` share one engine:
+ * the model is loaded once, and the frames of all their streams fill its batches together.
+ *
+ * With `backend=cuda`, frames in CUDA memory (`video/x-raw(memory:CUDAMemory)`, from
+ * `nvh264dec`, `nvh265dec`, `nvjpegdec`, `cudaupload`, `cudaconvert`) are read on the GPU
+ * where they are and passed on unchanged; the element shares its CUDA context with those
+ * elements through GStreamer's context mechanism (`gst.cuda.context`).
+ *
  * ## Example launch line
  *
  * ```bash
@@ -15,11 +24,23 @@
  *     trtclassify onnx-location=models/colors.onnx labels-location=models/colors.txt \
  *     top-k=1 results-location=- ! fakesink
  * ```
+ *
+ * Many cameras on one GPU, decoded by NVDEC and classified in CUDA memory, sharing one
+ * engine:
+ *
+ * ```bash
+ * gst-launch-1.0 \
+ *     rtspsrc location=rtsp://cam1/stream ! rtph264depay ! h264parse ! nvh264dec ! \
+ *         trtclassify onnx-location=resnet50.onnx backend=cuda batch-size=16 ! fakesink \
+ *     rtspsrc location=rtsp://cam2/stream ! rtph264depay ! h264parse ! nvh264dec ! \
+ *         trtclassify onnx-location=resnet50.onnx backend=cuda batch-size=16 ! fakesink
+ * ```
  */
 use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod latency;
 mod timer;
 
 pub use imp::CAT;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Wakes the element when the oldest frame of a partial batch has waited `batch-timeout`, so a
-//! stalled live source does not hold frames forever.
+//! stalled live source does not hold frames forever, and when another stream sharing the
+//! engine has run a batch with this element's frames in it, so that they leave at once.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -8,6 +9,8 @@ use std::time::Instant;
 #[derive(Default)]
 struct Shared {
     deadline: Option<Instant>,
+    /// Set by `wake`; apart from `deadline` so that re-arming never swallows a wake.
+    woken: bool,
     shutdown: bool,
 }
 
@@ -16,7 +19,8 @@ pub struct BatchTimer {
 }
 
 impl BatchTimer {
-    /// Spawns the timer thread; `on_expire` runs on it each time an armed deadline passes.
+    /// Spawns the timer thread; `on_expire` runs on it each time an armed deadline passes or
+    /// `wake` is called.
     pub fn spawn(on_expire: impl Fn() + Send + 'static) -> std::io::Result<Self> {
         let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
         let thread_shared = shared.clone();
@@ -29,16 +33,21 @@ impl BatchTimer {
                     if s.shutdown {
                         return;
                     }
-                    match s.deadline {
-                        None => s = cond.wait(s).unwrap(),
-                        Some(d) if Instant::now() >= d => {
+                    let expired = s.deadline.is_some_and(|d| Instant::now() >= d);
+                    if expired || s.woken {
+                        if expired {
                             s.deadline = None;
-                            drop(s);
-                            on_expire();
-                            s = lock.lock().unwrap();
                         }
-                        Some(d) => s = cond.wait_timeout(s, d - Instant::now()).unwrap().0,
+                        s.woken = false;
+                        drop(s);
+                        on_expire();
+                        s = lock.lock().unwrap();
+                        continue;
                     }
+                    s = match s.deadline {
+                        None => cond.wait(s).unwrap(),
+                        Some(d) => cond.wait_timeout(s, d - Instant::now()).unwrap().0,
+                    };
                 }
             })?;
         Ok(Self { shared })
@@ -47,6 +56,13 @@ impl BatchTimer {
     pub fn arm(&self, deadline: Instant) {
         let (lock, cond) = &*self.shared;
         lock.lock().unwrap().deadline = Some(deadline);
+        cond.notify_one();
+    }
+
+    /// Wakes the thread now; never blocks for longer than the thread's own bookkeeping.
+    pub fn wake(&self) {
+        let (lock, cond) = &*self.shared;
+        lock.lock().unwrap().woken = true;
         cond.notify_one();
     }
 

@@ -98,28 +98,44 @@ pub fn appsink(pipeline: &gst::Pipeline, name: &str) -> gst_app::AppSink {
 /// Runs a `gst-launch` style pipeline ending in `appsink name=sink` to EOS and returns the
 /// classifications of all buffers, or the error message text.
 pub fn run_pipeline(description: &str) -> Result<Vec<Classification>, String> {
+    run_pipeline_sinks(description, &["sink"]).map(|mut sinks| sinks.remove(0).0)
+}
+
+/// What reached one appsink: the classifications of its buffers in order, and the caps they
+/// came with.
+pub type SinkResults = (Vec<Classification>, Option<gst::Caps>);
+
+/// Runs a pipeline whose branches end in the appsinks `sinks` to EOS; what reached each.
+pub fn run_pipeline_sinks(description: &str, sinks: &[&str]) -> Result<Vec<SinkResults>, String> {
     init();
     let pipeline = gst::parse::launch(description)
         .map_err(|e| e.to_string())?
         .downcast::<gst::Pipeline>()
         .unwrap();
-    let sink = appsink(&pipeline, "sink");
-    let results = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let collected = results.clone();
-    sink.set_callbacks(
-        gst_app::AppSinkCallbacks::builder()
-            .new_sample(move |sink| {
-                let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
-                let buffer = sample.buffer().expect("samples hold buffers");
-                collected.lock().unwrap().push(
-                    Classification::from_buffer(buffer).expect("buffer without classification"),
-                );
-                Ok(gst::FlowSuccess::Ok)
-            })
-            .build(),
-    );
+    type Collected = std::sync::Arc<std::sync::Mutex<SinkResults>>;
+    let collected: Vec<Collected> = sinks.iter().map(|_| Default::default()).collect();
+    for (name, results) in sinks.iter().zip(&collected) {
+        let results = results.clone();
+        appsink(&pipeline, name).set_callbacks(
+            gst_app::AppSinkCallbacks::builder()
+                .new_sample(move |sink| {
+                    let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                    let buffer = sample.buffer().expect("samples hold buffers");
+                    let mut results = results.lock().unwrap();
+                    results.0.push(
+                        Classification::from_buffer(buffer).expect("buffer without classification"),
+                    );
+                    results.1 = sample.caps_owned();
+                    Ok(gst::FlowSuccess::Ok)
+                })
+                .build(),
+        );
+    }
     let outcome = run_to_eos(&pipeline);
-    let results = std::mem::take(&mut *results.lock().unwrap());
+    let results = collected
+        .iter()
+        .map(|c| std::mem::take(&mut *c.lock().unwrap()))
+        .collect();
     outcome.map(|_| results)
 }
 
@@ -145,10 +161,21 @@ pub fn run_to_eos(pipeline: &gst::Pipeline) -> Result<(), String> {
     outcome
 }
 
+/// The backend the element and pipeline tests run on: `TRTCLASSIFY_TEST_BACKEND` (the GPU
+/// host runs them with `cuda` too), else the element's default.
+pub fn test_backend() -> Option<String> {
+    std::env::var("TRTCLASSIFY_TEST_BACKEND")
+        .ok()
+        .filter(|b| !b.is_empty())
+}
+
 /// The launch-line fragment for the colour model with its labels.
 pub fn colors_element(extra: &str) -> String {
+    let backend = test_backend()
+        .map(|b| format!("backend={b}"))
+        .unwrap_or_default();
     format!(
-        "trtclassify onnx-location={} labels-location={} {extra}",
+        "trtclassify onnx-location={} labels-location={} {backend} {extra}",
         model("colors.onnx"),
         model("colors.txt")
     )

@@ -35,6 +35,24 @@ pub struct Pre {
 // SAFETY: plain old data laid out as the kernel's `struct Pre`.
 unsafe impl DeviceRepr for Pre {}
 
+impl Pre {
+    /// Bytes from the frame's address to the end of its last plane: what the kernel may read.
+    pub fn extent(&self) -> usize {
+        let (h, chroma_h) = (self.size[1] as i64, (self.size[1] as i64 + 1) / 2);
+        let planes: &[(usize, i64)] = match self.format {
+            0 => &[(0, h)],
+            1 => &[(0, h), (1, chroma_h)],
+            _ => &[(0, h), (1, chroma_h), (2, chroma_h)],
+        };
+        planes
+            .iter()
+            .map(|&(i, rows)| self.plane[i] + rows * i64::from(self.stride[i]))
+            .max()
+            .unwrap_or(0)
+            .max(0) as usize
+    }
+}
+
 /// A frame as the kernel reads it: its parameters and its planes.
 pub type RawFrame<'a> = (Pre, Vec<&'a [u8]>);
 
@@ -75,6 +93,26 @@ impl FramePreprocess {
     /// The kernel parameters for a frame described by `info` whose planes are uploaded one
     /// after the other, each `plane_len` bytes; `None` for a format the kernel does not read.
     pub fn params(&self, info: &gst_video::VideoInfo, plane_lens: &[usize]) -> Option<Pre> {
+        let offsets: Vec<i64> = plane_lens
+            .iter()
+            .scan(0i64, |offset, len| {
+                let start = *offset;
+                *offset += *len as i64;
+                Some(start)
+            })
+            .collect();
+        self.params_at(info, &offsets, info.stride())
+    }
+
+    /// The kernel parameters for a frame whose planes start `offsets` bytes after the address
+    /// the kernel gets, with rows `strides` bytes apart; `None` for a format the kernel does
+    /// not read.
+    pub fn params_at(
+        &self,
+        info: &gst_video::VideoInfo,
+        offsets: &[i64],
+        strides: &[i32],
+    ) -> Option<Pre> {
         let mut p = self.base;
         let finfo = info.format_info();
         p.format = match info.format() {
@@ -103,11 +141,9 @@ impl FramePreprocess {
             ];
         }
         p.size = [info.width() as i32, info.height() as i32];
-        let mut offset = 0i64;
-        for (i, len) in plane_lens.iter().enumerate().take(3) {
-            p.plane[i] = offset;
-            p.stride[i] = info.stride()[i];
-            offset += *len as i64;
+        for (i, (offset, stride)) in offsets.iter().zip(strides).enumerate().take(3) {
+            p.plane[i] = *offset;
+            p.stride[i] = *stride;
         }
         let (src, dst) = geometry(
             (info.width() as i32, info.height() as i32),

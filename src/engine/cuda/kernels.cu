@@ -468,8 +468,12 @@ __device__ __forceinline__ void taps(int i, int in_size, int out_size, float *ce
 }
 
 extern "C" __global__ void preprocess(const Pre p, const unsigned char *src, float *out) {
+    // One warp per output pixel, its lanes sharing the filter's taps (about 170 a pixel from
+    // 1080p to 224x224), so that one frame's pixels are spread over the whole GPU.
     int n = p.out_w * p.out_h;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    int lane = threadIdx.x & 31;
+    int warps = (gridDim.x * blockDim.x) >> 5;
+    for (int i = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < n; i += warps) {
         int ox = i % p.out_w, oy = i / p.out_w;
         float acc[3] = {0.f, 0.f, 0.f};
         int dx = ox - p.dst[0], dy = oy - p.dst[1];
@@ -480,26 +484,32 @@ extern "C" __global__ void preprocess(const Pre p, const unsigned char *src, flo
             taps(dx, p.crop[2], p.dst[2], &cx, &sx, &x0, &nx);
             taps(dy, p.crop[3], p.dst[3], &cy, &sy, &y0, &ny);
             float wsum = 0.f;
-            for (int y = y0; y < y0 + ny; y++) {
+            for (int t = lane; t < nx * ny; t += 32) {
+                int y = y0 + t / nx, x = x0 + t % nx;
                 float wy = fmaxf(1.f - fabsf((y + 0.5f - cy) / sy), 0.f);
-                if (wy == 0.f) continue;
-                for (int x = x0; x < x0 + nx; x++) {
-                    float w = wy * fmaxf(1.f - fabsf((x + 0.5f - cx) / sx), 0.f);
-                    if (w == 0.f) continue;
-                    float rgb[3];
-                    rgb_at(p, src, p.crop[0] + x, p.crop[1] + y, rgb);
-                    acc[0] += w * rgb[0];
-                    acc[1] += w * rgb[1];
-                    acc[2] += w * rgb[2];
-                    wsum += w;
-                }
+                float w = wy * fmaxf(1.f - fabsf((x + 0.5f - cx) / sx), 0.f);
+                if (w == 0.f) continue;
+                float rgb[3];
+                rgb_at(p, src, p.crop[0] + x, p.crop[1] + y, rgb);
+                acc[0] += w * rgb[0];
+                acc[1] += w * rgb[1];
+                acc[2] += w * rgb[2];
+                wsum += w;
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                acc[0] += __shfl_down_sync(0xffffffffu, acc[0], o);
+                acc[1] += __shfl_down_sync(0xffffffffu, acc[1], o);
+                acc[2] += __shfl_down_sync(0xffffffffu, acc[2], o);
+                wsum += __shfl_down_sync(0xffffffffu, wsum, o);
             }
             for (int c = 0; c < 3; c++) acc[c] /= wsum;
         }
-        for (int c = 0; c < 3; c++) {
-            float v = inside ? (acc[p.bgr ? 2 - c : c] * p.scale - p.mean[c]) / p.std[c] : p.border[c];
-            long long o = p.nchw ? (long long)c * n + i : (long long)i * 3 + c;
-            out[o] = v;
+        if (lane == 0) {
+            for (int c = 0; c < 3; c++) {
+                float v = inside ? (acc[p.bgr ? 2 - c : c] * p.scale - p.mean[c]) / p.std[c] : p.border[c];
+                long long o = p.nchw ? (long long)c * n + i : (long long)i * 3 + c;
+                out[o] = v;
+            }
         }
     }
 }

@@ -28,8 +28,8 @@ use std::time::Instant;
 use gst_video::prelude::*;
 
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
+use crate::engine::CAT;
 use crate::preprocess::Preprocessor;
-use crate::trtclassify::CAT;
 use engine_file::{EngineFile, Key};
 use plan::{DType, Weights};
 
@@ -70,6 +70,8 @@ pub struct CudaEngine {
     pushed: usize,
     /// Scores of the pushed frames that have run.
     ran: super::Ran,
+    /// Whether frames from another CUDA context were seen (and said so once).
+    foreign_frames: bool,
 }
 
 impl CudaEngine {
@@ -202,6 +204,7 @@ impl CudaEngine {
             ),
             backend: Backend::Cuda,
             precision: options.precision,
+            reads_device_frames: frame_pre.is_some(),
         };
         Ok(CudaEngine {
             info,
@@ -211,7 +214,26 @@ impl CudaEngine {
             input: Vec::new(),
             pushed: 0,
             ran: Default::default(),
+            foreign_frames: false,
         })
+    }
+
+    /// The mean time of preprocessing one frame of `info` already in GPU memory into the
+    /// model input, over `runs` full batches; for benchmarks.
+    pub fn time_device_preprocess(
+        &mut self,
+        info: &gst_video::VideoInfo,
+        runs: usize,
+    ) -> Result<f64, EngineError> {
+        let offsets: Vec<i64> = info.offset().iter().map(|&o| o as i64).collect();
+        let params = self
+            .frame_pre
+            .as_ref()
+            .and_then(|pre| pre.params_at(info, &offsets, info.stride()))
+            .ok_or_else(|| EngineError::Inference("no GPU preprocessing for this model".into()))?;
+        self.runtime
+            .time_device_preprocess(&params, runs)
+            .map_err(EngineError::Inference)
     }
 
     /// The runtime, for benchmarks and profiles.
@@ -342,6 +364,39 @@ impl Engine for CudaEngine {
             }
         };
         staged.map_err(EngineError::Inference)?;
+        self.pushed += 1;
+        if self.pushed == self.info.model_batch {
+            self.run_input()?;
+        }
+        Ok(())
+    }
+
+    fn push_device(&mut self, frame: &super::DevicePlanes) -> Result<(), EngineError> {
+        let unreadable = || {
+            EngineError::Inference(format!(
+                "the GPU preprocessing cannot read {:?} frames",
+                frame.info.format()
+            ))
+        };
+        let pre = self.frame_pre.as_ref().ok_or_else(unreadable)?;
+        // Plane offsets from the first plane's address: the planes of a CUDA buffer lie in
+        // one allocation, in any order.
+        let base = frame.ptrs.iter().copied().min().ok_or_else(unreadable)?;
+        let offsets: Vec<i64> = frame.ptrs.iter().map(|p| (p - base) as i64).collect();
+        let params = pre
+            .params_at(&frame.info, &offsets, &frame.strides)
+            .ok_or_else(unreadable)?;
+        if frame.context != self.runtime.context_handle() && !self.foreign_frames {
+            self.foreign_frames = true;
+            gst::info!(
+                CAT,
+                "frames in CUDA memory of another CUDA context: each is copied on the GPU \
+                 first (an element upstream did not take the shared gst.cuda.context)"
+            );
+        }
+        self.runtime
+            .stage_device_frame(self.pushed, &params, base, frame.context)
+            .map_err(EngineError::Inference)?;
         self.pushed += 1;
         if self.pushed == self.info.model_batch {
             self.run_input()?;

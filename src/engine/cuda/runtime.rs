@@ -348,6 +348,9 @@ pub struct Runtime {
     raw: Option<CudaSlice<u8>>,
     /// Bytes of `raw_host` holding frames whose copies may still be in flight.
     raw_used: usize,
+    /// Frames in GPU memory of another CUDA context, copied here slot by slot before the
+    /// preprocessing kernel reads them; and the bytes each slot holds.
+    peer: Option<(CudaSlice<u8>, usize)>,
 }
 
 // SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
@@ -524,6 +527,7 @@ impl Runtime {
             raw_host: None,
             raw: None,
             raw_used: 0,
+            peer: None,
         };
         let tune = plans.iter().any(|p| {
             p.steps
@@ -1241,16 +1245,108 @@ impl Runtime {
         }
         .map_err(drv_err("frame upload"))?;
         self.raw_used = end;
+        self.launch_preprocess(slot, pre, raw_dev + start as u64)
+    }
+
+    /// Preprocesses one frame that is already in GPU memory (GStreamer's CUDA memory, at
+    /// device address `src`, in CUDA context `context`) into frame `slot` of the input,
+    /// asynchronously. A frame of our own context is read where it is; one of another
+    /// context is first copied into ours on the GPU. The caller keeps the frame's memory
+    /// untouched until the batch has run.
+    pub fn stage_device_frame(
+        &mut self,
+        slot: usize,
+        pre: &Pre,
+        src: u64,
+        context: usize,
+    ) -> Result<(), String> {
+        self.check_slot(slot)?;
+        self.ctx.bind_to_thread().map_err(drv_err("context"))?;
+        let src = if context == self.context_handle() {
+            src
+        } else {
+            self.copy_from_peer(slot, pre, src, context)?
+        };
+        self.launch_preprocess(slot, pre, src)
+    }
+
+    /// The CUDA context (`CUcontext`) the runtime runs in.
+    pub fn context_handle(&self) -> usize {
+        self.ctx.cu_ctx() as usize
+    }
+
+    /// Copies a frame of another CUDA context into slot `slot` of `peer`; returns its address.
+    fn copy_from_peer(
+        &mut self,
+        slot: usize,
+        pre: &Pre,
+        src: u64,
+        context: usize,
+    ) -> Result<u64, String> {
+        let len = pre.extent();
+        if self
+            .peer
+            .as_ref()
+            .is_none_or(|(_, per_slot)| *per_slot < len)
+        {
+            // Earlier slots' kernels may still read the old buffer.
+            self.stream.synchronize().map_err(drv_err("sync"))?;
+            let buffer =
+                // SAFETY: each slot is written by the copy below before a kernel reads it.
+                unsafe { self.stream.alloc::<u8>(len * self.max_batch()) }
+                    .map_err(drv_err("allocation"))?;
+            self.peer = Some((buffer, len));
+        }
+        let (buffer, per_slot) = self.peer.as_ref().expect("allocated above");
+        let dst = buffer.device_ptr(&self.stream).0 + (slot * per_slot) as u64;
+        // SAFETY: both ranges are `len` bytes of live device memory (the source is the mapped
+        // frame); the copy is ordered on our stream before the kernel that reads it.
+        unsafe {
+            drv::cuMemcpyPeerAsync(
+                dst,
+                self.ctx.cu_ctx(),
+                src,
+                context as drv::CUcontext,
+                len,
+                self.stream.cu_stream(),
+            )
+            .result()
+        }
+        .map_err(drv_err("copy from another CUDA context"))?;
+        Ok(dst)
+    }
+
+    /// The mean time in milliseconds of preprocessing one frame already in GPU memory, over
+    /// `runs` full batches queued back to back; for benchmarks.
+    pub fn time_device_preprocess(&mut self, pre: &Pre, runs: usize) -> Result<f64, String> {
+        self.ctx.bind_to_thread().map_err(drv_err("context"))?;
+        let frame = self
+            .stream
+            .alloc_zeros::<u8>(pre.extent())
+            .map_err(drv_err("allocation"))?;
+        let src = frame.device_ptr(&self.stream).0;
+        let batch = self.max_batch();
+        self.launch_preprocess(0, pre, src)?;
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        let started = std::time::Instant::now();
+        for _ in 0..runs {
+            for slot in 0..batch {
+                self.launch_preprocess(slot, pre, src)?;
+            }
+        }
+        self.stream.synchronize().map_err(drv_err("sync"))?;
+        Ok(started.elapsed().as_secs_f64() * 1e3 / (runs * batch) as f64)
+    }
+
+    /// Launches the preprocessing kernel on a frame at device address `src`, into `slot`.
+    fn launch_preprocess(&self, slot: usize, pre: &Pre, src: u64) -> Result<(), String> {
         let pixels = (pre.out_w * pre.out_h) as usize;
         let input = self.input.device_ptr(&self.stream).0;
-        let (src, out) = (
-            raw_dev + start as u64,
-            input + (slot * pixels * 3 * 4) as u64,
-        );
+        let out = input + (slot * pixels * 3 * 4) as u64;
         let mut l = self.stream.launch_builder(&self.kernels.preprocess);
         l.arg(pre).arg(&src).arg(&out);
-        // SAFETY: argument types match the kernel's signature (kernels.cu).
-        unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(drv_err("kernel launch"))?;
+        // SAFETY: argument types match the kernel's signature (kernels.cu); one warp a pixel.
+        unsafe { l.launch(grid(self.sm_count, pixels * 32)) }.map_err(drv_err("kernel launch"))?;
         Ok(())
     }
 

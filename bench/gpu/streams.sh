@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Many cameras on one GPU, on the GPU host after pack.sh (see bench/gpu/README.md): N streams
+# of a video file in one gst-launch-1.0, decode only (NVDEC) and decode + trtclassify (frames
+# read in CUDA memory, one engine shared by all elements), side by side in one run. One table
+# row per pipeline: frames/s, GPU and decoder busy, GPU memory, and the time frames spend in
+# trtclassify (buffer in to buffer out), p50 and p99.
+#
+#   bench/gpu/streams.sh MODE STREAMS...
+#
+# MODE: decode | MODEL (a name of /tmp/tv/MODEL.onnx, exported by torch_models.py) |
+#       download:MODEL (the old path: cudadownload to system memory before trtclassify) |
+#       own:MODEL (each element an engine of its own: model-instance-id per stream)
+# Environment: VIDEO (default .gpu/files/bench1080.mp4), FRAMES (frames in VIDEO, 600),
+# PARSE/DEC (h264parse/nvh264dec), BATCH (64), TIMEOUT (batch-timeout ms, 50), LABEL.
+# Logs go to $GPU_OUT (or /tmp/gpu-out); rows are appended to streams.md there.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${GPU_OUT:-/tmp/gpu-out}
+mkdir -p "$out"
+video=${VIDEO:-$PWD/.gpu/files/bench1080.mp4}
+frames=${FRAMES:-600}
+parse=${PARSE:-h264parse}
+dec=${DEC:-nvh264dec}
+batch=${BATCH:-64}
+timeout=${TIMEOUT:-50}
+mode=$1
+shift
+
+element() { # MODEL [INSTANCE]
+  local engine=/tmp/engines/$1-b$batch.engine
+  if [ ! -e "$engine" ]; then
+    mkdir -p /tmp/engines
+    trtclassify-engine build "/tmp/tv/$1.onnx" --engine "$engine" --batch-size "$batch" \
+      >>"$out/engine-build.log" 2>&1
+  fi
+  echo "trtclassify onnx-location=/tmp/tv/$1.onnx backend=cuda engine-location=$engine" \
+    "batch-size=$batch batch-timeout=$timeout ${2:+model-instance-id=$2}"
+}
+
+for n in "$@"; do
+  branches=""
+  for i in $(seq "$n"); do
+    case $mode in
+      decode) tail="" ;;
+      download:*) tail="cudadownload ! video/x-raw,format=NV12 ! $(element "${mode#download:}") !" ;;
+      own:*) tail="$(element "${mode#own:}" "stream$i") !" ;;
+      *) tail="$(element "$mode") !" ;;
+    esac
+    branches+=" filesrc location=$video ! qtdemux ! $parse ! $dec ! $tail fakesink sync=false async=false"
+  done
+  name="${LABEL:-$mode}-$n"
+  name=${name//[:\/]/_}
+  idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  nvidia-smi --query-gpu=utilization.gpu,utilization.decoder,memory.used \
+    --format=csv,noheader,nounits -lms 200 >"$out/smi-$name.csv" 2>/dev/null &
+  smi=$!
+  # shellcheck disable=SC2086
+  GST_DEBUG=trtclassify:4 GST_DEBUG_NO_COLOR=1 gst-launch-1.0 -e $branches \
+    >"$out/run-$name.txt" 2>"$out/run-$name.log"
+  rc=$?
+  kill "$smi" 2>/dev/null
+  wait "$smi" 2>/dev/null
+  python3 "$here/streams_row.py" --label "${LABEL:-$mode}" --streams "$n" --frames "$frames" \
+    --idle-mib "$idle" --rc "$rc" --launch "$out/run-$name.txt" --log "$out/run-$name.log" \
+    --smi "$out/smi-$name.csv" | tee -a "$out/streams.md"
+done

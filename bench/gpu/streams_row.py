@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""One table row of bench/gpu/streams.sh from a run's logs.
+
+frames/s: frames of all streams over gst-launch's PLAYING -> EOS time ("Execution ended
+after"); GPU and decoder busy: the mean of nvidia-smi's 200 ms samples while a decoder was
+busy; GPU memory: the peak over the run less the memory in use before it; time in
+trtclassify: each element logs its p50 and p99 at stop, the row gives the median of the
+streams' p50 and the worst stream's p99.
+"""
+import argparse
+import re
+import statistics
+
+
+def seconds(text):
+    value, unit = re.fullmatch(r"([0-9.]+)(ns|µs|us|ms|s)", text).groups()
+    return float(value) * {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name in ("label", "launch", "log", "smi"):
+        p.add_argument("--" + name, required=True)
+    for name in ("streams", "frames", "idle-mib", "rc"):
+        p.add_argument("--" + name, type=int, required=True)
+    a = p.parse_args()
+
+    launch = open(a.launch, errors="replace").read()
+    m = re.search(r"Execution ended after (\d+):(\d+):([0-9.]+)", launch)
+    playing = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3]) if m else 0.0
+    total = a.streams * a.frames
+    fps = total / playing if playing else 0.0
+
+    busy, dec, mem = [], [], []
+    for line in open(a.smi, errors="replace"):
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            g, d, u = (float(x) for x in parts[:3])
+        except ValueError:
+            continue
+        mem.append(u)
+        if d > 0:
+            busy.append(g)
+            dec.append(d)
+    mean = lambda xs: statistics.fmean(xs) if xs else 0.0
+    added = max(mem) - a.idle_mib if mem else 0.0
+
+    p50s, p99s = [], []
+    frames_out = 0
+    pattern = re.compile(
+        r"(\d+) frames out; time in the element \(buffer in to out\): "
+        r"p50 ([0-9.]+(?:ns|µs|us|ms|s)), p99 ([0-9.]+(?:ns|µs|us|ms|s))"
+    )
+    for m in pattern.finditer(open(a.log, errors="replace").read()):
+        frames_out += int(m[1])
+        p50s.append(seconds(m[2]) * 1e3)
+        p99s.append(seconds(m[3]) * 1e3)
+    latency = (
+        f"{statistics.median(p50s):.1f} | {max(p99s):.1f}" if p50s else "– | –"
+    )
+    out = f"{frames_out}" if p50s else "–"
+    print(
+        f"| {a.label} | {a.streams} | {total} | {out} | {playing:.2f} s | {fps:,.0f} | "
+        f"{fps / a.streams:,.0f} | {mean(busy):.0f}% | {mean(dec):.0f}% | {added:,.0f} MiB | "
+        f"{added / a.streams:,.0f} | {latency} | {a.rc} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

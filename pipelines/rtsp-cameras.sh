@@ -1,0 +1,34 @@
+#!/bin/sh
+# Classify many live RTSP cameras (H.264) with one shared engine, results to standard output
+# (one JSON line per frame; the "model" is the same for all, so the lines of each camera are
+# told apart by the file: RESULTS_DIR/cameraN.jsonl when RESULTS_DIR is set).
+# Usage: pipelines/rtsp-cameras.sh MODEL.onnx LABELS.txt rtsp://cam1/stream rtsp://cam2/stream ...
+# With nvh264dec (gst-plugins-bad's nvcodec, an NVIDIA GPU) frames are decoded by NVDEC and
+# classified in CUDA memory, never copied to host memory; otherwise the software decoder
+# (decodebin: gst-libav's avdec_h264 or openh264dec) feeds the element system memory.
+# All elements have the same settings, so they share one engine and fill its batches
+# together; batch-timeout bounds how long a frame waits when cameras hiccup.
+set -e
+[ $# -ge 3 ] || { echo "usage: $0 MODEL.onnx LABELS.txt RTSP-URL..." >&2; exit 2; }
+here=$(cd "$(dirname "$0")/.." && pwd)
+export GST_PLUGIN_PATH="${GST_PLUGIN_PATH:-$here/target/release}"
+model=$1 labels=$2
+shift 2
+if gst-inspect-1.0 nvh264dec >/dev/null 2>&1; then
+    decode="nvh264dec"
+else
+    decode="decodebin ! videoconvert"
+fi
+branches=""
+i=0
+for url in "$@"; do
+    i=$((i + 1))
+    results="-"
+    [ -n "${RESULTS_DIR:-}" ] && results="$RESULTS_DIR/camera$i.jsonl"
+    branches="$branches rtspsrc location=$url latency=200 ! rtph264depay ! h264parse ! $decode ! \
+        trtclassify onnx-location=$model labels-location=$labels batch-size=${BATCH:-16} \
+            batch-timeout=${TIMEOUT:-40} interval=${INTERVAL:-1} results-location=$results ! \
+        fakesink sync=true"
+done
+# shellcheck disable=SC2086
+exec gst-launch-1.0 -e $branches

@@ -41,6 +41,12 @@ fn gpu(test: &str) -> bool {
             .err()
             .map(|e| format!("no usable GPU: {e}"))
     });
+    runs(test, reason)
+}
+
+/// True when nothing stops `test`; otherwise says SKIPPED and why, or fails where a GPU is
+/// expected (`TRTCLASSIFY_EXPECT_GPU`).
+fn runs(test: &str, reason: Option<String>) -> bool {
     match reason {
         Some(reason) if std::env::var_os("TRTCLASSIFY_EXPECT_GPU").is_some() => {
             panic!("{test}: a GPU is expected here, but {reason}")
@@ -548,16 +554,7 @@ fn cuda_elements(test: &str) -> bool {
                 .is_none()
                 .then(|| "no cudaupload element (gst-plugins-bad's nvcodec)".to_owned())
         });
-    match reason {
-        Some(reason) if std::env::var_os("TRTCLASSIFY_EXPECT_GPU").is_some() => {
-            panic!("{test}: GStreamer's CUDA elements are expected here, but {reason}")
-        }
-        Some(reason) => {
-            skipped(&format!("{test}: {reason}"));
-            false
-        }
-        None => true,
-    }
+    runs(test, reason)
 }
 
 fn in_cuda_memory(caps: &Option<gst::Caps>) -> bool {

@@ -151,12 +151,14 @@ struct State {
 }
 
 impl State {
-    /// When the oldest frame still waiting for its scores arrived.
-    fn oldest_unscored(&self) -> Option<Instant> {
+    /// When the oldest frame still waiting for its scores will have waited `batch-timeout`;
+    /// `None` when no frame waits or the timeout is off.
+    fn deadline(&self, tunables: &Tunables) -> Option<Instant> {
+        let ms = u64::try_from(tunables.batch_timeout_ms).ok()?;
         self.pending
             .iter()
             .find(|p| p.fresh && p.scores.is_none())
-            .map(|p| p.arrived)
+            .map(|p| p.arrived + Duration::from_millis(ms))
     }
 }
 
@@ -1150,12 +1152,9 @@ impl TrtClassify {
     /// `batch-timeout`.
     fn arm_timer(&self, state: &State, tunables: &Tunables) {
         let Some(timer) = &state.timer else { return };
-        match (
-            state.oldest_unscored(),
-            u64::try_from(tunables.batch_timeout_ms),
-        ) {
-            (Some(arrived), Ok(ms)) => timer.arm(arrived + Duration::from_millis(ms)),
-            _ => timer.disarm(),
+        match state.deadline(tunables) {
+            Some(deadline) => timer.arm(deadline),
+            None => timer.disarm(),
         }
     }
 
@@ -1171,16 +1170,11 @@ impl TrtClassify {
                 return Ok(gst::FlowSuccess::Ok);
             };
             self.collect(state, &tunables)?;
-            let due = |state: &State| {
-                all || match (
-                    state.oldest_unscored(),
-                    u64::try_from(tunables.batch_timeout_ms),
-                ) {
-                    (Some(arrived), Ok(ms)) => arrived.elapsed() >= Duration::from_millis(ms),
-                    _ => false,
-                }
-            };
-            if state.unscored > 0 && due(state) {
+            let due = all
+                || state
+                    .deadline(&tunables)
+                    .is_some_and(|d| d <= Instant::now());
+            if state.unscored > 0 && due {
                 gst::debug!(CAT, imp = self, "running a partial batch");
                 state.stream.run_now();
                 self.collect(state, &tunables)?;

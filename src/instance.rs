@@ -17,7 +17,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
-use crate::engine::{Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo};
+use crate::engine::{
+    Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
+};
 
 /// What makes two elements' engines interchangeable.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +52,9 @@ struct Inner {
     queued: Vec<(StreamId, u64)>,
     streams: HashMap<StreamId, StreamSlot>,
     next_stream: StreamId,
+    /// Set when the engine panicked: its state is unknown, so it is not called again and
+    /// every later push fails with this error.
+    broken: Option<Arc<EngineError>>,
 }
 
 /// An engine and the streams that feed it.
@@ -146,10 +151,45 @@ impl Instance {
 }
 
 impl Inner {
-    fn engine(&mut self) -> &mut dyn Engine {
-        self.engine
-            .as_deref_mut()
-            .expect("an instance with streams has an engine")
+    /// Calls the engine, turning a panic inside it into an error (see `broken`).
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Engine) -> Result<T, EngineError>,
+    ) -> Result<T, Arc<EngineError>> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let Some(engine) = self.engine.as_deref_mut() else {
+            return Err(Arc::new(EngineError::Inference(
+                "the engine has been dropped".into(),
+            )));
+        };
+        let mut panicked = false;
+        let result = unpanic(
+            || f(engine),
+            |panic| {
+                panicked = true;
+                EngineError::Inference(format!(
+                    "internal error in the engine, which is not used again: {panic}"
+                ))
+            },
+        );
+        result.map_err(|e| {
+            let e = Arc::new(e);
+            if panicked {
+                self.broken = Some(e.clone());
+            }
+            e
+        })
+    }
+
+    /// Forgets the frames pushed into the engine.
+    fn discard(&mut self) {
+        // A discard that panics has marked the engine broken: nothing else to do.
+        let _ = self.call(|engine| {
+            engine.discard();
+            Ok(())
+        });
     }
 
     /// Runs every queued frame and hands out the scores; wakes the streams that got some,
@@ -159,7 +199,7 @@ impl Inner {
             return;
         }
         let tickets = std::mem::take(&mut self.queued);
-        let scores: Vec<Scores> = match self.engine().run_pushed() {
+        let scores: Vec<Scores> = match self.call(|engine| engine.run_pushed()) {
             Ok(scores) if scores.len() == tickets.len() => scores.into_iter().map(Ok).collect(),
             Ok(scores) => {
                 let e = Arc::new(EngineError::Inference(format!(
@@ -169,10 +209,7 @@ impl Inner {
                 )));
                 tickets.iter().map(|_| Err(e.clone())).collect()
             }
-            Err(e) => {
-                let e = Arc::new(e);
-                tickets.iter().map(|_| Err(e.clone())).collect()
-            }
+            Err(e) => tickets.iter().map(|_| Err(e.clone())).collect(),
         };
         self.deliver(tickets.into_iter().zip(scores), caller);
     }
@@ -209,7 +246,7 @@ impl Inner {
             .any(|(id, epoch)| self.streams.get(id).is_some_and(|s| s.epoch == *epoch));
         if !wanted && !self.queued.is_empty() {
             self.queued.clear();
-            self.engine().discard();
+            self.discard();
         }
     }
 }
@@ -242,9 +279,8 @@ impl Stream {
     ) -> Result<(), Arc<EngineError>> {
         let mut inner = self.instance.lock();
         let epoch = inner.streams[&self.id].epoch;
-        if let Err(e) = push(inner.engine()) {
-            let e = Arc::new(e);
-            inner.engine().discard();
+        if let Err(e) = inner.call(push) {
+            inner.discard();
             let lost = std::mem::take(&mut inner.queued);
             inner.deliver(lost.into_iter().map(|t| (t, Err(e.clone()))), self.id);
             return Err(e);
@@ -315,7 +351,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// An engine whose "score" for a frame is the frame's first byte, so a test can tell
-    /// which frame a result belongs to; it counts its runs and fails on demand.
+    /// which frame a result belongs to; it counts its runs and fails on demand: a run fails
+    /// with `fail_run`, a push of 255 is refused, a push of 254 panics, and a run with a 253
+    /// in it panics.
     struct Fake {
         info: ModelInfo,
         pushed: Vec<f32>,
@@ -335,8 +373,10 @@ mod tests {
             frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
         ) -> Result<(), EngineError> {
             let first = frame.plane_data(0).unwrap()[0];
-            if first == 255 {
-                return Err(EngineError::Inference("a frame the engine refuses".into()));
+            match first {
+                255 => return Err(EngineError::Inference("a frame the engine refuses".into())),
+                254 => panic!("a bug in push"),
+                _ => (),
             }
             self.pushed.push(f32::from(first));
             Ok(())
@@ -344,6 +384,7 @@ mod tests {
         fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
             self.runs.fetch_add(1, Ordering::SeqCst);
             let pushed = std::mem::take(&mut self.pushed);
+            assert!(!pushed.contains(&253.0), "a bug in run");
             match self.fail_run {
                 true => Err(EngineError::Inference("the GPU fell off the bus".into())),
                 false => Ok(pushed.into_iter().map(|v| vec![v]).collect()),
@@ -558,5 +599,63 @@ mod tests {
         assert!(err.is_err());
         let (_a, how) = join(k, counter().0, || fake(&runs, false)).unwrap();
         assert_eq!(how, Joined::Built);
+    }
+
+    #[test]
+    fn a_panic_in_push_is_an_error_and_the_engine_is_not_called_again() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let k = key("panic-push", 4);
+        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
+        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        push(&a, 1).unwrap();
+        let err = push(&b, 254).unwrap_err();
+        assert!(err.to_string().contains("a bug in push"), "{err}");
+        // a's queued frame fails with the same error; later pushes fail without a call.
+        let lost = a.take_scores();
+        assert_eq!(lost.len(), 1);
+        assert!(
+            lost[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("a bug in push")
+        );
+        assert!(
+            push(&a, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("not used again")
+        );
+        a.run_now();
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_panic_in_a_run_fails_that_batch_for_every_stream() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (wake_a, woken_a) = counter();
+        let k = key("panic-run", 2);
+        let (a, _) = join(k.clone(), wake_a, || fake(&runs, false)).unwrap();
+        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        push(&a, 253).unwrap();
+        push(&b, 2).unwrap();
+        let (sa, sb) = (a.take_scores(), b.take_scores());
+        assert_eq!((sa.len(), sb.len()), (1, 1));
+        assert!(
+            sa[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("a bug in run")
+        );
+        assert!(
+            sb[0]
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("a bug in run")
+        );
+        assert_eq!(woken_a.load(Ordering::SeqCst), 1);
+        assert!(push(&b, 3).is_err());
     }
 }

@@ -16,9 +16,21 @@ pub struct Labels(Vec<String>);
 
 impl Labels {
     pub fn load(path: &Path) -> Result<Self, LabelsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LabelsError {
+        let error = |source| LabelsError {
             path: path.to_owned(),
             source,
+        };
+        let bytes = std::fs::read(path).map_err(error)?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let bytes = e.as_bytes();
+            let line = 1 + bytes[..e.utf8_error().valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count();
+            error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line {line} is not UTF-8 text"),
+            ))
         })?;
         Ok(Self::parse(&text))
     }
@@ -62,6 +74,19 @@ mod tests {
         assert_eq!(labels.get(1), "1");
         assert_eq!(labels.get(2), "dog");
         assert_eq!(labels.get(7), "7");
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_names_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("labels.txt");
+        std::fs::write(&path, b"cat\r\ndog\r\nb\xe9te\r\n").unwrap();
+        let msg = Labels::load(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("labels.txt: cannot read the labels file"),
+            "{msg}"
+        );
+        assert!(msg.contains("line 3 is not UTF-8 text"), "{msg}");
     }
 
     #[test]

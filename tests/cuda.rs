@@ -25,12 +25,7 @@ fn options(model: &str, batch_size: usize, precision: Precision) -> EngineOption
     }
 }
 
-/// Says a test did not run, on stderr directly: the test harness captures `println!`, and a
-/// skip must show in CI's log (`.ci/run` counts these lines as skipped tests).
-fn skipped(why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-}
+use common::skipped;
 
 /// Whether a GPU is usable; prints why not. Where one is expected
 /// (`TRTCLASSIFY_EXPECT_GPU`, set by the GPU host's script), no GPU is a failure, not a skip.

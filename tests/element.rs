@@ -38,6 +38,12 @@ fn pull_all(h: &mut gst_check::Harness) -> Vec<(u64, Classification)> {
     let mut out = Vec::new();
     while let Some(buffer) = h.try_pull() {
         let (i, result) = index_and_result(&buffer);
+        // Only `interval` makes carried frames; the frame counter says which are fresh.
+        assert_eq!(
+            result.fresh,
+            result.frame % interval_of(h) == 0,
+            "frame {i}"
+        );
         if result.fresh {
             let top = result.top().expect("a top class");
             assert_eq!(
@@ -50,6 +56,15 @@ fn pull_all(h: &mut gst_check::Harness) -> Vec<(u64, Classification)> {
         out.push((i, result));
     }
     out
+}
+
+/// The element's `interval`: every how many frames one is inferred.
+fn interval_of(h: &mut gst_check::Harness) -> u64 {
+    u64::from(
+        h.find_element("trtclassify")
+            .unwrap()
+            .property::<u32>("interval"),
+    )
 }
 
 fn indices(out: &[(u64, Classification)]) -> Vec<u64> {
@@ -121,18 +136,27 @@ fn flush_drops_held_frames() {
 
 #[test]
 fn batch_timeout_releases_a_partial_batch() {
-    let mut h = harness("batch-size=8 batch-timeout=30");
+    let mut h = harness("batch-size=8 batch-timeout=300");
+    let pushed = std::time::Instant::now();
     push_frames(&mut h, 0..3);
-    let started = std::time::Instant::now();
     let mut out = Vec::new();
-    while out.len() < 3 && started.elapsed() < std::time::Duration::from_secs(10) {
+    while out.len() < 3 && pushed.elapsed() < std::time::Duration::from_secs(10) {
         if let Some(buffer) = h.try_pull() {
-            out.push(index_and_result(&buffer).0);
+            out.push((index_and_result(&buffer).0, pushed.elapsed()));
         } else {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
-    assert_eq!(out, vec![0, 1, 2], "the stalled partial batch came out");
+    let indices: Vec<u64> = out.iter().map(|(i, _)| *i).collect();
+    assert_eq!(indices, vec![0, 1, 2], "the stalled partial batch came out");
+    // Held until the timeout: none left before 300 ms had passed since the first push (a
+    // lower bound, which a busy machine cannot break).
+    for (i, left) in &out {
+        assert!(
+            *left >= std::time::Duration::from_millis(300),
+            "frame {i} left after {left:?}, before the batch timeout"
+        );
+    }
 }
 
 #[test]

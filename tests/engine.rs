@@ -69,6 +69,7 @@ fn check_against_reference(model: &str, reference_file: &str, batch_size: usize)
         .zip(r.output.chunks(r.output_shape[1]))
         .enumerate()
     {
+        assert_eq!(got.len(), want.len(), "frame {i}: one score per class");
         for (c, (g, w)) in got.iter().zip(want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-4 + 1e-4 * w.abs(),
@@ -98,6 +99,8 @@ fn fixed_batch_model_runs_frames_one_by_one() {
     let mut engine = CpuEngine::build(&options("colors_b1.onnx", 8)).unwrap();
     assert_eq!(engine.info().model_batch, 1);
     let scores = engine.infer(&r.input, 2).unwrap();
+    assert_eq!(scores.len(), 2, "one score vector per frame");
+    assert_eq!(scores.concat().len(), r.output.len());
     for (got, want) in scores.iter().flatten().zip(&r.output) {
         assert!((got - want).abs() < 1e-4, "{got} vs {want}");
     }

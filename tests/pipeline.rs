@@ -211,6 +211,18 @@ fn start_errors_name_the_file_and_the_problem() {
 }
 
 #[test]
+fn a_results_file_on_a_full_disk_is_one_error_naming_it() {
+    // /dev/full: every write fails with ENOSPC.
+    let err = run_pipeline(&format!(
+        "videotestsrc num-buffers=5 ! {} ! appsink name=sink",
+        colors_element("results-location=/dev/full")
+    ))
+    .expect_err("a full disk is an error");
+    assert!(err.contains("/dev/full: cannot write results"), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+}
+
+#[test]
 fn out_of_range_property_values_are_refused() {
     common::init();
     let element = gst::ElementFactory::make("trtclassify").build().unwrap();
@@ -235,8 +247,8 @@ fn python_reads_the_meta_without_the_crate() {
             std::env::var_os("CI").is_none(),
             "CI must install python3-gi and python3-gst-1.0"
         );
-        eprintln!(
-            "SKIPPED python_reads_the_meta_without_the_crate: /usr/bin/python3 lacks python3-gi/python3-gst-1.0"
+        common::skipped(
+            "python_reads_the_meta_without_the_crate: /usr/bin/python3 lacks python3-gi/python3-gst-1.0",
         );
         return;
     }

@@ -237,8 +237,9 @@ fn batch_size_does_not_change_results() {
         .unwrap()
     };
     let (a, b) = (run(1), run(7));
-    assert_eq!(a.len(), 20);
+    assert_eq!((a.len(), b.len()), (20, 20));
     for (x, y) in a.iter().zip(&b) {
+        assert_eq!((x.classes.len(), y.classes.len()), (6, 6));
         for (cx, cy) in x.classes.iter().zip(&y.classes) {
             assert_eq!(cx.class_id, cy.class_id);
             assert!((cx.confidence - cy.confidence).abs() < 1e-5);

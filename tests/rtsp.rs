@@ -88,11 +88,9 @@ fn rtsp_elements(test: &str) -> bool {
         std::env::var_os("CI").is_none(),
         "CI must install gstreamer1.0-plugins-bad and -good"
     );
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: openh264enc or rtspsrc missing (gstreamer1.0-plugins-bad/-good)"
-    );
+    common::skipped(&format!(
+        "{test}: openh264enc or rtspsrc missing (gstreamer1.0-plugins-bad/-good)"
+    ));
     false
 }
 

@@ -245,7 +245,7 @@ fn shared_scenario() -> impl Strategy<Value = (u32, Vec<StreamPlan>, Vec<(usize,
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 
     #[test]
     fn every_frame_leaves_once_in_order_with_its_result((batch, timeout, interval, ops) in scenario()) {
@@ -261,7 +261,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     /// Several elements share one engine (same settings, same `model-instance-id`), each with
     /// its own timeout, interval, flushes, caps changes and EOS, some stopping in the middle:

@@ -6,6 +6,8 @@
 #   engine   trtclassify-engine bench beside PyTorch (ResNet-50, MobileNetV2, EfficientNet-B0)
 #   streams  bench/gpu/streams.sh: 1 to 180 NVDEC streams, decode only and decode + classify
 #   quick    a short streams check (8 and 64 streams, ResNet-50)
+#   files    each torchvision model's engine file written, then loaded back: the checks on
+#            engine files accept everything the build writes
 # Logs go to $GPU_OUT (or /tmp/gpu-out); the tables come last.
 set -uo pipefail
 . .gpu/gpu-env.sh >/dev/null
@@ -16,7 +18,7 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 models=${MODELS:-resnet50,mobilenet_v2,efficientnet_b0,mobilenet_v3_small,squeezenet1_0,shufflenet_v2_x1_0,regnet_y_400mf,densenet121,convnext_tiny}
-has tests || has engine || models=resnet50,mobilenet_v2
+has tests || has engine || has files || models=resnet50,mobilenet_v2
 python3 bench/gpu/torch_models.py export /tmp/tv --models "$models" > "$out/export.txt" 2>&1
 cut -c1-140 "$out/export.txt" | tail -3
 
@@ -37,6 +39,23 @@ if has tests; then
     done
   done
   unset TRTCLASSIFY_TEST_BACKEND TRTCLASSIFY_EXPECT_GPU
+fi
+
+if has files; then
+  mkdir -p /tmp/engines
+  for m in /tmp/tv/*.onnx; do
+    e=/tmp/engines/$(basename "$m" .onnx).engine
+    rm -f "$e"
+    GST_DEBUG=trtclassify-engine:2 trtclassify-engine build "$m" --engine "$e" --batch-size 8 \
+      >"$out/files.log" 2>&1 || echo "$m: build failed: $(tail -1 "$out/files.log")"
+    GST_DEBUG=trtclassify-engine:4 trtclassify-engine build "$m" --engine "$e" --batch-size 8 \
+      >"$out/files.log" 2>&1
+    if grep -q "loaded engine file" "$out/files.log"; then
+      echo "engine file $(basename "$e"): written and loaded back"
+    else
+      echo "engine file $(basename "$e"): NOT loaded back: $(grep -m1 -i 'engine file' "$out/files.log" | cut -c1-300)"
+    fi
+  done
 fi
 
 if has engine; then

@@ -69,7 +69,7 @@ impl CpuEngine {
                 .unwrap_or_else(|panic| {
                     Err(OptimiseError::Other(format!(
                         "internal error in tract: {}",
-                        panic_message(&panic)
+                        super::panic_message(&*panic)
                     )))
                 })
                 .map_err(|e| match e {
@@ -130,7 +130,7 @@ impl CpuEngine {
             .unwrap_or_else(|panic| {
                 Err(anyhow::anyhow!(
                     "internal error in tract: {}",
-                    panic_message(&panic)
+                    super::panic_message(&*panic)
                 ))
             })
             .map_err(|e| EngineError::Inference(format!("{e:#}")))?;
@@ -297,12 +297,4 @@ fn optimise(
     }
     let plan = typed.into_runnable().map_err(other)?;
     Ok((plan, num_classes))
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }

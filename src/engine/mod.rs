@@ -263,12 +263,31 @@ pub(crate) fn infer_in_calls(
 
 /// Builds the engine for `backend`. `Auto` takes the first of the GPU backends that is built in
 /// and usable, else the CPU; an explicit backend that is not usable is an error, never a
-/// silent fallback.
+/// silent fallback. A panic while building (a bug, or a model no check foresaw) is a build
+/// error naming the model, like any other: it fails this start only, and `Auto` falls back.
 pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine>, EngineError> {
+    let cuda = || {
+        unpanic(
+            || Ok(Box::new(cuda::CudaEngine::build(options)?) as Box<dyn Engine>),
+            |panic| EngineError::Build {
+                path: options.model.clone(),
+                reason: format!("internal error in the cuda engine build: {panic}"),
+            },
+        )
+    };
+    let cpu = || {
+        unpanic(
+            || Ok(Box::new(cpu::CpuEngine::build(options)?) as Box<dyn Engine>),
+            |panic| EngineError::Build {
+                path: options.model.clone(),
+                reason: format!("internal error in the cpu engine build: {panic}"),
+            },
+        )
+    };
     match backend {
         Backend::Auto => {
-            match cuda::CudaEngine::build(options) {
-                Ok(engine) => return Ok(Box::new(engine)),
+            match cuda() {
+                Ok(engine) => return Ok(engine),
                 // No GPU is the normal case of auto; a GPU that fails to build this model
                 // is worth a warning.
                 Err(EngineError::Unavailable { reason, .. }) => {
@@ -278,13 +297,33 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
                     gst::warning!(CAT, "backend=auto: the cuda engine failed, using cpu: {e}")
                 }
             }
-            Ok(Box::new(cpu::CpuEngine::build(options)?))
+            cpu()
         }
-        Backend::Cpu => Ok(Box::new(cpu::CpuEngine::build(options)?)),
-        Backend::Cuda => Ok(Box::new(cuda::CudaEngine::build(options)?)),
+        Backend::Cpu => cpu(),
+        Backend::Cuda => cuda(),
         Backend::Tensorrt => Err(EngineError::Unavailable {
             backend: "tensorrt",
             reason: "this plugin was built without TensorRT support".into(),
         }),
     }
+}
+
+/// Runs `f`, turning a panic inside it into the error `on_panic` makes of the panic's
+/// message, so that a bug in an engine fails one start or one batch instead of unwinding
+/// into GStreamer (which marks the element as panicked for good) or a timer thread.
+pub fn unpanic<T>(
+    f: impl FnOnce() -> Result<T, EngineError>,
+    on_panic: impl FnOnce(String) -> EngineError,
+) -> Result<T, EngineError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(on_panic(panic_message(&*panic))))
+}
+
+/// The text a panic was raised with.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }

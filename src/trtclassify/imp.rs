@@ -4,6 +4,7 @@
 //! frames on, in order.
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -146,6 +147,10 @@ struct State {
     last: Vec<ClassEntry>,
     /// An error from a push made outside the streaming thread, returned by the next chain.
     flow_error: Option<gst::FlowError>,
+    /// The engine failed a batch of this stream's frames, and said so in an element error:
+    /// from the first frame of that batch on, frames are held back (and dropped at the next
+    /// flush or stop) and every chain fails, so that no frame leaves with another's result.
+    failed: bool,
     timer: Option<Arc<BatchTimer>>,
     latency: LatencyHistogram,
 }
@@ -675,6 +680,7 @@ impl BaseTransformImpl for TrtClassify {
                     state.unscored = 0;
                     state.stream.flush();
                     state.flow_error = None;
+                    state.failed = false;
                     // After a seek, a result from before it describes another picture.
                     state.carry_left = 0;
                     state.last.clear();
@@ -798,6 +804,9 @@ impl BaseTransformImpl for TrtClassify {
         if let Some(err) = state.flow_error.take() {
             return Err(err);
         }
+        if state.failed {
+            return Err(gst::FlowError::Error);
+        }
         let fresh = state.carry_left == 0;
         if fresh {
             self.push_to_engine(state, &buffer)?;
@@ -833,50 +842,21 @@ impl BaseTransformImpl for TrtClassify {
 }
 
 impl TrtClassify {
+    /// The engine instance the element joins at start with its properties as they are now.
+    pub(super) fn instance_key(&self) -> Result<InstanceKey, gst::ErrorMessage> {
+        let settings = self.settings.lock().unwrap().clone();
+        instance_key(&settings, engine::Progress::default())
+    }
+
     /// Loads the model and builds the engine; `start()` wraps it in progress messages.
     fn start_engine(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().unwrap().clone();
-        if let Some(problem) = &settings.refused {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["Invalid property value: {}", problem]
-            ));
-        }
-        let Some(location) = settings.onnx_location.clone() else {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["onnx-location is not set: give the path of an ONNX image classifier"]
-            ));
-        };
+        let key = instance_key(&settings, self.progress_reporter())?;
+        let location = key.options.model.to_string_lossy().into_owned();
         let labels = match &settings.labels_location {
             Some(path) => Labels::load(path.as_ref())
                 .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e]))?,
             None => Labels::default(),
-        };
-        let options = EngineOptions {
-            model: location.clone().into(),
-            batch_size: settings.batch_size as usize,
-            input_size: match (settings.input_height, settings.input_width) {
-                (0, 0) => None,
-                (0, _) | (_, 0) => {
-                    return Err(gst::error_msg!(
-                        gst::LibraryError::Settings,
-                        ["set both input-width and input-height, or neither"]
-                    ));
-                }
-                (h, w) => Some((h as usize, w as usize)),
-            },
-            precision: settings.precision,
-            gpu_id: settings.gpu_id,
-            engine_location: settings.engine_location.clone().map(Into::into),
-            progress: self.progress_reporter(),
-            preprocess: PreprocessOptions {
-                scale: settings.scale as f32,
-                mean: settings.mean.iter().map(|v| *v as f32).collect(),
-                std: settings.std.iter().map(|v| *v as f32).collect(),
-                channel_order: settings.channel_order,
-                resize: settings.resize_mode,
-            },
         };
 
         // The timer thread exists before the engine is joined: another stream's batch can
@@ -912,14 +892,9 @@ impl TrtClassify {
         };
 
         let started = Instant::now();
-        let key = InstanceKey {
-            id: settings.model_instance_id.clone().unwrap_or_default(),
-            backend: settings.backend,
-            options: options.clone(),
-        };
+        let (backend, options) = (key.backend, key.options.clone());
         let (stream, joined) =
-            instance::join(key, wake, || engine::build(settings.backend, &options))
-                .map_err(start_error)?;
+            instance::join(key, wake, || engine::build(backend, &options)).map_err(start_error)?;
         let info = stream.info().clone();
         match joined {
             Joined::Built => gst::info!(
@@ -999,6 +974,7 @@ impl TrtClassify {
             carry_left: 0,
             last: Vec::new(),
             flow_error: None,
+            failed: false,
             timer,
             latency: LatencyHistogram::default(),
         });
@@ -1059,14 +1035,20 @@ impl TrtClassify {
             state.stream.push(&frame)
         };
         pushed.map_err(|e| {
-            gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", e]);
-            gst::FlowError::Error
+            let problem = format!(
+                "frame {} could not be given to the engine, and is dropped: {e}",
+                state.frame_count
+            );
+            self.fail(state, &problem)
         })
     }
 
     /// Takes the scores that have arrived for this element's frames, then sends on (into
     /// `ready`) every frame at the front that has its result.
     fn collect(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
+        if state.failed {
+            return Err(gst::FlowError::Error);
+        }
         let arrived = state.stream.take_scores();
         let mut waiting = state
             .pending
@@ -1078,14 +1060,15 @@ impl TrtClassify {
                     Err(e) => e.to_string(),
                     Ok(_) => "the engine returned scores for frames it was not given".into(),
                 };
-                gst::element_imp_error!(self, gst::StreamError::Failed, ["{}", problem]);
-                return Err(gst::FlowError::Error);
+                return Err(self.fail(state, &problem));
             };
             frame.scores = Some(scores.clone());
             state.unscored -= 1;
         }
 
         let mut lines = Vec::new();
+        // The first and last frame sent on, for an error about their lines.
+        let mut sent: Option<(u64, u64)> = None;
         while state
             .pending
             .front()
@@ -1131,6 +1114,7 @@ impl TrtClassify {
             if state.results.is_some() {
                 lines.push(ResultsWriter::format(&result, buffer.pts()));
             }
+            sent = Some((sent.map_or(frame, |(first, _)| first), frame));
             result.attach(buffer.make_mut());
             state.latency.record(arrived.elapsed());
             state.ready.push_back(buffer);
@@ -1138,14 +1122,47 @@ impl TrtClassify {
         if let Some((path, writer)) = state.results.as_mut()
             && let Err(e) = writer.write_lines(&lines)
         {
+            // The frames go on with their meta; their lines are lost, and so would every
+            // later one be: the stream stops here, as it does on an engine failure.
             gst::element_imp_error!(
                 self,
                 gst::ResourceError::Write,
-                ["{}: cannot write results: {}", path, e]
+                [
+                    "{}: cannot write results: {}; the lines of frames {} to {} are lost",
+                    path,
+                    e,
+                    sent.map_or(0, |(first, _)| first),
+                    sent.map_or(0, |(_, last)| last)
+                ]
             );
+            state.failed = true;
             return Err(gst::FlowError::Error);
         }
         Ok(())
+    }
+
+    /// Reports an engine failure once, with the frames it holds back (see `State::failed`).
+    fn fail(&self, state: &mut State, problem: &str) -> gst::FlowError {
+        state.failed = true;
+        if let Some(timer) = &state.timer {
+            timer.disarm();
+        }
+        let held = match (state.pending.front(), state.pending.back()) {
+            (Some(first), Some(last)) if first.frame == last.frame => {
+                format!("frame {} of this stream is held back", first.frame)
+            }
+            (Some(first), Some(last)) => format!(
+                "frames {} to {} of this stream are held back",
+                first.frame, last.frame
+            ),
+            _ => "no frame of this stream was waiting".into(),
+        };
+        gst::element_imp_error!(
+            self,
+            gst::StreamError::Failed,
+            ["{}: {}; {}", state.model_name, problem, held]
+        );
+        gst::FlowError::Error
     }
 
     /// Sets the timer to the moment the oldest frame still waiting for its scores has waited
@@ -1202,10 +1219,31 @@ impl TrtClassify {
 
     /// Called on the timer thread when a partial batch may have waited `batch-timeout`, or
     /// when another stream's batch brought scores for this element's frames.
+    ///
+    /// GStreamer's panic guard covers the streaming thread, not this one: a panic here would
+    /// end the thread silently (frames then wait forever) with the state locked and poisoned.
+    /// It becomes an element error instead, and the next chain fails.
     fn on_timer(&self) {
         let sinkpad = self.obj().sink_pad().clone();
         let _stream_lock = sinkpad.stream_lock();
-        if let Err(err) = self.finish_batch(false)
+        let finished =
+            catch_unwind(AssertUnwindSafe(|| self.finish_batch(false))).unwrap_or_else(|panic| {
+                self.settings.clear_poison();
+                self.state.clear_poison();
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Failed,
+                    [
+                        "internal error on the batch timer thread: {}",
+                        engine::panic_message(&*panic)
+                    ]
+                );
+                if let Some(state) = self.state.lock().unwrap().as_mut() {
+                    state.failed = true;
+                }
+                Err(gst::FlowError::Error)
+            });
+        if let Err(err) = finished
             && let Some(state) = self.state.lock().unwrap().as_mut()
         {
             state.flow_error = Some(err);
@@ -1233,6 +1271,56 @@ impl TrtClassify {
             (a, b) => a.or(b).unwrap_or(gst::ClockTime::ZERO),
         }
     }
+}
+
+/// What the element's properties make of the engine it joins: its options, checked, and
+/// the instance they share.
+fn instance_key(
+    settings: &Settings,
+    progress: engine::Progress,
+) -> Result<InstanceKey, gst::ErrorMessage> {
+    if let Some(problem) = &settings.refused {
+        return Err(gst::error_msg!(
+            gst::LibraryError::Settings,
+            ["Invalid property value: {}", problem]
+        ));
+    }
+    let Some(location) = settings.onnx_location.clone() else {
+        return Err(gst::error_msg!(
+            gst::LibraryError::Settings,
+            ["onnx-location is not set: give the path of an ONNX image classifier"]
+        ));
+    };
+    let input_size = match (settings.input_height, settings.input_width) {
+        (0, 0) => None,
+        (0, _) | (_, 0) => {
+            return Err(gst::error_msg!(
+                gst::LibraryError::Settings,
+                ["set both input-width and input-height, or neither"]
+            ));
+        }
+        (h, w) => Some((h as usize, w as usize)),
+    };
+    Ok(InstanceKey {
+        id: settings.model_instance_id.clone().unwrap_or_default(),
+        backend: settings.backend,
+        options: EngineOptions {
+            model: location.into(),
+            batch_size: settings.batch_size as usize,
+            input_size,
+            precision: settings.precision,
+            gpu_id: settings.gpu_id,
+            engine_location: settings.engine_location.clone().map(Into::into),
+            progress,
+            preprocess: PreprocessOptions {
+                scale: settings.scale as f32,
+                mean: settings.mean.iter().map(|v| *v as f32).collect(),
+                std: settings.std.iter().map(|v| *v as f32).collect(),
+                channel_order: settings.channel_order,
+                resize: settings.resize_mode,
+            },
+        },
+    })
 }
 
 /// The GStreamer error for an engine that could not be built.

@@ -38,6 +38,7 @@
  */
 use gst::glib;
 use gst::prelude::*;
+use gst::subclass::prelude::*;
 
 mod imp;
 mod latency;
@@ -47,6 +48,16 @@ pub use imp::CAT;
 
 glib::wrapper! {
     pub struct TrtClassify(ObjectSubclass<imp::TrtClassify>) @extends gst_base::BaseTransform, gst::Element, gst::Object;
+}
+
+impl TrtClassify {
+    /// The engine instance (`crate::instance`) this element joins when it starts, for its
+    /// properties as they are now; an error where they cannot make one. An application can
+    /// join that instance before the pipeline starts, to build the engine ahead of time or to
+    /// supply an engine of its own (the tests supply one that fails on demand).
+    pub fn instance_key(&self) -> Result<crate::instance::InstanceKey, gst::ErrorMessage> {
+        self.imp().instance_key()
+    }
 }
 
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {

@@ -9,6 +9,14 @@ use gst::prelude::*;
 use gst_video::prelude::*;
 use gsttrtclassify::meta::Classification;
 
+/// Says a test did not run, on stderr directly: the test harness captures `println!` and
+/// `eprintln!`, and a skip must show in CI's log (`.ci/run` counts these lines as skipped
+/// tests).
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+}
+
 pub fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::plan::{DType, Loc, Plan};
+use super::plan::{DType, Loc, MAX_RANK, Plan, Step};
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
@@ -116,18 +116,57 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Loads the engine at `path` if its key is `key`. `Ok(None)`: there is no file. `Err`: the
-/// file is there but unusable, and why.
-pub fn load(path: &Path, key: &Key) -> Result<Option<EngineFile>, String> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
+/// Loads the engine at `path` if its key is `key` and its plans fit frames of `frame_len`
+/// values. `Ok(None)`: there is no file. `Err`: the file is there but unusable, and why.
+///
+/// An engine file holds GPU code (PTX) and the plan that drives it, so it is trusted like a
+/// program: only a file owned by this user and writable by no one else is used (see
+/// `trusted`); its checksum proves it intact, and every step of its plans is checked to stay
+/// within the buffers it names (`check_plans`) so that a file written by a buggy build cannot
+/// make a kernel touch memory outside them.
+pub fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFile>, String> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read it: {e}")),
     };
-    parse(&bytes, key).map(Some)
+    trusted(&file)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    parse(&bytes, key, frame_len).map(Some)
 }
 
-fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
+/// Refuses a file that another user owns or could have written: its PTX would run as ours.
+#[cfg(unix)]
+fn trusted(file: &std::fs::File) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "owned by user {}, not by this process's user {me}: not trusted",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "writable by its group or by others (mode {:o}): not trusted",
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn trusted(_file: &std::fs::File) -> Result<(), String> {
+    Ok(())
+}
+
+fn parse(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFile, String> {
     let fixed = MAGIC.len() + 4 + 8;
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err("not a trtclassify engine file".into());
@@ -156,7 +195,11 @@ fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
         return Err(format!("built for another setup ({})", diffs.join("; ")));
     }
     let mut rest = &body[fixed + header_len..];
-    if header.weight_sizes.iter().sum::<usize>() != rest.len() {
+    let total = header
+        .weight_sizes
+        .iter()
+        .try_fold(0usize, |sum, &n| sum.checked_add(n));
+    if total != Some(rest.len()) {
         return Err("the weights do not add up to the file's length".into());
     }
     let weights = header
@@ -168,7 +211,13 @@ fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
             w.to_vec()
         })
         .collect::<Vec<_>>();
-    check_plans(&mut header.plans, &weights, key.precision)?;
+    check_plans(
+        &mut header.plans,
+        &weights,
+        key,
+        frame_len,
+        header.num_classes,
+    )?;
     Ok(EngineFile {
         key: header.key,
         num_classes: header.num_classes,
@@ -178,30 +227,158 @@ fn parse(bytes: &[u8], key: &Key) -> Result<EngineFile, String> {
     })
 }
 
-/// Every weight a plan names exists and has room for its offset.
-fn check_plans(plans: &mut [Plan], weights: &[Vec<u8>], dtype: DType) -> Result<(), String> {
-    // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
+/// The plans are those of the key (batch sizes, precision), their input and output buffers
+/// hold the batch's frames and scores, and every step's sizes fit what its kernel takes and
+/// keep it inside the buffers it names.
+fn check_plans(
+    plans: &mut [Plan],
+    weights: &[Vec<u8>],
+    key: &Key,
+    frame_len: usize,
+    num_classes: usize,
+) -> Result<(), String> {
+    let dtype = key.precision;
+    let batches: Vec<usize> = plans.iter().map(|p| p.batch).collect();
+    if batches != key.batch_sizes {
+        return Err(format!(
+            "plans for batch sizes {batches:?}, not {:?}",
+            key.batch_sizes
+        ));
+    }
+    if !(1..=1 << 24).contains(&num_classes) {
+        return Err(format!("{num_classes} classes"));
+    }
+    if let Some(i) = weights.iter().position(|w| w.len() % dtype.size() != 0) {
+        return Err(format!("weight {i} is not a whole number of values"));
+    }
     for plan in plans {
+        let batch = plan.batch;
+        let fail = |what: String| Err(format!("the plan for batch {batch}: {what}"));
         if plan.dtype != dtype {
-            return Err("a plan of another precision".into());
+            return fail("another precision".into());
         }
-        for step in &mut plan.steps {
-            for loc in step.locs_mut() {
-                if let Loc::Weight { index, offset } = *loc {
-                    let len = weights.get(index).map(|w| w.len() / dtype.size());
-                    if len.is_none_or(|len| offset >= len) {
-                        return Err(format!(
-                            "a step names weight {index} at {offset}, not in the file"
-                        ));
+        if Some(plan.input_len) != batch.checked_mul(frame_len)
+            || Some(plan.output_len) != batch.checked_mul(num_classes)
+        {
+            return fail(format!(
+                "input of {} and output of {} values, for frames of {frame_len} and {num_classes} classes",
+                plan.input_len, plan.output_len
+            ));
+        }
+        let buffer_len = |loc: Loc| -> Option<i128> {
+            let len = match loc {
+                Loc::Arena(_) => plan.arena_len,
+                Loc::Input(_) => plan.input_len,
+                Loc::Output(_) => plan.output_len,
+                Loc::Weight { index, .. } => weights.get(index)?.len() / dtype.size(),
+                Loc::Temp { .. } => return None,
+            };
+            Some(len as i128)
+        };
+        // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
+        for (s, step) in plan.steps.iter_mut().enumerate() {
+            let described = step.describe();
+            let fail = |what: String| fail(format!("step {s} ({described}): {what}"));
+            if let Err(what) = check_sizes(step) {
+                return fail(what);
+            }
+            for span in step.spans() {
+                let (offset, buffer) = match span.loc {
+                    Loc::Arena(o) | Loc::Input(o) | Loc::Output(o) => (o, "buffer"),
+                    Loc::Weight { index, offset } if index < weights.len() => (offset, "weight"),
+                    Loc::Weight { index, offset } => {
+                        return fail(format!("names weight {index} at {offset}, not in the file"));
                     }
+                    Loc::Temp { .. } => return fail("an unplaced buffer".into()),
+                };
+                let len = buffer_len(span.loc).expect("placed above");
+                let (start, end) = (offset as i128 + span.start, offset as i128 + span.end);
+                if start < 0 || end > len {
+                    return fail(format!(
+                        "touches elements {start}..{end} of a {buffer} of {len} ({:?})",
+                        span.loc
+                    ));
                 }
+            }
+            // Every buffer was covered by a span (those of empty operands aside).
+            for loc in step.locs_mut() {
                 if matches!(loc, Loc::Temp { .. }) {
-                    return Err("a plan with unplaced buffers".into());
+                    return fail("an unplaced buffer".into());
                 }
             }
         }
     }
     Ok(())
+}
+
+/// The sizes a step passes to its kernel or library call: positive where they divide or
+/// shape a descriptor, within 32 bits where the kernels take `int`, ranks within `MAX_RANK`.
+fn check_sizes(step: &Step) -> Result<(), String> {
+    let int = |v: usize| i32::try_from(v).is_ok();
+    let positive = |v: usize| v >= 1 && int(v);
+    let ok = match step {
+        Step::Ew {
+            dims, out, a, b, ..
+        } => {
+            dims.len() <= MAX_RANK
+                && dims.iter().all(|&d| int(d))
+                && [Some(out), Some(a), b.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .all(|s| s.strides.len() == dims.len())
+        }
+        Step::Zero { .. } => true,
+        Step::Conv(c) => {
+            let out_dim = |i: usize, h: usize| {
+                let reach = c.dilations[i] * (c.kernel[i] - 1) + 1;
+                (h + 2 * c.pads[i])
+                    .checked_sub(reach)
+                    .map(|v| v / c.strides[i] + 1)
+            };
+            [c.n, c.c, c.h, c.w, c.k, c.oh, c.ow, c.group]
+                .into_iter()
+                .chain(c.kernel)
+                .chain(c.strides)
+                .chain(c.dilations)
+                .all(positive)
+                && c.pads.into_iter().all(int)
+                && c.c % c.group == 0
+                && c.k % c.group == 0
+                && out_dim(0, c.h) == Some(c.oh)
+                && out_dim(1, c.w) == Some(c.ow)
+        }
+        Step::Gemm { rows, n, k, .. } => [*rows, *n, *k].into_iter().all(positive),
+        Step::Pool {
+            n,
+            h,
+            w,
+            c,
+            oh,
+            ow,
+            kernel,
+            strides,
+            pads,
+            ..
+        } => {
+            [*n, *h, *w, *c, *oh, *ow]
+                .into_iter()
+                .chain(*kernel)
+                .chain(*strides)
+                .all(positive)
+                && pads.iter().all(|&p| int(p))
+        }
+        Step::GlobalAvgPool { n, hw, c, .. } => [*n, *hw, *c].into_iter().all(positive),
+        Step::Softmax { rows, len, .. }
+        | Step::LayerNorm { rows, len, .. }
+        | Step::RowMean { rows, len, .. } => [*rows, *len].into_iter().all(positive),
+        Step::Lrn {
+            pixels, c, size, ..
+        } => [*pixels, *c, *size].into_iter().all(positive),
+    };
+    match ok {
+        true => Ok(()),
+        false => Err("sizes its kernel cannot take".into()),
+    }
 }
 
 /// Writes `engine` to `path`, through a temporary file in the same folder so that a reader
@@ -264,10 +441,13 @@ mod tests {
             cudnn: 91400,
             cublaslt: 130000,
             precision: DType::F16,
-            batch_sizes: vec![1, 2, 4],
-            input: (224, 224),
+            batch_sizes: vec![1],
+            input: (2, 2),
         }
     }
+
+    /// Values of one frame of the fixture's model: 3 × 2 × 2.
+    const FRAME: usize = 12;
 
     fn engine() -> EngineFile {
         let step = Step::Ew {
@@ -314,13 +494,13 @@ mod tests {
     #[test]
     fn round_trip() {
         let (_dir, path) = saved();
-        let loaded = load(&path, &key()).unwrap().unwrap();
+        let loaded = load(&path, &key(), FRAME).unwrap().unwrap();
         let want = engine();
         assert_eq!(loaded.plans, want.plans);
         assert_eq!(loaded.weights, want.weights);
         assert_eq!((loaded.num_classes, loaded.ptx), (4, want.ptx));
         assert!(
-            load(&path.with_extension("other"), &key())
+            load(&path.with_extension("other"), &key(), FRAME)
                 .unwrap()
                 .is_none()
         );
@@ -332,7 +512,8 @@ mod tests {
         let mut here = key();
         here.gpu = "NVIDIA L4".into();
         here.batch_sizes = vec![1, 2];
-        let err = load(&path, &here).err().unwrap();
+        here.input = (224, 224);
+        let err = load(&path, &here, FRAME).err().unwrap();
         assert!(
             err.contains("gpu: the file has \"NVIDIA H200\", this setup \"NVIDIA L4\""),
             "{err}"
@@ -342,7 +523,7 @@ mod tests {
         // Another plugin build with other kernels: the PTX in the file is not theirs.
         let mut here = key();
         here.kernels_sha256 = "ef".repeat(32);
-        let err = load(&path, &here).err().unwrap();
+        let err = load(&path, &here, FRAME).err().unwrap();
         assert!(err.contains("kernels_sha256"), "{err}");
     }
 
@@ -369,7 +550,7 @@ mod tests {
         ];
         for (bytes, want) in cases {
             std::fs::write(&path, &bytes).unwrap();
-            let err = load(&path, &key()).err().unwrap();
+            let err = load(&path, &key(), FRAME).err().unwrap();
             assert!(err.contains(want), "expected «{want}» in «{err}»");
         }
         // Every single bit flipped past the magic and version is caught by the checksum.
@@ -378,7 +559,7 @@ mod tests {
             b[i] ^= 1 << (i % 8);
             std::fs::write(&path, &b).unwrap();
             assert!(
-                load(&path, &key()).is_err(),
+                load(&path, &key(), FRAME).is_err(),
                 "a flip at byte {i} went unnoticed"
             );
         }
@@ -391,8 +572,241 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e.engine");
         save(&path, &e).unwrap();
-        let err = load(&path, &key()).err().unwrap();
+        let err = load(&path, &key(), FRAME).err().unwrap();
         assert!(err.contains("names weight 1"), "{err}");
+    }
+
+    /// A change that makes a sound file unsound.
+    type Damage<T> = fn(&mut T);
+
+    /// Saves `e` and loads it back.
+    fn reload(e: &EngineFile) -> Result<Option<EngineFile>, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.engine");
+        save(&path, e).unwrap();
+        load(&path, &key(), FRAME)
+    }
+
+    #[test]
+    fn plans_reaching_outside_their_buffers_are_refused() {
+        // The fixture's step reads weight 1 (6 values) from 2 on and writes arena 0..4.
+        let cases: Vec<(Damage<Step>, &str)> = vec![
+            (
+                |s| {
+                    let Step::Ew { a, .. } = s else {
+                        unreachable!()
+                    };
+                    a.loc = Loc::Weight {
+                        index: 1,
+                        offset: 3,
+                    };
+                },
+                "touches elements 3..7 of a weight of 6",
+            ),
+            (
+                |s| {
+                    let Step::Ew { out, .. } = s else {
+                        unreachable!()
+                    };
+                    out.loc = Loc::Arena(1);
+                },
+                "touches elements 1..5 of a buffer of 4",
+            ),
+            (
+                |s| {
+                    let Step::Ew { dims, .. } = s else {
+                        unreachable!()
+                    };
+                    dims[0] = 5;
+                },
+                "touches elements 0..5",
+            ),
+            (
+                |s| {
+                    let Step::Ew { out, .. } = s else {
+                        unreachable!()
+                    };
+                    out.strides[0] = 2;
+                },
+                "touches elements 0..7 of a buffer of 4",
+            ),
+            (
+                |s| {
+                    let Step::Ew { a, .. } = s else {
+                        unreachable!()
+                    };
+                    a.strides[0] = -1;
+                },
+                "touches elements -1..3",
+            ),
+            (
+                |s| {
+                    let Step::Ew { out, .. } = s else {
+                        unreachable!()
+                    };
+                    out.loc = Loc::Output(1);
+                },
+                "touches elements 1..5 of a buffer of 4",
+            ),
+            (
+                |s| {
+                    let Step::Ew { dims, .. } = s else {
+                        unreachable!()
+                    };
+                    *dims = vec![1; MAX_RANK + 1];
+                },
+                "sizes its kernel cannot take",
+            ),
+            (
+                |s| {
+                    let Step::Ew { a, .. } = s else {
+                        unreachable!()
+                    };
+                    a.strides.push(0);
+                },
+                "sizes its kernel cannot take",
+            ),
+            (
+                |s| {
+                    let Step::Ew { out, .. } = s else {
+                        unreachable!()
+                    };
+                    out.loc = Loc::Temp { id: 0, offset: 0 };
+                },
+                "an unplaced buffer",
+            ),
+            (
+                |s| {
+                    *s = Step::Zero {
+                        loc: Loc::Arena(2),
+                        len: 3,
+                    }
+                },
+                "touches elements 2..5 of a buffer of 4",
+            ),
+        ];
+        assert!(reload(&engine()).is_ok(), "the fixture itself is sound");
+        for (damage, want) in cases {
+            let mut e = engine();
+            damage(&mut e.plans[0].steps[0]);
+            let err = reload(&e)
+                .err()
+                .unwrap_or_else(|| panic!("accepted: {want}"));
+            assert!(err.contains(want), "expected «{want}» in «{err}»");
+            assert!(err.contains("the plan for batch 1: step 0"), "{err}");
+        }
+    }
+
+    #[test]
+    fn weight_sizes_that_overflow_are_refused() {
+        // A header whose sizes wrap around to the file's length (the checksum is the writer's
+        // to compute, so it proves nothing here).
+        let e = engine();
+        let header = Header {
+            key: key(),
+            num_classes: e.num_classes,
+            ptx: e.ptx.clone(),
+            plans: e.plans.clone(),
+            weight_sizes: vec![usize::MAX, 15],
+        };
+        let header = serde_json::to_vec(&header).unwrap();
+        let mut body = Vec::new();
+        body.extend_from_slice(MAGIC);
+        body.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        body.extend_from_slice(&(header.len() as u64).to_le_bytes());
+        body.extend_from_slice(&header);
+        body.extend_from_slice(&[0; 14]);
+        let checksum = Sha256::digest(&body);
+        body.extend_from_slice(&checksum);
+        let err = parse(&body, &key(), FRAME).err().unwrap();
+        assert!(err.contains("do not add up"), "{err}");
+    }
+
+    #[test]
+    fn plans_that_do_not_fit_the_frames_or_the_key_are_refused() {
+        let cases: Vec<(Damage<EngineFile>, &str)> = vec![
+            (|e| e.plans[0].input_len = 13, "input of 13"),
+            (|e| e.plans[0].output_len = 5, "output of 5"),
+            (|e| e.num_classes = 0, "0 classes"),
+            (
+                |e| e.plans[0].batch = 2,
+                "plans for batch sizes [2], not [1]",
+            ),
+            (|e| e.plans.push(e.plans[0].clone()), "batch sizes [1, 1]"),
+            (|e| e.weights[1].push(0), "weight 1 is not a whole number"),
+        ];
+        for (damage, want) in cases {
+            let mut e = engine();
+            damage(&mut e);
+            let err = reload(&e)
+                .err()
+                .unwrap_or_else(|| panic!("accepted: {want}"));
+            assert!(err.contains(want), "expected «{want}» in «{err}»");
+        }
+    }
+
+    #[test]
+    fn files_others_could_have_written_are_not_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let (_dir, path) = saved();
+        for mode in [0o666, 0o620, 0o602] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = load(&path, &key(), FRAME).err().unwrap();
+            assert!(err.contains("writable by its group or by others"), "{err}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(load(&path, &key(), FRAME).unwrap().is_some());
+        // SAFETY: no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            // As root the test can hand the file to another user.
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            let err = load(&path, &key(), FRAME).err().unwrap();
+            assert!(err.contains("owned by user 65534"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_plans_of_real_models_pass_the_checks() {
+        // What the compiler makes of the repository's models, saved and loaded back: the
+        // checks refuse nothing the build writes.
+        for name in ["colors.onnx", "cnn.onnx", "ops.onnx"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("models")
+                .join(name);
+            let model = crate::engine::OnnxModel::load(&path).unwrap();
+            let spec = model.input_spec(None).unwrap();
+            let batch_sizes = vec![1, 2, 4];
+            for dtype in [DType::F16, DType::F32] {
+                let (plans, weights) =
+                    super::super::compile(&model, &batch_sizes, spec, dtype).unwrap();
+                let k = Key {
+                    precision: dtype,
+                    batch_sizes: batch_sizes.clone(),
+                    input: (spec.height, spec.width),
+                    ..key()
+                };
+                let e = EngineFile {
+                    key: k.clone(),
+                    num_classes: plans[0].output_len,
+                    ptx: String::new(),
+                    plans,
+                    weights: weights
+                        .data
+                        .iter()
+                        .map(|w| vec![0; w.len() * dtype.size()])
+                        .collect(),
+                };
+                let dir = tempfile::tempdir().unwrap();
+                let file = dir.path().join("e.engine");
+                save(&file, &e).unwrap();
+                let loaded = load(&file, &k, spec.frame_len());
+                assert!(
+                    matches!(loaded, Ok(Some(_))),
+                    "{name} {dtype:?}: {:?}",
+                    loaded.err()
+                );
+            }
+        }
     }
 
     #[test]

@@ -198,6 +198,17 @@ impl Importer {
     }
 
     fn node(&mut self, node: &pb::NodeProto, name: &str) -> Result<(), String> {
+        // Every input the operator requires is named, so that the arms below may index them.
+        let required = required_inputs(&node.op_type, self.opset);
+        if let Some(k) = (0..required).find(|&k| node.input.get(k).is_none_or(String::is_empty)) {
+            return Err(format!("input {} of {required} is missing", k + 1));
+        }
+        if node.output.first().is_none_or(String::is_empty) {
+            return Err("the node has no output".into());
+        }
+        for input in node.input.iter().filter(|i| !i.is_empty()) {
+            self.shape(input)?;
+        }
         let attrs = Attrs(&node.attribute);
         let inputs: Vec<String> = node.input.clone();
         // Optional inputs are given as empty names.
@@ -254,12 +265,7 @@ impl Importer {
                 }
             }
             "ConstantOfShape" => {
-                let shape: Vec<usize> = self
-                    .need_const(&x, "shape")?
-                    .ints()
-                    .iter()
-                    .map(|&d| d as usize)
-                    .collect();
+                let shape = sizes(&self.need_const(&x, "shape")?.ints(), "shape")?;
                 let value = attrs
                     .tensor("value")
                     .map(|t| self.tensor(t))
@@ -272,7 +278,7 @@ impl Importer {
                 let data = self.need_const(&x, "data")?.clone();
                 let indices = self.need_const(&inputs[1], "indices")?.clone();
                 let rank = data.shape.len() as i64;
-                let axis = norm_axis(attrs.i("axis").unwrap_or(0), rank);
+                let axis = axis_of(attrs.i("axis").unwrap_or(0), rank)?;
                 let dim = data.shape[axis] as i64;
                 let outer: usize = data.shape[..axis].iter().product();
                 let inner: usize = data.shape[axis + 1..].iter().product();
@@ -300,7 +306,7 @@ impl Importer {
                         "only 2-D convolutions are supported (input {xs:?})"
                     ));
                 }
-                let group = attrs.i("group").unwrap_or(1) as usize;
+                let group = sizes(&[attrs.i("group").unwrap_or(1)], "group")?[0];
                 let kernel = [w.shape[2], w.shape[3]];
                 let strides = attrs.pair("strides", 1)?;
                 let dilations = attrs.pair("dilations", 1)?;
@@ -313,6 +319,14 @@ impl Importer {
                 let pads = attrs.pads(&xs[2..], &kernel, &strides, &dilations)?;
                 let out_hw = conv_out(&xs[2..], &kernel, &strides, &dilations, &pads)?;
                 let bias = match input(2) {
+                    Some(b) if self.shape(&b)? != [w.shape[0]] => {
+                        return Err(format!(
+                            "the bias has shape {:?}; {} output channels need [{}]",
+                            self.shape(&b)?,
+                            w.shape[0],
+                            w.shape[0]
+                        ));
+                    }
                     Some(b) => b,
                     None => {
                         let b = format!("{name}.zero_bias");
@@ -492,6 +506,9 @@ impl Importer {
                     return Err("only Gemm with a 2-D, untransposed A is supported".into());
                 }
                 let w = self.need_const(&inputs[1], "B")?.clone();
+                if w.shape.len() != 2 {
+                    return Err(format!("B must be a matrix; it has shape {:?}", w.shape));
+                }
                 let alpha = attrs.f("alpha").unwrap_or(1.0);
                 let beta = attrs.f("beta").unwrap_or(1.0);
                 let w = if attrs.i("transB").unwrap_or(0) != 0 {
@@ -553,7 +570,12 @@ impl Importer {
                 let xs = self.shape(&x)?;
                 let shape = match node.op_type.as_str() {
                     "Flatten" => {
-                        let axis = norm_axis(attrs.i("axis").unwrap_or(1), xs.len() as i64 + 1);
+                        // The axis may be the rank itself: everything in the first factor.
+                        let rank = xs.len() as i64;
+                        let axis = match attrs.i("axis").unwrap_or(1) {
+                            a if a == rank => a as usize,
+                            a => axis_of(a, rank)?,
+                        };
                         vec![xs[..axis].iter().product(), xs[axis..].iter().product()]
                     }
                     "Reshape" => {
@@ -568,8 +590,8 @@ impl Importer {
                         if op == "Squeeze" {
                             let axes: Vec<usize> = axes
                                 .iter()
-                                .map(|&a| norm_axis(a, xs.len() as i64))
-                                .collect();
+                                .map(|&a| axis_of(a, xs.len() as i64))
+                                .collect::<Result<_, _>>()?;
                             xs.iter()
                                 .enumerate()
                                 .filter(|(i, d)| {
@@ -583,8 +605,10 @@ impl Importer {
                                 .collect()
                         } else {
                             let rank = (xs.len() + axes.len()) as i64;
-                            let axes: Vec<usize> =
-                                axes.iter().map(|&a| norm_axis(a, rank)).collect();
+                            let axes: Vec<usize> = axes
+                                .iter()
+                                .map(|&a| axis_of(a, rank))
+                                .collect::<Result<_, _>>()?;
                             let mut rest = xs.iter();
                             (0..rank as usize)
                                 .map(|i| {
@@ -606,7 +630,10 @@ impl Importer {
             "Transpose" => {
                 let xs = self.shape(&x)?;
                 let perm: Vec<usize> = match attrs.ints("perm") {
-                    Some(p) => p.iter().map(|&a| norm_axis(a, xs.len() as i64)).collect(),
+                    Some(p) => p
+                        .iter()
+                        .map(|&a| axis_of(a, xs.len() as i64))
+                        .collect::<Result<_, _>>()?,
                     None => (0..xs.len()).rev().collect(),
                 };
                 let mut sorted = perm.clone();
@@ -626,7 +653,7 @@ impl Importer {
                     .map(|i| self.shape(i))
                     .collect::<Result<Vec<_>, _>>()?;
                 let rank = shapes[0].len();
-                let axis = norm_axis(attrs.i("axis").unwrap_or(0), rank as i64);
+                let axis = axis_of(attrs.i("axis").unwrap_or(0), rank as i64)?;
                 let mut shape = shapes[0].clone();
                 shape[axis] = 0;
                 for s in &shapes {
@@ -676,7 +703,7 @@ impl Importer {
                     axes.iter().zip(starts.iter().zip(&ends)).enumerate()
                 {
                     let shape = self.shape(&acc)?;
-                    let axis = norm_axis(axis, shape.len() as i64);
+                    let axis = axis_of(axis, shape.len() as i64)?;
                     let dim = shape[axis] as i64;
                     let clampi = |v: i64| (if v < 0 { v + dim } else { v }).clamp(0, dim) as usize;
                     let (start, end) = (clampi(start), clampi(end).max(clampi(start)));
@@ -702,16 +729,11 @@ impl Importer {
             }
             "Split" => {
                 let xs = self.shape(&x)?;
-                let axis = norm_axis(attrs.i("axis").unwrap_or(0), xs.len() as i64);
+                let axis = axis_of(attrs.i("axis").unwrap_or(0), xs.len() as i64)?;
                 let sizes: Vec<usize> = match input(1) {
-                    Some(s) => self
-                        .need_const(&s, "split")?
-                        .ints()
-                        .iter()
-                        .map(|&v| v as usize)
-                        .collect(),
+                    Some(s) => sizes(&self.need_const(&s, "split")?.ints(), "split")?,
                     None => match attrs.ints("split") {
-                        Some(s) => s.iter().map(|&v| v as usize).collect(),
+                        Some(s) => sizes(s, "split")?,
                         None => {
                             let n = node.output.len();
                             let each = xs[axis].div_ceil(n);
@@ -748,7 +770,7 @@ impl Importer {
                 let xs = self.shape(&x)?;
                 let rank = xs.len() as i64;
                 let default = if self.opset < 13 { 1 } else { -1 };
-                let axis = norm_axis(attrs.i("axis").unwrap_or(default), rank);
+                let axis = axis_of(attrs.i("axis").unwrap_or(default), rank)?;
                 // Before opset 13 Softmax works on the axes from `axis` on flattened, which
                 // is the same as on the last axis when those after `axis` are 1.
                 if self.opset < 13 && xs[axis + 1..].iter().any(|&d| d != 1) {
@@ -758,7 +780,7 @@ impl Importer {
             }
             "LayerNormalization" => {
                 let xs = self.shape(&x)?;
-                let axis = norm_axis(attrs.i("axis").unwrap_or(-1), xs.len() as i64);
+                let axis = axis_of(attrs.i("axis").unwrap_or(-1), xs.len() as i64)?;
                 let inner: usize = xs[axis..].iter().product();
                 let scale = self.need_const(&inputs[1], "scale")?;
                 if scale.len() != inner {
@@ -803,7 +825,10 @@ impl Importer {
                         .map(<[i64]>::to_vec)
                         .unwrap_or_else(|| (0..rank).collect()),
                 };
-                let mut axes: Vec<usize> = axes.iter().map(|&a| norm_axis(a, rank)).collect();
+                let mut axes: Vec<usize> = axes
+                    .iter()
+                    .map(|&a| axis_of(a, rank))
+                    .collect::<Result<_, _>>()?;
                 axes.sort_unstable();
                 axes.dedup();
                 let keep = attrs.i("keepdims").unwrap_or(1) == 1;
@@ -830,7 +855,7 @@ impl Importer {
 
     /// An initializer or Constant value as f32.
     fn tensor(&self, t: &pb::TensorProto) -> Result<Tensor, String> {
-        let shape: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
+        let shape = sizes(&t.dims, &format!("tensor `{}` has dims", t.name))?;
         let len: usize = shape.iter().product();
         let raw = if t.data_location == Some(1) {
             self.external(t, len)?
@@ -1000,6 +1025,52 @@ impl Attrs<'_> {
     }
 }
 
+/// Sizes given as integers (a shape, a group count, split lengths): none negative, and
+/// together small enough for a constant to be made of them.
+fn sizes(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
+    const MAX_ELEMENTS: usize = 1 << 28;
+    let sizes: Vec<usize> = values
+        .iter()
+        .map(|&v| usize::try_from(v))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{what} {values:?} has a negative value"))?;
+    match sizes
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= MAX_ELEMENTS)
+    {
+        Some(_) => Ok(sizes),
+        None => Err(format!("{what} {values:?} is too large")),
+    }
+}
+
+/// How many inputs `op` requires (ONNX's operator specs); the rest are optional.
+fn required_inputs(op: &str, opset: i64) -> usize {
+    match op {
+        "Constant" => 0,
+        "BatchNormalization" => 5,
+        // Opset 10 moved Slice's starts and ends from attributes to inputs.
+        "Slice" if opset >= 10 => 3,
+        // Opset 5 moved Reshape's shape from an attribute to an input.
+        "Reshape" if opset >= 5 => 2,
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Conv" | "Gather" | "Gemm" | "MatMul"
+        | "LayerNormalization" => 2,
+        _ => 1,
+    }
+}
+
+/// `axis` of a tensor of `rank` dimensions, counted from the end when negative.
+fn axis_of(axis: i64, rank: i64) -> Result<usize, String> {
+    let a = if axis < 0 { axis + rank } else { axis };
+    match (0..rank).contains(&a) {
+        true => Ok(a as usize),
+        false => Err(format!(
+            "axis {axis} is out of range for a tensor of rank {rank}"
+        )),
+    }
+}
+
+/// `axis` counted from the end when negative, clamped into `0..rank`.
 fn norm_axis(axis: i64, rank: i64) -> usize {
     (if axis < 0 { axis + rank } else { axis }).clamp(0, (rank - 1).max(0)) as usize
 }

@@ -141,7 +141,7 @@ impl CudaEngine {
             options.progress.report(msg);
         };
 
-        let loaded = match engine_file::load(&path, &key) {
+        let loaded = match engine_file::load(&path, &key, spec.frame_len()) {
             Ok(loaded) => loaded,
             Err(reason) => {
                 gst::warning!(
@@ -244,6 +244,24 @@ impl CudaEngine {
 
 /// Imports the model for every batch size of `key`, lowers it, and compiles the kernels; the
 /// plans are tuned when the runtime loads them.
+/// The plans of `model` for each of `batch_sizes` and the weights they share: the part of
+/// the build that runs on the CPU (import, passes, lowering).
+pub fn compile(
+    model: &OnnxModel,
+    batch_sizes: &[usize],
+    spec: crate::preprocess::InputSpec,
+    dtype: DType,
+) -> Result<(Vec<plan::Plan>, Weights), String> {
+    let mut weights = Weights::default();
+    let mut plans = Vec::new();
+    for &batch in batch_sizes {
+        let mut graph = import::import(model, batch, spec.height, spec.width)?;
+        passes::optimise(&mut graph);
+        plans.push(lower::lower(&graph, dtype, &mut weights)?);
+    }
+    Ok((plans, weights))
+}
+
 fn build_engine(
     model: &OnnxModel,
     gpu: &runtime::Gpu,
@@ -252,13 +270,7 @@ fn build_engine(
     progress: &mut dyn FnMut(&str),
 ) -> Result<EngineFile, String> {
     let dtype = key.precision;
-    let mut weights = Weights::default();
-    let mut plans = Vec::new();
-    for &batch in &key.batch_sizes {
-        let mut graph = import::import(model, batch, spec.height, spec.width)?;
-        passes::optimise(&mut graph);
-        plans.push(lower::lower(&graph, dtype, &mut weights)?);
-    }
+    let (plans, weights) = compile(model, &key.batch_sizes, spec, dtype)?;
     progress(&format!(
         "imported a graph of {} steps for batch sizes {:?}",
         plans[0].steps.len(),

@@ -265,6 +265,103 @@ impl Step {
         }
     }
 
+    /// The elements the step may touch in each buffer it reads or writes, as its sizes say:
+    /// what an engine file is checked against before anything runs.
+    pub fn spans(&self) -> Vec<Span> {
+        let len = |loc: Loc, dims: &[usize]| Span {
+            loc,
+            start: 0,
+            end: dims.iter().map(|&d| d as i128).product(),
+        };
+        let mut spans = match self {
+            Step::Ew {
+                dims, out, a, b, ..
+            } => {
+                let mut spans = vec![Span::strided(out, dims), Span::strided(a, dims)];
+                spans.extend(b.as_ref().map(|b| Span::strided(b, dims)));
+                spans
+            }
+            Step::Zero { loc, len: n } => vec![len(*loc, &[*n])],
+            Step::Conv(c) => {
+                let out = [c.n, c.oh, c.ow, c.k];
+                let per_group = c.c.checked_div(c.group).unwrap_or(0);
+                let mut spans = vec![
+                    len(c.x, &[c.n, c.h, c.w, c.c]),
+                    len(c.weight, &[c.k, c.kernel[0], c.kernel[1], per_group]),
+                    len(c.bias, &[c.k]),
+                    len(c.y, &out),
+                ];
+                spans.extend(c.residual.map(|r| len(r, &out)));
+                spans
+            }
+            Step::Gemm {
+                rows,
+                n,
+                k,
+                x,
+                w,
+                bias,
+                residual,
+                y,
+                ..
+            } => {
+                let mut spans = vec![
+                    len(*x, &[*rows, *k]),
+                    len(*w, &[*k, *n]),
+                    len(*y, &[*rows, *n]),
+                ];
+                spans.extend(bias.map(|b| len(b, &[*n])));
+                spans.extend(residual.map(|r| len(r, &[*rows, *n])));
+                spans
+            }
+            Step::Pool {
+                n,
+                h,
+                w,
+                c,
+                oh,
+                ow,
+                x,
+                y,
+                ..
+            } => vec![len(*x, &[*n, *h, *w, *c]), len(*y, &[*n, *oh, *ow, *c])],
+            Step::GlobalAvgPool { n, hw, c, x, y } => {
+                vec![len(*x, &[*n, *hw, *c]), len(*y, &[*n, *c])]
+            }
+            Step::Softmax { rows, len: l, x, y } => {
+                vec![len(*x, &[*rows, *l]), len(*y, &[*rows, *l])]
+            }
+            Step::LayerNorm {
+                rows,
+                len: l,
+                x,
+                scale,
+                bias,
+                y,
+                ..
+            } => {
+                let mut spans = vec![
+                    len(*x, &[*rows, *l]),
+                    len(*scale, &[*l]),
+                    len(*y, &[*rows, *l]),
+                ];
+                spans.extend(bias.map(|b| len(b, &[*l])));
+                spans
+            }
+            Step::RowMean { rows, len: l, x, y } => {
+                vec![len(*x, &[*rows, *l]), len(*y, &[*rows])]
+            }
+            Step::Lrn {
+                pixels, c, x, y, ..
+            } => {
+                vec![len(*x, &[*pixels, *c]), len(*y, &[*pixels, *c])]
+            }
+        };
+        // An empty operand touches nothing, wherever it points.
+        spans.retain(|s| s.end > s.start);
+        spans
+    }
+
     /// Every buffer the step reads or writes.
     pub fn locs_mut(&mut self) -> Vec<&mut Loc> {
         match self {
@@ -304,6 +401,41 @@ impl Step {
             | Step::Softmax { x, y, .. }
             | Step::RowMean { x, y, .. }
             | Step::Lrn { x, y, .. } => vec![x, y],
+        }
+    }
+}
+
+/// Elements `start..end` of a buffer, counted from `loc`'s offset (`start` is negative for an
+/// operand walked with negative strides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub loc: Loc,
+    pub start: i128,
+    pub end: i128,
+}
+
+impl Span {
+    /// What `dims` iterations over `s` touch.
+    fn strided(s: &Strided, dims: &[usize]) -> Span {
+        let (mut start, mut end) = (0i128, 1i128);
+        if dims.contains(&0) {
+            return Span {
+                loc: s.loc,
+                start: 0,
+                end: 0,
+            };
+        }
+        for (&d, &stride) in dims.iter().zip(&s.strides) {
+            let reach = (d as i128 - 1).max(0) * i128::from(stride);
+            match reach < 0 {
+                true => start += reach,
+                false => end += reach,
+            }
+        }
+        Span {
+            loc: s.loc,
+            start,
+            end,
         }
     }
 }

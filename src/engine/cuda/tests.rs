@@ -190,9 +190,7 @@ fn torchvision_models_import_and_lower() {
     // The torchvision exports are 5–115 MB and not in the repository; run with
     // TRTCLASSIFY_TORCHVISION_DIR set to the output of `bench/gpu/torch_models.py export`.
     let Some(dir) = std::env::var_os("TRTCLASSIFY_TORCHVISION_DIR") else {
-        println!(
-            "SKIPPED torchvision_models_import_and_lower: TRTCLASSIFY_TORCHVISION_DIR is not set"
-        );
+        skipped("torchvision_models_import_and_lower: TRTCLASSIFY_TORCHVISION_DIR is not set");
         return;
     };
     let mut checked = 0;
@@ -223,6 +221,145 @@ fn torchvision_models_import_and_lower() {
         checked += 1;
     }
     assert!(checked > 0);
+}
+
+/// A small deterministic generator, so that a proptest case is its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    }
+
+    fn small_int(&mut self) -> i64 {
+        self.below(10) as i64 - 3
+    }
+}
+
+/// One random damage to a model, described for the failure message.
+fn mutate(proto: &mut tract_onnx::pb::ModelProto, rng: &mut Rng) -> String {
+    use tract_onnx::pb::attribute_proto::AttributeType;
+    let graph = proto.graph.as_mut().expect("a graph");
+    let names: Vec<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.output.clone())
+        .chain(graph.initializer.iter().map(|i| i.name.clone()))
+        .chain(["".to_owned()])
+        .collect();
+    let n = rng.below(graph.node.len());
+    let i = rng.below(graph.initializer.len());
+    let node = &mut graph.node[n];
+    let what = format!("node {n} ({})", node.op_type);
+    match rng.below(8) {
+        0 => {
+            let keep = rng.below(node.input.len() + 1);
+            node.input.truncate(keep);
+            format!("{what} keeps {keep} inputs")
+        }
+        1 if !node.input.is_empty() => {
+            let k = rng.below(node.input.len());
+            node.input[k] = names[rng.below(names.len())].clone();
+            format!("{what}: input {k} is now `{}`", node.input[k])
+        }
+        2 if !node.attribute.is_empty() => {
+            let k = rng.below(node.attribute.len());
+            let a = &mut node.attribute[k];
+            let v = rng.small_int();
+            match a.r#type() {
+                AttributeType::Int => a.i = v,
+                AttributeType::Float => a.f = v as f32 * 0.5,
+                AttributeType::Ints if !a.ints.is_empty() => {
+                    let k = rng.below(a.ints.len());
+                    a.ints[k] = v;
+                }
+                AttributeType::Ints => a.ints.push(v),
+                _ => a.i = v,
+            }
+            format!("{what}: attribute {} changed to {v}", a.name)
+        }
+        3 => {
+            let ops = super::import::SUPPORTED_OPS;
+            node.op_type = ops[rng.below(ops.len())].to_owned();
+            format!("{what} is now a {}", node.op_type)
+        }
+        4 => {
+            graph.node.remove(n);
+            format!("{what} removed")
+        }
+        5 if !graph.initializer.is_empty() => {
+            let init = &mut graph.initializer[i];
+            match rng.below(3) {
+                0 => {
+                    init.dims.pop();
+                }
+                1 => init.dims.push(1),
+                _ if !init.dims.is_empty() => {
+                    let k = rng.below(init.dims.len());
+                    init.dims[k] = rng.below(5) as i64;
+                }
+                _ => init.dims.push(0),
+            }
+            format!("initializer {} has dims {:?}", init.name, init.dims)
+        }
+        6 if !graph.initializer.is_empty() => {
+            let init = &mut graph.initializer[i];
+            init.dims.clear();
+            init.raw_data.truncate(8);
+            init.float_data.truncate(1);
+            init.int64_data.truncate(1);
+            format!("initializer {} is a scalar", init.name)
+        }
+        _ => {
+            let k = rng.below(node.output.len() + 1);
+            node.output.truncate(k);
+            format!("{what} keeps {k} outputs")
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(400),
+        ..Default::default()
+    })]
+
+    /// A damaged model is an error (or, where the damage changes nothing that matters, a
+    /// plan), never a panic: the front-end of the cuda engine runs on the CPU, so this runs in
+    /// CI; a panic would be caught by the engine build, but as an "internal error" that does
+    /// not tell the user what is wrong with the file.
+    #[test]
+    fn damaged_models_are_errors_not_panics(
+        model in 0usize..3,
+        seed in 1u64..u64::MAX,
+        damages in 1usize..4,
+    ) {
+        use prost::Message;
+        let name = ["colors.onnx", "cnn.onnx", "ops.onnx"][model];
+        let path = models().join(name);
+        let mut proto = OnnxModel::load(&path).expect("model loads").proto;
+        let mut rng = Rng(seed);
+        let done: Vec<String> = (0..damages).map(|_| mutate(&mut proto, &mut rng)).collect();
+        let bytes = proto.encode_to_vec();
+        let outcome = std::panic::catch_unwind(|| {
+            let model = OnnxModel::from_bytes(&path, &bytes).map_err(|e| e.to_string())?;
+            let spec = model.input_spec(None)?;
+            if !import::unsupported_ops(&model).is_empty() {
+                return Err("unsupported".to_owned());
+            }
+            super::compile(&model, &[1, 2], spec, DType::F16).map(|_| ())
+        });
+        if let Err(panic) = outcome {
+            panic!(
+                "{name} damaged by {done:?}: panicked: {}",
+                crate::engine::panic_message(&*panic)
+            );
+        }
+    }
 }
 
 /// Says a test did not run, on stderr directly so that the harness does not capture it.

@@ -115,6 +115,8 @@ pub fn join(
         Some(_) => Joined::Shared,
         None => {
             inner.engine = Some(build()?);
+            // A fresh engine: what broke the last one (if this instance outlived it) is gone.
+            inner.broken = None;
             Joined::Built
         }
     };
@@ -335,6 +337,7 @@ impl Drop for Stream {
         if inner.streams.is_empty() {
             // The last stream takes the engine with it, outside the registry's lock.
             inner.queued.clear();
+            inner.broken = None;
             let engine = inner.engine.take();
             drop(inner);
             drop(engine);

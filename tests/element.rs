@@ -38,12 +38,10 @@ fn pull_all(h: &mut gst_check::Harness) -> Vec<(u64, Classification)> {
     let mut out = Vec::new();
     while let Some(buffer) = h.try_pull() {
         let (i, result) = index_and_result(&buffer);
-        // Only `interval` makes carried frames; the frame counter says which are fresh.
-        assert_eq!(
-            result.fresh,
-            result.frame % interval_of(h) == 0,
-            "frame {i}"
-        );
+        // Only `interval` makes carried frames (its own test checks which).
+        if interval_of(h) == 1 {
+            assert!(result.fresh, "frame {i} is inferred");
+        }
         if result.fresh {
             let top = result.top().expect("a top class");
             assert_eq!(

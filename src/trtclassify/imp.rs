@@ -827,7 +827,14 @@ impl BaseTransformImpl for TrtClassify {
         state.unscored += usize::from(fresh);
         // A carried frame with no fresh frame ahead of it goes straight on with the last
         // result; a full batch has run in the push.
-        self.collect(state, &tunables)?;
+        if let Err(err) = self.collect(state, &tunables) {
+            // Frames that got their results before the failure leave all the same; the
+            // downstream answer does not matter, this chain fails.
+            let ready = std::mem::take(&mut state.ready);
+            drop(guard);
+            let _ = self.push_ready(ready);
+            return Err(err);
+        }
         self.arm_timer(state, &tunables);
         Ok(gst::FlowSuccess::Ok)
     }
@@ -1122,8 +1129,9 @@ impl TrtClassify {
         if let Some((path, writer)) = state.results.as_mut()
             && let Err(e) = writer.write_lines(&lines)
         {
-            // The frames go on with their meta; their lines are lost, and so would every
-            // later one be: the stream stops here, as it does on an engine failure.
+            // These frames still go on with their meta (see `submit_input_buffer` and
+            // `finish_batch`); their lines are lost, and so would every later frame's be:
+            // the stream stops here, as on an engine failure.
             gst::element_imp_error!(
                 self,
                 gst::ResourceError::Write,
@@ -1136,6 +1144,9 @@ impl TrtClassify {
                 ]
             );
             state.failed = true;
+            if let Some(timer) = &state.timer {
+                timer.disarm();
+            }
             return Err(gst::FlowError::Error);
         }
         Ok(())
@@ -1181,35 +1192,50 @@ impl TrtClassify {
     /// ours has waited `batch-timeout`). The caller holds the stream lock.
     fn finish_batch(&self, all: bool) -> Result<gst::FlowSuccess, gst::FlowError> {
         let tunables = self.settings.lock().unwrap().tunables;
-        let ready = {
+        let (ready, finished) = {
             let mut guard = self.state.lock().unwrap();
             let Some(state) = guard.as_mut() else {
                 return Ok(gst::FlowSuccess::Ok);
             };
-            self.collect(state, &tunables)?;
-            let due = all
-                || state
-                    .deadline(&tunables)
-                    .is_some_and(|d| d <= Instant::now());
-            if state.unscored > 0 && due {
-                gst::debug!(CAT, imp = self, "running a partial batch");
-                state.stream.run_now();
-                self.collect(state, &tunables)?;
-            }
-            if all && state.unscored > 0 {
-                gst::element_imp_error!(
-                    self,
-                    gst::StreamError::Failed,
-                    [
-                        "{} frames were given to the engine and never came back",
-                        state.unscored
-                    ]
-                );
-                return Err(gst::FlowError::Error);
-            }
-            self.arm_timer(state, &tunables);
-            std::mem::take(&mut state.ready)
+            let finished = self.run_due(state, &tunables, all);
+            // Frames that got their results before a failure leave all the same.
+            (std::mem::take(&mut state.ready), finished)
         };
+        self.push_ready(ready)?;
+        finished.map(|()| gst::FlowSuccess::Ok)
+    }
+
+    /// `finish_batch` under the state lock: collects, runs the partial batch when it is due
+    /// (or `all`), collects again.
+    fn run_due(
+        &self,
+        state: &mut State,
+        tunables: &Tunables,
+        all: bool,
+    ) -> Result<(), gst::FlowError> {
+        self.collect(state, tunables)?;
+        let due = all
+            || state
+                .deadline(tunables)
+                .is_some_and(|d| d <= Instant::now());
+        if state.unscored > 0 && due {
+            gst::debug!(CAT, imp = self, "running a partial batch");
+            state.stream.run_now();
+            self.collect(state, tunables)?;
+        }
+        if all && state.unscored > 0 {
+            let problem = format!(
+                "{} frames were given to the engine and never came back",
+                state.unscored
+            );
+            return Err(self.fail(state, &problem));
+        }
+        self.arm_timer(state, tunables);
+        Ok(())
+    }
+
+    /// Pushes frames that have their results, outside `generate_output`.
+    fn push_ready(&self, ready: VecDeque<gst::Buffer>) -> Result<gst::FlowSuccess, gst::FlowError> {
         let srcpad = self.obj().src_pad().clone();
         for buffer in ready {
             srcpad.push(buffer)?;

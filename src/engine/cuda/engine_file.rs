@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::plan::{DType, Loc, MAX_RANK, Plan, Step};
+use super::plan::{Cast, DType, Loc, MAX_RANK, Plan, Step};
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
@@ -279,7 +279,7 @@ fn check_plans(
         for (s, step) in plan.steps.iter_mut().enumerate() {
             let described = step.describe();
             let fail = |what: String| fail(format!("step {s} ({described}): {what}"));
-            if let Err(what) = check_sizes(step) {
+            if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
                 return fail(what);
             }
             for span in step.spans() {
@@ -311,6 +311,48 @@ fn check_plans(
     Ok(())
 }
 
+/// The frames (f32) are read only by a cast from f32 and the scores (f32) written only by a
+/// cast to f32, where the plan's type is not f32: another step would take their elements for
+/// half as many bytes, and the casts' other side for twice as many.
+fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
+    let ok = match step {
+        Step::Ew {
+            cast, out, a, b, ..
+        } => {
+            let input = |l: Loc| matches!(l, Loc::Input(_));
+            let output = |l: Loc| matches!(l, Loc::Output(_));
+            let others = [Some(out.loc), Some(a.loc), b.as_ref().map(|b| b.loc)];
+            match cast {
+                Cast::FromF32 => {
+                    input(a.loc) && !input(out.loc) && b.as_ref().is_none_or(|b| !input(b.loc))
+                }
+                Cast::ToF32 => {
+                    output(out.loc) && !output(a.loc) && b.as_ref().is_none_or(|b| !output(b.loc))
+                }
+                Cast::None => {
+                    dtype == DType::F32
+                        || others
+                            .into_iter()
+                            .flatten()
+                            .all(|l| !input(l) && !output(l))
+                }
+            }
+        }
+        _ => {
+            let mut step = step.clone();
+            dtype == DType::F32
+                || step
+                    .locs_mut()
+                    .into_iter()
+                    .all(|l| !matches!(l, Loc::Input(_) | Loc::Output(_)))
+        }
+    };
+    match ok {
+        true => Ok(()),
+        false => Err("reads the frames or writes the scores in the wrong type".into()),
+    }
+}
+
 /// The sizes a step passes to its kernel or library call: positive where they divide or
 /// shape a descriptor, within 32 bits where the kernels take `int`, ranks within `MAX_RANK`.
 fn check_sizes(step: &Step) -> Result<(), String> {
@@ -318,10 +360,20 @@ fn check_sizes(step: &Step) -> Result<(), String> {
     let positive = |v: usize| v >= 1 && int(v);
     let ok = match step {
         Step::Ew {
-            dims, out, a, b, ..
+            op,
+            dims,
+            out,
+            a,
+            b,
+            ..
         } => {
             dims.len() <= MAX_RANK
                 && dims.iter().all(|&d| int(d))
+                && dims
+                    .iter()
+                    .try_fold(1i64, |n, &d| n.checked_mul(d as i64))
+                    .is_some()
+                && op.is_some() == b.is_some()
                 && [Some(out), Some(a), b.as_ref()]
                     .into_iter()
                     .flatten()
@@ -346,6 +398,8 @@ fn check_sizes(step: &Step) -> Result<(), String> {
                 && c.k % c.group == 0
                 && out_dim(0, c.h) == Some(c.oh)
                 && out_dim(1, c.w) == Some(c.ow)
+                && c.algo
+                    .is_none_or(|t| t.workspace <= super::runtime::MAX_WORKSPACE)
         }
         Step::Gemm { rows, n, k, .. } => [*rows, *n, *k].into_iter().all(positive),
         Step::Pool {
@@ -641,12 +695,33 @@ mod tests {
             ),
             (
                 |s| {
+                    // An fp16 step writing the f32 scores without a cast.
                     let Step::Ew { out, .. } = s else {
                         unreachable!()
                     };
-                    out.loc = Loc::Output(1);
+                    out.loc = Loc::Output(0);
                 },
-                "touches elements 1..5 of a buffer of 4",
+                "reads the frames or writes the scores in the wrong type",
+            ),
+            (
+                |s| {
+                    // A cast from f32 reading fp16 weights as f32: twice their bytes.
+                    let Step::Ew { cast, .. } = s else {
+                        unreachable!()
+                    };
+                    *cast = super::super::plan::Cast::FromF32;
+                },
+                "reads the frames or writes the scores in the wrong type",
+            ),
+            (
+                |s| {
+                    // A binary operator without its second operand reads address 0.
+                    let Step::Ew { op, .. } = s else {
+                        unreachable!()
+                    };
+                    *op = Some(crate::engine::cuda::ir::BinOp::Add);
+                },
+                "sizes its kernel cannot take",
             ),
             (
                 |s| {

@@ -1051,8 +1051,8 @@ fn required_inputs(op: &str, opset: i64) -> usize {
         "BatchNormalization" => 5,
         // Opset 10 moved Slice's starts and ends from attributes to inputs.
         "Slice" if opset >= 10 => 3,
-        // Opset 5 moved Reshape's shape from an attribute to an input.
-        "Reshape" if opset >= 5 => 2,
+        // Reshape's shape has been an input since opset 5; the older attribute is not read.
+        "Reshape" => 2,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Conv" | "Gather" | "Gemm" | "MatMul"
         | "LayerNormalization" => 2,
         _ => 1,

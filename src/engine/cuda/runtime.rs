@@ -22,7 +22,7 @@ use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned};
 pub const KERNELS: &str = include_str!("kernels.cu");
 
 /// The most workspace a convolution algorithm may use.
-const MAX_WORKSPACE: usize = 256 << 20;
+pub const MAX_WORKSPACE: usize = 256 << 20;
 
 /// The shared libraries the engine loads, by the names cudarc looks for.
 pub fn missing_libraries() -> Vec<&'static str> {

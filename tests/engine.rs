@@ -277,3 +277,61 @@ fn bad_models_get_clear_errors() {
         }
     }
 }
+
+/// `colors.onnx` with its scores reshaped to `[N, dims...]`, saved in `dir`.
+fn reshaped_colors(dir: &std::path::Path, dims: &[i64]) -> String {
+    use prost::Message;
+    use tract_onnx::pb;
+    let path = std::path::PathBuf::from(common::model("colors.onnx"));
+    let mut proto = gsttrtclassify::engine::OnnxModel::load(&path)
+        .unwrap()
+        .proto;
+    let graph = proto.graph.as_mut().unwrap();
+    let scores = graph.output[0].name.clone();
+    graph.initializer.push(pb::TensorProto {
+        name: "reshaped_dims".into(),
+        dims: vec![dims.len() as i64 + 1],
+        data_type: 7,
+        int64_data: [&[-1][..], dims].concat(),
+        ..Default::default()
+    });
+    graph.node.push(pb::NodeProto {
+        name: "reshape_scores".into(),
+        op_type: "Reshape".into(),
+        input: vec![scores, "reshaped_dims".into()],
+        output: vec!["reshaped".into()],
+        ..Default::default()
+    });
+    graph.output[0].name = "reshaped".into();
+    graph.output[0].r#type = None;
+    let file = dir.join(format!("colors_{dims:?}.onnx"));
+    std::fs::write(&file, proto.encode_to_vec()).unwrap();
+    file.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn outputs_of_one_score_vector_per_image_are_read_and_others_refused() {
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let r = reference("colors_reference.json");
+    // [N, 6, 1, 1], as a convolutional head leaves it: the same 6 classes and scores.
+    let file = reshaped_colors(dir.path(), &[6, 1, 1]);
+    let mut engine = CpuEngine::build(&options(&file, 2)).unwrap();
+    assert_eq!(engine.info().num_classes, 6);
+    let scores = engine.infer(&r.input, 2).unwrap();
+    assert_eq!(scores.concat().len(), r.output.len());
+    for (got, want) in scores.iter().flatten().zip(&r.output) {
+        assert!((got - want).abs() < 1e-4, "{got} vs {want}");
+    }
+    // [N, 2, 3] is not a score vector per image: refused, not read as 6 classes.
+    let file = reshaped_colors(dir.path(), &[2, 3]);
+    let err = CpuEngine::build(&options(&file, 2))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("is not one vector of class scores per image"),
+        "{err}"
+    );
+    assert!(err.contains("colors_[2, 3].onnx"), "{err}");
+}

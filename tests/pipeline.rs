@@ -286,3 +286,99 @@ fn python_reads_the_meta_without_the_crate() {
         );
     }
 }
+
+#[test]
+fn odd_and_tiny_frame_sizes_are_read_in_the_subsampled_formats() {
+    // 4:2:0 chroma planes round up: a width or height of 1, 25 or 33 has a half chroma row or
+    // column that the preprocessing must read without going past the plane.
+    for format in ["NV12", "I420"] {
+        for (width, height) in [(33, 25), (1, 1), (3, 2), (2, 3)] {
+            let results = run_pipeline(&format!(
+                "videotestsrc num-buffers=2 pattern=blue ! video/x-raw,format={format},width={width},height={height} ! \
+                 {} ! appsink name=sink sync=false",
+                colors_element("batch-size=2")
+            ))
+            .unwrap_or_else(|e| panic!("{format} {width}x{height}: {e}"));
+            assert_eq!(results.len(), 2, "{format} {width}x{height}");
+            for r in &results {
+                let top = r.top().unwrap();
+                assert_eq!(top.label, "blue", "{format} {width}x{height}: {r:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_results_file_that_breaks_mid_stream_is_one_error_naming_it() {
+    // A FIFO whose reader leaves after the first line: later writes fail with EPIPE (the test
+    // harness, like every Rust program, ignores SIGPIPE).
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("results.fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut line = String::new();
+            std::io::BufReader::new(std::fs::File::open(fifo).unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            line
+        })
+    };
+    // A live source: 30 frames over a second, so that most lines come after the reader left.
+    let err = run_pipeline(&format!(
+        "videotestsrc is-live=true num-buffers=30 pattern=red ! {} ! appsink name=sink",
+        colors_element(&format!("results-location={}", fifo.display()))
+    ))
+    .expect_err("a broken results pipe is an error");
+    let first = reader.join().unwrap();
+    assert!(first.contains(r#""frame":0"#), "{first}");
+    assert!(err.contains("results.fifo: cannot write results"), "{err}");
+    assert!(err.contains("Broken pipe"), "{err}");
+}
+
+#[test]
+fn engine_settings_cannot_change_while_running() {
+    common::init();
+    let pipeline = common::launch(&format!(
+        "videotestsrc is-live=true num-buffers=10 pattern=red ! {} name=classify ! appsink name=sink",
+        colors_element("")
+    ));
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let sink = common::appsink(&pipeline, "sink");
+    let first = sink.pull_sample().expect("a first frame");
+    let classify = pipeline.by_name("classify").unwrap();
+    let before: String = classify.property("onnx-location");
+    classify.set_property("onnx-location", "/elsewhere/other.onnx");
+    assert_eq!(classify.property::<String>("onnx-location"), before);
+    let warning = bus
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(5),
+            &[gst::MessageType::Warning],
+        )
+        .expect("a warning");
+    let gst::MessageView::Warning(w) = warning.view() else {
+        unreachable!()
+    };
+    let text = format!("{} {:?}", w.error(), w.debug());
+    assert!(
+        text.contains("onnx-location cannot change while the element is running"),
+        "{text}"
+    );
+    // The stream goes on with the model it started with.
+    let mut labels = vec![common::index_and_result(first.buffer().unwrap()).1];
+    while let Ok(sample) = sink.pull_sample() {
+        labels.push(common::index_and_result(sample.buffer().unwrap()).1);
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert_eq!(labels.len(), 10);
+    assert!(labels.iter().all(|r| r.top().unwrap().label == "red"));
+}

@@ -284,17 +284,7 @@ fn optimise(
     let dims = output.shape.as_concrete().ok_or_else(|| {
         OptimiseError::Other(format!("the output shape {:?} is not fixed", output.shape))
     })?;
-    if dims.first() != Some(&batch) {
-        return Err(OptimiseError::Other(format!(
-            "the output shape {dims:?} does not start with the batch axis ({batch}); class scores per image are expected"
-        )));
-    }
-    let num_classes: usize = dims[1..].iter().product();
-    if num_classes == 0 {
-        return Err(OptimiseError::Other(format!(
-            "the output shape {dims:?} holds no class scores"
-        )));
-    }
+    let num_classes = super::class_count(dims, batch).map_err(OptimiseError::Other)?;
     let plan = typed.into_runnable().map_err(other)?;
     Ok((plan, num_classes))
 }

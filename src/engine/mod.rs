@@ -308,6 +308,28 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
     }
 }
 
+/// The number of classes in a model output of `shape` for `batch` frames: after the batch
+/// axis, one axis of scores; other axes must be 1 (`[N, classes, 1, 1]` is read as
+/// `[N, classes]`), so that an output that is not one score vector per image (`[N, 3, 4]`)
+/// is refused rather than read as 12 classes.
+pub fn class_count(shape: &[usize], batch: usize) -> Result<usize, String> {
+    let Some((&n, rest)) = shape.split_first().filter(|(n, _)| **n == batch) else {
+        return Err(format!(
+            "the output shape {shape:?} does not start with the batch axis ({batch}); class scores per image are expected"
+        ));
+    };
+    debug_assert_eq!(n, batch);
+    if rest.contains(&0) {
+        return Err(format!("the output shape {shape:?} holds no class scores"));
+    }
+    match rest.iter().filter(|&&d| d != 1).count() {
+        0 | 1 => Ok(rest.iter().product()),
+        _ => Err(format!(
+            "the output shape {shape:?} is not one vector of class scores per image ([N, classes], or [N, classes, 1, 1])"
+        )),
+    }
+}
+
 /// Runs `f`, turning a panic inside it into the error `on_panic` makes of the panic's
 /// message, so that a bug in an engine fails one start or one batch instead of unwinding
 /// into GStreamer (which marks the element as panicked for good) or a timer thread.
@@ -326,4 +348,33 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::class_count;
+
+    #[test]
+    fn class_count_takes_one_axis_of_scores_after_the_batch() {
+        assert_eq!(class_count(&[8, 1000], 8), Ok(1000));
+        assert_eq!(class_count(&[8, 1000, 1, 1], 8), Ok(1000));
+        assert_eq!(class_count(&[8, 1, 1000], 8), Ok(1000));
+        assert_eq!(class_count(&[8, 1], 8), Ok(1));
+        assert!(
+            class_count(&[8, 3, 4], 8)
+                .unwrap_err()
+                .contains("not one vector")
+        );
+        assert!(
+            class_count(&[8, 0], 8)
+                .unwrap_err()
+                .contains("no class scores")
+        );
+        assert!(
+            class_count(&[4, 10], 8)
+                .unwrap_err()
+                .contains("batch axis (8)")
+        );
+        assert!(class_count(&[], 8).unwrap_err().contains("batch axis"));
+    }
 }

@@ -342,8 +342,23 @@ impl ObjectImpl for TrtClassify {
     }
 
     fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
-        let mut settings = self.settings.lock().unwrap();
         let name = pspec.name();
+        // What makes the engine, the labels and the outputs is read at start: a change while
+        // running would not apply, and would describe something other than what runs.
+        if pspec.flags().contains(gst::PARAM_FLAG_MUTABLE_READY)
+            && self.state.lock().unwrap().is_some()
+        {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Settings,
+                [
+                    "{} cannot change while the element is running (PAUSED or PLAYING): set it in the NULL or READY state; the change is ignored",
+                    name
+                ]
+            );
+            return;
+        }
+        let mut settings = self.settings.lock().unwrap();
         match name {
             "onnx-location" => settings.onnx_location = value.get().expect("type checked upstream"),
             "labels-location" => {

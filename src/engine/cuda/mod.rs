@@ -256,6 +256,7 @@ pub fn compile(
     let mut plans = Vec::new();
     for &batch in batch_sizes {
         let mut graph = import::import(model, batch, spec.height, spec.width)?;
+        crate::engine::class_count(graph.shape(&graph.output), batch)?;
         passes::optimise(&mut graph);
         plans.push(lower::lower(&graph, dtype, &mut weights)?);
     }

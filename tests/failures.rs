@@ -24,6 +24,8 @@ struct Script {
     panic_push: Option<usize>,
     fail_run: Option<usize>,
     panic_run: Option<usize>,
+    /// From this run on, every score is NaN.
+    nan_from_run: Option<usize>,
 }
 
 /// Scores a frame as class `red byte` (one-hot over 256 classes), so that each output buffer
@@ -70,11 +72,12 @@ impl Engine for ScriptedEngine {
         if self.script.panic_run == Some(self.runs) {
             panic!("index out of bounds in run");
         }
+        let nan = self.script.nan_from_run.is_some_and(|r| self.runs >= r);
         Ok(pushed
             .into_iter()
             .map(|class| {
-                let mut scores = vec![0.0; 256];
-                scores[class] = 1.0;
+                let mut scores = vec![if nan { f32::NAN } else { 0.0 }; 256];
+                scores[class] = if nan { f32::NAN } else { 1.0 };
                 scores
             })
             .collect())
@@ -341,5 +344,48 @@ fn frames_of_a_working_engine_all_leave_in_order_with_their_own_results() {
     }
     assert!(s.h.push_event(gst::event::Eos::new()));
     assert_eq!(pull_all(&mut s.h), (0..10).collect::<Vec<_>>());
+    assert_no_more_errors(&s.bus);
+}
+
+#[test]
+fn scores_that_are_not_finite_are_one_warning_and_every_frame_leaves() {
+    let mut s = setup(
+        Script {
+            nan_from_run: Some(2),
+            ..Default::default()
+        },
+        "batch-size=4 batch-timeout=-1",
+    );
+    for i in 0..4 {
+        assert_eq!(s.h.push(frame(i)), Ok(gst::FlowSuccess::Ok));
+    }
+    assert_eq!(pull_all(&mut s.h), [0, 1, 2, 3]);
+    for i in 4..12 {
+        assert_eq!(s.h.push(frame(i)), Ok(gst::FlowSuccess::Ok));
+    }
+    // Every frame leaves, with no class (NaN is never a result), and one warning says why.
+    let mut out = Vec::new();
+    while let Some(buffer) = s.h.try_pull() {
+        let (i, result) = index_and_result(&buffer);
+        assert!(result.classes.is_empty(), "frame {i}: {result:?}");
+        out.push(i);
+    }
+    assert_eq!(out, (4..12).collect::<Vec<_>>());
+    let warning = s
+        .bus
+        .pop_filtered(&[gst::MessageType::Warning])
+        .expect("a warning");
+    let gst::MessageView::Warning(w) = warning.view() else {
+        unreachable!()
+    };
+    let text = format!("{} {:?}", w.error(), w.debug());
+    assert!(
+        text.contains("colors.onnx: the scores of frame 4 are not all finite"),
+        "{text}"
+    );
+    assert!(
+        s.bus.pop_filtered(&[gst::MessageType::Warning]).is_none(),
+        "one warning, not one per frame"
+    );
     assert_no_more_errors(&s.bus);
 }

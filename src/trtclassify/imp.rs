@@ -151,6 +151,8 @@ struct State {
     /// from the first frame of that batch on, frames are held back (and dropped at the next
     /// flush or stop) and every chain fails, so that no frame leaves with another's result.
     failed: bool,
+    /// Fresh frames whose scores held NaN or infinity (the first one is a warning).
+    non_finite: u64,
     timer: Option<Arc<BatchTimer>>,
     latency: LatencyHistogram,
 }
@@ -632,6 +634,14 @@ impl BaseTransformImpl for TrtClassify {
                 l.quantile(0.99),
                 l.max()
             );
+            if state.non_finite > 0 {
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "{} frames had scores that were not all finite",
+                    state.non_finite
+                );
+            }
         }
         *self.framerate.lock().unwrap() = None;
         self.device_frames
@@ -997,6 +1007,7 @@ impl TrtClassify {
             last: Vec::new(),
             flow_error: None,
             failed: false,
+            non_finite: 0,
             timer,
             latency: LatencyHistogram::default(),
         });
@@ -1104,6 +1115,9 @@ impl TrtClassify {
                 arrived,
             } = state.pending.pop_front().expect("checked above");
             if let Some(mut s) = scores {
+                if s.iter().any(|v| !v.is_finite()) {
+                    self.report_non_finite(state, frame);
+                }
                 let apply = *state.apply_softmax.get_or_insert_with(|| {
                     let apply = !postprocess::is_distribution(&s);
                     gst::info!(
@@ -1165,6 +1179,32 @@ impl TrtClassify {
             return Err(gst::FlowError::Error);
         }
         Ok(())
+    }
+
+    /// Says, once per start, that a frame's scores are not all finite: top-k leaves such
+    /// classes out, so without a word the frame would leave with fewer classes or none.
+    fn report_non_finite(&self, state: &mut State, frame: u64) {
+        state.non_finite += 1;
+        if state.non_finite > 1 {
+            return;
+        }
+        let info = state.stream.info();
+        let hint = match info.precision {
+            Precision::Fp16 if info.backend != Backend::Cpu => {
+                "; with precision=fp16 this is usually a value beyond fp16's range: try precision=fp32"
+            }
+            _ => "",
+        };
+        gst::element_imp_warning!(
+            self,
+            gst::StreamError::Decode,
+            [
+                "{}: the scores of frame {} are not all finite numbers (NaN or infinity){}; its result leaves those classes out; later such frames are counted in the log at stop",
+                state.model_name,
+                frame,
+                hint
+            ]
+        );
     }
 
     /// Reports an engine failure once, with the frames it holds back (see `State::failed`).

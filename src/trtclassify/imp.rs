@@ -16,6 +16,7 @@ use gst_base::prelude::*;
 use gst_base::subclass::base_transform::GenerateOutputSuccess;
 use gst_base::subclass::prelude::*;
 
+use super::batcher::{Batcher, Released};
 use super::latency::LatencyHistogram;
 use super::timer::BatchTimer;
 use crate::cudamem;
@@ -116,17 +117,6 @@ impl Default for Settings {
     }
 }
 
-/// A frame held until its scores arrive and every frame before it has left.
-struct Pending {
-    buffer: gst::Buffer,
-    frame: u64,
-    /// True when this frame is inferred, false when it carries the last result (`interval`).
-    fresh: bool,
-    /// A fresh frame's scores, once its batch has run.
-    scores: Option<Vec<f32>>,
-    arrived: Instant,
-}
-
 struct State {
     /// This element's place in the engine it shares with other elements.
     stream: instance::Stream,
@@ -136,14 +126,11 @@ struct State {
     apply_softmax: Option<bool>,
     results: Option<(String, ResultsWriter)>,
     info: Option<gst_video::VideoInfo>,
-    /// Frames in arrival order, until they leave.
-    pending: VecDeque<Pending>,
-    /// How many of `pending` are fresh and still wait for their scores.
-    unscored: usize,
+    /// Frames in arrival order, until they have their results.
+    batcher: Batcher<gst::Buffer>,
+    /// Frames with their results, to be sent on.
     ready: VecDeque<gst::Buffer>,
-    frame_count: u64,
-    /// Frames still to carry `last` before the next fresh one (`interval`).
-    carry_left: u32,
+    /// The last fresh frame's result, which carried frames (`interval`) take.
     last: Vec<ClassEntry>,
     /// An error from a push made outside the streaming thread, returned by the next chain.
     flow_error: Option<gst::FlowError>,
@@ -161,11 +148,10 @@ impl State {
     /// When the oldest frame still waiting for its scores will have waited `batch-timeout`;
     /// `None` when no frame waits or the timeout is off.
     fn deadline(&self, tunables: &Tunables) -> Option<Instant> {
-        let ms = u64::try_from(tunables.batch_timeout_ms).ok()?;
-        self.pending
-            .iter()
-            .find(|p| p.fresh && p.scores.is_none())
-            .map(|p| p.arrived + Duration::from_millis(ms))
+        let timeout = u64::try_from(tunables.batch_timeout_ms)
+            .ok()
+            .map(Duration::from_millis);
+        self.batcher.deadline(timeout)
     }
 }
 
@@ -698,16 +684,14 @@ impl BaseTransformImpl for TrtClassify {
                         CAT,
                         imp = self,
                         "flush: dropping {} held frames",
-                        state.pending.len()
+                        state.batcher.len()
                     );
-                    state.pending.clear();
+                    state.batcher.flush();
                     state.ready.clear();
-                    state.unscored = 0;
                     state.stream.flush();
                     state.flow_error = None;
                     state.failed = false;
                     // After a seek, a result from before it describes another picture.
-                    state.carry_left = 0;
                     state.last.clear();
                     if let Some(timer) = &state.timer {
                         timer.disarm();
@@ -729,8 +713,7 @@ impl BaseTransformImpl for TrtClassify {
                 if let gst::EventView::StreamStart(_) = event.view()
                     && let Some(state) = self.state.lock().unwrap().as_mut()
                 {
-                    state.frame_count = 0;
-                    state.carry_left = 0;
+                    state.batcher.restart();
                     state.last.clear();
                 }
             }
@@ -832,24 +815,10 @@ impl BaseTransformImpl for TrtClassify {
         if state.failed {
             return Err(gst::FlowError::Error);
         }
-        let fresh = state.carry_left == 0;
-        if fresh {
+        if state.batcher.next_is_fresh() {
             self.push_to_engine(state, &buffer)?;
         }
-        let frame = state.frame_count;
-        state.frame_count += 1;
-        state.carry_left = match fresh {
-            true => tunables.interval - 1,
-            false => state.carry_left - 1,
-        };
-        state.pending.push_back(Pending {
-            buffer,
-            frame,
-            fresh,
-            scores: None,
-            arrived: Instant::now(),
-        });
-        state.unscored += usize::from(fresh);
+        state.batcher.admit(buffer, tunables.interval);
         // A carried frame with no fresh frame ahead of it goes straight on with the last
         // result; a full batch has run in the push.
         if let Err(err) = self.collect(state, &tunables) {
@@ -999,11 +968,8 @@ impl TrtClassify {
             apply_softmax,
             results,
             info: None,
-            pending: VecDeque::new(),
-            unscored: 0,
+            batcher: Batcher::default(),
             ready: VecDeque::new(),
-            frame_count: 0,
-            carry_left: 0,
             last: Vec::new(),
             flow_error: None,
             failed: false,
@@ -1070,7 +1036,7 @@ impl TrtClassify {
         pushed.map_err(|e| {
             let problem = format!(
                 "frame {} could not be given to the engine, and is dropped: {e}",
-                state.frame_count
+                state.batcher.next_number()
             );
             self.fail(state, &problem)
         })
@@ -1082,38 +1048,30 @@ impl TrtClassify {
         if state.failed {
             return Err(gst::FlowError::Error);
         }
-        let arrived = state.stream.take_scores();
-        let mut waiting = state
-            .pending
-            .iter_mut()
-            .filter(|p| p.fresh && p.scores.is_none());
-        for scores in arrived {
-            let (Some(frame), Ok(scores)) = (waiting.next(), scores.as_ref()) else {
-                let problem = match scores {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "the engine returned scores for frames it was not given".into(),
+        for scores in state.stream.take_scores() {
+            let refused =
+                match scores {
+                    Ok(scores) => state.batcher.score(scores).err().map(|_| {
+                        "the engine returned scores for frames it was not given".to_owned()
+                    }),
+                    Err(e) => Some(e.to_string()),
                 };
+            if let Some(problem) = refused {
                 return Err(self.fail(state, &problem));
-            };
-            frame.scores = Some(scores.clone());
-            state.unscored -= 1;
+            }
         }
 
         let mut lines = Vec::new();
         // The first and last frame sent on, for an error about their lines.
         let mut sent: Option<(u64, u64)> = None;
-        while state
-            .pending
-            .front()
-            .is_some_and(|p| !p.fresh || p.scores.is_some())
-        {
-            let Pending {
-                mut buffer,
-                frame,
-                fresh,
+        for released in state.batcher.release() {
+            let Released {
+                frame: mut buffer,
+                number: frame,
                 scores,
                 arrived,
-            } = state.pending.pop_front().expect("checked above");
+            } = released;
+            let fresh = scores.is_some();
             if let Some(mut s) = scores {
                 if s.iter().any(|v| !v.is_finite()) {
                     self.report_non_finite(state, frame);
@@ -1213,15 +1171,14 @@ impl TrtClassify {
         if let Some(timer) = &state.timer {
             timer.disarm();
         }
-        let held = match (state.pending.front(), state.pending.back()) {
-            (Some(first), Some(last)) if first.frame == last.frame => {
-                format!("frame {} of this stream is held back", first.frame)
+        let held = match state.batcher.held_range() {
+            Some((first, last)) if first == last => {
+                format!("frame {first} of this stream is held back")
             }
-            (Some(first), Some(last)) => format!(
-                "frames {} to {} of this stream are held back",
-                first.frame, last.frame
-            ),
-            _ => "no frame of this stream was waiting".into(),
+            Some((first, last)) => {
+                format!("frames {first} to {last} of this stream are held back")
+            }
+            None => "no frame of this stream was waiting".into(),
         };
         gst::element_imp_error!(
             self,
@@ -1273,15 +1230,15 @@ impl TrtClassify {
             || state
                 .deadline(tunables)
                 .is_some_and(|d| d <= Instant::now());
-        if state.unscored > 0 && due {
+        if state.batcher.unscored() > 0 && due {
             gst::debug!(CAT, imp = self, "running a partial batch");
             state.stream.run_now();
             self.collect(state, tunables)?;
         }
-        if all && state.unscored > 0 {
+        if all && state.batcher.unscored() > 0 {
             let problem = format!(
                 "{} frames were given to the engine and never came back",
-                state.unscored
+                state.batcher.unscored()
             );
             return Err(self.fail(state, &problem));
         }

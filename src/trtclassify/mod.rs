@@ -40,6 +40,7 @@ use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 
+mod batcher;
 mod imp;
 mod latency;
 mod timer;

@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: MPL-2.0
+//! One stream's frames from arrival to departure: which are inferred (`interval`), which
+//! still wait for their scores, when the oldest has waited `batch-timeout`, and which may
+//! leave, in arrival order. No GStreamer element in here: the element admits frames, hands
+//! in the scores its engine returns, and sends on what `release` gives back.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A frame held until its scores arrive and every frame before it has left.
+struct Held<F> {
+    frame: F,
+    number: u64,
+    /// Inferred (true), or carrying the last result (`interval`).
+    fresh: bool,
+    /// A fresh frame's scores, once its batch has run.
+    scores: Option<Vec<f32>>,
+    arrived: Instant,
+}
+
+/// A frame that may leave: its number in the stream, its scores if it was inferred (`None`:
+/// it carries the previous result), and when it arrived.
+pub struct Released<F> {
+    pub frame: F,
+    pub number: u64,
+    pub scores: Option<Vec<f32>>,
+    pub arrived: Instant,
+}
+
+pub struct Batcher<F> {
+    held: VecDeque<Held<F>>,
+    /// How many of `held` are fresh and still wait for their scores.
+    unscored: usize,
+    /// The number the next frame gets.
+    next_number: u64,
+    /// Frames still to carry the last result before the next fresh one.
+    carry_left: u32,
+}
+
+impl<F> Default for Batcher<F> {
+    fn default() -> Self {
+        Self {
+            held: VecDeque::new(),
+            unscored: 0,
+            next_number: 0,
+            carry_left: 0,
+        }
+    }
+}
+
+impl<F> Batcher<F> {
+    /// Whether the next frame is to be inferred; the element pushes it into the engine
+    /// before `admit`ting it.
+    pub fn next_is_fresh(&self) -> bool {
+        self.carry_left == 0
+    }
+
+    /// The number the next frame will get.
+    pub fn next_number(&self) -> u64 {
+        self.next_number
+    }
+
+    /// Holds the next frame; one in every `interval` is fresh (see `next_is_fresh`).
+    pub fn admit(&mut self, frame: F, interval: u32) {
+        let fresh = self.next_is_fresh();
+        self.carry_left = match fresh {
+            true => interval.max(1) - 1,
+            false => self.carry_left - 1,
+        };
+        self.held.push_back(Held {
+            frame,
+            number: self.next_number,
+            fresh,
+            scores: None,
+            arrived: Instant::now(),
+        });
+        self.next_number += 1;
+        self.unscored += usize::from(fresh);
+    }
+
+    /// Gives the oldest fresh frame still waiting its scores; `Err` when none waits (the
+    /// engine returned more score vectors than it was given frames).
+    pub fn score(&mut self, scores: Vec<f32>) -> Result<(), Vec<f32>> {
+        match self.held.iter_mut().find(|h| h.fresh && h.scores.is_none()) {
+            Some(held) => {
+                held.scores = Some(scores);
+                self.unscored -= 1;
+                Ok(())
+            }
+            None => Err(scores),
+        }
+    }
+
+    /// Takes, in order, every frame at the front that has its result: scored fresh frames and
+    /// the carried frames after them.
+    pub fn release(&mut self) -> Vec<Released<F>> {
+        let mut out = Vec::new();
+        while self
+            .held
+            .front()
+            .is_some_and(|h| !h.fresh || h.scores.is_some())
+        {
+            let held = self.held.pop_front().expect("checked above");
+            out.push(Released {
+                frame: held.frame,
+                number: held.number,
+                scores: held.scores,
+                arrived: held.arrived,
+            });
+        }
+        out
+    }
+
+    /// How many fresh frames wait for their scores.
+    pub fn unscored(&self) -> usize {
+        self.unscored
+    }
+
+    /// How many frames are held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The numbers of the first and last frames held, if any.
+    pub fn held_range(&self) -> Option<(u64, u64)> {
+        Some((self.held.front()?.number, self.held.back()?.number))
+    }
+
+    /// When the oldest frame still waiting for its scores will have waited `timeout`; `None`
+    /// when no frame waits or there is no timeout.
+    pub fn deadline(&self, timeout: Option<Duration>) -> Option<Instant> {
+        let timeout = timeout?;
+        self.held
+            .iter()
+            .find(|h| h.fresh && h.scores.is_none())
+            .map(|h| h.arrived + timeout)
+    }
+
+    /// Drops every held frame (a flush); the next frame is fresh, since a result from before
+    /// a seek describes another picture. Numbering goes on.
+    pub fn flush(&mut self) {
+        self.held.clear();
+        self.unscored = 0;
+        self.carry_left = 0;
+    }
+
+    /// A new stream: numbering starts again at 0, and the next frame is fresh.
+    pub fn restart(&mut self) {
+        self.next_number = 0;
+        self.carry_left = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbers(released: &[Released<char>]) -> Vec<(u64, char, bool)> {
+        released
+            .iter()
+            .map(|r| (r.number, r.frame, r.scores.is_some()))
+            .collect()
+    }
+
+    #[test]
+    fn frames_leave_in_order_once_scored_and_carried_frames_follow_theirs() {
+        let mut b = Batcher::default();
+        let fresh: Vec<bool> = "abcdefg"
+            .chars()
+            .map(|c| {
+                let fresh = b.next_is_fresh();
+                b.admit(c, 3);
+                fresh
+            })
+            .collect();
+        assert_eq!(fresh, [true, false, false, true, false, false, true]);
+        assert_eq!(b.unscored(), 3);
+        // Nothing leaves before the first fresh frame has its scores.
+        assert!(b.release().is_empty());
+        b.score(vec![0.0]).unwrap();
+        assert_eq!(
+            numbers(&b.release()),
+            [(0, 'a', true), (1, 'b', false), (2, 'c', false)]
+        );
+        b.score(vec![1.0]).unwrap();
+        b.score(vec![2.0]).unwrap();
+        assert_eq!(
+            numbers(&b.release()),
+            [
+                (3, 'd', true),
+                (4, 'e', false),
+                (5, 'f', false),
+                (6, 'g', true)
+            ]
+        );
+        assert_eq!((b.unscored(), b.len()), (0, 0));
+        assert_eq!(b.score(vec![9.0]), Err(vec![9.0]), "no frame waits");
+    }
+
+    #[test]
+    fn scores_go_to_the_oldest_waiting_frame() {
+        let mut b = Batcher::default();
+        for c in "xyz".chars() {
+            b.admit(c, 1);
+        }
+        for s in [10.0, 11.0, 12.0] {
+            b.score(vec![s]).unwrap();
+        }
+        let got: Vec<(char, f32)> = b
+            .release()
+            .into_iter()
+            .map(|r| (r.frame, r.scores.unwrap()[0]))
+            .collect();
+        assert_eq!(got, [('x', 10.0), ('y', 11.0), ('z', 12.0)]);
+    }
+
+    #[test]
+    fn the_deadline_is_the_oldest_unscored_frames() {
+        let mut b = Batcher::default();
+        assert_eq!(b.deadline(Some(Duration::from_millis(50))), None);
+        b.admit('a', 1);
+        let first = b.held[0].arrived;
+        std::thread::sleep(Duration::from_millis(2));
+        b.admit('b', 1);
+        let timeout = Some(Duration::from_millis(50));
+        assert_eq!(b.deadline(timeout), Some(first + Duration::from_millis(50)));
+        assert_eq!(b.deadline(None), None, "no timeout, no deadline");
+        b.score(vec![0.0]).unwrap();
+        // 'a' is scored: the deadline is 'b's now, even before 'a' leaves.
+        assert_eq!(
+            b.deadline(timeout),
+            Some(b.held[1].arrived + Duration::from_millis(50))
+        );
+    }
+
+    #[test]
+    fn a_flush_drops_held_frames_and_numbering_goes_on_until_a_restart() {
+        let mut b = Batcher::default();
+        for c in "abcd".chars() {
+            b.admit(c, 2);
+        }
+        assert_eq!(b.held_range(), Some((0, 3)));
+        b.flush();
+        assert_eq!((b.len(), b.unscored(), b.held_range()), (0, 0, None));
+        assert!(
+            b.next_is_fresh(),
+            "after a flush the next frame is inferred"
+        );
+        b.admit('e', 2);
+        assert_eq!(b.held_range(), Some((4, 4)));
+        b.restart();
+        assert_eq!(b.next_number(), 0);
+        assert!(b.next_is_fresh());
+    }
+}

@@ -382,3 +382,28 @@ fn engine_settings_cannot_change_while_running() {
     assert_eq!(labels.len(), 10);
     assert!(labels.iter().all(|r| r.top().unwrap().label == "red"));
 }
+
+#[test]
+fn caps_with_a_zero_size_are_never_offered() {
+    // The pad templates ask for 1×1 and up, so a zero width or height never negotiates: the
+    // element never sees a frame it would have to divide by zero for.
+    common::init();
+    let element = gst::ElementFactory::make("trtclassify").build().unwrap();
+    for pad in ["sink", "src"] {
+        let template = element.static_pad(pad).unwrap().pad_template_caps();
+        for (width, height, fits) in [(0, 24, false), (32, 0, false), (1, 1, true)] {
+            for format in ["RGB", "NV12", "I420"] {
+                let caps = gst_video::VideoCapsBuilder::new()
+                    .format(gst_video::VideoFormat::from_string(format))
+                    .width(width)
+                    .height(height)
+                    .build();
+                assert_eq!(
+                    template.can_intersect(&caps),
+                    fits,
+                    "{pad} {format} {width}x{height}"
+                );
+            }
+        }
+    }
+}

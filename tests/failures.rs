@@ -167,10 +167,7 @@ fn next_error(bus: &gst::Bus) -> String {
     let msg = bus
         .timed_pop_filtered(gst::ClockTime::from_seconds(5), &[gst::MessageType::Error])
         .expect("the element posts an error");
-    let gst::MessageView::Error(err) = msg.view() else {
-        unreachable!()
-    };
-    format!("{} ({:?})", err.error(), err.debug())
+    common::message_text(&msg)
 }
 
 fn assert_no_more_errors(bus: &gst::Bus) {
@@ -375,10 +372,7 @@ fn scores_that_are_not_finite_are_one_warning_and_every_frame_leaves() {
         .bus
         .pop_filtered(&[gst::MessageType::Warning])
         .expect("a warning");
-    let gst::MessageView::Warning(w) = warning.view() else {
-        unreachable!()
-    };
-    let text = format!("{} {:?}", w.error(), w.debug());
+    let text = common::message_text(&warning);
     assert!(
         text.contains("colors.onnx: the scores of frame 4 are not all finite"),
         "{text}"

@@ -365,10 +365,7 @@ fn engine_settings_cannot_change_while_running() {
             &[gst::MessageType::Warning],
         )
         .expect("a warning");
-    let gst::MessageView::Warning(w) = warning.view() else {
-        unreachable!()
-    };
-    let text = format!("{} {:?}", w.error(), w.debug());
+    let text = common::message_text(&warning);
     assert!(
         text.contains("onnx-location cannot change while the element is running"),
         "{text}"

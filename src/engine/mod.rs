@@ -266,24 +266,14 @@ pub(crate) fn infer_in_calls(
 /// silent fallback. A panic while building (a bug, or a model no check foresaw) is a build
 /// error naming the model, like any other: it fails this start only, and `Auto` falls back.
 pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine>, EngineError> {
-    let cuda = || {
-        unpanic(
-            || Ok(Box::new(cuda::CudaEngine::build(options)?) as Box<dyn Engine>),
-            |panic| EngineError::Build {
-                path: options.model.clone(),
-                reason: format!("internal error in the cuda engine build: {panic}"),
-            },
-        )
+    let guarded = |name: &str, build: &dyn Fn() -> Result<Box<dyn Engine>, EngineError>| {
+        unpanic(build, |panic| EngineError::Build {
+            path: options.model.clone(),
+            reason: format!("internal error in the {name} engine build: {panic}"),
+        })
     };
-    let cpu = || {
-        unpanic(
-            || Ok(Box::new(cpu::CpuEngine::build(options)?) as Box<dyn Engine>),
-            |panic| EngineError::Build {
-                path: options.model.clone(),
-                reason: format!("internal error in the cpu engine build: {panic}"),
-            },
-        )
-    };
+    let cuda = || guarded("cuda", &|| Ok(Box::new(cuda::CudaEngine::build(options)?)));
+    let cpu = || guarded("cpu", &|| Ok(Box::new(cpu::CpuEngine::build(options)?)));
     match backend {
         Backend::Auto => {
             match cuda() {
@@ -313,12 +303,11 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
 /// `[N, classes]`), so that an output that is not one score vector per image (`[N, 3, 4]`)
 /// is refused rather than read as 12 classes.
 pub fn class_count(shape: &[usize], batch: usize) -> Result<usize, String> {
-    let Some((&n, rest)) = shape.split_first().filter(|(n, _)| **n == batch) else {
+    let Some((_, rest)) = shape.split_first().filter(|(n, _)| **n == batch) else {
         return Err(format!(
             "the output shape {shape:?} does not start with the batch axis ({batch}); class scores per image are expected"
         ));
     };
-    debug_assert_eq!(n, batch);
     if rest.contains(&0) {
         return Err(format!("the output shape {shape:?} holds no class scores"));
     }

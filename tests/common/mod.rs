@@ -17,6 +17,15 @@ pub fn skipped(why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
 }
 
+/// An error or warning message's text and debug string, for a test to search.
+pub fn message_text(msg: &gst::Message) -> String {
+    match msg.view() {
+        gst::MessageView::Error(e) => format!("{} ({:?})", e.error(), e.debug()),
+        gst::MessageView::Warning(w) => format!("{} ({:?})", w.error(), w.debug()),
+        other => panic!("not an error or a warning: {other:?}"),
+    }
+}
+
 pub fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {

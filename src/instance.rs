@@ -15,7 +15,11 @@
 //! its frames' scores in the same way; the last stream to leave drops the engine.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
 
 use crate::engine::{
     Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
@@ -60,7 +64,10 @@ struct Inner {
 /// An engine and the streams that feed it.
 pub struct Instance {
     key: InstanceKey,
-    inner: Mutex<Inner>,
+    /// parking_lot's lock hands itself to a waiting thread at least every half millisecond,
+    /// so that no stream's thread is overtaken by the others' for long (std's lock has no
+    /// such bound), with its frames waiting all that time.
+    inner: parking_lot::Mutex<Inner>,
 }
 
 static INSTANCES: LazyLock<Mutex<Vec<Weak<Instance>>>> = LazyLock::new(Default::default);
@@ -71,6 +78,8 @@ pub struct Stream {
     id: StreamId,
     info: ModelInfo,
     batch_size: usize,
+    /// The longest this stream waited for the instance's lock, in nanoseconds.
+    longest_wait: AtomicU64,
 }
 
 /// How `join` got its engine.
@@ -102,7 +111,7 @@ pub fn join(
             None => {
                 let instance = Arc::new(Instance {
                     key,
-                    inner: Mutex::default(),
+                    inner: Default::default(),
                 });
                 instances.push(Arc::downgrade(&instance));
                 instance
@@ -138,17 +147,17 @@ pub fn join(
             id,
             info,
             batch_size,
+            longest_wait: AtomicU64::new(0),
         },
         joined,
     ))
 }
 
 impl Instance {
+    /// The lock has no poisoning: a panic inside an engine call (see `Inner::call`) does not
+    /// stop every other stream for good.
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic inside an engine call must not stop every other stream for good.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock()
     }
 }
 
@@ -254,6 +263,21 @@ impl Inner {
 }
 
 impl Stream {
+    /// Locks the instance, keeping the longest wait.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        let started = Instant::now();
+        let inner = self.instance.lock();
+        let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.longest_wait.fetch_max(waited, Ordering::Relaxed);
+        inner
+    }
+
+    /// The longest this stream has waited for other streams' use of the engine (their pushes
+    /// and the batches they run).
+    pub fn longest_wait(&self) -> Duration {
+        Duration::from_nanos(self.longest_wait.load(Ordering::Relaxed))
+    }
+
     /// The engine's model, input and backend.
     pub fn info(&self) -> &ModelInfo {
         &self.info
@@ -279,7 +303,7 @@ impl Stream {
         &self,
         push: impl FnOnce(&mut dyn Engine) -> Result<(), EngineError>,
     ) -> Result<(), Arc<EngineError>> {
-        let mut inner = self.instance.lock();
+        let mut inner = self.lock();
         let epoch = inner.streams[&self.id].epoch;
         if let Err(e) = inner.call(push) {
             inner.discard();
@@ -297,7 +321,7 @@ impl Stream {
     /// Runs the partial batch now, so that this stream's queued frames get their scores
     /// (batch timeout, serialized event, drain); other streams' frames in it get theirs.
     pub fn run_now(&self) {
-        let mut inner = self.instance.lock();
+        let mut inner = self.lock();
         if inner.queued.iter().any(|(id, _)| *id == self.id) {
             inner.run(self.id);
         }
@@ -305,7 +329,7 @@ impl Stream {
 
     /// The scores that arrived for this stream's frames since the last call, in push order.
     pub fn take_scores(&self) -> Vec<Scores> {
-        let mut inner = self.instance.lock();
+        let mut inner = self.lock();
         inner
             .streams
             .get_mut(&self.id)
@@ -316,7 +340,7 @@ impl Stream {
     /// Forgets this stream's frames pushed so far (a flush dropped them); the other streams'
     /// frames are not touched.
     pub fn flush(&self) {
-        let mut inner = self.instance.lock();
+        let mut inner = self.lock();
         if let Some(slot) = inner.streams.get_mut(&self.id) {
             slot.epoch += 1;
             slot.mailbox.clear();
@@ -326,13 +350,13 @@ impl Stream {
 
     /// How many streams share this stream's engine, itself included.
     pub fn streams(&self) -> usize {
-        self.instance.lock().streams.len()
+        self.lock().streams.len()
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let mut inner = self.instance.lock();
+        let mut inner = self.lock();
         inner.streams.remove(&self.id);
         if inner.streams.is_empty() {
             // The last stream takes the engine with it, outside the registry's lock.

@@ -23,12 +23,13 @@ python3 bench/gpu/torch_models.py export /tmp/tv --models "$models" > "$out/expo
 cut -c1-140 "$out/export.txt" | tail -3
 
 if has tests; then
-  export TRTCLASSIFY_MODELS_DIR=$PWD/models TRTCLASSIFY_TORCHVISION_DIR=/tmp/tv TRTCLASSIFY_EXPECT_GPU=1
+  export TRTCLASSIFY_MODELS_DIR=$PWD/models TRTCLASSIFY_CLIPS_DIR=$PWD/tests/clips \
+    TRTCLASSIFY_TORCHVISION_DIR=/tmp/tv TRTCLASSIFY_EXPECT_GPU=1
   for t in /tmp/gpubin/cuda-*; do
     "$t" --nocapture --test-threads=1 >"$out/cuda-test.txt" 2>"$out/cuda-test.log"
     echo "cuda tests: exit $?"
   done
-  grep -E "^test |largest|cached start|formats tested|failed|panicked|SKIPPED" \
+  grep -E "^test |largest|cached start|formats tested|decoders tested|failed|panicked|SKIPPED" \
     "$out/cuda-test.txt" "$out/cuda-test.log" | cut -c1-300 | head -60
   # The element's own tests on the GPU path: every element in them runs backend=cuda.
   for name in element pipeline scenarios; do
@@ -68,7 +69,7 @@ if has engine; then
   echo "torch bench: exit $?"
 fi
 
-header="| pipeline | streams | frames | frames out | PLAYING→EOS | frames/s | per stream | GPU busy | NVDEC busy | GPU memory | MiB/stream | in element p50 ms | p99 ms (worst stream) | exit |"
+header="| pipeline | streams | frames | frames out | PLAYING→EOS | frames/s | per stream | GPU busy | NVDEC busy | CPU busy | GPU memory | MiB/stream | in element p50 ms | p99 ms (median stream) | p99 ms (worst stream) | slowest ms (frame) | longest engine-lock wait ms | exit |"
 rm -f "$out/streams.md"
 if has quick; then
   bench/gpu/streams.sh decode 64
@@ -106,6 +107,6 @@ if [ -s "$out/streams.md" ]; then
   echo
   echo "== streams: 1080p30 H.264 (unless said), NVDEC, trtclassify fp16 batch ${BATCH:-64} timeout ${TIMEOUT:-50} ms =="
   echo "$header"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "$header" | sed 's/[^|]*|/---|/g; s/^---//' 
   cat "$out/streams.md"
 fi

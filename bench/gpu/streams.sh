@@ -2,8 +2,8 @@
 # Many cameras on one GPU, on the GPU host after pack.sh (see bench/gpu/README.md): N streams
 # of a video file in one gst-launch-1.0, decode only (NVDEC) and decode + trtclassify (frames
 # read in CUDA memory, one engine shared by all elements), side by side in one run. One table
-# row per pipeline: frames/s, GPU and decoder busy, GPU memory, and the time frames spend in
-# trtclassify (buffer in to buffer out), p50 and p99.
+# row per pipeline: frames/s, GPU, decoder and CPU busy, GPU memory, and the time frames spend in
+# trtclassify (buffer in to buffer out): p50, p99 and the slowest frame.
 #
 #   bench/gpu/streams.sh MODE STREAMS...
 #
@@ -54,13 +54,17 @@ for n in "$@"; do
   nvidia-smi --query-gpu=utilization.gpu,utilization.decoder,memory.used \
     --format=csv,noheader,nounits -lms 200 >"$out/smi-$name.csv" 2>/dev/null &
   smi=$!
+  cpu_before=$(head -1 /proc/stat)
   # shellcheck disable=SC2086
-  GST_DEBUG=trtclassify:4 GST_DEBUG_NO_COLOR=1 gst-launch-1.0 -e $branches \
+  # No segfault handler: it would wait for a debugger forever (NVDEC's teardown of 128
+  # decoders has crashed once after EOS); a run that hangs is stopped after 5 minutes.
+  GST_DEBUG=trtclassify:4 GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e $branches \
     >"$out/run-$name.txt" 2>"$out/run-$name.log"
   rc=$?
+  cpu_after=$(head -1 /proc/stat)
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null
   python3 "$here/streams_row.py" --label "${LABEL:-$mode}" --streams "$n" --frames "$frames" \
     --idle-mib "$idle" --rc "$rc" --launch "$out/run-$name.txt" --log "$out/run-$name.log" \
-    --smi "$out/smi-$name.csv" | tee -a "$out/streams.md"
+    --smi "$out/smi-$name.csv" --cpu "$cpu_before" "$cpu_after" | tee -a "$out/streams.md"
 done

@@ -60,8 +60,9 @@ impl<F> Batcher<F> {
         self.next_number
     }
 
-    /// Holds the next frame; one in every `interval` is fresh (see `next_is_fresh`).
-    pub fn admit(&mut self, frame: F, interval: u32) {
+    /// Holds the next frame, which came into the element at `arrived` (before it waited to
+    /// be pushed into the engine); one in every `interval` is fresh (see `next_is_fresh`).
+    pub fn admit(&mut self, frame: F, interval: u32, arrived: Instant) {
         let fresh = self.next_is_fresh();
         self.carry_left = match fresh {
             true => interval.max(1) - 1,
@@ -72,7 +73,7 @@ impl<F> Batcher<F> {
             number: self.next_number,
             fresh,
             scores: None,
-            arrived: Instant::now(),
+            arrived,
         });
         self.next_number += 1;
         self.unscored += usize::from(fresh);
@@ -169,7 +170,7 @@ mod tests {
             .chars()
             .map(|c| {
                 let fresh = b.next_is_fresh();
-                b.admit(c, 3);
+                b.admit(c, 3, Instant::now());
                 fresh
             })
             .collect();
@@ -201,7 +202,7 @@ mod tests {
     fn scores_go_to_the_oldest_waiting_frame() {
         let mut b = Batcher::default();
         for c in "xyz".chars() {
-            b.admit(c, 1);
+            b.admit(c, 1, Instant::now());
         }
         for s in [10.0, 11.0, 12.0] {
             b.score(vec![s]).unwrap();
@@ -218,26 +219,22 @@ mod tests {
     fn the_deadline_is_the_oldest_unscored_frames() {
         let mut b = Batcher::default();
         assert_eq!(b.deadline(Some(Duration::from_millis(50))), None);
-        b.admit('a', 1);
-        let first = b.held[0].arrived;
-        std::thread::sleep(Duration::from_millis(2));
-        b.admit('b', 1);
+        let first = Instant::now();
+        b.admit('a', 1, first);
+        b.admit('b', 1, first + Duration::from_millis(2));
         let timeout = Some(Duration::from_millis(50));
         assert_eq!(b.deadline(timeout), Some(first + Duration::from_millis(50)));
         assert_eq!(b.deadline(None), None, "no timeout, no deadline");
         b.score(vec![0.0]).unwrap();
         // 'a' is scored: the deadline is 'b's now, even before 'a' leaves.
-        assert_eq!(
-            b.deadline(timeout),
-            Some(b.held[1].arrived + Duration::from_millis(50))
-        );
+        assert_eq!(b.deadline(timeout), Some(first + Duration::from_millis(52)));
     }
 
     #[test]
     fn a_flush_drops_held_frames_and_numbering_goes_on_until_a_restart() {
         let mut b = Batcher::default();
         for c in "abcd".chars() {
-            b.admit(c, 2);
+            b.admit(c, 2, Instant::now());
         }
         assert_eq!(b.held_range(), Some((0, 3)));
         b.flush();
@@ -246,7 +243,7 @@ mod tests {
             b.next_is_fresh(),
             "after a flush the next frame is inferred"
         );
-        b.admit('e', 2);
+        b.admit('e', 2, Instant::now());
         assert_eq!(b.held_range(), Some((4, 4)));
         b.restart();
         assert_eq!(b.next_number(), 0);

@@ -474,16 +474,16 @@ impl ElementImpl for TrtClassify {
         static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
             use gst_video::VideoFormat::*;
             // CUDA memory first, so that a decoder that can give it does; what the GPU
-            // preprocessing reads (8-bit, three colours). `transform_caps` drops it where
-            // it cannot be read.
+            // preprocessing reads (three colours; P010 is what NVDEC gives for 10-bit
+            // video). `transform_caps` drops it where it cannot be read.
             let mut caps = gst_video::VideoCapsBuilder::new()
                 .features([cudamem::CAPS_FEATURE])
-                .format_list([Nv12, I420, Rgba, Bgra, Rgbx, Bgrx, Rgb, Bgr])
+                .format_list([Nv12, I420, P01010le, Rgba, Bgra, Rgbx, Bgrx, Rgb, Bgr])
                 .build();
             caps.merge(
                 gst_video::VideoCapsBuilder::new()
                     .format_list([
-                        Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420, Gray8,
+                        Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420, P01010le, Gray8,
                     ])
                     .build(),
             );
@@ -614,11 +614,13 @@ impl BaseTransformImpl for TrtClassify {
             gst::info!(
                 CAT,
                 imp = self,
-                "{} frames out; time in the element (buffer in to out): p50 {:.2?}, p99 {:.2?}, max {:.2?}",
+                "{} frames out; time in the element (buffer in to out): p50 {:.2?}, p99 {:.2?}, max {:.2?} (frame {}); longest wait for the shared engine {:.2?}",
                 l.frames(),
                 l.quantile(0.5),
                 l.quantile(0.99),
-                l.max()
+                l.max(),
+                l.slowest(),
+                state.stream.longest_wait()
             );
             if state.non_finite > 0 {
                 gst::warning!(
@@ -804,6 +806,9 @@ impl BaseTransformImpl for TrtClassify {
         _is_discont: bool,
         buffer: gst::Buffer,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        // The time in the element counts from here: the push into a shared engine may wait
+        // for another stream's batch.
+        let arrived = Instant::now();
         let tunables = self.settings.lock().unwrap().tunables;
         let mut guard = self.state.lock().unwrap();
         let Some(state) = guard.as_mut() else {
@@ -818,7 +823,7 @@ impl BaseTransformImpl for TrtClassify {
         if state.batcher.next_is_fresh() {
             self.push_to_engine(state, &buffer)?;
         }
-        state.batcher.admit(buffer, tunables.interval);
+        state.batcher.admit(buffer, tunables.interval, arrived);
         // A carried frame with no fresh frame ahead of it goes straight on with the last
         // result; a full batch has run in the push.
         if let Err(err) = self.collect(state, &tunables) {
@@ -1110,7 +1115,7 @@ impl TrtClassify {
             }
             sent = Some((sent.map_or(frame, |(first, _)| first), frame));
             result.attach(buffer.make_mut());
-            state.latency.record(arrived.elapsed());
+            state.latency.record(frame, arrived.elapsed());
             state.ready.push_back(buffer);
         }
         if let Some((path, writer)) = state.results.as_mut()

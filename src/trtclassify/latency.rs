@@ -14,6 +14,8 @@ pub struct LatencyHistogram {
     counts: Vec<u64>,
     frames: u64,
     max: Duration,
+    /// The number of the frame that waited longest: tells start-up apart from steady state.
+    slowest: u64,
 }
 
 impl Default for LatencyHistogram {
@@ -22,17 +24,22 @@ impl Default for LatencyHistogram {
             counts: vec![0; BUCKETS],
             frames: 0,
             max: Duration::ZERO,
+            slowest: 0,
         }
     }
 }
 
 impl LatencyHistogram {
-    pub fn record(&mut self, wait: Duration) {
+    /// Records that frame number `frame` waited `wait`.
+    pub fn record(&mut self, frame: u64, wait: Duration) {
         let us = wait.as_secs_f64() * 1e6;
         let i = (us.max(1.0).ln() / RATIO.ln()) as usize;
         self.counts[i.min(BUCKETS - 1)] += 1;
         self.frames += 1;
-        self.max = self.max.max(wait);
+        if wait > self.max {
+            self.max = wait;
+            self.slowest = frame;
+        }
     }
 
     pub fn frames(&self) -> u64 {
@@ -41,6 +48,11 @@ impl LatencyHistogram {
 
     pub fn max(&self) -> Duration {
         self.max
+    }
+
+    /// The number of the frame that waited `max`.
+    pub fn slowest(&self) -> u64 {
+        self.slowest
     }
 
     /// The wait that a fraction `q` of the frames did not exceed (the upper edge of its
@@ -72,7 +84,7 @@ mod tests {
         assert_eq!(h.quantile(0.5), Duration::ZERO);
         // 1 ms to 100 ms in 1 ms steps.
         for ms in 1..=100 {
-            h.record(Duration::from_millis(ms));
+            h.record(100 - ms, Duration::from_millis(ms));
         }
         assert_eq!(h.frames(), 100);
         let near = |d: Duration, ms: f64| {
@@ -86,5 +98,6 @@ mod tests {
         near(h.quantile(0.99), 99.0);
         near(h.quantile(1.0), 100.0);
         assert_eq!(h.max(), Duration::from_millis(100));
+        assert_eq!(h.slowest(), 0);
     }
 }

@@ -37,9 +37,14 @@ pub fn init() {
 /// A file of `models/`; `TRTCLASSIFY_MODELS_DIR` moves the folder, for test binaries run on
 /// another machine (the GPU host).
 pub fn model(name: &str) -> String {
-    std::env::var_os("TRTCLASSIFY_MODELS_DIR")
+    repo_file("TRTCLASSIFY_MODELS_DIR", "models", name)
+}
+
+/// `name` in `folder` of the repository, or in the folder that `variable` names.
+fn repo_file(variable: &str, folder: &str, name: &str) -> String {
+    std::env::var_os(variable)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"))
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(folder))
         .join(name)
         .to_str()
         .unwrap()
@@ -196,4 +201,25 @@ pub fn colors_element(extra: &str) -> String {
         model("colors.onnx"),
         model("colors.txt")
     )
+}
+
+/// A clip of `tests/clips` (made by its `make.sh`); `TRTCLASSIFY_CLIPS_DIR` moves the folder,
+/// as `TRTCLASSIFY_MODELS_DIR` does `models/`.
+pub fn clip(name: &str) -> String {
+    repo_file("TRTCLASSIFY_CLIPS_DIR", "tests/clips", name)
+}
+
+/// Checks the colour model's results on a clip of `tests/clips`: 24 frames, in order, the
+/// first 8 red, then 8 green, then 8 blue.
+pub fn assert_clip_colours(what: &str, results: &[Classification]) {
+    assert_eq!(results.len(), 24, "{what}: every frame comes out");
+    for (i, r) in results.iter().enumerate() {
+        let want = ["red", "green", "blue"][i / 8];
+        let top = r
+            .top()
+            .unwrap_or_else(|| panic!("{what} frame {i}: no result"));
+        assert_eq!(r.frame, i as u64, "{what}: frames in order");
+        assert_eq!(top.label, want, "{what} frame {i}: {r:?}");
+        assert!(top.confidence > 0.9, "{what} frame {i}: {r:?}");
+    }
 }

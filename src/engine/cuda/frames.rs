@@ -41,7 +41,7 @@ impl Pre {
         let (h, chroma_h) = (self.size[1] as i64, (self.size[1] as i64 + 1) / 2);
         let planes: &[(usize, i64)] = match self.format {
             0 => &[(0, h)],
-            1 => &[(0, h), (1, chroma_h)],
+            1 | 3 => &[(0, h), (1, chroma_h)],
             _ => &[(0, h), (1, chroma_h), (2, chroma_h)],
         };
         planes
@@ -118,6 +118,7 @@ impl FramePreprocess {
         p.format = match info.format() {
             VideoFormat::Nv12 => 1,
             VideoFormat::I420 => 2,
+            VideoFormat::P01010le => 3,
             VideoFormat::Rgb
             | VideoFormat::Bgr
             | VideoFormat::Rgba
@@ -156,7 +157,8 @@ impl FramePreprocess {
     }
 }
 
-/// Rows of the affine map from 8-bit Y, U, V to R, G, B in 0..255, from the frame's
+/// Rows of the affine map from Y, U, V on the 8-bit scale (P010's samples are read as
+/// value / 256) to R, G, B in 0..255, from the frame's
 /// colorimetry (matrix and range), as GStreamer's converter applies it.
 fn yuv_to_rgb(info: &gst_video::VideoInfo) -> [f32; 12] {
     let colorimetry = info.colorimetry();
@@ -245,6 +247,13 @@ mod tests {
             (p.format, p.plane, p.stride),
             (2, [0, 3072, 3840], [64, 32, 32])
         );
+        // P010: NV12's layout with two bytes a sample.
+        let p010 = gst_video::VideoInfo::builder(VideoFormat::P01010le, 64, 48)
+            .build()
+            .unwrap();
+        let p = pre.params(&p010, &[64 * 48 * 2, 64 * 24 * 2]).unwrap();
+        assert_eq!((p.format, p.plane[1], p.stride), (3, 6144, [128, 128, 0]));
+        assert_eq!(p.extent(), 64 * 48 * 2 + 24 * 128);
         let gray = gst_video::VideoInfo::builder(VideoFormat::Gray8, 64, 48)
             .build()
             .unwrap();

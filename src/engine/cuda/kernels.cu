@@ -394,12 +394,14 @@ extern "C" __global__ void lrn_nhwc(const T *x, T *y, long long pixels, int c, i
     }
 }
 
-// Frame preprocessing: one raw 8-bit video frame to the model's normalised f32 input, in one
-// pass: colour conversion, antialiased bilinear resampling (the triangle filter widened by
-// the downscale factor, as PIL, torchvision and the CPU backend resize), crop or letterbox,
-// normalisation, channel order and layout. One thread per output pixel.
+// Frame preprocessing: one raw video frame to the model's normalised f32 input: colour
+// conversion, antialiased bilinear resampling (the triangle filter widened by the downscale
+// factor, as PIL, torchvision and the CPU backend resize), crop or letterbox, normalisation,
+// channel order and layout. The filter is separable, so it runs in two passes: the source
+// rows to the destination's width (`preprocess_rows`), then those to its height
+// (`preprocess_cols`); each source pixel is converted to RGB once.
 struct Pre {
-    int format;                 // 0: packed RGB-like, 1: NV12, 2: I420
+    int format;                 // 0: packed RGB-like, 1: NV12, 2: I420, 3: P010 (NV12, 16 bits)
     int pixel_stride;           // bytes per pixel (packed)
     int off[3];                 // byte offsets of R, G, B in a pixel (packed)
     long long plane[3];         // byte offsets of the planes in the frame's data
@@ -415,6 +417,46 @@ struct Pre {
     float border[3];            // the normalised letterbox colour
 };
 
+// A 16-bit little-endian sample (P010: ten bits at the top) on the 8-bit scale: a 10-bit
+// value v is 8-bit v / 4, as the standards (and GStreamer's converter, within half a level)
+// read it. Read byte by byte: a frame in the staging buffer may start at an odd address.
+__device__ __forceinline__ float sample16(const unsigned char *s) {
+    return (float)(s[0] | (s[1] << 8)) * (1.f / 256.f);
+}
+
+__device__ __forceinline__ float sample(const unsigned char *s, bool wide) {
+    return wide ? sample16(s) : (float)s[0];
+}
+
+// RGB in 0..255 from Y, U, V on the 8-bit scale, with the frame's matrix.
+__device__ __forceinline__ void yuv_rgb(const Pre &p, float Y, float U, float V, float *rgb) {
+    for (int c = 0; c < 3; c++) {
+        float v = p.m[4 * c] * Y + p.m[4 * c + 1] * U + p.m[4 * c + 2] * V + p.m[4 * c + 3];
+        rgb[c] = fminf(fmaxf(v, 0.f), 255.f);
+    }
+}
+
+// Where a luma position falls among the chroma samples of 4:2:0 (sited on luma, or between).
+__device__ __forceinline__ float chroma_pos(int v, int cosited) {
+    return cosited ? v * 0.5f : (v - 0.5f) * 0.5f;
+}
+
+// The U and V samples of chroma column `cx` in chroma row `cy` (both clamped by the caller).
+__device__ __forceinline__ void chroma_at(const Pre &p, const unsigned char *src, int cx, int cy,
+                                          float *u, float *v) {
+    if (p.format == 2) {
+        *u = src[p.plane[1] + (long long)cy * p.stride[1] + cx];
+        *v = src[p.plane[2] + (long long)cy * p.stride[2] + cx];
+    } else {
+        bool wide = p.format == 3;
+        const unsigned char *uv = src + p.plane[1] + (long long)cy * p.stride[1] + cx * (wide ? 4 : 2);
+        *u = sample(uv, wide);
+        *v = sample(uv + (wide ? 2 : 1), wide);
+    }
+}
+
+// The RGB of one pixel, read on its own (packed formats, and taps beyond what a block of
+// `preprocess_rows` keeps).
 __device__ __forceinline__ void rgb_at(const Pre &p, const unsigned char *src, int x, int y,
                                        float *rgb) {
     if (p.format == 0) {
@@ -424,33 +466,23 @@ __device__ __forceinline__ void rgb_at(const Pre &p, const unsigned char *src, i
         rgb[2] = px[p.off[2]];
         return;
     }
-    float Y = src[p.plane[0] + (long long)y * p.stride[0] + x];
+    bool wide = p.format == 3;
+    float Y = sample(src + p.plane[0] + (long long)y * p.stride[0] + x * (wide ? 2 : 1), wide);
     // 4:2:0 chroma interpolated linearly at the luma position, as GStreamer's converter does.
-    float cx = p.cosited[0] ? x * 0.5f : (x - 0.5f) * 0.5f;
-    float cy = p.cosited[1] ? y * 0.5f : (y - 0.5f) * 0.5f;
+    float cx = chroma_pos(x, p.cosited[0]), cy = chroma_pos(y, p.cosited[1]);
     int cw = (p.size[0] + 1) / 2, chh = (p.size[1] + 1) / 2;
     int x0 = (int)floorf(cx), y0 = (int)floorf(cy);
     float fx = cx - x0, fy = cy - y0;
-    int xs[2] = {min(max(x0, 0), cw - 1), min(max(x0 + 1, 0), cw - 1)};
-    int ys[2] = {min(max(y0, 0), chh - 1), min(max(y0 + 1, 0), chh - 1)};
     float U = 0.f, V = 0.f;
     for (int j = 0; j < 2; j++) {
         for (int i = 0; i < 2; i++) {
-            float w = (j ? fy : 1.f - fy) * (i ? fx : 1.f - fx);
-            if (p.format == 1) {
-                const unsigned char *uv = src + p.plane[1] + (long long)ys[j] * p.stride[1] + xs[i] * 2;
-                U += w * uv[0];
-                V += w * uv[1];
-            } else {
-                U += w * src[p.plane[1] + (long long)ys[j] * p.stride[1] + xs[i]];
-                V += w * src[p.plane[2] + (long long)ys[j] * p.stride[2] + xs[i]];
-            }
+            float w = (j ? fy : 1.f - fy) * (i ? fx : 1.f - fx), u, v;
+            chroma_at(p, src, min(max(x0 + i, 0), cw - 1), min(max(y0 + j, 0), chh - 1), &u, &v);
+            U += w * u;
+            V += w * v;
         }
     }
-    for (int c = 0; c < 3; c++) {
-        float v = p.m[4 * c] * Y + p.m[4 * c + 1] * U + p.m[4 * c + 2] * V + p.m[4 * c + 3];
-        rgb[c] = fminf(fmaxf(v, 0.f), 255.f);
-    }
+    yuv_rgb(p, Y, U, V, rgb);
 }
 
 // Taps of the filter for output position `i` (0-based in the destination rectangle): the
@@ -467,49 +499,121 @@ __device__ __forceinline__ void taps(int i, int in_size, int out_size, float *ce
     *count = hi - lo;
 }
 
-extern "C" __global__ void preprocess(const Pre p, const unsigned char *src, float *out) {
-    // One warp per output pixel, its lanes sharing the filter's taps (about 170 a pixel from
-    // 1080p to 224x224), so that one frame's pixels are spread over the whole GPU.
-    int n = p.out_w * p.out_h;
-    int lane = threadIdx.x & 31;
-    int warps = (gridDim.x * blockDim.x) >> 5;
-    for (int i = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < n; i += warps) {
-        int ox = i % p.out_w, oy = i / p.out_w;
-        float acc[3] = {0.f, 0.f, 0.f};
-        int dx = ox - p.dst[0], dy = oy - p.dst[1];
-        bool inside = dx >= 0 && dy >= 0 && dx < p.dst[2] && dy < p.dst[3];
-        if (inside) {
-            float cx, sx, cy, sy;
-            int x0, nx, y0, ny;
+// The pixels of a source row that one block of `preprocess_rows` converts once and keeps:
+// 24 KiB, a whole 1920-pixel row; wider rows are split over blocks by columns (see
+// `Runtime::launch_preprocess`), and a tap outside what was kept is read directly.
+#define PRE_SPAN 2048
+
+// Converts pixels x0 .. x0 + n - 1 of source row y to RGB into `px`, all threads of the block
+// together. For YUV the row's chroma is first interpolated vertically into `uv` (U, V pairs,
+// one per chroma column), so that each pixel then reads one luma sample from the frame.
+__device__ void convert_span(const Pre &p, const unsigned char *__restrict__ src, int x0, int n,
+                             int y, float *px, float *uv) {
+    if (p.format == 0) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) rgb_at(p, src, x0 + i, y, &px[3 * i]);
+        return;
+    }
+    int cw = (p.size[0] + 1) / 2, chh = (p.size[1] + 1) / 2;
+    float cy = chroma_pos(y, p.cosited[1]);
+    int cy0 = (int)floorf(cy);
+    float fy = cy - cy0;
+    int rows[2] = {min(max(cy0, 0), chh - 1), min(max(cy0 + 1, 0), chh - 1)};
+    // Chroma columns from the left neighbour of the first pixel to the right one of the last.
+    int c0 = (int)floorf(chroma_pos(x0, p.cosited[0]));
+    int nc = (int)floorf(chroma_pos(x0 + n - 1, p.cosited[0])) + 2 - c0;
+    for (int k = threadIdx.x; k < nc; k += blockDim.x) {
+        int cx = min(max(c0 + k, 0), cw - 1);
+        float u0, v0, u1, v1;
+        chroma_at(p, src, cx, rows[0], &u0, &v0);
+        chroma_at(p, src, cx, rows[1], &u1, &v1);
+        uv[2 * k] = (1.f - fy) * u0 + fy * u1;
+        uv[2 * k + 1] = (1.f - fy) * v0 + fy * v1;
+    }
+    __syncthreads();
+    bool wide = p.format == 3;
+    const unsigned char *luma = src + p.plane[0] + (long long)y * p.stride[0];
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int x = x0 + i;
+        float cx = chroma_pos(x, p.cosited[0]);
+        int k = (int)floorf(cx);
+        float fx = cx - k;
+        k -= c0;
+        float U = (1.f - fx) * uv[2 * k] + fx * uv[2 * k + 2];
+        float V = (1.f - fx) * uv[2 * k + 1] + fx * uv[2 * k + 3];
+        yuv_rgb(p, sample(luma + x * (wide ? 2 : 1), wide), U, V, &px[3 * i]);
+    }
+}
+
+// Pass 1: each source row of the crop filtered horizontally into the destination rectangle's
+// columns, as RGB in 0..255, into `rows` ([crop h][dst w][3]). A block takes `cols` columns
+// of one row at a time: its threads convert the pixels those columns read into shared memory,
+// then each thread filters one column.
+extern "C" __global__ void preprocess_rows(const Pre p, const unsigned char *__restrict__ src,
+                                           float *__restrict__ rows, int cols) {
+    __shared__ float px[PRE_SPAN * 3];
+    __shared__ float uv[PRE_SPAN + 8];
+    int c0 = blockIdx.x * cols, c1 = min(c0 + cols, p.dst[2]);
+    if (c0 >= c1) return;
+    float cx, sx;
+    int lo, n, last, last_n;
+    taps(c0, p.crop[2], p.dst[2], &cx, &sx, &lo, &n);
+    taps(c1 - 1, p.crop[2], p.dst[2], &cx, &sx, &last, &last_n);
+    int span = min(last + last_n - lo, PRE_SPAN);
+    for (int row = blockIdx.y; row < p.crop[3]; row += gridDim.y) {
+        int y = p.crop[1] + row;
+        __syncthreads();  // the last row's pixels are no longer read
+        convert_span(p, src, p.crop[0] + lo, span, y, px, uv);
+        __syncthreads();
+        for (int dx = c0 + threadIdx.x; dx < c1; dx += blockDim.x) {
+            int x0, nx;
             taps(dx, p.crop[2], p.dst[2], &cx, &sx, &x0, &nx);
-            taps(dy, p.crop[3], p.dst[3], &cy, &sy, &y0, &ny);
-            float wsum = 0.f;
-            for (int t = lane; t < nx * ny; t += 32) {
-                int y = y0 + t / nx, x = x0 + t % nx;
-                float wy = fmaxf(1.f - fabsf((y + 0.5f - cy) / sy), 0.f);
-                float w = wy * fmaxf(1.f - fabsf((x + 0.5f - cx) / sx), 0.f);
+            float acc[3] = {0.f, 0.f, 0.f}, wsum = 0.f, inv = 1.f / sx;
+            for (int x = x0; x < x0 + nx; x++) {
+                float w = fmaxf(1.f - fabsf((x + 0.5f - cx) * inv), 0.f);
                 if (w == 0.f) continue;
-                float rgb[3];
-                rgb_at(p, src, p.crop[0] + x, p.crop[1] + y, rgb);
-                acc[0] += w * rgb[0];
-                acc[1] += w * rgb[1];
-                acc[2] += w * rgb[2];
+                float direct[3];
+                const float *rgb = &px[3 * (x - lo)];
+                if (x - lo >= span) {
+                    rgb_at(p, src, p.crop[0] + x, y, direct);
+                    rgb = direct;
+                }
+                for (int c = 0; c < 3; c++) acc[c] += w * rgb[c];
                 wsum += w;
             }
-            for (int o = 16; o > 0; o >>= 1) {
-                acc[0] += __shfl_down_sync(0xffffffffu, acc[0], o);
-                acc[1] += __shfl_down_sync(0xffffffffu, acc[1], o);
-                acc[2] += __shfl_down_sync(0xffffffffu, acc[2], o);
-                wsum += __shfl_down_sync(0xffffffffu, wsum, o);
+            float *o = rows + ((long long)row * p.dst[2] + dx) * 3;
+            for (int c = 0; c < 3; c++) o[c] = acc[c] / wsum;
+        }
+    }
+}
+
+// Pass 2: the filtered rows filtered vertically into each output pixel, normalised, in the
+// model's channel order and layout; the letterbox colour around the destination rectangle.
+// One thread per output pixel.
+extern "C" __global__ void preprocess_cols(const Pre p, const float *rows, float *out) {
+    int n = p.out_w * p.out_h;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int dx = i % p.out_w - p.dst[0], dy = i / p.out_w - p.dst[1];
+        bool inside = dx >= 0 && dy >= 0 && dx < p.dst[2] && dy < p.dst[3];
+        float acc[3] = {0.f, 0.f, 0.f};
+        if (inside) {
+            float cy, sy;
+            int y0, ny;
+            taps(dy, p.crop[3], p.dst[3], &cy, &sy, &y0, &ny);
+            float wsum = 0.f;
+            for (int y = y0; y < y0 + ny; y++) {
+                float w = fmaxf(1.f - fabsf((y + 0.5f - cy) / sy), 0.f);
+                if (w == 0.f) continue;
+                const float *r = rows + ((long long)y * p.dst[2] + dx) * 3;
+                for (int c = 0; c < 3; c++) acc[c] += w * r[c];
+                wsum += w;
             }
             for (int c = 0; c < 3; c++) acc[c] /= wsum;
         }
-        if (lane == 0) {
-            for (int c = 0; c < 3; c++) {
-                float v = inside ? (acc[p.bgr ? 2 - c : c] * p.scale - p.mean[c]) / p.std[c] : p.border[c];
-                long long o = p.nchw ? (long long)c * n + i : (long long)i * 3 + c;
-                out[o] = v;
-            }
+        for (int c = 0; c < 3; c++) {
+            float v = inside ? (acc[p.bgr ? 2 - c : c] * p.scale - p.mean[c]) / p.std[c] : p.border[c];
+            long long o = p.nchw ? (long long)c * n + i : (long long)i * 3 + c;
+            out[o] = v;
         }
     }
 }

@@ -140,7 +140,8 @@ struct Kernels {
     layernorm: CudaFunction,
     mean: CudaFunction,
     lrn: CudaFunction,
-    preprocess: CudaFunction,
+    preprocess_rows: CudaFunction,
+    preprocess_cols: CudaFunction,
 }
 
 /// cuDNN descriptors of one convolution.
@@ -351,6 +352,9 @@ pub struct Runtime {
     /// Frames in GPU memory of another CUDA context, copied here slot by slot before the
     /// preprocessing kernel reads them; and the bytes each slot holds.
     peer: Option<(CudaSlice<u8>, usize)>,
+    /// The preprocessing's first pass, the frame's rows at the model's width; one frame at a
+    /// time (the passes run in stream order), sized for the largest frame seen.
+    pre_rows: Option<CudaSlice<f32>>,
 }
 
 // SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
@@ -456,7 +460,8 @@ impl Runtime {
             layernorm: f("layernorm_rows")?,
             mean: f("mean_rows")?,
             lrn: f("lrn_nhwc")?,
-            preprocess: f("preprocess")?,
+            preprocess_rows: f("preprocess_rows")?,
+            preprocess_cols: f("preprocess_cols")?,
         };
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -528,6 +533,7 @@ impl Runtime {
             raw: None,
             raw_used: 0,
             peer: None,
+            pre_rows: None,
         };
         let tune = plans.iter().any(|p| {
             p.steps
@@ -1338,15 +1344,42 @@ impl Runtime {
         Ok(started.elapsed().as_secs_f64() * 1e3 / (runs * batch) as f64)
     }
 
-    /// Launches the preprocessing kernel on a frame at device address `src`, into `slot`.
-    fn launch_preprocess(&self, slot: usize, pre: &Pre, src: u64) -> Result<(), String> {
+    /// Launches the two preprocessing passes on a frame at device address `src`, into `slot`.
+    fn launch_preprocess(&mut self, slot: usize, pre: &Pre, src: u64) -> Result<(), String> {
         let pixels = (pre.out_w * pre.out_h) as usize;
         let input = self.input.device_ptr(&self.stream).0;
         let out = input + (slot * pixels * 3 * 4) as u64;
-        let mut l = self.stream.launch_builder(&self.kernels.preprocess);
-        l.arg(pre).arg(&src).arg(&out);
-        // SAFETY: argument types match the kernel's signature (kernels.cu); one warp a pixel.
-        unsafe { l.launch(grid(self.sm_count, pixels * 32)) }.map_err(drv_err("kernel launch"))?;
+        let (crop_h, dst_w) = (pre.crop[3].max(0) as usize, pre.dst[2].max(1) as usize);
+        let rows_len = crop_h * dst_w * 3;
+        if self.pre_rows.as_ref().is_none_or(|r| r.len() < rows_len) {
+            // The last frame's passes may still use the old buffer.
+            self.stream.synchronize().map_err(drv_err("sync"))?;
+            self.pre_rows = Some(
+                // SAFETY: the first pass writes every value the second reads.
+                unsafe { self.stream.alloc::<f32>(rows_len) }.map_err(drv_err("allocation"))?,
+            );
+        }
+        let rows = self.pre_rows.as_ref().expect("allocated above");
+        let rows = rows.device_ptr(&self.stream).0;
+        let cols = columns_per_block(pre);
+        let mut l = self.stream.launch_builder(&self.kernels.preprocess_rows);
+        l.arg(pre).arg(&src).arg(&rows).arg(&cols);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                dst_w.div_ceil(cols as usize) as u32,
+                crop_h.clamp(1, 65_535) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument types match the kernel's signature (kernels.cu); `rows` holds
+        // the crop's rows at the destination's width.
+        unsafe { l.launch(cfg) }.map_err(drv_err("kernel launch"))?;
+        let mut l = self.stream.launch_builder(&self.kernels.preprocess_cols);
+        l.arg(pre).arg(&rows).arg(&out);
+        // SAFETY: argument types match the kernel's signature (kernels.cu); one thread a pixel.
+        unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(drv_err("kernel launch"))?;
         Ok(())
     }
 
@@ -1518,6 +1551,17 @@ fn vectorisable(
         && b.is_none_or(|b| b.0.last() == Some(&0) || aligned(b))
 }
 
+/// How many destination columns one block of `preprocess_rows` filters: as many as read at
+/// most `PRE_SPAN` (kernels.cu) source pixels, which the block converts once and keeps.
+fn columns_per_block(pre: &Pre) -> i32 {
+    const PRE_SPAN: f32 = 2048.0;
+    let scale = pre.crop[2].max(1) as f32 / pre.dst[2].max(1) as f32;
+    let support = scale.max(1.0);
+    // Columns c0..c0 + n read about (n − 1)·scale + 2·support + 1 pixels.
+    let n = ((PRE_SPAN - 2.0 - 2.0 * support) / scale).floor() as i32 + 1;
+    n.clamp(1, pre.dst[2].max(1))
+}
+
 fn grid(sm_count: u32, n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, sm_count as usize * 16) as u32;
     LaunchConfig {
@@ -1540,7 +1584,7 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::vectorisable;
+    use super::{Pre, columns_per_block, vectorisable};
 
     #[test]
     fn vector_kernel_needs_a_contiguous_aligned_last_dimension() {
@@ -1596,5 +1640,44 @@ mod tests {
             None
         ));
         assert!(!vectorisable(&[], 8, &[], None));
+    }
+
+    /// The source pixels a block of `preprocess_rows` reads, with the kernel's `taps`, fit
+    /// the pixels it keeps (`PRE_SPAN`), so each is converted once; rows up to 8K wide.
+    #[test]
+    fn a_preprocessing_block_reads_what_it_keeps() {
+        // kernels.cu's `taps`, in the same f32 arithmetic: (first, count).
+        let taps = |i: i32, n_in: i32, n_out: i32| {
+            let scale = n_in as f32 / n_out as f32;
+            let fs = scale.max(1.0);
+            let center = (i as f32 + 0.5) * scale;
+            let lo = ((center - fs + 0.5).floor() as i32).max(0);
+            let hi = ((center + fs + 0.5).floor() as i32).min(n_in);
+            (lo, hi - lo)
+        };
+        for src_w in [34, 320, 1280, 1920, 2560, 3840, 7680] {
+            for dst_w in [96, 224, 299, 384, 518] {
+                let pre = Pre {
+                    crop: [0, 0, src_w, 1],
+                    dst: [0, 0, dst_w, 1],
+                    ..Default::default()
+                };
+                let cols = columns_per_block(&pre);
+                assert!((1..=dst_w).contains(&cols));
+                for c0 in (0..dst_w).step_by(cols as usize) {
+                    let c1 = (c0 + cols).min(dst_w);
+                    let (lo, _) = taps(c0, src_w, dst_w);
+                    let (last, n) = taps(c1 - 1, src_w, dst_w);
+                    assert!(
+                        last + n - lo <= 2048,
+                        "{src_w} -> {dst_w}: columns {c0}..{c1} read {} pixels",
+                        last + n - lo
+                    );
+                }
+                if src_w <= 1920 {
+                    assert_eq!(cols, dst_w, "{src_w} -> {dst_w}: one block a row");
+                }
+            }
+        }
     }
 }

@@ -34,6 +34,14 @@ pub struct Pre {
 }
 // SAFETY: plain old data laid out as the kernel's `struct Pre`.
 unsafe impl DeviceRepr for Pre {}
+// The layout of the C struct in kernels.cu, which asserts the same size: a field changed on
+// one side only stops a build.
+const _: () = assert!(
+    size_of::<Pre>() == 216
+        && std::mem::offset_of!(Pre, plane) == 24
+        && std::mem::offset_of!(Pre, m) == 124
+        && std::mem::offset_of!(Pre, border) == 200
+);
 
 impl Pre {
     /// Bytes from the frame's address to the end of its last plane: what the kernel may read.

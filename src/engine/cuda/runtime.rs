@@ -15,7 +15,7 @@ use cudarc::driver::{
 };
 
 use super::frames::{Pre, RawFrame};
-use super::ir::Act;
+use super::ir::{Act, BinOp};
 use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned};
 
 /// The kernels' source, compiled by NVRTC for the GPU at hand.
@@ -76,6 +76,14 @@ struct EwParams {
 }
 // SAFETY: plain old data laid out as the kernels' `struct Ew`.
 unsafe impl DeviceRepr for EwParams {}
+// The layout of the C struct in kernels.cu, which asserts the same size: a field changed on
+// one side only stops a build.
+const _: () = assert!(
+    size_of::<EwParams>() == 200
+        && std::mem::offset_of!(EwParams, p1) == 24
+        && std::mem::offset_of!(EwParams, so) == 56
+        && std::mem::offset_of!(EwParams, sb) == 152
+);
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -84,8 +92,23 @@ struct PoolParams {
 }
 // SAFETY: sixteen ints, as the kernels' `struct Pool`.
 unsafe impl DeviceRepr for PoolParams {}
+const _: () = assert!(size_of::<PoolParams>() == 64);
 
-/// The kernel id and parameters of an activation (the order of `Act` in ir.rs).
+/// The kernel id of a binary operator (`binop` in kernels.cu), spelled out so that the
+/// order of `BinOp` in ir.rs may change.
+fn binop_id(op: BinOp) -> i32 {
+    match op {
+        BinOp::Add => 0,
+        BinOp::Sub => 1,
+        BinOp::Mul => 2,
+        BinOp::Div => 3,
+        BinOp::Pow => 4,
+        BinOp::Max => 5,
+        BinOp::Min => 6,
+    }
+}
+
+/// The kernel id and parameters of an activation (`act` in kernels.cu).
 fn act_params(act: Act) -> (i32, f32, f32) {
     match act {
         Act::None => (0, 0.0, 0.0),
@@ -917,7 +940,7 @@ impl Runtime {
                 let mut p = EwParams {
                     n: dims.iter().product::<usize>() as i64,
                     rank: dims.len() as i32,
-                    op: op.map_or(-1, |o| o as i32),
+                    op: op.map_or(-1, binop_id),
                     act: id,
                     p0,
                     p1,

@@ -169,14 +169,27 @@ fn lowered_plans_match_reference() {
 #[test]
 fn kernels_compile_with_nvrtc() {
     // NVRTC needs no GPU: where it is installed, the kernels are compiled for both types.
+    // CI installs it (`TRTCLASSIFY_EXPECT_NVRTC`), so that a kernel that no longer compiles,
+    // or a struct whose size no longer matches its Rust side, fails there.
     // SAFETY: only tries to dlopen the library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if std::env::var_os("TRTCLASSIFY_EXPECT_NVRTC").is_some() {
+            panic!("kernels_compile_with_nvrtc: libnvrtc is expected here but cannot be loaded");
+        }
         skipped("kernels_compile_with_nvrtc: libnvrtc is not installed here");
         return;
     }
     for dtype in [DType::F16, DType::F32] {
         let ptx = super::runtime::compile(dtype, (8, 0)).unwrap_or_else(|e| panic!("{e}"));
-        for kernel in ["ew", "ew_from_f32", "bias_act", "pool_nhwc", "softmax_rows"] {
+        for kernel in [
+            "ew",
+            "ew_from_f32",
+            "bias_act",
+            "pool_nhwc",
+            "softmax_rows",
+            "preprocess_rows",
+            "preprocess_cols",
+        ] {
             assert!(
                 ptx.contains(&format!(".entry {kernel}(")),
                 "{kernel} missing"

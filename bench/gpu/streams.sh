@@ -11,7 +11,12 @@
 #       download:MODEL (the old path: cudadownload to system memory before trtclassify) |
 #       own:MODEL (each element an engine of its own: model-instance-id per stream)
 # Environment: VIDEO (default .gpu/files/bench1080.mp4), FRAMES (frames in VIDEO, 600),
-# PARSE/DEC (h264parse/nvh264dec), BATCH (64), TIMEOUT (batch-timeout ms, 50), LABEL.
+# PARSE/DEC (h264parse/nvh264dec), BATCH (64), TIMEOUT (batch-timeout ms, 50), LABEL,
+# LIVE=1 (frames reach trtclassify at the video's 30 fps per stream, as from a live camera:
+# `identity sync=true` after the decoder keeps each frame until its time, each stream at
+# another phase of the frame period; the time in
+# trtclassify is then what a CCTV user sees, where without it every stream decodes as fast as
+# it can and frames queue for the saturated GPU).
 # Logs go to $GPU_OUT (or /tmp/gpu-out); rows are appended to streams.md there.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +28,7 @@ parse=${PARSE:-h264parse}
 dec=${DEC:-nvh264dec}
 batch=${BATCH:-64}
 timeout=${TIMEOUT:-50}
+pace=""
 mode=$1
 shift
 
@@ -40,13 +46,15 @@ element() { # MODEL [INSTANCE]
 for n in "$@"; do
   branches=""
   for i in $(seq "$n"); do
+    # Cameras do not tick together: stream i's frames come i/n of a frame period early.
+    [ -n "${LIVE:-}" ] && pace="identity sync=true ts-offset=-$((i * 33333333 / n)) !"
     case $mode in
       decode) tail="" ;;
       download:*) tail="cudadownload ! video/x-raw,format=NV12 ! $(element "${mode#download:}") !" ;;
       own:*) tail="$(element "${mode#own:}" "stream$i") !" ;;
       *) tail="$(element "$mode") !" ;;
     esac
-    branches+=" filesrc location=$video ! qtdemux ! $parse ! $dec ! $tail fakesink sync=false async=false"
+    branches+=" filesrc location=$video ! qtdemux ! $parse ! $dec ! $pace $tail fakesink sync=false async=false"
   done
   name="${LABEL:-$mode}-$n"
   name=${name//[:\/]/_}
@@ -58,7 +66,7 @@ for n in "$@"; do
   # shellcheck disable=SC2086
   # No segfault handler: it would wait for a debugger forever (NVDEC's teardown of 128
   # decoders has crashed once after EOS); a run that hangs is stopped after 5 minutes.
-  GST_DEBUG=trtclassify:4 GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e $branches \
+  GST_DEBUG="trtclassify:4${GST_DEBUG:+,$GST_DEBUG}" GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e $branches \
     >"$out/run-$name.txt" 2>"$out/run-$name.log"
   rc=$?
   cpu_after=$(head -1 /proc/stat)

@@ -93,6 +93,44 @@ fn colour_classifier_matches_onnxruntime() {
 }
 
 #[test]
+fn vision_transformers_run_on_the_cpu_as_onnxruntime_does() {
+    // torchvision's ViT and Swin v1/v2, small (`models/transformers/export.py`): what
+    // `backend=auto` runs on the CPU while the GPU engine lacks attention.
+    common::init();
+    // The references' input: x[i] = ((i * 7919) % 1000) / 500 - 1 over NCHW [2, 3, 224, 224].
+    let input: Vec<f32> = (0..2 * 3 * 224 * 224u64)
+        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
+        .collect();
+    for name in ["vit", "swin", "swin_v2"] {
+        let text = std::fs::read_to_string(common::model(&format!("transformers/{name}.ref.json")))
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut engine =
+            CpuEngine::build(&options(&format!("transformers/{name}.onnx"), 2)).unwrap();
+        let scores = engine.infer(&input, 2).unwrap();
+        for (frame, (got, want)) in scores
+            .iter()
+            .zip(json["output"].as_array().unwrap())
+            .enumerate()
+        {
+            let want: Vec<f32> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap() as f32)
+                .collect();
+            assert_eq!(got.len(), want.len(), "{name}: one score per class");
+            for (c, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-4,
+                    "{name}: frame {frame} class {c}: tract {g} vs onnxruntime {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn fixed_batch_model_runs_frames_one_by_one() {
     common::init();
     let r = reference("colors_reference.json");

@@ -9,7 +9,7 @@ use std::path::Path;
 use tract_onnx::pb;
 
 use super::ir::{Act, BinOp, Conv2d, Graph, Node, Op, Pool2d, PoolKind, Tensor, broadcast};
-use super::reference;
+use super::{fold, reference};
 use crate::engine::OnnxModel;
 
 /// ONNX operators the engine runs or folds away (default domain).
@@ -27,8 +27,10 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Div",
     "Dropout",
     "Elu",
+    "Equal",
     "Erf",
     "Exp",
+    "Expand",
     "Flatten",
     "Gather",
     "Gelu",
@@ -38,20 +40,25 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "HardSigmoid",
     "HardSwish",
     "Identity",
-    "LRN",
     "LayerNormalization",
     "LeakyRelu",
+    "LRN",
     "MatMul",
     "Max",
     "MaxPool",
     "Min",
+    "Mod",
     "Mul",
     "Neg",
+    "Not",
+    "Pad",
     "Pow",
+    "Range",
     "Reciprocal",
     "ReduceMean",
     "Relu",
     "Reshape",
+    "ScatterND",
     "Shape",
     "Sigmoid",
     "Slice",
@@ -65,6 +72,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Tanh",
     "Transpose",
     "Unsqueeze",
+    "Where",
 ];
 
 /// The operators of `model` that the engine lacks, each once.
@@ -264,6 +272,69 @@ impl Importer {
                     _ => return Err("a cast of the image to an integer type".into()),
                 }
             }
+            "Equal" | "Not" | "Where" | "Mod" | "Expand" | "Range" | "ScatterND" => {
+                let op = node.op_type.as_str();
+                let values = inputs
+                    .iter()
+                    .map(|i| {
+                        self.constant(i).ok_or_else(|| {
+                            format!(
+                                "its input `{i}` is computed from the image; {op} is only \
+                                 supported on shape arithmetic, which the import evaluates"
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let scalar = |t: &Tensor| match t.len() {
+                    1 => Ok(t.data[0]),
+                    n => Err(format!("a Range bound of {n} values")),
+                };
+                let t = match op {
+                    "Equal" => fold::equal(values[0], values[1])?,
+                    "Not" => fold::not(values[0]),
+                    "Where" => fold::select(values[0], values[1], values[2])?,
+                    "Mod" => fold::modulo(values[0], values[1], attrs.i("fmod") == Some(1))?,
+                    "Expand" => fold::expand(values[0], &values[1].ints())?,
+                    "Range" => {
+                        fold::range(scalar(values[0])?, scalar(values[1])?, scalar(values[2])?)?
+                    }
+                    _ => fold::scatter_nd(values[0], values[1], values[2])?,
+                };
+                self.set_const(&out, t);
+            }
+            "Pad" => {
+                let mode = attrs.s("mode").unwrap_or("constant");
+                let (pads, value) = if self.opset < 11 {
+                    let pads = attrs.ints("pads").unwrap_or_default().to_vec();
+                    (pads, attrs.f("value").unwrap_or(0.0))
+                } else {
+                    if input(3).is_some() {
+                        return Err("a Pad with an axes input is not supported".into());
+                    }
+                    let pads = self.need_const(&inputs[1], "pads")?.ints();
+                    let value = match input(2) {
+                        Some(v) => self.need_const(&v, "constant value")?.data.first().copied(),
+                        None => None,
+                    };
+                    (pads, value.unwrap_or(0.0))
+                };
+                match self.constant(&x) {
+                    Some(t) if mode == "constant" => {
+                        let t = fold::pad(t, &pads, value)?;
+                        self.set_const(&out, t);
+                    }
+                    // Swin pads its feature maps to a multiple of the window: often by 0.
+                    _ if pads.iter().all(|&p| p == 0) => {
+                        self.alias.insert(out, x);
+                    }
+                    _ => {
+                        return Err(format!(
+                            "padding the image's activations ({mode} mode, pads {pads:?}) is \
+                             not supported yet"
+                        ));
+                    }
+                }
+            }
             "ConstantOfShape" => {
                 let shape = sizes(&self.need_const(&x, "shape")?.ints(), "shape")?;
                 let value = attrs
@@ -273,6 +344,48 @@ impl Importer {
                     .map_or(0.0, |t| t.data[0]);
                 let len = shape.iter().product();
                 self.set_const(&out, Tensor::new(shape, vec![value; len]));
+            }
+            "Gather" if self.constant(&x).is_none() => {
+                // Picking one slice of an activation (ViT's query, key and value; its class
+                // token) is a Slice, and a Reshape that drops the axis for a scalar index.
+                let xs = self.shape(&x)?;
+                let indices = self.need_const(&inputs[1], "indices")?.clone();
+                let axis = axis_of(attrs.i("axis").unwrap_or(0), xs.len() as i64)?;
+                if indices.len() != 1 || indices.shape.len() > 1 {
+                    return Err(format!(
+                        "a Gather from the image's activations with indices of shape {:?}; \
+                         only a single index is supported",
+                        indices.shape
+                    ));
+                }
+                let dim = xs[axis] as i64;
+                let i = indices.ints()[0];
+                let i = if i < 0 { i + dim } else { i };
+                if !(0..dim).contains(&i) {
+                    return Err(format!("index {i} is out of range for an axis of {dim}"));
+                }
+                let mut sliced = xs.clone();
+                sliced[axis] = 1;
+                let target = match indices.shape.len() {
+                    0 => format!("{out}.slice"),
+                    _ => out.clone(),
+                };
+                let start = i as usize;
+                self.add(
+                    name,
+                    Op::Slice {
+                        axis,
+                        start,
+                        end: start + 1,
+                    },
+                    vec![x],
+                    &target,
+                    sliced.clone(),
+                );
+                if indices.shape.is_empty() {
+                    sliced.remove(axis);
+                    self.add(name, Op::Reshape, vec![target], &out, sliced);
+                }
             }
             "Gather" => {
                 let data = self.need_const(&x, "data")?.clone();
@@ -695,8 +808,32 @@ impl Importer {
                     )
                 };
                 let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
-                if steps.is_some_and(|s| s.iter().any(|&s| s != 1)) {
-                    return Err("only Slice with steps of 1 is supported".into());
+                if starts.len() != axes.len() || ends.len() != axes.len() {
+                    return Err(format!(
+                        "{} starts and {} ends for {} axes",
+                        starts.len(),
+                        ends.len(),
+                        axes.len()
+                    ));
+                }
+                if let Some(steps) = steps.filter(|s| s.iter().any(|&s| s != 1)) {
+                    // Exporters reverse pad lists with a step of -1: shape arithmetic.
+                    let Some(t) = self.constant(&x) else {
+                        return Err("a Slice of activations with steps other than 1 is not \
+                                    supported yet"
+                            .into());
+                    };
+                    if steps.len() != axes.len() {
+                        return Err(format!("{} steps for {} axes", steps.len(), axes.len()));
+                    }
+                    let rank = t.shape.len() as i64;
+                    let axes = axes
+                        .iter()
+                        .map(|&a| axis_of(a, rank))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let t = fold::slice(t, &starts, &ends, &axes, &steps)?;
+                    self.set_const(&out, t);
+                    return Ok(());
                 }
                 let mut acc = x;
                 for (i, (&axis, (&start, &end))) in
@@ -1054,7 +1191,9 @@ fn required_inputs(op: &str, opset: i64) -> usize {
         // Reshape's shape has been an input since opset 5; the older attribute is not read.
         "Reshape" => 2,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Conv" | "Gather" | "Gemm" | "MatMul"
-        | "LayerNormalization" => 2,
+        | "LayerNormalization" | "Equal" | "Mod" | "Expand" => 2,
+        "Where" | "Range" | "ScatterND" => 3,
+        "Pad" if opset >= 11 => 2,
         _ => 1,
     }
 }

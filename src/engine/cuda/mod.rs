@@ -9,6 +9,7 @@
 //! loaded when the engine is built, so the plugin loads where there is no CUDA at all.
 
 pub mod engine_file;
+mod fold;
 pub mod frames;
 pub mod import;
 pub mod ir;

@@ -167,6 +167,30 @@ fn lowered_plans_match_reference() {
 }
 
 #[test]
+fn vision_transformers_fold_their_shape_arithmetic() {
+    // torchvision's VisionTransformer and SwinTransformer (v1, v2), small, as exported by
+    // their users: their shape arithmetic (Shape, Equal, Where, Expand, Mod, Range, Not,
+    // ScatterND, Pad, ...) is evaluated at import, at a fixed batch and size, and picking
+    // query, key and value (Gather on activations) becomes slices. What is left of issue 13
+    // is the attention's product of two activations; this test becomes the comparison
+    // with `transformers/NAME.ref.json` (onnxruntime) once the engine runs it.
+    // Swin v2's cosine attention also needs ReduceL2 on activations.
+    for (name, missing) in [("vit", &[][..]), ("swin", &[]), ("swin_v2", &["ReduceL2"])] {
+        let model = OnnxModel::load(&models().join(format!("transformers/{name}.onnx")))
+            .expect("model loads");
+        assert_eq!(import::unsupported_ops(&model), missing, "{name}");
+        if !missing.is_empty() {
+            continue;
+        }
+        let err = import::import(&model, 2, 224, 224).expect_err("attention is not supported yet");
+        assert!(
+            err.contains("(MatMul): only a MatMul by a constant matrix is supported"),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
 fn kernels_compile_with_nvrtc() {
     // NVRTC needs no GPU: where it is installed, the kernels are compiled for both types.
     // CI installs it (`TRTCLASSIFY_EXPECT_NVRTC`), so that a kernel that no longer compiles,

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MPL-2.0
 //! CPU preprocessing: any supported video frame to the model's float input.
 //!
-//! Colour conversion and resizing go through GStreamer's own `GstVideoConverter` (the code
-//! behind `videoconvertscale`), which handles every raw format, strides, cropping and borders;
-//! what is left here is the per-channel normalisation `(pixel × scale − mean[c]) / std[c]`,
-//! done through a 256-entry table per channel.
+//! Colour conversion goes through GStreamer's own `GstVideoConverter` (the code behind
+//! `videoconvert`), which reads every raw format with its strides and colorimetry into packed
+//! RGB or grey; the crop, resize and letterbox border use fast_image_resize (antialiased
+//! bilinear, as PIL and torchvision resize for training, and as the GPU kernels do); then the
+//! per-channel normalisation `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table
+//! per channel, writes the model's layout.
 
 use fast_image_resize as fr;
 use gst_video::prelude::*;

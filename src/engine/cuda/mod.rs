@@ -4,9 +4,12 @@
 //! The ONNX model is imported into a small graph IR (`ir`, `import`), rewritten (`passes`:
 //! batch norm folded, activations and residual adds fused), lowered to a plan of GPU steps
 //! (`plan`), tuned and captured as one CUDA graph per batch size (`runtime`), and cached on
-//! disk (`cache`). Everything up to the plan runs on the CPU and is checked there against
-//! `reference`; the GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN, which are
-//! loaded when the engine is built, so the plugin loads where there is no CUDA at all.
+//! disk (`engine_file`, which also checks every plan it loads). Shape arithmetic is evaluated
+//! at import (`fold`); frames are preprocessed on the GPU (`frames`). Everything up to the
+//! plan runs on the CPU and is checked there against `reference` (and `sim`, the plan run
+//! step by step on the CPU); the GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN,
+//! which are loaded when the engine is built, so the plugin loads where there is no CUDA at
+//! all.
 
 pub mod engine_file;
 mod fold;

@@ -254,6 +254,63 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
 
+#[test]
+fn vision_transformers_agree_with_onnxruntime() {
+    // Small torchvision ViT and Swin exports (`models/transformers/export.py`): attention as
+    // batched products, LayerNorm, GELU, shifted windows. The references' input is
+    // x[i] = ((i * 7919) % 1000) / 500 - 1 over NCHW [2, 3, 224, 224].
+    if !gpu("vision_transformers_agree_with_onnxruntime") {
+        return;
+    }
+    let input: Vec<f32> = (0..2 * 3 * 224 * 224u64)
+        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
+        .collect();
+    for name in ["vit", "swin", "swin_v2"] {
+        let text = std::fs::read_to_string(common::model(&format!("transformers/{name}.ref.json")))
+            .expect("reference");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let want: Vec<Vec<f32>> = json["output"]
+            .as_array()
+            .expect("output")
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .expect("row")
+                    .iter()
+                    .map(|v| v.as_f64().expect("number") as f32)
+                    .collect()
+            })
+            .collect();
+        let model = common::model(&format!("transformers/{name}.onnx"));
+        for (precision, abs, rel) in [(Precision::Fp32, 1e-4, 1e-3), (Precision::Fp16, 1e-2, 5e-2)]
+        {
+            let mut gpu = CudaEngine::build(&options(&model, 2, precision))
+                .unwrap_or_else(|e| panic!("{name}: cuda engine: {e}"));
+            // Both frames in one batch, then the first alone (the batch-1 plan).
+            let both = gpu.infer(&input, 2).expect("cuda inference");
+            let first = gpu
+                .infer(&input[..input.len() / 2], 1)
+                .expect("cuda inference");
+            let mut worst = 0.0f32;
+            for (i, (g, w)) in both
+                .iter()
+                .chain(&first)
+                .zip(want.iter().chain(&want[..1]))
+                .enumerate()
+            {
+                worst = worst.max(compare(
+                    &format!("{name} {precision:?} #{i}"),
+                    g,
+                    w,
+                    abs,
+                    rel,
+                ));
+            }
+            println!("{name} {precision:?}: largest probability error {worst:.2e}");
+        }
+    }
+}
+
 /// Builds `model` at batch 4 with the engine file at `engine`; returns the scores of the
 /// reference frames and the progress messages.
 fn build_with_file(model: &str, engine: &std::path::Path) -> (Vec<Vec<f32>>, Vec<String>) {

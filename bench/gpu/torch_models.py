@@ -141,6 +141,10 @@ def calibrate_classifier(model, frames):
     architecture, and so the exported graph, does not change.
     """
     layer = classifier_layer(model)
+    if not layer.weight.any():
+        # torchvision's ViT starts its head at zero (fine-tuning does the rest): every frame
+        # would get the same logits whatever the scaling, so give it random weights first.
+        torch.nn.init.normal_(layer.weight, std=0.02)
     captured = []
     handle = layer.register_forward_pre_hook(lambda module, args: captured.append(args[0].detach()))
     try:
@@ -302,6 +306,8 @@ def export_one(name, outdir):
 
 
 def cmd_export(args):
+    # MultiheadAttention's fused inference path (ViT) has no ONNX export.
+    torch.backends.mha.set_fastpath_enabled(False)
     names = parse_list(args.models)
     check_model_names(names)
     outdir = Path(args.outdir)

@@ -17,7 +17,7 @@ use super::plan::{Cast, DType, Loc, MAX_RANK, Plan, Step};
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 const CHECKSUM_LEN: usize = 32;
 
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.
@@ -134,7 +134,7 @@ pub fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFil
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut file, &mut bytes)
         .map_err(|e| format!("cannot read it: {e}"))?;
-    parse(&bytes, key, frame_len).map(Some)
+    from_bytes(&bytes, key, frame_len).map(Some)
 }
 
 /// Refuses a file that another user owns or could have written: its PTX would run as ours.
@@ -166,7 +166,9 @@ fn trusted(_file: &std::fs::File) -> Result<(), String> {
     Ok(())
 }
 
-fn parse(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFile, String> {
+/// An engine file's contents, checked as `load` checks them (all but the file's owner and
+/// mode): for a key, and frames of `frame_len` values.
+pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFile, String> {
     let fixed = MAGIC.len() + 4 + 8;
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err("not a trtclassify engine file".into());
@@ -401,7 +403,9 @@ fn check_sizes(step: &Step) -> Result<(), String> {
                 && c.algo
                     .is_none_or(|t| t.workspace <= super::runtime::MAX_WORKSPACE)
         }
-        Step::Gemm { rows, n, k, .. } => [*rows, *n, *k].into_iter().all(positive),
+        Step::Gemm {
+            batch, rows, n, k, ..
+        } => [*batch, *rows, *n, *k].into_iter().all(positive),
         Step::Pool {
             n,
             h,
@@ -438,6 +442,28 @@ fn check_sizes(step: &Step) -> Result<(), String> {
 /// Writes `engine` to `path`, through a temporary file in the same folder so that a reader
 /// never sees half a file.
 pub fn save(path: &Path, engine: &EngineFile) -> Result<(), String> {
+    let bytes = to_bytes(engine)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    // Unique per writer: elements of one process may save the same engine at once.
+    static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{writer}", std::process::id()));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(&bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("cannot write {}: {e}", path.display()));
+    }
+    Ok(())
+}
+
+/// The file `save` writes for `engine`: magic, format, header, weights, then the checksum.
+pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, String> {
     let header = Header {
         key: engine.key.clone(),
         num_classes: engine.num_classes,
@@ -456,25 +482,8 @@ pub fn save(path: &Path, engine: &EngineFile) -> Result<(), String> {
         body.extend_from_slice(w);
     }
     let checksum = Sha256::digest(&body);
-
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    // Unique per writer: elements of one process may save the same engine at once.
-    static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("tmp{}-{writer}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(&body)?;
-        f.write_all(&checksum)?;
-        f.sync_all()
-    });
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot write {}: {e}", path.display()));
-    }
-    Ok(())
+    body.extend_from_slice(&checksum);
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -793,7 +802,7 @@ mod tests {
         body.extend_from_slice(&[0; 14]);
         let checksum = Sha256::digest(&body);
         body.extend_from_slice(&checksum);
-        let err = parse(&body, &key(), FRAME).err().unwrap();
+        let err = from_bytes(&body, &key(), FRAME).err().unwrap();
         assert!(err.contains("do not add up"), "{err}");
     }
 

@@ -55,6 +55,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Pow",
     "Range",
     "Reciprocal",
+    "ReduceL2",
     "ReduceMean",
     "Relu",
     "Reshape",
@@ -272,6 +273,40 @@ impl Importer {
                     _ => return Err("a cast of the image to an integer type".into()),
                 }
             }
+            "Expand" if self.constant(&x).is_none() => {
+                let xs = self.shape(&x)?;
+                let shape = self.need_const(&inputs[1], "shape")?.ints();
+                let shape = shape
+                    .iter()
+                    .map(|&d| usize::try_from(d).map_err(|_| format!("Expand to a size {d}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let target = super::ir::broadcast(&xs, &shape)
+                    .ok_or_else(|| format!("{xs:?} does not expand to {shape:?}"))?;
+                if target == xs {
+                    self.alias.insert(out, x);
+                    return Ok(());
+                }
+                // x · 1, with ones along the axes that grow only: the product broadcasts x
+                // (Swin v2 expands a row norm over its row before dividing by it).
+                let pad = target.len() - xs.len();
+                let ones_shape: Vec<usize> = (0..target.len())
+                    .map(|i| match i.checked_sub(pad).map(|j| xs[j]) {
+                        Some(d) if d == target[i] => 1,
+                        _ => target[i],
+                    })
+                    .collect();
+                let n: usize = ones_shape.iter().product();
+                if n > 1 << 20 {
+                    return Err(format!("an Expand of {xs:?} to {target:?}"));
+                }
+                let ones = format!("{name}.ones");
+                self.set_const(&ones, Tensor::new(ones_shape, vec![1.0; n]));
+                let op = Op::Binary {
+                    op: BinOp::Mul,
+                    act: Act::None,
+                };
+                self.add(name, op, vec![x, ones], &out, target);
+            }
             "Equal" | "Not" | "Where" | "Mod" | "Expand" | "Range" | "ScatterND" => {
                 let op = node.op_type.as_str();
                 let values = inputs
@@ -327,10 +362,23 @@ impl Importer {
                     _ if pads.iter().all(|&p| p == 0) => {
                         self.alias.insert(out, x);
                     }
+                    // Swin v2's windows of 8 do not divide its 28×28 and 14×14 maps.
+                    _ if mode == "constant" && pads.iter().all(|&p| p >= 0) => {
+                        let xs = self.shape(&x)?;
+                        if pads.len() != 2 * xs.len() {
+                            return Err(format!("{} pads for a rank of {}", pads.len(), xs.len()));
+                        }
+                        let pads: Vec<usize> = sizes(&pads, "pad")?;
+                        let rank = xs.len();
+                        let shape = (0..rank)
+                            .map(|a| xs[a] + pads[a] + pads[a + rank])
+                            .collect();
+                        self.add(name, Op::Pad { pads, value }, vec![x], &out, shape);
+                    }
                     _ => {
                         return Err(format!(
                             "padding the image's activations ({mode} mode, pads {pads:?}) is \
-                             not supported yet"
+                             not supported"
                         ));
                     }
                 }
@@ -377,6 +425,7 @@ impl Importer {
                         axis,
                         start,
                         end: start + 1,
+                        step: 1,
                     },
                     vec![x],
                     &target,
@@ -664,7 +713,23 @@ impl Importer {
             "MatMul" => {
                 let xs = self.shape(&x)?;
                 let Some(w) = self.constant(&inputs[1]).cloned() else {
-                    return Err("only a MatMul by a constant matrix is supported".into());
+                    let ws = self.shape(&inputs[1])?;
+                    let r = xs.len();
+                    if r < 2
+                        || ws.len() != r
+                        || xs[..r - 2] != ws[..r - 2]
+                        || xs[r - 1] != ws[r - 2]
+                    {
+                        return Err(format!(
+                            "a MatMul of {xs:?} and {ws:?}: only products with the same \
+                             leading axes are supported"
+                        ));
+                    }
+                    let mut shape = xs.clone();
+                    shape[r - 1] = ws[r - 1];
+                    let op = Op::MatMul { alpha: 1.0 };
+                    self.add(name, op, vec![x, inputs[1].clone()], &out, shape);
+                    return Ok(());
                 };
                 if w.shape.len() != 2 || xs.last() != Some(&w.shape[0]) {
                     return Err(format!("shapes {xs:?} and {:?} do not multiply", w.shape));
@@ -816,16 +881,12 @@ impl Importer {
                         axes.len()
                     ));
                 }
-                if let Some(steps) = steps.filter(|s| s.iter().any(|&s| s != 1)) {
+                let steps = steps.unwrap_or_else(|| vec![1; axes.len()]);
+                if steps.len() != axes.len() {
+                    return Err(format!("{} steps for {} axes", steps.len(), axes.len()));
+                }
+                if let Some(t) = self.constant(&x).filter(|_| steps.iter().any(|&s| s != 1)) {
                     // Exporters reverse pad lists with a step of -1: shape arithmetic.
-                    let Some(t) = self.constant(&x) else {
-                        return Err("a Slice of activations with steps other than 1 is not \
-                                    supported yet"
-                            .into());
-                    };
-                    if steps.len() != axes.len() {
-                        return Err(format!("{} steps for {} axes", steps.len(), axes.len()));
-                    }
                     let rank = t.shape.len() as i64;
                     let axes = axes
                         .iter()
@@ -835,17 +896,26 @@ impl Importer {
                     self.set_const(&out, t);
                     return Ok(());
                 }
+                if steps.iter().any(|&s| s < 1) {
+                    return Err(format!(
+                        "a Slice of the image's activations with steps {steps:?}; only \
+                         positive steps are supported"
+                    ));
+                }
                 let mut acc = x;
-                for (i, (&axis, (&start, &end))) in
-                    axes.iter().zip(starts.iter().zip(&ends)).enumerate()
+                for (i, (&axis, (&start, (&end, &step)))) in axes
+                    .iter()
+                    .zip(starts.iter().zip(ends.iter().zip(&steps)))
+                    .enumerate()
                 {
                     let shape = self.shape(&acc)?;
                     let axis = axis_of(axis, shape.len() as i64)?;
                     let dim = shape[axis] as i64;
                     let clampi = |v: i64| (if v < 0 { v + dim } else { v }).clamp(0, dim) as usize;
                     let (start, end) = (clampi(start), clampi(end).max(clampi(start)));
+                    let step = step as usize;
                     let mut out_shape = shape.clone();
-                    out_shape[axis] = end - start;
+                    out_shape[axis] = (end - start).div_ceil(step);
                     let target = if i + 1 == axes.len() {
                         out.clone()
                     } else {
@@ -853,7 +923,12 @@ impl Importer {
                     };
                     self.add(
                         name,
-                        Op::Slice { axis, start, end },
+                        Op::Slice {
+                            axis,
+                            start,
+                            end,
+                            step,
+                        },
                         vec![acc],
                         &target,
                         out_shape,
@@ -895,6 +970,7 @@ impl Importer {
                             axis,
                             start,
                             end: start + size,
+                            step: 1,
                         },
                         vec![x.clone()],
                         target,
@@ -952,7 +1028,7 @@ impl Importer {
                 };
                 self.add(name, op, vec![x], &out, xs);
             }
-            "ReduceMean" => {
+            "ReduceMean" | "ReduceL2" => {
                 let xs = self.shape(&x)?;
                 let rank = xs.len() as i64;
                 let axes = match input(1) {
@@ -978,6 +1054,31 @@ impl Importer {
                         (true, false) => None,
                     })
                     .collect();
+                if node.op_type == "ReduceL2" {
+                    // √(n · mean(x²)) over the n reduced elements (Swin v2's cosine
+                    // attention normalises query and key rows this way).
+                    let n: usize = axes.iter().map(|&a| xs[a]).product();
+                    let (squared, mean, sum, count) = (
+                        format!("{out}.squared"),
+                        format!("{out}.mean_square"),
+                        format!("{out}.sum_square"),
+                        format!("{name}.count"),
+                    );
+                    self.set_const(&count, Tensor::scalar(n as f32));
+                    let binary = |op| Op::Binary { op, act: Act::None };
+                    self.add(name, binary(BinOp::Mul), vec![x.clone(), x], &squared, xs);
+                    let reduce = Op::ReduceMean { axes };
+                    self.add(name, reduce, vec![squared], &mean, shape.clone());
+                    self.add(
+                        name,
+                        binary(BinOp::Mul),
+                        vec![mean, count],
+                        &sum,
+                        shape.clone(),
+                    );
+                    self.add(name, Op::Unary(Act::Sqrt), vec![sum], &out, shape);
+                    return Ok(());
+                }
                 let op = if xs.len() == 4 && axes == [2, 3] && keep {
                     Op::GlobalAvgPool
                 } else {

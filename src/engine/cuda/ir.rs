@@ -170,6 +170,12 @@ pub enum Op {
     Gemm {
         act: Act,
     },
+    /// `alpha · [..., M, K] · [..., K, N]` of two computed tensors with the same leading
+    /// axes: one product per leading index (attention's query·keyᵀ and weights·values;
+    /// `alpha` takes the scaling of query and key).
+    MatMul {
+        alpha: f32,
+    },
     Pool(Pool2d),
     /// Mean over the spatial axes of an NCHW tensor, kept as [N, C, 1, 1].
     GlobalAvgPool,
@@ -202,15 +208,21 @@ pub enum Op {
     },
     /// The output shape is the output value's.
     Reshape,
-    /// Keeps `start..end` of one axis.
+    /// Keeps `start, start + step, ...` below `end` of one axis.
     Slice {
         axis: usize,
         start: usize,
         end: usize,
+        step: usize,
     },
     /// Mean over `axes`; the output shape says whether they are kept.
     ReduceMean {
         axes: Vec<usize>,
+    },
+    /// Constant padding: `pads` holds the sizes added before each axis, then after each.
+    Pad {
+        pads: Vec<usize>,
+        value: f32,
     },
 }
 
@@ -220,6 +232,7 @@ impl Op {
             Op::Conv(_) => "Conv",
             Op::BatchNorm { .. } => "BatchNormalization",
             Op::Gemm { .. } => "Gemm",
+            Op::MatMul { .. } => "MatMul",
             Op::Pool(p) if p.kind == PoolKind::Max => "MaxPool",
             Op::Pool(_) => "AveragePool",
             Op::GlobalAvgPool => "GlobalAveragePool",
@@ -232,6 +245,7 @@ impl Op {
             Op::Transpose { .. } => "Transpose",
             Op::Reshape => "Reshape",
             Op::Slice { .. } => "Slice",
+            Op::Pad { .. } => "Pad",
             Op::ReduceMean { .. } => "ReduceMean",
         }
     }

@@ -352,6 +352,8 @@ impl Lowering<'_> {
                     let weight = self.constant(&format!("{}.ck", node.inputs[1]), &ck);
                     self.push(
                         Step::Gemm {
+                            batch: 1,
+                            alpha: 1.0,
                             rows: n * h * w,
                             n: k,
                             k: ci,
@@ -409,6 +411,8 @@ impl Lowering<'_> {
                 let relu = *act == Act::Relu;
                 self.push(
                     Step::Gemm {
+                        batch: 1,
+                        alpha: 1.0,
                         rows: x.len() / k,
                         n,
                         k,
@@ -422,6 +426,31 @@ impl Lowering<'_> {
                     &[x.loc, y.loc],
                 );
                 self.gemm_activation(*act, &y)?;
+                y
+            }
+            Op::MatMul { alpha } => {
+                let a = self.get(&node.inputs[0])?;
+                let a = self.require(&a, &identity(rank))?;
+                let b = self.get(&node.inputs[1])?;
+                let b = self.require(&b, &identity(rank))?;
+                let (m, k, n) = (a.shape[rank - 2], a.shape[rank - 1], b.shape[rank - 1]);
+                let y = self.alloc(&shape, identity(rank));
+                self.push(
+                    Step::Gemm {
+                        batch: shape[..rank - 2].iter().product(),
+                        alpha: *alpha,
+                        rows: m,
+                        n,
+                        k,
+                        x: a.loc,
+                        w: b.loc,
+                        bias: None,
+                        residual: None,
+                        relu: false,
+                        y: y.loc,
+                    },
+                    &[a.loc, b.loc, y.loc],
+                );
                 y
             }
             Op::Pool(p) => {
@@ -609,7 +638,44 @@ impl Lowering<'_> {
                 }
                 y
             }
-            Op::Slice { axis, start, .. } => {
+            Op::Pad { pads, value } => {
+                // The padding value everywhere, then the input inside it.
+                let x = self.get(&node.inputs[0])?;
+                let fill = self.constant(&format!("{}.value", node.name), &Tensor::scalar(*value));
+                let fill = Val {
+                    shape: vec![1; rank],
+                    perm: identity(rank),
+                    ..fill
+                };
+                let y = self.alloc(&shape, x.perm.clone());
+                let ys = y.strides();
+                self.ew(
+                    None,
+                    Act::None,
+                    Cast::None,
+                    &shape,
+                    &x.perm,
+                    y.loc,
+                    &ys,
+                    &[&fill],
+                )?;
+                let inside: usize = (0..rank).map(|a| pads[a] * ys[a]).sum();
+                let dst = y.loc.offset(inside);
+                self.ew(
+                    None,
+                    Act::None,
+                    Cast::None,
+                    &x.shape,
+                    &x.perm,
+                    dst,
+                    &ys,
+                    &[&x],
+                )?;
+                y
+            }
+            Op::Slice {
+                axis, start, step, ..
+            } => {
                 let x = self.get(&node.inputs[0])?;
                 let xs = x.strides();
                 let src = Val {
@@ -617,6 +683,18 @@ impl Lowering<'_> {
                     shape: shape.clone(),
                     perm: x.perm.clone(),
                 };
+                // A slice with nothing but axes of size 1 outside it in memory is one
+                // contiguous range of its input (attention's query, key and value picked
+                // from one projection): it is read in place where it starts as aligned as a
+                // buffer would (cuBLASLt and cuDNN choose their kernels for 256 bytes).
+                let outer = x.perm.iter().take_while(|&&a| a != *axis);
+                let aligned = match x.loc {
+                    Loc::Temp { offset, .. } => (offset + start * xs[*axis]) % ALIGN == 0,
+                    _ => false,
+                };
+                if *step == 1 && aligned && outer.copied().all(|a| shape[a] == 1) {
+                    return self.define(node, src);
+                }
                 // The source view keeps the input's strides, not the compact ones of its
                 // shape: copy through explicit strides.
                 let y = self.alloc(&shape, x.perm.clone());
@@ -624,7 +702,11 @@ impl Lowering<'_> {
                 let order: Vec<usize> = x.perm.clone();
                 let in_strides: Vec<i64> = order
                     .iter()
-                    .map(|&a| if shape[a] == 1 { 0 } else { xs[a] as i64 })
+                    .map(|&a| match (shape[a], a == *axis) {
+                        (1, _) => 0,
+                        (_, true) => (xs[a] * step) as i64,
+                        _ => xs[a] as i64,
+                    })
                     .collect();
                 let out_strides: Vec<i64> = order.iter().map(|&a| ys[a] as i64).collect();
                 let dims: Vec<usize> = order.iter().map(|&a| shape[a]).collect();
@@ -679,7 +761,11 @@ impl Lowering<'_> {
                 return Err("a batch norm left after the passes".into());
             }
         };
-        self.values.insert(node.output.clone(), out);
+        self.define(node, out)
+    }
+
+    fn define(&mut self, node: &Node, value: Val) -> Result<(), String> {
+        self.values.insert(node.output.clone(), value);
         Ok(())
     }
 }

@@ -3,12 +3,16 @@
 //! the tests with `reference`): batch norms folded into convolution weights, activations,
 //! residual adds and biases fused into the operator before them.
 
+use std::f32::consts::{FRAC_1_SQRT_2, SQRT_2};
+
 use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
 
 /// All passes, in the order that lets each find its patterns.
 pub fn optimise(graph: &mut Graph) {
     fold_batchnorm(graph);
     fuse_silu(graph);
+    fuse_gelu(graph);
+    fold_matmul_scale(graph);
     fuse_gemm_bias(graph);
     fuse_residual(graph);
     fuse_activation(graph);
@@ -165,6 +169,154 @@ pub fn fuse_silu(graph: &mut Graph) {
         }
         i += 1;
     }
+}
+
+/// PyTorch's exact GELU, exported as `x · (1 + erf(x / √2)) · 0.5` (five nodes; the two
+/// products in either order), becomes one `Gelu(x)`: one pass over the tensor instead of
+/// five, which a matrix product before it then takes as its activation.
+pub fn fuse_gelu(graph: &mut Graph) {
+    let mut found = false;
+    for i in 0..graph.nodes.len() {
+        if let Some(x) = gelu_input(graph, i) {
+            let node = &mut graph.nodes[i];
+            node.op = Op::Unary(Act::Gelu);
+            node.inputs = vec![x];
+            found = true;
+        }
+    }
+    if found {
+        // The division, erf, add and inner product are read by nothing now.
+        remove_dead(graph);
+    }
+}
+
+/// The value `x` when node `i` computes GELU(x) in the exported form.
+fn gelu_input(graph: &Graph, i: usize) -> Option<String> {
+    let mul = Op::Binary {
+        op: BinOp::Mul,
+        act: Act::None,
+    };
+    let node = &graph.nodes[i];
+    if node.op != mul {
+        return None;
+    }
+    // The three factors, looking through the inner product (read by this node only).
+    let mut factors = Vec::new();
+    for input in &node.inputs {
+        match sole_producer(graph, input).map(|p| &graph.nodes[p]) {
+            Some(inner) if inner.op == mul => factors.extend(inner.inputs.iter().cloned()),
+            _ => factors.push(input.clone()),
+        }
+    }
+    if factors.len() != 3 {
+        return None;
+    }
+    let half = factors.iter().position(|f| is_scalar(graph, f, 0.5))?;
+    factors.remove(half);
+    let [a, b] = [&factors[0], &factors[1]];
+    [(a, b), (b, a)]
+        .into_iter()
+        .find(|(erf_part, x)| {
+            erf_part_input(graph, erf_part) == Some(x.as_str())
+                && graph.shapes.get(*x) == graph.shapes.get(&node.output)
+        })
+        .map(|(_, x)| x.clone())
+}
+
+/// `x` when `value` is `1 + erf(x / √2)` (or `x · (1/√2)`), each step read only once.
+fn erf_part_input<'g>(graph: &'g Graph, value: &str) -> Option<&'g str> {
+    let producer = |v: &str| sole_producer(graph, v).map(|p| &graph.nodes[p]);
+    let add = producer(value)?;
+    if add.op
+        != (Op::Binary {
+            op: BinOp::Add,
+            act: Act::None,
+        })
+    {
+        return None;
+    }
+    let erf_out = match &add.inputs[..] {
+        [e, one] | [one, e] if is_scalar(graph, one, 1.0) => e,
+        _ => return None,
+    };
+    let erf = producer(erf_out)?;
+    if erf.op != Op::Unary(Act::Erf) {
+        return None;
+    }
+    let scaled = producer(&erf.inputs[0])?;
+    match (&scaled.op, &scaled.inputs[..]) {
+        (
+            Op::Binary {
+                op: BinOp::Div,
+                act: Act::None,
+            },
+            [x, d],
+        ) if is_scalar(graph, d, SQRT_2) => Some(x),
+        (
+            Op::Binary {
+                op: BinOp::Mul,
+                act: Act::None,
+            },
+            [x, m] | [m, x],
+        ) if is_scalar(graph, m, FRAC_1_SQRT_2) => Some(x),
+        _ => None,
+    }
+}
+
+/// Whether `value` is a one-element constant equal to `want` (to f32 rounding).
+fn is_scalar(graph: &Graph, value: &str, want: f32) -> bool {
+    graph
+        .consts
+        .get(value)
+        .is_some_and(|t| t.len() == 1 && (t.data[0] - want).abs() <= 1e-6 * want.abs())
+}
+
+/// `MatMul(a · s, b · t)` with scalar constants `s` and `t` becomes `MatMul(a, b)` scaled by
+/// `s · t` (attention scales query and key, each by the fourth root of the head size), also
+/// through a transpose (`Transpose(k · t)`, the keys): the product's scaling is free, two
+/// passes over query and key are not.
+pub fn fold_matmul_scale(graph: &mut Graph) {
+    for i in 0..graph.nodes.len() {
+        if !matches!(graph.nodes[i].op, Op::MatMul { .. }) {
+            continue;
+        }
+        for input in 0..2 {
+            let value = graph.nodes[i].inputs[input].clone();
+            // The node whose input is the scaled value: the MatMul, or a transpose before it.
+            let (reader, at) = match sole_producer(graph, &value) {
+                Some(t) if matches!(graph.nodes[t].op, Op::Transpose { .. }) => (t, 0),
+                _ => (i, input),
+            };
+            let scaled = graph.nodes[reader].inputs[at].clone();
+            let Some(mul) = sole_producer(graph, &scaled) else {
+                continue;
+            };
+            let m = &graph.nodes[mul];
+            let plain_mul = Op::Binary {
+                op: BinOp::Mul,
+                act: Act::None,
+            };
+            let found = (m.op == plain_mul)
+                .then(|| {
+                    [(0, 1), (1, 0)].into_iter().find_map(|(x, s)| {
+                        let t = graph.consts.get(&m.inputs[s]).filter(|t| t.len() == 1)?;
+                        Some((m.inputs[x].clone(), t.data[0]))
+                    })
+                })
+                .flatten();
+            let Some((x, factor)) = found else {
+                continue;
+            };
+            if graph.shapes.get(&x) != graph.shapes.get(&scaled) {
+                continue; // the scalar made it larger (broadcast a smaller x)
+            }
+            graph.nodes[reader].inputs[at] = x;
+            if let Op::MatMul { alpha } = &mut graph.nodes[i].op {
+                *alpha *= factor;
+            }
+        }
+    }
+    remove_dead(graph);
 }
 
 /// `Add(Gemm(x), bias)` with a bias along the last axis becomes the Gemm's own bias, which

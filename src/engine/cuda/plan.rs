@@ -136,7 +136,12 @@ pub enum Step {
     Conv(ConvStep),
     /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias + residual)`, act being None or Relu
     /// (cuBLASLt's epilogue). Also runs 1×1 convolutions, NHWC being `[pixels, channels]`.
+    /// With `batch` above 1, that many products of consecutive `x`, `w` and `y` matrices
+    /// (attention, where `w` is computed too).
     Gemm {
+        batch: usize,
+        /// Scales the product (not the bias or the residual).
+        alpha: f32,
         rows: usize,
         n: usize,
         k: usize,
@@ -233,6 +238,8 @@ impl Step {
                 ))
             ),
             Step::Gemm {
+                batch,
+                alpha,
                 rows,
                 n,
                 k,
@@ -240,7 +247,12 @@ impl Step {
                 relu,
                 ..
             } => format!(
-                "gemm {rows}x{k} · {k}x{n}{}{}",
+                "gemm {batch}x {rows}x{k} · {k}x{n}{}{}{}",
+                if *alpha == 1.0 {
+                    String::new()
+                } else {
+                    format!(" ×{alpha}")
+                },
                 if *relu { " Relu" } else { "" },
                 if residual.is_some() { " +res" } else { "" }
             ),
@@ -295,6 +307,7 @@ impl Step {
                 spans
             }
             Step::Gemm {
+                batch,
                 rows,
                 n,
                 k,
@@ -306,12 +319,12 @@ impl Step {
                 ..
             } => {
                 let mut spans = vec![
-                    len(*x, &[*rows, *k]),
-                    len(*w, &[*k, *n]),
-                    len(*y, &[*rows, *n]),
+                    len(*x, &[*batch, *rows, *k]),
+                    len(*w, &[*batch, *k, *n]),
+                    len(*y, &[*batch, *rows, *n]),
                 ];
                 spans.extend(bias.map(|b| len(b, &[*n])));
-                spans.extend(residual.map(|r| len(r, &[*rows, *n])));
+                spans.extend(residual.map(|r| len(r, &[*batch, *rows, *n])));
                 spans
             }
             Step::Pool {

@@ -66,6 +66,24 @@ pub fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tensor {
             }
             out
         }
+        Op::MatMul { alpha } => {
+            let (a, b) = (inputs[0], inputs[1]);
+            let r = a.shape.len();
+            let (m, k, n) = (a.shape[r - 2], a.shape[r - 1], b.shape[r - 1]);
+            let mut out = vec![0.0; out_len];
+            for p in 0..out_len / (m * n).max(1) {
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut acc = 0.0;
+                        for q in 0..k {
+                            acc += a.data[(p * m + i) * k + q] * b.data[(p * k + q) * n + j];
+                        }
+                        out[(p * m + i) * n + j] = alpha * acc;
+                    }
+                }
+            }
+            out
+        }
         Op::Pool(p) => {
             let x = inputs[0];
             let [n, c, h, w] = dims4(&x.shape);
@@ -171,6 +189,11 @@ pub fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tensor {
                 })
                 .collect()
         }
+        Op::Pad { pads, value } => {
+            let pads: Vec<i64> = pads.iter().map(|&p| p as i64).collect();
+            let padded = super::fold::pad(inputs[0], &pads, *value).expect("checked at import");
+            std::sync::Arc::unwrap_or_clone(padded.data)
+        }
         Op::Concat { axis } => {
             let outer: usize = out_shape[..*axis].iter().product();
             let mut out = Vec::with_capacity(out_len);
@@ -198,14 +221,21 @@ pub fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tensor {
                 .collect()
         }
         Op::Reshape => inputs[0].data.to_vec(),
-        Op::Slice { axis, start, end } => {
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step,
+        } => {
             let x = inputs[0];
             let outer: usize = x.shape[..*axis].iter().product();
             let inner: usize = x.shape[axis + 1..].iter().product();
             let mut out = Vec::with_capacity(out_len);
             for o in 0..outer {
                 let base = o * x.shape[*axis] * inner;
-                out.extend_from_slice(&x.data[base + start * inner..base + end * inner]);
+                for i in (*start..*end).step_by(*step) {
+                    out.extend_from_slice(&x.data[base + i * inner..base + (i + 1) * inner]);
+                }
             }
             out
         }

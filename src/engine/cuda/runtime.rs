@@ -24,6 +24,10 @@ pub const KERNELS: &str = include_str!("kernels.cu");
 /// The most workspace a convolution algorithm may use.
 pub const MAX_WORKSPACE: usize = 256 << 20;
 
+/// The longest row that the one-warp-per-row kernels (`softmax_warp`, `layernorm_warp`) hold
+/// in registers: `WARP_ROW_MAX` in kernels.cu. Longer rows take a block each.
+pub(super) const WARP_ROW_MAX: usize = 1024;
+
 /// The shared libraries the engine loads, by the names cudarc looks for.
 pub fn missing_libraries() -> Vec<&'static str> {
     // SAFETY: each call only tries to dlopen the library and closes it again.
@@ -109,11 +113,17 @@ fn binop_id(op: BinOp) -> i32 {
 }
 
 /// The kernel id and parameters of an activation (`act` in kernels.cu).
-fn act_params(act: Act) -> (i32, f32, f32) {
+pub(super) fn act_params(act: Act, dtype: DType) -> (i32, f32, f32) {
     match act {
         Act::None => (0, 0.0, 0.0),
         Act::Relu => (1, 0.0, 0.0),
         Act::LeakyRelu(a) => (2, a, 0.0),
+        // A positive floor keeps a divisor from 0 (`x / max(‖x‖, 1e-12)`, Swin v2's cosine
+        // attention): below fp16's smallest value it would round to 0 and give 0/0, so it
+        // stays the smallest positive fp16 instead.
+        Act::Clip(lo, hi) if dtype == DType::F16 && lo > 0.0 && lo < F16_SMALLEST => {
+            (3, F16_SMALLEST, hi)
+        }
         Act::Clip(lo, hi) => (3, lo, hi),
         Act::Sigmoid => (4, 0.0, 0.0),
         Act::HardSigmoid(a, b) => (5, a, b),
@@ -131,6 +141,9 @@ fn act_params(act: Act) -> (i32, f32, f32) {
         Act::Elu(a) => (17, a, 0.0),
     }
 }
+
+/// 2⁻²⁴, the smallest positive (subnormal) fp16 value.
+const F16_SMALLEST: f32 = 5.960_464_5e-8;
 
 fn dnn_check(status: dnn::cudnnStatus_t, what: &str) -> Result<(), String> {
     if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
@@ -160,7 +173,9 @@ struct Kernels {
     pool_vec: CudaFunction,
     global_avg: CudaFunction,
     softmax: CudaFunction,
+    softmax_warp: CudaFunction,
     layernorm: CudaFunction,
+    layernorm_warp: CudaFunction,
     mean: CudaFunction,
     lrn: CudaFunction,
     preprocess_rows: CudaFunction,
@@ -480,7 +495,9 @@ impl Runtime {
             pool_vec: f("pool_nhwc_vec")?,
             global_avg: f("global_avg_nhwc")?,
             softmax: f("softmax_rows")?,
+            softmax_warp: f("softmax_warp")?,
             layernorm: f("layernorm_rows")?,
+            layernorm_warp: f("layernorm_warp")?,
             mean: f("mean_rows")?,
             lrn: f("lrn_nhwc")?,
             preprocess_rows: f("preprocess_rows")?,
@@ -623,13 +640,16 @@ impl Runtime {
                     Prepared::Conv(Box::new(descs))
                 }
                 Step::Gemm {
+                    batch,
                     rows,
                     n,
                     k,
                     bias,
                     relu,
                     ..
-                } => Prepared::Gemm(Box::new(self.gemm_descs(*rows, *n, *k, *bias, *relu)?)),
+                } => Prepared::Gemm(Box::new(
+                    self.gemm_descs(*batch, *rows, *n, *k, *bias, *relu)?,
+                )),
                 _ => Prepared::None,
             });
         }
@@ -724,6 +744,7 @@ impl Runtime {
 
     fn gemm_descs(
         &self,
+        batch: usize,
         rows: usize,
         n: usize,
         k: usize,
@@ -754,6 +775,34 @@ impl Runtime {
             // SAFETY: a plain C struct, filled by the heuristic below.
             algo: unsafe { std::mem::zeroed() },
         };
+        if batch > 1 {
+            // One product per consecutive matrix of each operand.
+            let count = i32::try_from(batch).map_err(|_| format!("{batch} products"))?;
+            for (layout, stride) in [(g.a, n * k), (g.b, k * rows), (g.c, n * rows)] {
+                let stride = stride as i64;
+                // SAFETY: attributes of the types cuBLASLt documents for them.
+                unsafe {
+                    lt_check(
+                        ltr::set_matrix_layout_attribute(
+                            layout,
+                            lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                            &count as *const i32 as *const c_void,
+                            std::mem::size_of::<i32>(),
+                        ),
+                        "batch count",
+                    )?;
+                    lt_check(
+                        ltr::set_matrix_layout_attribute(
+                            layout,
+                            lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            &stride as *const i64 as *const c_void,
+                            std::mem::size_of::<i64>(),
+                        ),
+                        "batch stride",
+                    )?;
+                }
+            }
+        }
         let epilogue = match (bias.is_some(), relu) {
             (true, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
             (true, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
@@ -814,6 +863,15 @@ impl Runtime {
 
     fn launch_cfg(&self, n: usize) -> LaunchConfig {
         grid(self.sm_count, n)
+    }
+
+    /// One warp per row, 8 rows a block (the `*_warp` kernels).
+    fn warp_rows_cfg(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     fn rows_cfg(rows: usize) -> LaunchConfig {
@@ -888,7 +946,7 @@ impl Runtime {
             )?;
         }
         let n = c.n * c.k * c.oh * c.ow;
-        let (id, p0, p1) = act_params(c.act);
+        let (id, p0, p1) = act_params(c.act, self.dtype);
         let z = c.residual.map_or(0u64, |z| self.ptr(z));
         let (y, bias) = (self.ptr(c.y), self.ptr(c.bias));
         let (len, channels) = (n as i64, c.k as i32);
@@ -936,7 +994,7 @@ impl Runtime {
                 },
                 _,
             ) => {
-                let (id, p0, p1) = act_params(*act);
+                let (id, p0, p1) = act_params(*act, self.dtype);
                 let mut p = EwParams {
                     n: dims.iter().product::<usize>() as i64,
                     rank: dims.len() as i32,
@@ -993,12 +1051,17 @@ impl Runtime {
             }
             (
                 Step::Gemm {
-                    x, w, residual, y, ..
+                    alpha,
+                    x,
+                    w,
+                    residual,
+                    y,
+                    ..
                 },
                 Prepared::Gemm(g),
             ) => {
-                // A residual comes in as C: d = a·b + 1·c (+ bias, ReLU in the epilogue).
-                let (one, beta) = (1.0f32, if residual.is_some() { 1.0f32 } else { 0.0 });
+                // A residual comes in as C: d = alpha·a·b + 1·c (+ bias, ReLU in the epilogue).
+                let beta = if residual.is_some() { 1.0f32 } else { 0.0 };
                 let (a, b, d) = (self.ptr(*w), self.ptr(*x), self.ptr(*y));
                 let c = residual.map_or(d, |z| self.ptr(z));
                 // SAFETY: live device buffers of the sizes the layouts state.
@@ -1006,7 +1069,7 @@ impl Runtime {
                     ltr::matmul(
                         self.cublaslt,
                         g.desc,
-                        &one as *const f32 as *const c_void,
+                        alpha as *const f32 as *const c_void,
                         &beta as *const f32 as *const c_void,
                         a as *const c_void,
                         g.a,
@@ -1087,6 +1150,13 @@ impl Runtime {
                 };
                 launch(l, cfg)
             }
+            (Step::Softmax { rows, len, x, y }, _) if *len <= WARP_ROW_MAX => {
+                let (xp, yp) = (self.ptr(*x), self.ptr(*y));
+                let (rowsi, leni) = (*rows as i32, *len as i32);
+                let mut l = self.stream.launch_builder(&self.kernels.softmax_warp);
+                l.arg(&xp).arg(&yp).arg(&rowsi).arg(&leni);
+                launch(l, Self::warp_rows_cfg(*rows))
+            }
             (Step::Softmax { rows, len, x, y }, _) | (Step::RowMean { rows, len, x, y }, _) => {
                 let (xp, yp, leni) = (self.ptr(*x), self.ptr(*y), *len as i32);
                 let func = if matches!(step, Step::Softmax { .. }) {
@@ -1112,7 +1182,18 @@ impl Runtime {
             ) => {
                 let (xp, yp, sp) = (self.ptr(*x), self.ptr(*y), self.ptr(*scale));
                 let bp = bias.map_or(0, |b| self.ptr(b));
-                let leni = *len as i32;
+                let (rowsi, leni) = (*rows as i32, *len as i32);
+                if *len <= WARP_ROW_MAX {
+                    let mut l = self.stream.launch_builder(&self.kernels.layernorm_warp);
+                    l.arg(&xp)
+                        .arg(&yp)
+                        .arg(&sp)
+                        .arg(&bp)
+                        .arg(&rowsi)
+                        .arg(&leni)
+                        .arg(epsilon);
+                    return launch(l, Self::warp_rows_cfg(*rows));
+                }
                 let mut l = self.stream.launch_builder(&self.kernels.layernorm);
                 l.arg(&xp)
                     .arg(&yp)

@@ -116,6 +116,8 @@ fn run_step(m: &mut Memory, step: &Step) {
             }
         }
         Step::Gemm {
+            batch,
+            alpha,
             rows,
             n,
             k,
@@ -126,17 +128,21 @@ fn run_step(m: &mut Memory, step: &Step) {
             relu,
             y,
         } => {
-            for r in 0..*rows {
-                for j in 0..*n {
-                    let mut acc = bias.map_or(0.0, |b| m.read(b, j));
-                    for i in 0..*k {
-                        acc += m.read(*x, r * k + i) * m.read(*w, i * n + j);
+            for p in 0..*batch {
+                let (xo, wo, yo) = (p * rows * k, p * k * n, p * rows * n);
+                for r in 0..*rows {
+                    for j in 0..*n {
+                        let mut dot = 0.0;
+                        for i in 0..*k {
+                            dot += m.read(*x, xo + r * k + i) * m.read(*w, wo + i * n + j);
+                        }
+                        let mut acc = alpha * dot + bias.map_or(0.0, |b| m.read(b, j));
+                        if let Some(z) = residual {
+                            acc += m.read(*z, yo + r * n + j);
+                        }
+                        let act = if *relu { Act::Relu } else { Act::None };
+                        m.write(*y, yo + r * n + j, act.apply(acc));
                     }
-                    if let Some(z) = residual {
-                        acc += m.read(*z, r * n + j);
-                    }
-                    let act = if *relu { Act::Relu } else { Act::None };
-                    m.write(*y, r * n + j, act.apply(acc));
                 }
             }
         }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::ir::{Graph, Op, Tensor};
+use super::ir::{Act, Graph, Op, Tensor};
 use super::plan::{DType, Weights};
 use super::{import, lower, passes, reference, sim};
 use crate::engine::OnnxModel;
@@ -166,28 +166,114 @@ fn lowered_plans_match_reference() {
     check_lowering("ops.onnx", "ops_reference.json");
 }
 
+/// The input of `models/transformers/export.py`'s references: two frames, each element
+/// ((i * 7919) % 1000) / 500 - 1 over the NCHW index i.
+fn transformer_input() -> Tensor {
+    let data = (0..2 * 3 * 224 * 224u64)
+        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
+        .collect();
+    Tensor::new(vec![2, 3, 224, 224], data)
+}
+
+/// onnxruntime's output for `transformer_input()` through `models/transformers/NAME.onnx`.
+fn transformer_reference(name: &str) -> Vec<f32> {
+    let text = std::fs::read_to_string(models().join(format!("transformers/{name}.ref.json")))
+        .expect("reference");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .flat_map(|row| row.as_array().expect("row").iter())
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
 #[test]
-fn vision_transformers_fold_their_shape_arithmetic() {
-    // torchvision's VisionTransformer and SwinTransformer (v1, v2), small, as exported by
-    // their users: their shape arithmetic (Shape, Equal, Where, Expand, Mod, Range, Not,
-    // ScatterND, Pad, ...) is evaluated at import, at a fixed batch and size, and picking
-    // query, key and value (Gather on activations) becomes slices. What is left of issue 13
-    // is the attention's product of two activations; this test becomes the comparison
-    // with `transformers/NAME.ref.json` (onnxruntime) once the engine runs it.
-    // Swin v2's cosine attention also needs ReduceL2 on activations.
-    for (name, missing) in [("vit", &[][..]), ("swin", &[]), ("swin_v2", &["ReduceL2"])] {
+fn vision_transformers_import_lower_and_match_onnxruntime() {
+    // torchvision's VisionTransformer and SwinTransformer, small, as exported by their users:
+    // their shape arithmetic (Shape, Equal, Where, Expand, Mod, Range, Not, ScatterND, Pad,
+    // ...) is evaluated at import, at a fixed batch and size; query, key and value become
+    // slices, attention batched products. The imported graph, the optimised one and the
+    // plan (run step by step on the CPU) must all give onnxruntime's probabilities.
+    let input = transformer_input();
+    for name in ["vit", "swin", "swin_v2"] {
+        let want = transformer_reference(name);
         let model = OnnxModel::load(&models().join(format!("transformers/{name}.onnx")))
             .expect("model loads");
-        assert_eq!(import::unsupported_ops(&model), missing, "{name}");
-        if !missing.is_empty() {
-            continue;
-        }
-        let err = import::import(&model, 2, 224, 224).expect_err("attention is not supported yet");
-        assert!(
-            err.contains("(MatMul): only a MatMul by a constant matrix is supported"),
-            "{name}: {err}"
+        assert_eq!(
+            import::unsupported_ops(&model),
+            Vec::<String>::new(),
+            "{name}"
         );
+        let mut graph =
+            import::import(&model, 2, 224, 224).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
+        passes::optimise(&mut graph);
+        assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
+        // GELU's five exported nodes became the MLP's first product's activation.
+        let ops: Vec<&Op> = graph.nodes.iter().map(|n| &n.op).collect();
+        assert!(
+            !ops.contains(&&Op::Unary(Act::Erf)),
+            "{name}: an erf is left"
+        );
+        assert!(
+            ops.contains(&&Op::Gemm { act: Act::Gelu }),
+            "{name}: no GELU"
+        );
+        // Query and key scalings became the attention product's alpha (Swin v2's cosine
+        // attention scales per head instead).
+        assert_eq!(
+            ops.iter()
+                .any(|op| matches!(op, Op::MatMul { alpha } if *alpha != 1.0)),
+            name != "swin_v2",
+            "{name}: scaled attention products"
+        );
+        let mut weights = Weights::default();
+        let plan = lower::lower(&graph, DType::F32, &mut weights)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
     }
+    // At batch 4 the tiny ViT's key and value start 256-byte aligned in its projection
+    // (at batch 2 only the query does), and are read in place rather than copied: two steps
+    // fewer, and the same frames twice give the same answers.
+    let model = OnnxModel::load(&models().join("transformers/vit.onnx")).expect("model loads");
+    let mut graph = import::import(&model, 4, 224, 224).expect("imports");
+    passes::optimise(&mut graph);
+    let mut weights = Weights::default();
+    let plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
+    let twice = [input.data.as_slice(), input.data.as_slice()].concat();
+    let mut g2 = import::import(&model, 2, 224, 224).expect("imports");
+    passes::optimise(&mut g2);
+    let p2 = lower::lower(&g2, DType::F32, &mut Weights::default()).expect("lowers");
+    assert_eq!(plan.steps.len() + 2, p2.steps.len());
+    let want = transformer_reference("vit");
+    assert_close(
+        &sim::run(&plan, &weights, &twice),
+        &[want.as_slice(), want.as_slice()].concat(),
+        1e-4,
+    );
+}
+
+#[test]
+fn an_fp16_floor_stays_positive() {
+    // `x / max(‖x‖, 1e-12)`: the floor must not round to 0 in fp16, or a zero row gives 0/0.
+    let clip = Act::Clip(1e-12, f32::MAX);
+    let (_, lo, _) = super::runtime::act_params(clip, DType::F16);
+    assert!(half::f16::from_f32(lo).to_f32() > 0.0);
+    assert_eq!(super::runtime::act_params(clip, DType::F32).1, 1e-12);
+    // Floors fp16 holds are kept.
+    let (_, lo, _) = super::runtime::act_params(Act::Clip(1e-3, 6.0), DType::F16);
+    assert_eq!(lo, 1e-3);
+}
+
+#[test]
+fn warp_row_limit_matches_the_kernels() {
+    let define = format!("#define WARP_ROW_MAX {}\n", super::runtime::WARP_ROW_MAX);
+    assert!(
+        super::runtime::KERNELS.contains(&define),
+        "kernels.cu: {define}"
+    );
 }
 
 #[test]
@@ -211,6 +297,8 @@ fn kernels_compile_with_nvrtc() {
             "bias_act",
             "pool_nhwc",
             "softmax_rows",
+            "softmax_warp",
+            "layernorm_warp",
             "preprocess_rows",
             "preprocess_cols",
         ] {

@@ -130,8 +130,10 @@ pub fn import(
         } else {
             node.name.clone()
         };
+        let first_new = importer.graph.nodes.len();
         importer
             .node(node, &name)
+            .and_then(|()| finite_parameters(&importer.graph.nodes[first_new..]))
             .map_err(|e| format!("node `{name}` ({}): {e}", node.op_type))?;
     }
     let output = importer.resolve(&model.output);
@@ -353,6 +355,8 @@ impl Importer {
                     };
                     (pads, value.unwrap_or(0.0))
                 };
+                // -∞ padding (before a max) is the lowest finite value, as for Clip.
+                let value = value.clamp(f32::MIN, f32::MAX);
                 match self.constant(&x) {
                     Some(t) if mode == "constant" => {
                         let t = fold::pad(t, &pads, value)?;
@@ -547,11 +551,14 @@ impl Importer {
                     "Gelu" if attrs.s("approximate").unwrap_or("none") == "none" => Act::Gelu,
                     "Gelu" => return Err("only the exact (erf) GELU is supported".into()),
                     _ => {
+                        // An infinite bound is no bound: the largest finite value does
+                        // the same, and is stored in engine files as a number.
                         let bound = |i: usize, attr: &str, default: f32| -> Result<f32, String> {
-                            Ok(match input(i) {
-                                Some(v) => self.need_const(&v, "bound")?.data[0],
-                                None => attrs.f(attr).unwrap_or(default),
-                            })
+                            let v = match input(i) {
+                                Some(v) => self.need_const(&v, "bound")?.data.first().copied(),
+                                None => attrs.f(attr),
+                            };
+                            Ok(v.unwrap_or(default).clamp(f32::MIN, f32::MAX))
                         };
                         Act::Clip(bound(1, "min", f32::MIN)?, bound(2, "max", f32::MAX)?)
                     }
@@ -1297,6 +1304,17 @@ fn required_inputs(op: &str, opset: i64) -> usize {
         "Pad" if opset >= 11 => 2,
         _ => 1,
     }
+}
+
+/// Refuses operator parameters that are not finite numbers (a NaN epsilon, an infinite
+/// slope): what they would compute is not meant, and an engine file could not store them.
+fn finite_parameters(nodes: &[Node]) -> Result<(), String> {
+    for node in nodes {
+        if let Some(v) = node.op.parameters().into_iter().find(|v| !v.is_finite()) {
+            return Err(format!("a parameter is {v}, not a finite number"));
+        }
+    }
+    Ok(())
 }
 
 /// `axis` of a tensor of `rank` dimensions, counted from the end when negative.

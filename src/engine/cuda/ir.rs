@@ -227,6 +227,26 @@ pub enum Op {
 }
 
 impl Op {
+    /// The operator's numeric parameters (epsilons, slopes, bounds, scales), to check them.
+    pub fn parameters(&self) -> Vec<f32> {
+        let act = |a: &Act| match *a {
+            Act::LeakyRelu(p) | Act::Elu(p) => vec![p],
+            Act::Clip(p, q) | Act::HardSigmoid(p, q) => vec![p, q],
+            _ => vec![],
+        };
+        match self {
+            Op::Conv(c) => act(&c.act),
+            Op::Gemm { act: a } | Op::Unary(a) | Op::Binary { act: a, .. } => act(a),
+            Op::BatchNorm { epsilon } | Op::LayerNorm { epsilon, .. } => vec![*epsilon],
+            Op::MatMul { alpha } => vec![*alpha],
+            Op::Pad { value, .. } => vec![*value],
+            Op::Lrn {
+                alpha, beta, bias, ..
+            } => vec![*alpha, *beta, *bias],
+            _ => vec![],
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::Conv(_) => "Conv",

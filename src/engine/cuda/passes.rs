@@ -304,16 +304,20 @@ pub fn fold_matmul_scale(graph: &mut Graph) {
                     })
                 })
                 .flatten();
-            let Some((x, factor)) = found else {
+            let Some((x, factor)) = found.filter(|(_, f)| f.is_finite()) else {
                 continue;
             };
             if graph.shapes.get(&x) != graph.shapes.get(&scaled) {
                 continue; // the scalar made it larger (broadcast a smaller x)
             }
-            graph.nodes[reader].inputs[at] = x;
-            if let Op::MatMul { alpha } = &mut graph.nodes[i].op {
-                *alpha *= factor;
+            let Op::MatMul { alpha } = &mut graph.nodes[i].op else {
+                unreachable!("checked above");
+            };
+            if !(*alpha * factor).is_finite() {
+                continue;
             }
+            *alpha *= factor;
+            graph.nodes[reader].inputs[at] = x;
         }
     }
     remove_dead(graph);

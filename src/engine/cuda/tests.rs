@@ -256,6 +256,38 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
 }
 
 #[test]
+fn parameters_that_are_not_numbers_are_refused() {
+    // Found by the cuda_compile fuzzer: a model whose plan held a NaN parameter, which an
+    // engine file stores as `null`; every start then failed to read the file it had written.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions/cuda_compile_nan_parameter.onnx");
+    let model = OnnxModel::load(&path).expect("parses");
+    let spec = model.input_spec(None).expect("input");
+    let err = super::compile(&model, &[1, 2], spec, DType::F32).expect_err("refused");
+    assert!(err.contains("`clip_0` (Clip): a parameter is NaN"), "{err}");
+    // An infinite bound is no bound: it becomes the lowest finite value (the same clip, and
+    // a number an engine file can store).
+    use prost::Message;
+    let mut proto = OnnxModel::load(&models().join("cnn.onnx")).unwrap().proto;
+    let graph = proto.graph.as_mut().expect("graph");
+    let min = graph
+        .initializer
+        .iter_mut()
+        .find(|t| t.name == "clip_min_0");
+    let min = min.expect("cnn.onnx clips");
+    (min.raw_data, min.float_data) = (Vec::new(), vec![f32::NEG_INFINITY]);
+    let model = OnnxModel::from_bytes(&path, &proto.encode_to_vec()).expect("parses");
+    let graph = import::import(&model, 1, spec.height, spec.width).expect("imports");
+    let clips: Vec<f32> = (graph.nodes.iter())
+        .filter_map(|n| match n.op {
+            Op::Unary(Act::Clip(lo, _)) => Some(lo),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(clips, [f32::MIN]);
+}
+
+#[test]
 fn an_fp16_floor_stays_positive() {
     // `x / max(‖x‖, 1e-12)`: the floor must not round to 0 in fp16, or a zero row gives 0/0.
     let clip = Act::Clip(1e-12, f32::MAX);

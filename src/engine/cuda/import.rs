@@ -124,12 +124,25 @@ pub fn import(
         let t = importer.tensor(init)?;
         importer.graph.consts.insert(init.name.clone(), t);
     }
-    for node in &graph.node {
-        let name = if node.name.is_empty() {
+    // Constants made for a node are named after it, so each node gets a name of its own
+    // (ONNX does not require them to be unique).
+    let mut names = std::collections::HashSet::new();
+    for (i, node) in graph.node.iter().enumerate() {
+        let mut name = if node.name.is_empty() {
             node.output.first().cloned().unwrap_or_default()
         } else {
             node.name.clone()
         };
+        if !names.insert(name.clone()) {
+            name = format!("{name}#{i}");
+            names.insert(name.clone());
+        }
+        if let Some(out) = (node.output.iter()).find(|o| !o.is_empty() && importer.is_defined(o)) {
+            return Err(format!(
+                "node `{name}` ({}): its output `{out}` is already defined",
+                node.op_type
+            ));
+        }
         let first_new = importer.graph.nodes.len();
         importer
             .node(node, &name)
@@ -202,6 +215,13 @@ impl Importer {
             self.graph.shapes.insert(output.to_owned(), shape);
             self.graph.nodes.push(node);
         }
+    }
+
+    /// Whether `value` is the input, a constant or a computed value already.
+    fn is_defined(&self, value: &str) -> bool {
+        self.graph.shapes.contains_key(value)
+            || self.graph.consts.contains_key(value)
+            || self.alias.contains_key(value)
     }
 
     fn set_const(&mut self, output: &str, t: Tensor) {

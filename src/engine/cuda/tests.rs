@@ -288,6 +288,40 @@ fn parameters_that_are_not_numbers_are_refused() {
 }
 
 #[test]
+fn nodes_of_one_name_keep_their_own_constants() {
+    // Found by the cuda_compile fuzzer: two convolutions named `conv_2`, both without a bias,
+    // shared one made-up zero bias (16 values for one, then 32 for both), and the batch-norm
+    // fold indexed past it. Nodes now get names of their own: the model is cnn.onnx with a
+    // node renamed, and computes what cnn.onnx computes.
+    let regression = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions/cuda_compile_duplicate_node_names.onnx");
+    let run = |path: &Path| {
+        let model = OnnxModel::load(path).expect("parses");
+        let mut graph = import::import(&model, 1, 32, 32).expect("imports");
+        passes::optimise(&mut graph);
+        let input = Tensor::new(
+            vec![1, 3, 32, 32],
+            (0..3072).map(|i| (i % 7) as f32 / 7.0).collect(),
+        );
+        reference::run(&graph, &input).data.to_vec()
+    };
+    assert_close(&run(&regression), &run(&models().join("cnn.onnx")), 1e-6);
+
+    // A value two nodes define is refused.
+    use prost::Message;
+    let mut proto = OnnxModel::load(&models().join("cnn.onnx")).unwrap().proto;
+    let graph = proto.graph.as_mut().expect("graph");
+    let first = graph.node[0].output[0].clone();
+    graph.node[1].output[0] = first;
+    let model = OnnxModel::from_bytes(&regression, &proto.encode_to_vec()).expect("parses");
+    let err = import::import(&model, 1, 32, 32).expect_err("refused");
+    assert!(
+        err.contains("its output `conv_0` is already defined"),
+        "{err}"
+    );
+}
+
+#[test]
 fn an_fp16_floor_stays_positive() {
     // `x / max(‖x‖, 1e-12)`: the floor must not round to 0 in fp16, or a zero row gives 0/0.
     let clip = Act::Clip(1e-12, f32::MAX);

@@ -3,7 +3,8 @@
 # bench/gpu/README.md). Stages, all by default:
 #   tests    the cuda tests (engine, CUDA-memory input, shared engines), then the element,
 #            pipeline and scenario tests with backend=cuda; a GPU is expected, so a skip fails
-#   engine   trtclassify-engine bench beside PyTorch (ResNet-50, MobileNetV2, EfficientNet-B0)
+#   engine   trtclassify-engine bench beside PyTorch (ResNet-50, MobileNetV2, EfficientNet-B0,
+#            ViT-B/16, Swin-T)
 #   streams  bench/gpu/streams.sh: 1 to 180 NVDEC streams, decode only and decode + classify
 #   quick    a short streams check (8 and 64 streams, ResNet-50)
 #   files    each torchvision model's engine file written, then loaded back: the checks on
@@ -17,7 +18,7 @@ stages=${*:-tests engine streams}
 has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-models=${MODELS:-resnet50,mobilenet_v2,efficientnet_b0,mobilenet_v3_small,squeezenet1_0,shufflenet_v2_x1_0,regnet_y_400mf,densenet121,convnext_tiny}
+models=${MODELS:-resnet50,mobilenet_v2,efficientnet_b0,mobilenet_v3_small,squeezenet1_0,shufflenet_v2_x1_0,regnet_y_400mf,densenet121,convnext_tiny,vit_b_16,swin_t}
 has tests || has engine || has files || models=resnet50,mobilenet_v2
 python3 bench/gpu/torch_models.py export /tmp/tv --models "$models" > "$out/export.txt" 2>&1
 cut -c1-140 "$out/export.txt" | tail -3
@@ -60,11 +61,11 @@ if has files; then
 fi
 
 if has engine; then
-  bench_models=(/tmp/tv/resnet50.onnx /tmp/tv/mobilenet_v2.onnx /tmp/tv/efficientnet_b0.onnx)
+  bench_models=(/tmp/tv/{resnet50,mobilenet_v2,efficientnet_b0,vit_b_16,swin_t}.onnx)
   trtclassify-engine bench "${bench_models[@]}" --batches 1,8,64 --check --profile \
     >"$out/bench.md" 2>"$out/bench.log"
   echo "trtclassify-engine bench: exit $?"
-  python3 bench/gpu/torch_models.py bench --models resnet50,mobilenet_v2,efficientnet_b0 \
+  python3 bench/gpu/torch_models.py bench --models resnet50,mobilenet_v2,efficientnet_b0,vit_b_16,swin_t \
     --json "$out/torch_bench.json" >"$out/torch_bench.txt" 2>&1
   echo "torch bench: exit $?"
 fi

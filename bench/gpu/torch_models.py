@@ -47,8 +47,10 @@ EXPORT_MODELS = [
     "regnet_y_400mf",
     "densenet121",
     "convnext_tiny",
+    "vit_b_16",
+    "swin_t",
 ]
-BENCH_MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0"]
+BENCH_MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "vit_b_16", "swin_t"]
 
 OPSET = 17
 INPUT_NAME = "image"

@@ -827,7 +827,9 @@ impl Importer {
                         }
                     }
                 };
-                if shape.iter().product::<usize>() != xs.iter().product::<usize>() {
+                // Checked: a target's sizes may multiply past usize.
+                let count = |s: &[usize]| s.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+                if count(&shape).is_none() || count(&shape) != count(&xs) {
                     return Err(format!("cannot reshape {xs:?} to {shape:?}"));
                 }
                 self.add(name, Op::Reshape, vec![x], &out, shape);

@@ -322,6 +322,18 @@ fn nodes_of_one_name_keep_their_own_constants() {
 }
 
 #[test]
+fn a_reshape_whose_sizes_overflow_is_refused() {
+    // Found by the cuda_compile fuzzer: a Reshape target whose sizes multiply past usize
+    // overflowed (a panic in debug builds; in release a wrapped product could match).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions/cuda_compile_reshape_overflow.onnx");
+    let model = OnnxModel::load(&path).expect("parses");
+    let spec = model.input_spec(None).expect("input");
+    let err = super::compile(&model, &[1, 2], spec, DType::F32).expect_err("refused");
+    assert!(err.contains("cannot reshape"), "{err}");
+}
+
+#[test]
 fn an_fp16_floor_stays_positive() {
     // `x / max(‖x‖, 1e-12)`: the floor must not round to 0 in fp16, or a zero row gives 0/0.
     let clip = Act::Clip(1e-12, f32::MAX);

@@ -10,7 +10,7 @@ use std::time::Instant;
 use gst::prelude::*;
 use gsttrtclassify::engine::cpu::CpuEngine;
 use gsttrtclassify::engine::{Engine, EngineOptions, Precision};
-use gsttrtclassify::preprocess::{PreprocessOptions, Preprocessor};
+use gsttrtclassify::preprocess::{Crop, PreprocessOptions, Preprocessor};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -70,9 +70,9 @@ fn main() {
     };
     let mut pre = Preprocessor::new(PreprocessOptions::default(), input).unwrap();
     let mut out = vec![0f32; input.frame_len()];
-    pre.run(&frame, &mut out).unwrap();
+    pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
     let times: Vec<f64> = (0..runs.max(50))
-        .map(|_| time_ms(|| pre.run(&frame, &mut out).unwrap()))
+        .map(|_| time_ms(|| pre.run(&frame, &[Crop::Whole], &mut out).unwrap()))
         .collect();
     println!("preprocess_720p_ms {:.2}", median(times));
 

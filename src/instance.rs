@@ -24,6 +24,7 @@ use parking_lot::MutexGuard;
 use crate::engine::{
     Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
 };
+use crate::preprocess::Crop;
 
 /// What makes two elements' engines interchangeable.
 #[derive(Debug, Clone, PartialEq)]
@@ -283,26 +284,36 @@ impl Stream {
         &self.info
     }
 
-    /// Pushes a frame in system memory; see `push_with`.
+    /// Pushes `crops` of a frame in system memory; see `push_with`.
     pub fn push(
         &self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
     ) -> Result<(), Arc<EngineError>> {
-        self.push_with(|engine| engine.push(frame))
+        self.push_with(crops.len(), |engine| engine.push(frame, crops))
     }
 
-    /// Pushes a frame in GPU memory; see `push_with`.
-    pub fn push_device(&self, frame: &DevicePlanes) -> Result<(), Arc<EngineError>> {
-        self.push_with(|engine| engine.push_device(frame))
+    /// Pushes `crops` of a frame in GPU memory; see `push_with`.
+    pub fn push_device(
+        &self,
+        frame: &DevicePlanes,
+        crops: &[Crop],
+    ) -> Result<(), Arc<EngineError>> {
+        self.push_with(crops.len(), |engine| engine.push_device(frame, crops))
     }
 
-    /// Pushes one fresh frame of this stream into the engine; runs the batch when it is full.
-    /// An engine error fails every frame queued at that moment, of every stream: the engine
-    /// may have lost them; the others hear of it through their mailboxes.
+    /// Pushes `items` items (crops) of one fresh frame of this stream into the engine; runs
+    /// the batch when it is full. Each item gets its own scores, in push order. An engine
+    /// error fails every item queued at that moment, of every stream: the engine may have
+    /// lost them; the others hear of it through their mailboxes.
     fn push_with(
         &self,
+        items: usize,
         push: impl FnOnce(&mut dyn Engine) -> Result<(), EngineError>,
     ) -> Result<(), Arc<EngineError>> {
+        if items == 0 {
+            return Ok(());
+        }
         let mut inner = self.lock();
         let epoch = inner.streams[&self.id].epoch;
         if let Err(e) = inner.call(push) {
@@ -311,7 +322,9 @@ impl Stream {
             inner.deliver(lost.into_iter().map(|t| (t, Err(e.clone()))), self.id);
             return Err(e);
         }
-        inner.queued.push((self.id, epoch));
+        inner
+            .queued
+            .extend(std::iter::repeat_n((self.id, epoch), items));
         if inner.queued.len() >= self.batch_size {
             inner.run(self.id);
         }
@@ -395,9 +408,11 @@ mod tests {
         fn infer(&mut self, _: &[f32], _: usize) -> Result<Vec<Vec<f32>>, EngineError> {
             unreachable!()
         }
+        /// Each crop's score is the frame's first byte plus 1000 times the crop's place.
         fn push(
             &mut self,
             frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+            crops: &[Crop],
         ) -> Result<(), EngineError> {
             let first = frame.plane_data(0).unwrap()[0];
             match first {
@@ -405,7 +420,9 @@ mod tests {
                 254 => panic!("a bug in push"),
                 _ => (),
             }
-            self.pushed.push(f32::from(first));
+            for i in 0..crops.len() {
+                self.pushed.push(f32::from(first) + 1000.0 * i as f32);
+            }
             Ok(())
         }
         fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -462,6 +479,10 @@ mod tests {
     }
 
     fn push(stream: &Stream, value: u8) -> Result<(), Arc<EngineError>> {
+        push_crops(stream, value, 1)
+    }
+
+    fn push_crops(stream: &Stream, value: u8, crops: usize) -> Result<(), Arc<EngineError>> {
         gst::init().unwrap();
         let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, 4, 4)
             .build()
@@ -469,7 +490,7 @@ mod tests {
         let mut buffer = gst::Buffer::with_size(info.size()).unwrap();
         buffer.get_mut().unwrap().map_writable().unwrap()[0] = value;
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buffer, &info).unwrap();
-        stream.push(&frame)
+        stream.push(&frame, &vec![Crop::Whole; crops])
     }
 
     fn values(scores: Vec<Scores>) -> Vec<f32> {
@@ -511,6 +532,26 @@ mod tests {
         assert_eq!(woken_a.load(Ordering::SeqCst), 1);
         assert_eq!(woken_b.load(Ordering::SeqCst), 0);
         assert!(a.take_scores().is_empty());
+    }
+
+    #[test]
+    fn each_crop_of_a_frame_is_an_item_with_scores_of_its_own() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let k = key("crops", 4);
+        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
+        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        push_crops(&a, 1, 3).unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "3 items of 4");
+        push_crops(&b, 2, 0).unwrap();
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            0,
+            "a frame of no crops adds nothing"
+        );
+        push_crops(&b, 2, 2).unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the items filled the batch");
+        assert_eq!(values(a.take_scores()), [1.0, 1001.0, 2001.0]);
+        assert_eq!(values(b.take_scores()), [2.0, 1002.0]);
     }
 
     #[test]

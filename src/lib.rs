@@ -16,6 +16,7 @@ pub mod labels;
 pub mod meta;
 pub mod postprocess;
 pub mod preprocess;
+pub mod regions;
 pub mod results;
 pub mod trtclassify;
 

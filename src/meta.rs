@@ -13,6 +13,14 @@
 //! | `class-ids` | GstValueArray of gint | the top-k class ids, best first |
 //! | `labels` | GstValueArray of string | their labels |
 //! | `confidences` | GstValueArray of gdouble | their confidences |
+//! | `regions` | GstValueArray of GstStructure | with `roi=regions` or `both`: one per classified region (below) |
+//!
+//! With `roi=regions`, the frame's own class fields are empty arrays. Each structure of
+//! `regions`, named [`REGION_STRUCTURE_NAME`], holds the region's ROI meta `id`, `roi-type`,
+//! `x`, `y`, `width`, `height` (guint, as classified: clipped to the frame) and its own
+//! `class-ids`, `labels` and `confidences`. The same result is also a param of the region's
+//! `GstVideoRegionOfInterestMeta` (see `crate::regions`), which follows the region through
+//! scaling; the coordinates here describe the frame as the classifier saw it.
 //!
 //! The meta has no tags, so elements that copy metadata (`queue`, `tee`, `videoconvert`,
 //! `videoscale`) keep it; the classification describes the whole picture, so it stays valid
@@ -20,6 +28,7 @@
 
 pub const META_NAME: &str = "TrtClassifyMeta";
 pub const STRUCTURE_NAME: &str = "trtclassify-classification";
+pub const REGION_STRUCTURE_NAME: &str = "trtclassify-region";
 
 /// One reported class.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,8 +47,79 @@ pub struct Classification {
     pub frame: u64,
     /// False when the result was inferred on an earlier frame and carried to this one.
     pub fresh: bool,
+    /// The top-k classes of the whole frame, best first (none with `roi=regions`).
+    pub classes: Vec<ClassEntry>,
+    /// Each classified region's result, with `roi=regions` or `both`.
+    pub regions: Vec<RegionResult>,
+}
+
+/// The result of one region of interest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegionResult {
+    /// The id of the region's `GstVideoRegionOfInterestMeta`.
+    pub id: i32,
+    pub roi_type: String,
+    /// The region as classified (clipped to the frame): x, y, width, height.
+    pub rect: (u32, u32, u32, u32),
     /// The top-k classes, best first.
     pub classes: Vec<ClassEntry>,
+}
+
+fn class_arrays(classes: &[ClassEntry]) -> (gst::Array, gst::Array, gst::Array) {
+    (
+        gst::Array::new(classes.iter().map(|c| c.class_id as i32)),
+        gst::Array::new(classes.iter().map(|c| c.label.as_str())),
+        gst::Array::new(classes.iter().map(|c| f64::from(c.confidence))),
+    )
+}
+
+fn classes_of(s: &gst::StructureRef) -> Option<Vec<ClassEntry>> {
+    let ids = s.get::<gst::Array>("class-ids").ok()?;
+    let labels = s.get::<gst::Array>("labels").ok()?;
+    let confidences = s.get::<gst::Array>("confidences").ok()?;
+    ids.iter()
+        .zip(labels.iter())
+        .zip(confidences.iter())
+        .map(|((id, label), confidence)| {
+            Some(ClassEntry {
+                class_id: id.get::<i32>().ok()? as u32,
+                label: label.get::<String>().ok()?,
+                confidence: confidence.get::<f64>().ok()? as f32,
+            })
+        })
+        .collect()
+}
+
+impl RegionResult {
+    fn to_structure(&self) -> gst::Structure {
+        let (ids, labels, confidences) = class_arrays(&self.classes);
+        let (x, y, width, height) = self.rect;
+        gst::Structure::builder(REGION_STRUCTURE_NAME)
+            .field("id", self.id)
+            .field("roi-type", &self.roi_type)
+            .field("x", x)
+            .field("y", y)
+            .field("width", width)
+            .field("height", height)
+            .field("class-ids", ids)
+            .field("labels", labels)
+            .field("confidences", confidences)
+            .build()
+    }
+
+    fn from_structure(s: &gst::StructureRef) -> Option<Self> {
+        Some(RegionResult {
+            id: s.get("id").ok()?,
+            roi_type: s.get("roi-type").ok()?,
+            rect: (
+                s.get("x").ok()?,
+                s.get("y").ok()?,
+                s.get("width").ok()?,
+                s.get("height").ok()?,
+            ),
+            classes: classes_of(s)?,
+        })
+    }
 }
 
 /// Registers the meta. Called by the plugin's init; harmless to call again.
@@ -70,43 +150,41 @@ fn copy_fields(src: &gst::StructureRef, dest: &mut gst::StructureRef) {
 
 impl Classification {
     pub fn to_structure(&self) -> gst::Structure {
-        let ids = gst::Array::new(self.classes.iter().map(|c| c.class_id as i32));
-        let labels = gst::Array::new(self.classes.iter().map(|c| c.label.as_str()));
-        let confidences = gst::Array::new(self.classes.iter().map(|c| f64::from(c.confidence)));
-        gst::Structure::builder(STRUCTURE_NAME)
+        let (ids, labels, confidences) = class_arrays(&self.classes);
+        let mut s = gst::Structure::builder(STRUCTURE_NAME)
             .field("model", &self.model)
             .field("frame", self.frame)
             .field("fresh", self.fresh)
             .field("class-ids", ids)
             .field("labels", labels)
             .field("confidences", confidences)
-            .build()
+            .build();
+        if !self.regions.is_empty() {
+            s.set(
+                "regions",
+                gst::Array::new(self.regions.iter().map(RegionResult::to_structure)),
+            );
+        }
+        s
     }
 
     pub fn from_structure(s: &gst::StructureRef) -> Option<Self> {
         if s.name() != STRUCTURE_NAME {
             return None;
         }
-        let ids = s.get::<gst::Array>("class-ids").ok()?;
-        let labels = s.get::<gst::Array>("labels").ok()?;
-        let confidences = s.get::<gst::Array>("confidences").ok()?;
-        let classes = ids
-            .iter()
-            .zip(labels.iter())
-            .zip(confidences.iter())
-            .map(|((id, label), confidence)| {
-                Some(ClassEntry {
-                    class_id: id.get::<i32>().ok()? as u32,
-                    label: label.get::<String>().ok()?,
-                    confidence: confidence.get::<f64>().ok()? as f32,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
+        let regions = match s.get::<gst::Array>("regions") {
+            Ok(regions) => regions
+                .iter()
+                .map(|r| RegionResult::from_structure(r.get::<gst::Structure>().ok()?.as_ref()))
+                .collect::<Option<Vec<_>>>()?,
+            Err(_) => Vec::new(),
+        };
         Some(Classification {
             model: s.get("model").ok()?,
             frame: s.get("frame").ok()?,
             fresh: s.get("fresh").ok()?,
-            classes,
+            classes: classes_of(s)?,
+            regions,
         })
     }
 

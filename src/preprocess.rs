@@ -118,6 +118,59 @@ pub struct Rect {
     pub h: i32,
 }
 
+/// The part of a frame that one model input is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Crop {
+    /// The whole frame.
+    #[default]
+    Whole,
+    /// A rectangle of the frame, in the frame's pixels (a region of interest).
+    Region(Rect),
+}
+
+impl Crop {
+    /// The rectangle of a `width`×`height` frame this crop reads: a region is clipped to the
+    /// frame; `None` when nothing of it is left. A region's own aspect ratio is what
+    /// `ResizeMode` then keeps or stretches.
+    pub fn within(&self, width: u32, height: u32) -> Option<Rect> {
+        let (fw, fh) = (
+            i64::from(width).min(i64::from(i32::MAX)),
+            i64::from(height).min(i64::from(i32::MAX)),
+        );
+        let (x0, y0, x1, y1) = match *self {
+            Crop::Whole => (0, 0, fw, fh),
+            Crop::Region(r) => (
+                i64::from(r.x).clamp(0, fw),
+                i64::from(r.y).clamp(0, fh),
+                (i64::from(r.x) + i64::from(r.w)).clamp(0, fw),
+                (i64::from(r.y) + i64::from(r.h)).clamp(0, fh),
+            ),
+        };
+        (x1 > x0 && y1 > y0).then(|| Rect {
+            x: x0 as i32,
+            y: y0 as i32,
+            w: (x1 - x0) as i32,
+            h: (y1 - y0) as i32,
+        })
+    }
+}
+
+/// Where the pixels of `crop` in a frame of size `frame` are read from (in the frame's
+/// coordinates) and where they land in a model input of size `dst`; `None` when the crop
+/// leaves nothing of the frame.
+pub fn crop_geometry(
+    frame: (u32, u32),
+    crop: Crop,
+    dst: (i32, i32),
+    mode: ResizeMode,
+) -> Option<(Rect, Rect)> {
+    let area = crop.within(frame.0, frame.1)?;
+    let (mut src, dst) = geometry((area.w, area.h), dst, mode);
+    src.x += area.x;
+    src.y += area.y;
+    Some((src, dst))
+}
+
 /// Where the frame is read from and where it lands in the model input.
 pub fn geometry(src: (i32, i32), dst: (i32, i32), mode: ResizeMode) -> (Rect, Rect) {
     let (sw, sh) = src;
@@ -176,6 +229,15 @@ pub enum PreprocessError {
         height: u32,
         reason: String,
     },
+    #[error("the region {x},{y} {w}x{h} lies outside the {width}x{height} frame")]
+    OutsideFrame {
+        x: i32,
+        y: i32,
+        w: i32,
+        h: i32,
+        width: u32,
+        height: u32,
+    },
 }
 
 /// Colour conversion for one input format and size, made again when the caps change.
@@ -228,10 +290,12 @@ impl Preprocessor {
         &self.input
     }
 
-    /// Writes the model input for `frame` into `out` (`input.frame_len()` values).
+    /// Writes the model input for each of `crops` of `frame` into `out`, one after the other
+    /// (`input.frame_len()` values each). The colour conversion runs once for all of them.
     pub fn run(
         &mut self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
         out: &mut [f32],
     ) -> Result<(), PreprocessError> {
         let info = frame.info();
@@ -269,53 +333,73 @@ impl Preprocessor {
         };
 
         // 2. Size: crop, scale and place with fast_image_resize (antialiased bilinear, as
-        //    PIL and torchvision resize for training).
+        //    PIL and torchvision resize for training); 3. normalisation and layout.
         let pixel_type = match self.input.channels {
             1 => fr::PixelType::U8,
             _ => fr::PixelType::U8x3,
         };
-        let (src, dst) = geometry(
-            (info.width() as i32, info.height() as i32),
-            (self.input.width as i32, self.input.height as i32),
-            self.options.resize,
-        );
         let src_image = fr::images::ImageRef::new(info.width(), info.height(), pixels, pixel_type)
             .map_err(|e| fail(e.to_string()))?;
-        if dst.w as usize != self.input.width || dst.h as usize != self.input.height {
-            for (i, p) in self.resized.iter_mut().enumerate() {
-                *p = self.border[i % self.border.len()];
-            }
-        }
-        let mut dst_image = fr::images::Image::from_slice_u8(
-            self.input.width as u32,
-            self.input.height as u32,
-            &mut self.resized,
-            pixel_type,
-        )
-        .map_err(|e| fail(e.to_string()))?;
-        let mut dst_view = fr::images::CroppedImageMut::new(
-            &mut dst_image,
-            dst.x as u32,
-            dst.y as u32,
-            dst.w as u32,
-            dst.h as u32,
-        )
-        .map_err(|e| fail(e.to_string()))?;
-        let options = fr::ResizeOptions::new()
-            .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
-            .crop(src.x as f64, src.y as f64, src.w as f64, src.h as f64);
-        self.resizer
-            .resize(&src_image, &mut dst_view, &options)
-            .map_err(|e| fail(e.to_string()))?;
-
-        // 3. Normalisation and layout.
-        normalise(
-            &self.resized,
-            self.input.width * self.input.channels,
-            &self.input,
-            &self.table,
-            out,
+        let frame_len = self.input.frame_len();
+        assert_eq!(
+            out.len(),
+            crops.len() * frame_len,
+            "one model input per crop"
         );
+        for (crop, out) in crops.iter().zip(out.chunks_exact_mut(frame_len)) {
+            let (src, dst) = crop_geometry(
+                (info.width(), info.height()),
+                *crop,
+                (self.input.width as i32, self.input.height as i32),
+                self.options.resize,
+            )
+            .ok_or_else(|| {
+                let Crop::Region(r) = *crop else {
+                    unreachable!("a whole frame has pixels")
+                };
+                PreprocessError::OutsideFrame {
+                    x: r.x,
+                    y: r.y,
+                    w: r.w,
+                    h: r.h,
+                    width: info.width(),
+                    height: info.height(),
+                }
+            })?;
+            if dst.w as usize != self.input.width || dst.h as usize != self.input.height {
+                for (i, p) in self.resized.iter_mut().enumerate() {
+                    *p = self.border[i % self.border.len()];
+                }
+            }
+            let mut dst_image = fr::images::Image::from_slice_u8(
+                self.input.width as u32,
+                self.input.height as u32,
+                &mut self.resized,
+                pixel_type,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            let mut dst_view = fr::images::CroppedImageMut::new(
+                &mut dst_image,
+                dst.x as u32,
+                dst.y as u32,
+                dst.w as u32,
+                dst.h as u32,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            let options = fr::ResizeOptions::new()
+                .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+                .crop(src.x as f64, src.y as f64, src.w as f64, src.h as f64);
+            self.resizer
+                .resize(&src_image, &mut dst_view, &options)
+                .map_err(|e| fail(e.to_string()))?;
+            normalise(
+                &self.resized,
+                self.input.width * self.input.channels,
+                &self.input,
+                &self.table,
+                out,
+            );
+        }
         Ok(())
     }
 
@@ -498,7 +582,7 @@ mod tests {
         let mut pre = Preprocessor::new(options, input).unwrap();
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
         let mut out = vec![f32::NAN; input.frame_len()];
-        pre.run(&frame, &mut out).unwrap();
+        pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
         out
     }
 
@@ -558,6 +642,106 @@ mod tests {
         }
     }
 
+    /// A region's model input is that of a frame made of the region's pixels alone, for
+    /// each crop of one run (the colour conversion shared), and crops outside are refused.
+    #[test]
+    fn a_region_is_classified_as_if_it_were_the_frame() {
+        init();
+        let gray = |w: u32, h: u32, at: &dyn Fn(u32, u32) -> u8| {
+            let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, w, h)
+                .build()
+                .unwrap();
+            let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+            {
+                let mut f =
+                    gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info)
+                        .unwrap();
+                let stride = f.plane_stride()[0] as usize;
+                let data = f.plane_data_mut(0).unwrap();
+                for y in 0..h {
+                    for x in 0..w {
+                        data[y as usize * stride + x as usize] = at(x, y);
+                    }
+                }
+            }
+            (buf, info)
+        };
+        let pattern = |x: u32, y: u32| ((x * 7 + y * 13) % 256) as u8;
+        let (frame_buf, frame_info) = gray(64, 48, &pattern);
+        let frame =
+            gst_video::VideoFrameRef::from_buffer_ref_readable(&frame_buf, &frame_info).unwrap();
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        for resize in [
+            ResizeMode::Stretch,
+            ResizeMode::Letterbox,
+            ResizeMode::CenterCrop,
+        ] {
+            let options = PreprocessOptions {
+                resize,
+                ..Default::default()
+            };
+            let mut pre = Preprocessor::new(options, input).unwrap();
+            let regions = [
+                Rect {
+                    x: 5,
+                    y: 3,
+                    w: 21,
+                    h: 9,
+                },
+                Rect {
+                    x: 40,
+                    y: 30,
+                    w: 24,
+                    h: 18,
+                },
+            ];
+            let crops: Vec<Crop> = regions.iter().map(|&r| Crop::Region(r)).collect();
+            let mut out = vec![f32::NAN; 2 * input.frame_len()];
+            pre.run(&frame, &crops, &mut out).unwrap();
+            for (r, got) in regions.iter().zip(out.chunks(input.frame_len())) {
+                let (alone_buf, alone_info) = gray(r.w as u32, r.h as u32, &|x, y| {
+                    pattern(x + r.x as u32, y + r.y as u32)
+                });
+                let alone =
+                    gst_video::VideoFrameRef::from_buffer_ref_readable(&alone_buf, &alone_info)
+                        .unwrap();
+                let mut want = vec![f32::NAN; input.frame_len()];
+                pre.run(&alone, &[Crop::Whole], &mut want).unwrap();
+                // Inside, the same values; the edge pixels' filter also reads the frame's
+                // pixels around the region (as for center-crop), where the region alone has
+                // none.
+                let (_, dst) = geometry((r.w, r.h), (8, 8), resize);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let (y, x) = (((i / 8) % 8) as i32, (i % 8) as i32);
+                    let edge = y == dst.y
+                        || x == dst.x
+                        || y == dst.y + dst.h - 1
+                        || x == dst.x + dst.w - 1;
+                    let tolerance = if edge { 1.0 } else { 1e-6 };
+                    assert!(
+                        (g - w).abs() <= tolerance,
+                        "{resize:?} {r:?}: value {i} is {g}, alone {w}"
+                    );
+                }
+            }
+            let outside = Crop::Region(Rect {
+                x: 64,
+                y: 0,
+                w: 5,
+                h: 5,
+            });
+            let err = pre
+                .run(&frame, &[outside], &mut out[..input.frame_len()])
+                .unwrap_err();
+            assert!(err.to_string().contains("outside the 64x48 frame"), "{err}");
+        }
+    }
+
     #[test]
     fn letterbox_border_is_the_mean() {
         init();
@@ -580,7 +764,7 @@ mod tests {
         let mut pre = Preprocessor::new(options, input).unwrap();
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
         let mut out = vec![f32::NAN; input.frame_len()];
-        pre.run(&frame, &mut out).unwrap();
+        pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
         for c in 0..3 {
             let plane = &out[c * 64..(c + 1) * 64];
             assert!(plane[0].abs() < 0.03, "border of channel {c}: {}", plane[0]);

@@ -8,7 +8,18 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::meta::Classification;
+use crate::meta::{ClassEntry, Classification};
+
+fn entries(classes: &[ClassEntry]) -> Vec<Entry<'_>> {
+    classes
+        .iter()
+        .map(|c| Entry {
+            class_id: c.class_id,
+            label: &c.label,
+            confidence: c.confidence,
+        })
+        .collect()
+}
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -16,6 +27,20 @@ struct Line<'a> {
     pts_ns: Option<u64>,
     fresh: bool,
     model: &'a str,
+    topk: Vec<Entry<'a>>,
+    /// With `roi=regions` or `both`, each classified region; left out when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    regions: Vec<RegionLine<'a>>,
+}
+
+#[derive(Serialize)]
+struct RegionLine<'a> {
+    id: i32,
+    roi_type: &'a str,
+    x: u32,
+    y: u32,
+    width: u32,
+    height: u32,
     topk: Vec<Entry<'a>>,
 }
 
@@ -50,13 +75,18 @@ impl ResultsWriter {
             pts_ns: pts.map(gst::ClockTime::nseconds),
             fresh: result.fresh,
             model: &result.model,
-            topk: result
-                .classes
+            topk: entries(&result.classes),
+            regions: result
+                .regions
                 .iter()
-                .map(|c| Entry {
-                    class_id: c.class_id,
-                    label: &c.label,
-                    confidence: c.confidence,
+                .map(|r| RegionLine {
+                    id: r.id,
+                    roi_type: &r.roi_type,
+                    x: r.rect.0,
+                    y: r.rect.1,
+                    width: r.rect.2,
+                    height: r.rect.3,
+                    topk: entries(&r.classes),
                 })
                 .collect(),
         };
@@ -87,7 +117,7 @@ impl ResultsWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::ClassEntry;
+    use crate::meta::RegionResult;
 
     #[test]
     fn line_has_the_documented_keys() {
@@ -100,6 +130,7 @@ mod tests {
                 label: "red \"x\"".into(),
                 confidence: 0.5,
             }],
+            regions: Vec::new(),
         };
         let line = ResultsWriter::format(&result, None);
         assert_eq!(
@@ -108,5 +139,29 @@ mod tests {
         );
         let line = ResultsWriter::format(&result, Some(gst::ClockTime::from_mseconds(40)));
         assert!(line.contains(r#""pts_ns":40000000"#), "{line}");
+    }
+
+    #[test]
+    fn regions_have_their_own_topk() {
+        let result = Classification {
+            model: "m.onnx".into(),
+            frame: 0,
+            fresh: true,
+            classes: Vec::new(),
+            regions: vec![RegionResult {
+                id: 7,
+                roi_type: "car".into(),
+                rect: (1, 2, 30, 40),
+                classes: vec![ClassEntry {
+                    class_id: 1,
+                    label: "van".into(),
+                    confidence: 0.75,
+                }],
+            }],
+        };
+        assert_eq!(
+            ResultsWriter::format(&result, None),
+            r#"{"frame":0,"pts_ns":null,"fresh":true,"model":"m.onnx","topk":[],"regions":[{"id":7,"roi_type":"car","x":1,"y":2,"width":30,"height":40,"topk":[{"class_id":1,"label":"van","confidence":0.75}]}]}"#
+        );
     }
 }

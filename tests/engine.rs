@@ -5,7 +5,7 @@ mod common;
 
 use gsttrtclassify::engine::cpu::CpuEngine;
 use gsttrtclassify::engine::{Engine, EngineError, EngineOptions, Precision};
-use gsttrtclassify::preprocess::{Layout, PreprocessOptions};
+use gsttrtclassify::preprocess::{Crop, Layout, PreprocessOptions};
 
 fn options(model: &str, batch_size: usize) -> EngineOptions {
     EngineOptions {
@@ -167,11 +167,11 @@ fn pushed_frames_run_in_order_and_discard_forgets() {
     // colors.onnx runs one frame per call; colors_b1.onnx too, as its batch is fixed at 1.
     for model in ["colors.onnx", "colors_b1.onnx"] {
         let mut engine = CpuEngine::build(&options(model, 4)).unwrap();
-        engine.push(&frame(7)).unwrap();
-        engine.push(&frame(8)).unwrap();
+        engine.push(&frame(7), &[Crop::Whole]).unwrap();
+        engine.push(&frame(8), &[Crop::Whole]).unwrap();
         engine.discard();
         for i in 0..6 {
-            engine.push(&frame(i)).unwrap();
+            engine.push(&frame(i), &[Crop::Whole]).unwrap();
         }
         let scores = engine.run_pushed().unwrap();
         let labels: Vec<&str> = scores.iter().map(|s| label(s)).collect();

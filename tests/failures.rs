@@ -14,7 +14,7 @@ use common::{index_and_result, rgb_caps, solid_rgb};
 use gst::prelude::*;
 use gsttrtclassify::engine::{Backend, Engine, EngineError, ModelInfo, Precision};
 use gsttrtclassify::instance::{self, Stream};
-use gsttrtclassify::preprocess::{InputSpec, Layout};
+use gsttrtclassify::preprocess::{Crop, InputSpec, Layout};
 use gsttrtclassify::trtclassify::TrtClassify;
 
 /// When the engine fails: each field is the 1-based number of the push or run that fails.
@@ -50,7 +50,13 @@ impl Engine for ScriptedEngine {
     fn push(
         &mut self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
     ) -> Result<(), EngineError> {
+        assert_eq!(
+            crops,
+            [Crop::Whole],
+            "the element classifies whole frames here"
+        );
         self.pushes += 1;
         if self.script.refuse_push == Some(self.pushes) {
             return Err(EngineError::Inference("CUDA_ERROR_OUT_OF_MEMORY".into()));

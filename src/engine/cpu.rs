@@ -7,7 +7,7 @@ use tract_onnx::prelude::*;
 
 use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::engine::CAT;
-use crate::preprocess::{InputSpec, Preprocessor};
+use crate::preprocess::{Crop, InputSpec, Preprocessor};
 
 /// A fixed batch above this is taken for a broken model rather than allocated.
 const MAX_MODEL_BATCH: usize = 256;
@@ -163,19 +163,26 @@ impl Engine for CpuEngine {
     fn push(
         &mut self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
     ) -> Result<(), EngineError> {
-        let frame_len = self.info.input.frame_len();
-        let n = self.input.len() / frame_len;
-        self.input.resize((n + 1) * frame_len, 0.0);
-        if let Err(e) = self
-            .preprocessor
-            .run(frame, &mut self.input[n * frame_len..])
-        {
-            self.input.truncate(n * frame_len);
-            return Err(e.into());
-        }
-        if n + 1 == self.info.model_batch {
-            self.run_input()?;
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let mut crops = crops;
+        while !crops.is_empty() {
+            // As many crops as the model batch has room for; a full batch runs at once.
+            let n = self.input.len() / frame_len;
+            let (now, rest) = crops.split_at(crops.len().min(batch - n));
+            self.input.resize((n + now.len()) * frame_len, 0.0);
+            if let Err(e) = self
+                .preprocessor
+                .run(frame, now, &mut self.input[n * frame_len..])
+            {
+                self.input.truncate(n * frame_len);
+                return Err(e.into());
+            }
+            if n + now.len() == batch {
+                self.run_input()?;
+            }
+            crops = rest;
         }
         Ok(())
     }

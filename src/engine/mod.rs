@@ -13,7 +13,7 @@ mod ranks;
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use crate::preprocess::{InputSpec, PreprocessError, PreprocessOptions};
+use crate::preprocess::{Crop, InputSpec, PreprocessError, PreprocessOptions};
 pub use onnx::{Dim, ModelError, OnnxModel};
 
 /// The engines' own debug category (`GST_DEBUG=trtclassify-engine:4`): builds, engine files,
@@ -169,24 +169,27 @@ pub trait Engine: Send {
     /// Runs `n` preprocessed frames laid out as the model's input, one after the other.
     fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError>;
 
-    /// Takes the next frame of the batch being gathered, as soon as it arrives: it is
-    /// preprocessed (on a GPU: uploaded and preprocessed there) while its batch-mates are
-    /// awaited, and a full model batch runs at once. The frame may be released on return.
+    /// Takes the next items of the batch being gathered, one per crop of `frame` (the whole
+    /// frame, or regions of it), as soon as the frame arrives: they are preprocessed (on a
+    /// GPU: the frame uploaded once, then each crop preprocessed there) while their
+    /// batch-mates are awaited, and a full model batch runs at once. The frame may be
+    /// released on return.
     fn push(
         &mut self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
     ) -> Result<(), EngineError>;
 
     /// As `push`, for a frame in GPU memory; only called where `info().reads_device_frames`.
-    fn push_device(&mut self, _frame: &DevicePlanes) -> Result<(), EngineError> {
+    fn push_device(&mut self, _frame: &DevicePlanes, _crops: &[Crop]) -> Result<(), EngineError> {
         Err(EngineError::Inference(format!(
             "the {:?} backend reads frames from system memory only",
             self.info().backend
         )))
     }
 
-    /// Runs what is left of the frames pushed since the last `run_pushed` or `discard`, and
-    /// returns one score vector per pushed frame, in order. The frames are forgotten
+    /// Runs what is left of the items pushed since the last `run_pushed` or `discard`, and
+    /// returns one score vector per pushed item, in order. The items are forgotten
     /// afterwards, even on error.
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError>;
 
@@ -199,7 +202,7 @@ pub trait Engine: Send {
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         for frame in frames {
-            if let Err(e) = self.push(frame) {
+            if let Err(e) = self.push(frame, &[Crop::Whole]) {
                 self.discard();
                 return Err(e);
             }

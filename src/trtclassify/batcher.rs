@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! One stream's frames from arrival to departure: which are inferred (`interval`), which
-//! still wait for their scores, when the oldest has waited `batch-timeout`, and which may
+//! still wait for their scores (one score vector per item: the whole frame and/or each of its
+//! regions), when the oldest has waited `batch-timeout`, and which may
 //! leave, in arrival order. No GStreamer element in here: the element admits frames, hands
 //! in the scores its engine returns, and sends on what `release` gives back.
 
@@ -13,23 +14,25 @@ struct Held<F> {
     number: u64,
     /// Inferred (true), or carrying the last result (`interval`).
     fresh: bool,
-    /// A fresh frame's scores, once its batch has run.
-    scores: Option<Vec<f32>>,
+    /// A fresh frame's scores, one vector per item, as its items' batches run.
+    scores: Vec<Vec<f32>>,
+    /// How many of its items still wait for their scores.
+    waiting: usize,
     arrived: Instant,
 }
 
-/// A frame that may leave: its number in the stream, its scores if it was inferred (`None`:
-/// it carries the previous result), and when it arrived.
+/// A frame that may leave: its number in the stream, its items' scores if it was inferred
+/// (`None`: it carries the previous result), and when it arrived.
 pub struct Released<F> {
     pub frame: F,
     pub number: u64,
-    pub scores: Option<Vec<f32>>,
+    pub scores: Option<Vec<Vec<f32>>>,
     pub arrived: Instant,
 }
 
 pub struct Batcher<F> {
     held: VecDeque<Held<F>>,
-    /// How many of `held` are fresh and still wait for their scores.
+    /// How many items of the fresh frames in `held` still wait for their scores.
     unscored: usize,
     /// The number the next frame gets.
     next_number: u64,
@@ -61,9 +64,12 @@ impl<F> Batcher<F> {
     }
 
     /// Holds the next frame, which came into the element at `arrived` (before it waited to
-    /// be pushed into the engine); one in every `interval` is fresh (see `next_is_fresh`).
-    pub fn admit(&mut self, frame: F, interval: u32, arrived: Instant) {
+    /// be pushed into the engine); one in every `interval` is fresh (see `next_is_fresh`),
+    /// and a fresh frame waits for the scores of its `items` (a fresh frame of none, such as
+    /// one without regions to classify, leaves as soon as the frames before it).
+    pub fn admit(&mut self, frame: F, interval: u32, arrived: Instant, items: usize) {
         let fresh = self.next_is_fresh();
+        let items = if fresh { items } else { 0 };
         self.carry_left = match fresh {
             true => interval.max(1) - 1,
             false => self.carry_left - 1,
@@ -72,19 +78,21 @@ impl<F> Batcher<F> {
             frame,
             number: self.next_number,
             fresh,
-            scores: None,
+            scores: Vec::with_capacity(items),
+            waiting: items,
             arrived,
         });
         self.next_number += 1;
-        self.unscored += usize::from(fresh);
+        self.unscored += items;
     }
 
-    /// Gives the oldest fresh frame still waiting its scores; `Err` when none waits (the
-    /// engine returned more score vectors than it was given frames).
+    /// Gives the oldest item still waiting its scores; `Err` when none waits (the engine
+    /// returned more score vectors than it was given items).
     pub fn score(&mut self, scores: Vec<f32>) -> Result<(), Vec<f32>> {
-        match self.held.iter_mut().find(|h| h.fresh && h.scores.is_none()) {
+        match self.held.iter_mut().find(|h| h.waiting > 0) {
             Some(held) => {
-                held.scores = Some(scores);
+                held.scores.push(scores);
+                held.waiting -= 1;
                 self.unscored -= 1;
                 Ok(())
             }
@@ -96,23 +104,19 @@ impl<F> Batcher<F> {
     /// the carried frames after them.
     pub fn release(&mut self) -> Vec<Released<F>> {
         let mut out = Vec::new();
-        while self
-            .held
-            .front()
-            .is_some_and(|h| !h.fresh || h.scores.is_some())
-        {
+        while self.held.front().is_some_and(|h| h.waiting == 0) {
             let held = self.held.pop_front().expect("checked above");
             out.push(Released {
                 frame: held.frame,
                 number: held.number,
-                scores: held.scores,
+                scores: held.fresh.then_some(held.scores),
                 arrived: held.arrived,
             });
         }
         out
     }
 
-    /// How many fresh frames wait for their scores.
+    /// How many items of fresh frames wait for their scores.
     pub fn unscored(&self) -> usize {
         self.unscored
     }
@@ -133,7 +137,7 @@ impl<F> Batcher<F> {
         let timeout = timeout?;
         self.held
             .iter()
-            .find(|h| h.fresh && h.scores.is_none())
+            .find(|h| h.waiting > 0)
             .map(|h| h.arrived + timeout)
     }
 
@@ -170,7 +174,7 @@ mod tests {
             .chars()
             .map(|c| {
                 let fresh = b.next_is_fresh();
-                b.admit(c, 3, Instant::now());
+                b.admit(c, 3, Instant::now(), 1);
                 fresh
             })
             .collect();
@@ -202,7 +206,7 @@ mod tests {
     fn scores_go_to_the_oldest_waiting_frame() {
         let mut b = Batcher::default();
         for c in "xyz".chars() {
-            b.admit(c, 1, Instant::now());
+            b.admit(c, 1, Instant::now(), 1);
         }
         for s in [10.0, 11.0, 12.0] {
             b.score(vec![s]).unwrap();
@@ -210,9 +214,34 @@ mod tests {
         let got: Vec<(char, f32)> = b
             .release()
             .into_iter()
-            .map(|r| (r.frame, r.scores.unwrap()[0]))
+            .map(|r| (r.frame, r.scores.unwrap()[0][0]))
             .collect();
         assert_eq!(got, [('x', 10.0), ('y', 11.0), ('z', 12.0)]);
+    }
+
+    #[test]
+    fn a_frame_waits_for_every_item_and_one_of_none_leaves_in_its_turn() {
+        let mut b = Batcher::default();
+        b.admit('a', 1, Instant::now(), 2);
+        b.admit('b', 1, Instant::now(), 0);
+        b.admit('c', 1, Instant::now(), 1);
+        assert_eq!(b.unscored(), 3);
+        assert!(
+            b.release().is_empty(),
+            "'b' has nothing to wait for, but 'a' has"
+        );
+        b.score(vec![1.0]).unwrap();
+        assert!(b.release().is_empty(), "'a' has one item of two");
+        b.score(vec![2.0]).unwrap();
+        let got: Vec<(char, Vec<Vec<f32>>)> = b
+            .release()
+            .into_iter()
+            .map(|r| (r.frame, r.scores.expect("fresh")))
+            .collect();
+        assert_eq!(got, [('a', vec![vec![1.0], vec![2.0]]), ('b', vec![])]);
+        b.score(vec![3.0]).unwrap();
+        assert_eq!(b.release()[0].scores, Some(vec![vec![3.0]]));
+        assert_eq!(b.unscored(), 0);
     }
 
     #[test]
@@ -220,8 +249,8 @@ mod tests {
         let mut b = Batcher::default();
         assert_eq!(b.deadline(Some(Duration::from_millis(50))), None);
         let first = Instant::now();
-        b.admit('a', 1, first);
-        b.admit('b', 1, first + Duration::from_millis(2));
+        b.admit('a', 1, first, 1);
+        b.admit('b', 1, first + Duration::from_millis(2), 1);
         let timeout = Some(Duration::from_millis(50));
         assert_eq!(b.deadline(timeout), Some(first + Duration::from_millis(50)));
         assert_eq!(b.deadline(None), None, "no timeout, no deadline");
@@ -234,7 +263,7 @@ mod tests {
     fn a_flush_drops_held_frames_and_numbering_goes_on_until_a_restart() {
         let mut b = Batcher::default();
         for c in "abcd".chars() {
-            b.admit(c, 2, Instant::now());
+            b.admit(c, 2, Instant::now(), 1);
         }
         assert_eq!(b.held_range(), Some((0, 3)));
         b.flush();
@@ -243,7 +272,7 @@ mod tests {
             b.next_is_fresh(),
             "after a flush the next frame is inferred"
         );
-        b.admit('e', 2, Instant::now());
+        b.admit('e', 2, Instant::now(), 1);
         assert_eq!(b.held_range(), Some((4, 4)));
         b.restart();
         assert_eq!(b.next_number(), 0);

@@ -23,9 +23,10 @@ use crate::cudamem;
 use crate::engine::{self, Backend, EngineError, EngineOptions, ModelError, Precision};
 use crate::instance::{self, InstanceKey, Joined};
 use crate::labels::Labels;
-use crate::meta::{ClassEntry, Classification};
+use crate::meta::{ClassEntry, Classification, RegionResult};
 use crate::postprocess::{self, Softmax};
-use crate::preprocess::{ChannelOrder, PreprocessOptions, ResizeMode};
+use crate::preprocess::{ChannelOrder, Crop, PreprocessOptions, ResizeMode};
+use crate::regions::{self, Region, RegionFilter, RoiMode};
 use crate::results::ResultsWriter;
 
 pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -51,6 +52,7 @@ const DEFAULT_STD: [f64; 3] = [0.229, 0.224, 0.225];
 const DEFAULT_CHANNEL_ORDER: ChannelOrder = ChannelOrder::Rgb;
 const DEFAULT_RESIZE_MODE: ResizeMode = ResizeMode::Stretch;
 const DEFAULT_INTERVAL: u32 = 1;
+const DEFAULT_ROI: RoiMode = RoiMode::Frame;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -71,6 +73,8 @@ struct Settings {
     std: Vec<f64>,
     channel_order: ChannelOrder,
     resize_mode: ResizeMode,
+    roi: RoiMode,
+    roi_filter: RegionFilter,
     tunables: Tunables,
     /// A property value that was refused; `start()` fails with it, so that a typo in a
     /// launch line never runs silently with the old value.
@@ -106,6 +110,8 @@ impl Default for Settings {
             std: DEFAULT_STD.to_vec(),
             channel_order: DEFAULT_CHANNEL_ORDER,
             resize_mode: DEFAULT_RESIZE_MODE,
+            roi: DEFAULT_ROI,
+            roi_filter: RegionFilter::default(),
             tunables: Tunables {
                 batch_timeout_ms: DEFAULT_BATCH_TIMEOUT_MS,
                 top_k: DEFAULT_TOP_K,
@@ -117,20 +123,30 @@ impl Default for Settings {
     }
 }
 
+/// A frame held in the element, with the regions it is classified in (see `roi`).
+struct Held {
+    buffer: gst::Buffer,
+    regions: Vec<Region>,
+}
+
 struct State {
     /// This element's place in the engine it shares with other elements.
     stream: instance::Stream,
     labels: Labels,
     model_name: String,
+    /// The element's name when it started, which results on ROI metas carry.
+    element_name: String,
+    roi: RoiMode,
+    roi_filter: RegionFilter,
     /// Whether scores go through a softmax; for `softmax=auto` settled on the first result.
     apply_softmax: Option<bool>,
     results: Option<(String, ResultsWriter)>,
     info: Option<gst_video::VideoInfo>,
     /// Frames in arrival order, until they have their results.
-    batcher: Batcher<gst::Buffer>,
+    batcher: Batcher<Held>,
     /// Frames with their results, to be sent on.
     ready: VecDeque<gst::Buffer>,
-    /// The last fresh frame's result, which carried frames (`interval`) take.
+    /// The last fresh frame's whole-frame result, which carried frames (`interval`) take.
     last: Vec<ClassEntry>,
     /// An error from a push made outside the streaming thread, returned by the next chain.
     flow_error: Option<gst::FlowError>,
@@ -319,6 +335,28 @@ impl ObjectImpl for TrtClassify {
                     .default_value(DEFAULT_INTERVAL)
                     .mutable_playing()
                     .build(),
+                glib::ParamSpecEnum::builder_with_default("roi", DEFAULT_ROI)
+                    .nick("Regions of interest")
+                    .blurb("What is classified: the whole frame, the regions of interest that a detector upstream attached (GstVideoRegionOfInterestMeta; each region's result is added to its meta as a \"classification\" param structure and listed in the frame's meta), or both. Carried frames (interval) carry the whole-frame result only")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("roi-types")
+                    .nick("Region types")
+                    .blurb("Comma-separated region types (the ROI meta's roi_type, a detector's label) to classify, e.g. \"car,truck\"; unset or empty: every type")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("roi-min-width")
+                    .nick("Region minimum width")
+                    .blurb("Regions narrower than this many pixels (after clipping to the frame) are not classified")
+                    .maximum(65_535)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("roi-min-height")
+                    .nick("Region minimum height")
+                    .blurb("Regions lower than this many pixels (after clipping to the frame) are not classified")
+                    .maximum(65_535)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt::builder("num-classes")
                     .nick("Number of classes")
                     .blurb("Classes the loaded model scores (0 until the element has started)")
@@ -388,6 +426,18 @@ impl ObjectImpl for TrtClassify {
             "input-width" => settings.input_width = value.get().expect("type checked upstream"),
             "input-height" => settings.input_height = value.get().expect("type checked upstream"),
             "interval" => settings.tunables.interval = value.get().expect("type checked upstream"),
+            "roi" => settings.roi = value.get().expect("type checked upstream"),
+            "roi-types" => {
+                let list: Option<String> = value.get().expect("type checked upstream");
+                settings.roi_filter.types =
+                    RegionFilter::parse_types(list.as_deref().unwrap_or(""));
+            }
+            "roi-min-width" => {
+                settings.roi_filter.min_width = value.get().expect("type checked upstream")
+            }
+            "roi-min-height" => {
+                settings.roi_filter.min_height = value.get().expect("type checked upstream")
+            }
             _ => unimplemented!(),
         }
     }
@@ -417,6 +467,12 @@ impl ObjectImpl for TrtClassify {
             "input-width" => settings.input_width.to_value(),
             "input-height" => settings.input_height.to_value(),
             "interval" => settings.tunables.interval.to_value(),
+            "roi" => settings.roi.to_value(),
+            "roi-types" => (!settings.roi_filter.types.is_empty())
+                .then(|| settings.roi_filter.types.join(","))
+                .to_value(),
+            "roi-min-width" => settings.roi_filter.min_width.to_value(),
+            "roi-min-height" => settings.roi_filter.min_height.to_value(),
             "num-classes" => self.num_classes.load(Ordering::Relaxed).to_value(),
             _ => unimplemented!(),
         }
@@ -820,10 +876,17 @@ impl BaseTransformImpl for TrtClassify {
         if state.failed {
             return Err(gst::FlowError::Error);
         }
+        let mut held = Held {
+            buffer,
+            regions: Vec::new(),
+        };
+        let mut items = 0;
         if state.batcher.next_is_fresh() {
-            self.push_to_engine(state, &buffer)?;
+            let crops = self.crops(state, &mut held);
+            self.push_to_engine(state, &held.buffer, &crops)?;
+            items = crops.len();
         }
-        state.batcher.admit(buffer, tunables.interval, arrived);
+        state.batcher.admit(held, tunables.interval, arrived, items);
         // A carried frame with no fresh frame ahead of it goes straight on with the last
         // result; a full batch has run in the push.
         if let Err(err) = self.collect(state, &tunables) {
@@ -970,6 +1033,9 @@ impl TrtClassify {
             stream,
             labels,
             model_name,
+            element_name: self.obj().name().to_string(),
+            roi: settings.roi,
+            roi_filter: settings.roi_filter.clone(),
             apply_softmax,
             results,
             info: None,
@@ -1007,13 +1073,36 @@ impl TrtClassify {
         })
     }
 
-    /// Hands a fresh frame to the engine as it arrives, so that its preprocessing and upload
-    /// overlap the wait for its batch-mates. A frame in CUDA memory is read where it is when
-    /// the engine can; otherwise mapping it copies it to system memory.
+    /// What of a fresh frame is classified (`roi`): the whole frame first, then each region
+    /// it is classified in, which `held` keeps for the results.
+    fn crops(&self, state: &State, held: &mut Held) -> Vec<Crop> {
+        let mut crops = Vec::new();
+        if state.roi.whole_frame() {
+            crops.push(Crop::Whole);
+        }
+        if state.roi.regions()
+            && let Some(info) = state.info.as_ref()
+        {
+            held.regions = regions::regions_of(
+                held.buffer.as_ref(),
+                info.width(),
+                info.height(),
+                &state.roi_filter,
+            );
+            crops.extend(held.regions.iter().map(Region::crop));
+        }
+        crops
+    }
+
+    /// Hands `crops` of a fresh frame to the engine as it arrives, so that their
+    /// preprocessing and upload overlap the wait for their batch-mates. A frame in CUDA
+    /// memory is read where it is when the engine can; otherwise mapping it copies it to
+    /// system memory. A frame with nothing to classify is not mapped at all.
     fn push_to_engine(
         &self,
         state: &mut State,
         buffer: &gst::Buffer,
+        crops: &[Crop],
     ) -> Result<(), gst::FlowError> {
         let Some(info) = state.info.as_ref() else {
             gst::element_imp_error!(
@@ -1023,6 +1112,9 @@ impl TrtClassify {
             );
             return Err(gst::FlowError::NotNegotiated);
         };
+        if crops.is_empty() {
+            return Ok(());
+        }
         let unreadable = |problem: &str| {
             gst::element_imp_error!(self, gst::StreamError::Format, ["{}", problem]);
             gst::FlowError::Error
@@ -1032,11 +1124,11 @@ impl TrtClassify {
         {
             let frame = cudamem::DeviceFrame::map(buffer.as_ref(), info)
                 .map_err(|e| unreadable(&format!("a buffer in CUDA memory cannot be read: {e}")))?;
-            state.stream.push_device(&frame.planes())
+            state.stream.push_device(&frame.planes(), crops)
         } else {
             let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
                 .map_err(|_| unreadable("a buffer does not match its caps"))?;
-            state.stream.push(&frame)
+            state.stream.push(&frame, crops)
         };
         pushed.map_err(|e| {
             let problem = format!(
@@ -1071,50 +1163,57 @@ impl TrtClassify {
         let mut sent: Option<(u64, u64)> = None;
         for released in state.batcher.release() {
             let Released {
-                frame: mut buffer,
+                frame:
+                    Held {
+                        mut buffer,
+                        regions,
+                    },
                 number: frame,
                 scores,
                 arrived,
             } = released;
             let fresh = scores.is_some();
-            if let Some(mut s) = scores {
-                if s.iter().any(|v| !v.is_finite()) {
-                    self.report_non_finite(state, frame);
+            let mut region_results = Vec::new();
+            let mut places = Vec::new();
+            if let Some(items) = scores {
+                let mut items = items.into_iter();
+                if state.roi.whole_frame() {
+                    let whole = items.next().expect("the whole frame is the first item");
+                    state.last = self.top_classes(state, tunables, frame, whole);
                 }
-                let apply = *state.apply_softmax.get_or_insert_with(|| {
-                    let apply = !postprocess::is_distribution(&s);
-                    gst::info!(
-                        CAT,
-                        imp = self,
-                        "softmax=auto: scores {} probabilities",
-                        if apply { "are not" } else { "already are" }
-                    );
-                    apply
-                });
-                if apply {
-                    postprocess::softmax_in_place(&mut s);
+                for (region, scores) in regions.into_iter().zip(items) {
+                    places.push(region.index);
+                    let r = region.rect;
+                    region_results.push(RegionResult {
+                        id: region.id,
+                        roi_type: region.roi_type,
+                        rect: (r.x as u32, r.y as u32, r.w as u32, r.h as u32),
+                        classes: self.top_classes(state, tunables, frame, scores),
+                    });
                 }
-                state.last =
-                    postprocess::top_k(&s, tunables.top_k as usize, tunables.threshold as f32)
-                        .into_iter()
-                        .map(|(id, confidence)| ClassEntry {
-                            class_id: id as u32,
-                            label: state.labels.get(id),
-                            confidence,
-                        })
-                        .collect();
             }
             let result = Classification {
                 model: state.model_name.clone(),
                 frame,
                 fresh,
                 classes: state.last.clone(),
+                regions: region_results,
             };
             if state.results.is_some() {
                 lines.push(ResultsWriter::format(&result, buffer.pts()));
             }
             sent = Some((sent.map_or(frame, |(first, _)| first), frame));
-            result.attach(buffer.make_mut());
+            let buffer_mut = buffer.make_mut();
+            for (region, place) in result.regions.iter().zip(places) {
+                regions::attach(
+                    buffer_mut,
+                    place,
+                    &state.model_name,
+                    &state.element_name,
+                    &region.classes,
+                );
+            }
+            result.attach(buffer_mut);
             state.latency.record(frame, arrived.elapsed());
             state.ready.push_back(buffer);
         }
@@ -1142,6 +1241,41 @@ impl TrtClassify {
             return Err(gst::FlowError::Error);
         }
         Ok(())
+    }
+
+    /// The top-k classes of one item's scores (the whole frame or a region of frame `frame`),
+    /// through the softmax when the scores are not probabilities yet.
+    fn top_classes(
+        &self,
+        state: &mut State,
+        tunables: &Tunables,
+        frame: u64,
+        mut scores: Vec<f32>,
+    ) -> Vec<ClassEntry> {
+        if scores.iter().any(|v| !v.is_finite()) {
+            self.report_non_finite(state, frame);
+        }
+        let apply = *state.apply_softmax.get_or_insert_with(|| {
+            let apply = !postprocess::is_distribution(&scores);
+            gst::info!(
+                CAT,
+                imp = self,
+                "softmax=auto: scores {} probabilities",
+                if apply { "are not" } else { "already are" }
+            );
+            apply
+        });
+        if apply {
+            postprocess::softmax_in_place(&mut scores);
+        }
+        postprocess::top_k(&scores, tunables.top_k as usize, tunables.threshold as f32)
+            .into_iter()
+            .map(|(id, confidence)| ClassEntry {
+                class_id: id as u32,
+                label: state.labels.get(id),
+                confidence,
+            })
+            .collect()
     }
 
     /// Says, once per start, that a frame's scores are not all finite: top-k leaves such

@@ -7,7 +7,7 @@
 use cudarc::driver::DeviceRepr;
 use gst_video::VideoFormat;
 
-use crate::preprocess::{ChannelOrder, InputSpec, Layout, PreprocessOptions, geometry};
+use crate::preprocess::{ChannelOrder, Crop, InputSpec, Layout, PreprocessOptions, crop_geometry};
 
 /// The kernel's `struct Pre`, field for field.
 #[repr(C)]
@@ -98,9 +98,15 @@ impl FramePreprocess {
         }))
     }
 
-    /// The kernel parameters for a frame described by `info` whose planes are uploaded one
-    /// after the other, each `plane_len` bytes; `None` for a format the kernel does not read.
-    pub fn params(&self, info: &gst_video::VideoInfo, plane_lens: &[usize]) -> Option<Pre> {
+    /// The kernel parameters for `crop` of a frame described by `info` whose planes are
+    /// uploaded one after the other, each `plane_len` bytes; `None` for a format the kernel
+    /// does not read, or a crop outside the frame.
+    pub fn params(
+        &self,
+        info: &gst_video::VideoInfo,
+        plane_lens: &[usize],
+        crop: Crop,
+    ) -> Option<Pre> {
         let offsets: Vec<i64> = plane_lens
             .iter()
             .scan(0i64, |offset, len| {
@@ -109,17 +115,19 @@ impl FramePreprocess {
                 Some(start)
             })
             .collect();
-        self.params_at(info, &offsets, info.stride())
+        self.params_at(info, &offsets, info.stride(), crop)
     }
 
-    /// The kernel parameters for a frame whose planes start `offsets` bytes after the address
-    /// the kernel gets, with rows `strides` bytes apart; `None` for a format the kernel does
-    /// not read.
+    /// The kernel parameters for `crop` of a frame whose planes start `offsets` bytes after
+    /// the address the kernel gets, with rows `strides` bytes apart; `None` for a format the
+    /// kernel does not read, or a crop outside the frame (the kernel reads within the crop
+    /// only, so a crop clipped to the frame keeps its reads inside the planes).
     pub fn params_at(
         &self,
         info: &gst_video::VideoInfo,
         offsets: &[i64],
         strides: &[i32],
+        crop: Crop,
     ) -> Option<Pre> {
         let mut p = self.base;
         let finfo = info.format_info();
@@ -154,11 +162,12 @@ impl FramePreprocess {
             p.plane[i] = *offset;
             p.stride[i] = *stride;
         }
-        let (src, dst) = geometry(
-            (info.width() as i32, info.height() as i32),
+        let (src, dst) = crop_geometry(
+            (info.width(), info.height()),
+            crop,
             (p.out_w, p.out_h),
             self.resize,
-        );
+        )?;
         p.crop = [src.x, src.y, src.w, src.h];
         p.dst = [dst.x, dst.y, dst.w, dst.h];
         Some(p)
@@ -241,7 +250,7 @@ mod tests {
         let info = gst_video::VideoInfo::builder(VideoFormat::Bgrx, 1920, 1080)
             .build()
             .unwrap();
-        let p = pre.params(&info, &[1920 * 1080 * 4]).unwrap();
+        let p = pre.params(&info, &[1920 * 1080 * 4], Crop::Whole).unwrap();
         assert_eq!((p.format, p.pixel_stride, p.off), (0, 4, [2, 1, 0]));
         assert_eq!(p.crop, [0, 0, 1920, 1080]);
         assert_eq!(p.dst, [0, 49, 224, 126]);
@@ -250,7 +259,9 @@ mod tests {
         let i420 = gst_video::VideoInfo::builder(VideoFormat::I420, 64, 48)
             .build()
             .unwrap();
-        let p = pre.params(&i420, &[64 * 48, 32 * 24, 32 * 24]).unwrap();
+        let p = pre
+            .params(&i420, &[64 * 48, 32 * 24, 32 * 24], Crop::Whole)
+            .unwrap();
         assert_eq!(
             (p.format, p.plane, p.stride),
             (2, [0, 3072, 3840], [64, 32, 32])
@@ -259,13 +270,15 @@ mod tests {
         let p010 = gst_video::VideoInfo::builder(VideoFormat::P01010le, 64, 48)
             .build()
             .unwrap();
-        let p = pre.params(&p010, &[64 * 48 * 2, 64 * 24 * 2]).unwrap();
+        let p = pre
+            .params(&p010, &[64 * 48 * 2, 64 * 24 * 2], Crop::Whole)
+            .unwrap();
         assert_eq!((p.format, p.plane[1], p.stride), (3, 6144, [128, 128, 0]));
         assert_eq!(p.extent(), 64 * 48 * 2 + 24 * 128);
         let gray = gst_video::VideoInfo::builder(VideoFormat::Gray8, 64, 48)
             .build()
             .unwrap();
-        assert!(pre.params(&gray, &[64 * 48]).is_none());
+        assert!(pre.params(&gray, &[64 * 48], Crop::Whole).is_none());
         let grey_model = InputSpec {
             channels: 1,
             ..input

@@ -33,7 +33,7 @@ use gst_video::prelude::*;
 
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::engine::CAT;
-use crate::preprocess::Preprocessor;
+use crate::preprocess::{Crop, Preprocessor};
 use engine_file::{EngineFile, Key};
 use plan::{DType, Weights};
 
@@ -233,7 +233,7 @@ impl CudaEngine {
         let params = self
             .frame_pre
             .as_ref()
-            .and_then(|pre| pre.params_at(info, &offsets, info.stride()))
+            .and_then(|pre| pre.params_at(info, &offsets, info.stride(), Crop::Whole))
             .ok_or_else(|| EngineError::Inference("no GPU preprocessing for this model".into()))?;
         self.runtime
             .time_device_preprocess(&params, runs)
@@ -295,13 +295,17 @@ fn build_engine(
     })
 }
 
+/// A frame's planes and the preprocessing parameters of each crop of it.
+type CroppedFrame<'a> = (Vec<frames::Pre>, Vec<&'a [u8]>);
+
 impl CudaEngine {
-    /// The frame's planes and preprocessing parameters when the GPU can preprocess it;
-    /// `None` sends it through the CPU preprocessing.
+    /// The frame's planes and the preprocessing parameters of each of `crops` when the GPU
+    /// can preprocess it; `None` sends it through the CPU preprocessing.
     fn gpu_frame<'a>(
         &self,
         frame: &'a gst_video::VideoFrameRef<&gst::BufferRef>,
-    ) -> Result<Option<frames::RawFrame<'a>>, EngineError> {
+        crops: &[Crop],
+    ) -> Result<Option<CroppedFrame<'a>>, EngineError> {
         let Some(pre) = &self.frame_pre else {
             return Ok(None);
         };
@@ -310,21 +314,24 @@ impl CudaEngine {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::Inference(format!("cannot read a frame: {e}")))?;
         let lens: Vec<usize> = planes.iter().map(|p| p.len()).collect();
-        Ok(pre
-            .params(frame.info(), &lens)
+        Ok(crops
+            .iter()
+            .map(|&crop| pre.params(frame.info(), &lens, crop))
+            .collect::<Option<Vec<_>>>()
             .map(|params| (params, planes)))
     }
 
-    /// The model input the GPU makes of `frames`, or `None` where the CPU would make it; for
-    /// tests that compare the two.
+    /// The model input the GPU makes of `crop` of each of `frames`, or `None` where the CPU
+    /// would make it; for tests that compare the two.
     pub fn gpu_preprocess(
         &mut self,
         frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
+        crop: Crop,
     ) -> Result<Option<Vec<f32>>, EngineError> {
         let mut raw = Vec::with_capacity(frames.len());
         for frame in frames {
-            match self.gpu_frame(frame)? {
-                Some(r) => raw.push(r),
+            match self.gpu_frame(frame, &[crop])? {
+                Some((mut pre, planes)) => raw.push((pre.remove(0), planes)),
                 None => return Ok(None),
             }
         }
@@ -370,25 +377,44 @@ impl Engine for CudaEngine {
     fn push(
         &mut self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
     ) -> Result<(), EngineError> {
-        let slot = self.pushed;
-        let staged = match self.gpu_frame(frame)? {
-            Some((pre, planes)) => self.runtime.stage_frame(slot, &pre, &planes),
-            None => {
-                self.input.resize(self.info.input.frame_len(), 0.0);
-                self.preprocessor.run(frame, &mut self.input)?;
-                self.runtime.stage_input(slot, &self.input)
+        let gpu = self.gpu_frame(frame, crops)?;
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let mut done = 0;
+        while done < crops.len() {
+            // As many crops as the model batch has room for; a full batch runs at once.
+            let now = (crops.len() - done).min(batch - self.pushed);
+            let staged = match &gpu {
+                Some((pres, planes)) => {
+                    self.runtime
+                        .stage_frame(self.pushed, &pres[done..done + now], planes)
+                }
+                None => {
+                    self.input.resize(now * frame_len, 0.0);
+                    self.preprocessor
+                        .run(frame, &crops[done..done + now], &mut self.input)?;
+                    self.input
+                        .chunks_exact(frame_len)
+                        .enumerate()
+                        .try_for_each(|(i, input)| self.runtime.stage_input(self.pushed + i, input))
+                }
+            };
+            staged.map_err(EngineError::Inference)?;
+            self.pushed += now;
+            done += now;
+            if self.pushed == batch {
+                self.run_input()?;
             }
-        };
-        staged.map_err(EngineError::Inference)?;
-        self.pushed += 1;
-        if self.pushed == self.info.model_batch {
-            self.run_input()?;
         }
         Ok(())
     }
 
-    fn push_device(&mut self, frame: &super::DevicePlanes) -> Result<(), EngineError> {
+    fn push_device(
+        &mut self,
+        frame: &super::DevicePlanes,
+        crops: &[Crop],
+    ) -> Result<(), EngineError> {
         let unreadable = || {
             EngineError::Inference(format!(
                 "the GPU preprocessing cannot read {:?} frames",
@@ -400,9 +426,23 @@ impl Engine for CudaEngine {
         // one allocation, in any order.
         let base = frame.ptrs.iter().copied().min().ok_or_else(unreadable)?;
         let offsets: Vec<i64> = frame.ptrs.iter().map(|p| (p - base) as i64).collect();
-        let params = pre
-            .params_at(&frame.info, &offsets, &frame.strides)
-            .ok_or_else(unreadable)?;
+        let mut params = Vec::with_capacity(crops.len());
+        for &crop in crops {
+            if crop
+                .within(frame.info.width(), frame.info.height())
+                .is_none()
+            {
+                return Err(EngineError::Inference(format!(
+                    "{crop:?} lies outside the {}x{} frame",
+                    frame.info.width(),
+                    frame.info.height()
+                )));
+            }
+            params.push(
+                pre.params_at(&frame.info, &offsets, &frame.strides, crop)
+                    .ok_or_else(unreadable)?,
+            );
+        }
         if frame.context != self.runtime.context_handle() && !self.foreign_frames {
             self.foreign_frames = true;
             gst::info!(
@@ -411,12 +451,14 @@ impl Engine for CudaEngine {
                  first (an element upstream did not take the shared gst.cuda.context)"
             );
         }
-        self.runtime
-            .stage_device_frame(self.pushed, &params, base, frame.context)
-            .map_err(EngineError::Inference)?;
-        self.pushed += 1;
-        if self.pushed == self.info.model_batch {
-            self.run_input()?;
+        for params in &params {
+            self.runtime
+                .stage_device_frame(self.pushed, params, base, frame.context)
+                .map_err(EngineError::Inference)?;
+            self.pushed += 1;
+            if self.pushed == self.info.model_batch {
+                self.run_input()?;
+            }
         }
         Ok(())
     }

@@ -1305,11 +1305,20 @@ impl Runtime {
     }
 
     /// Uploads one raw frame (its planes, one after the other) and preprocesses it on the GPU
-    /// into frame `slot` of the input, asynchronously: the planes are copied to page-locked
-    /// staging first, so the caller may release the frame on return, and the copy and the
-    /// kernel run while the host waits for the next frame.
-    pub fn stage_frame(&mut self, slot: usize, pre: &Pre, planes: &[&[u8]]) -> Result<(), String> {
-        self.check_slot(slot)?;
+    /// into frames `slot..slot + pres.len()` of the input, one per crop's parameters,
+    /// asynchronously: the planes are copied to page-locked staging first, so the caller may
+    /// release the frame on return, and the copy and the kernels run while the host waits for
+    /// the next frame. The frame is uploaded once for all its crops.
+    pub fn stage_frame(
+        &mut self,
+        slot: usize,
+        pres: &[Pre],
+        planes: &[&[u8]],
+    ) -> Result<(), String> {
+        if pres.is_empty() {
+            return Ok(());
+        }
+        self.check_slot(slot + pres.len() - 1)?;
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
         let len: usize = planes.iter().map(|p| p.len()).sum();
         let capacity = self.raw.as_ref().map_or(0, |r| r.len());
@@ -1355,7 +1364,10 @@ impl Runtime {
         }
         .map_err(drv_err("frame upload"))?;
         self.raw_used = end;
-        self.launch_preprocess(slot, pre, raw_dev + start as u64)
+        for (i, pre) in pres.iter().enumerate() {
+            self.launch_preprocess(slot + i, pre, raw_dev + start as u64)?;
+        }
+        Ok(())
     }
 
     /// Preprocesses one frame that is already in GPU memory (GStreamer's CUDA memory, at
@@ -1536,7 +1548,7 @@ impl Runtime {
     /// The model input that staging `frames` makes; for tests.
     pub fn preprocess_frames(&mut self, frames: &[RawFrame]) -> Result<Vec<f32>, String> {
         for (slot, (pre, planes)) in frames.iter().enumerate() {
-            self.stage_frame(slot, pre, planes)?;
+            self.stage_frame(slot, std::slice::from_ref(pre), planes)?;
         }
         let len: usize = frames
             .iter()

@@ -367,8 +367,25 @@ fn kernels_compile_with_nvrtc() {
         skipped("kernels_compile_with_nvrtc: libnvrtc is not installed here");
         return;
     }
-    for dtype in [DType::F16, DType::F32] {
-        let ptx = super::runtime::compile(dtype, (8, 0)).unwrap_or_else(|e| panic!("{e}"));
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .expect("nvrtcVersion");
+    // Turing and Ampere servers, Jetson Orin (8.7), Hopper: what JetPack 6's CUDA 12.6 and
+    // the GPU host's CUDA 13 must both compile for. CI runs this with NVRTC 12.2 (the oldest
+    // supported), 12.6 (JetPack 6) and 13.0.
+    let archs = [(7, 5), (8, 0), (8, 7), (9, 0)];
+    for (dtype, arch) in [DType::F16, DType::F32]
+        .into_iter()
+        .flat_map(|d| archs.map(|a| (d, a)))
+    {
+        let ptx = super::runtime::compile(dtype, arch).unwrap_or_else(|e| {
+            panic!(
+                "NVRTC {major}.{minor}, {dtype:?}, sm_{}{}: {e}",
+                arch.0, arch.1
+            )
+        });
         for kernel in [
             "ew",
             "ew_from_f32",
@@ -386,6 +403,12 @@ fn kernels_compile_with_nvrtc() {
             );
         }
     }
+    // Shown in CI's log, beside the test counts.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "NVRTC {major}.{minor}: the kernels compile for {archs:?} in fp16 and fp32"
+    );
 }
 
 #[test]

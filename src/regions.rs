@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Regions of interest: which parts of a frame are classified (`roi` mode), read from the
+//! `GstVideoRegionOfInterestMeta`s that a detector upstream attached, and where each region's
+//! result goes back: a `GstStructure` param on that region's meta, which readers of the ROI
+//! meta (DL Streamer's `gvametaconvert` and `gvawatermark`, applications) find beside the
+//! detection, and which `videoscale` and friends carry along with the region.
+
+use gst_video::VideoRegionOfInterestMeta;
+
+use crate::meta::ClassEntry;
+use crate::preprocess::{Crop, Rect};
+
+/// What parts of a frame are classified.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstTrtClassifyRoiMode")]
+pub enum RoiMode {
+    #[default]
+    #[enum_value(name = "Frame: the whole frame, ROI metas are ignored", nick = "frame")]
+    Frame = 0,
+    #[enum_value(
+        name = "Regions: each region of interest (GstVideoRegionOfInterestMeta) that passes roi-types and roi-min-size; frames without one pass unclassified",
+        nick = "regions"
+    )]
+    Regions = 1,
+    #[enum_value(name = "Both: the whole frame and each region", nick = "both")]
+    Both = 2,
+}
+
+impl RoiMode {
+    pub fn whole_frame(self) -> bool {
+        self != RoiMode::Regions
+    }
+
+    pub fn regions(self) -> bool {
+        self != RoiMode::Frame
+    }
+}
+
+/// Which regions are classified.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RegionFilter {
+    /// The region types (`roi_type`, a detector's label) to classify; empty: every type.
+    pub types: Vec<String>,
+    /// The smallest width and height, in pixels after clipping to the frame, of a region to
+    /// classify: smaller ones hold too few pixels for a meaningful answer.
+    pub min_width: u32,
+    pub min_height: u32,
+}
+
+impl RegionFilter {
+    /// `roi-types`: a comma-separated list; spaces around names are ignored.
+    pub fn parse_types(list: &str) -> Vec<String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn accepts(&self, roi_type: &str, rect: &Rect) -> bool {
+        (self.types.is_empty() || self.types.iter().any(|t| t == roi_type))
+            && rect.w as u32 >= self.min_width.max(1)
+            && rect.h as u32 >= self.min_height.max(1)
+    }
+}
+
+/// A region of a frame to classify.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Region {
+    /// The place of its ROI meta among the buffer's ROI metas, which the result is attached
+    /// to: ids are not unique (`gst_buffer_add_video_region_of_interest_meta` gives 0).
+    pub index: usize,
+    /// The ROI meta's id, reported with the result.
+    pub id: i32,
+    pub roi_type: String,
+    /// The region clipped to the frame.
+    pub rect: Rect,
+}
+
+impl Region {
+    pub fn crop(&self) -> Crop {
+        Crop::Region(self.rect)
+    }
+}
+
+/// The regions of `buffer`'s ROI metas that `filter` accepts, clipped to the `width`×`height`
+/// frame, in the order of the metas. A region wholly outside the frame is left out.
+pub fn regions_of(
+    buffer: &gst::BufferRef,
+    width: u32,
+    height: u32,
+    filter: &RegionFilter,
+) -> Vec<Region> {
+    buffer
+        .iter_meta::<VideoRegionOfInterestMeta>()
+        .enumerate()
+        .filter_map(|(index, meta)| {
+            let (x, y, w, h) = meta.rect();
+            let clamp = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+            let rect = Crop::Region(Rect {
+                x: clamp(x),
+                y: clamp(y),
+                w: clamp(w),
+                h: clamp(h),
+            })
+            .within(width, height)?;
+            let roi_type = meta.roi_type();
+            filter.accepts(roi_type, &rect).then(|| Region {
+                index,
+                id: meta.id(),
+                roi_type: roi_type.to_owned(),
+                rect,
+            })
+        })
+        .collect()
+}
+
+/// The name of the param structure each classifier adds to a region's meta.
+pub const PARAM_NAME: &str = "classification";
+
+/// Adds a region's result to its ROI meta as a param structure named [`PARAM_NAME`]: the top
+/// class in the fields DL Streamer's readers use (`label`, `label_id`, `confidence`), with
+/// `model_name` and `element_id` telling classifiers in series apart, and the whole top-k as
+/// arrays (`class-ids`, `labels`, `confidences`, as in `TrtClassifyMeta`). `index` is the
+/// region's place among the buffer's ROI metas (`Region::index`); a region whose meta is no
+/// longer on the buffer is skipped.
+pub fn attach(
+    buffer: &mut gst::BufferRef,
+    index: usize,
+    model: &str,
+    element: &str,
+    classes: &[ClassEntry],
+) {
+    let Some(mut meta) = buffer
+        .iter_meta_mut::<VideoRegionOfInterestMeta>()
+        .nth(index)
+    else {
+        return;
+    };
+    let mut param = gst::Structure::builder(PARAM_NAME)
+        .field("model_name", model)
+        .field("element_id", element);
+    if let Some(top) = classes.first() {
+        param = param
+            .field("label", &top.label)
+            .field("label_id", top.class_id as i32)
+            .field("confidence", f64::from(top.confidence));
+    }
+    meta.add_param(
+        param
+            .field(
+                "class-ids",
+                gst::Array::new(classes.iter().map(|c| c.class_id as i32)),
+            )
+            .field(
+                "labels",
+                gst::Array::new(classes.iter().map(|c| c.label.as_str())),
+            )
+            .field(
+                "confidences",
+                gst::Array::new(classes.iter().map(|c| f64::from(c.confidence))),
+            )
+            .build(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// x, y, width, height.
+    type Xywh<T> = (T, T, T, T);
+
+    fn buffer_with(rois: &[(&str, Xywh<u32>)]) -> gst::Buffer {
+        gst::init().unwrap();
+        let mut buffer = gst::Buffer::new();
+        for (roi_type, rect) in rois {
+            VideoRegionOfInterestMeta::add(buffer.get_mut().unwrap(), roi_type, *rect);
+        }
+        buffer
+    }
+
+    fn rects(regions: &[Region]) -> Vec<(&str, Xywh<i32>)> {
+        regions
+            .iter()
+            .map(|r| {
+                (
+                    r.roi_type.as_str(),
+                    (r.rect.x, r.rect.y, r.rect.w, r.rect.h),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn regions_are_clipped_filtered_by_type_and_size() {
+        let buffer = buffer_with(&[
+            ("car", (10, 10, 20, 20)),
+            ("person", (0, 0, 8, 30)),
+            // Half outside the 64×48 frame: clipped to 14×8.
+            ("car", (50, 40, 30, 30)),
+            // Wholly outside: left out.
+            ("car", (100, 100, 5, 5)),
+        ]);
+        let all = regions_of(&buffer, 64, 48, &RegionFilter::default());
+        assert_eq!(
+            rects(&all),
+            [
+                ("car", (10, 10, 20, 20)),
+                ("person", (0, 0, 8, 30)),
+                ("car", (50, 40, 14, 8))
+            ]
+        );
+        let cars = RegionFilter {
+            types: RegionFilter::parse_types(" car , truck,"),
+            ..Default::default()
+        };
+        assert_eq!(cars.types, ["car", "truck"]);
+        assert_eq!(
+            rects(&regions_of(&buffer, 64, 48, &cars)),
+            [("car", (10, 10, 20, 20)), ("car", (50, 40, 14, 8))]
+        );
+        let big = RegionFilter {
+            min_width: 10,
+            min_height: 10,
+            ..Default::default()
+        };
+        assert_eq!(
+            rects(&regions_of(&buffer, 64, 48, &big)),
+            [("car", (10, 10, 20, 20))]
+        );
+    }
+
+    #[test]
+    fn a_result_lands_on_its_own_region_and_classifiers_in_series_add_up() {
+        let mut buffer = buffer_with(&[("car", (0, 0, 4, 4)), ("car", (4, 4, 4, 4))]);
+        let places: Vec<usize> = regions_of(&buffer, 8, 8, &RegionFilter::default())
+            .iter()
+            .map(|r| r.index)
+            .collect();
+        assert_eq!(places, [0, 1]);
+        let entry = |label: &str, confidence| ClassEntry {
+            class_id: 3,
+            label: label.into(),
+            confidence,
+        };
+        let buffer = buffer.make_mut();
+        attach(buffer, 1, "colors.onnx", "c0", &[entry("red", 0.9)]);
+        attach(buffer, 1, "types.onnx", "c1", &[entry("van", 0.6)]);
+        let metas: Vec<_> = buffer.iter_meta::<VideoRegionOfInterestMeta>().collect();
+        assert_eq!(
+            metas[0].params().count(),
+            0,
+            "the other region is untouched"
+        );
+        let params: Vec<_> = metas[1].params().collect();
+        assert_eq!(params.len(), 2);
+        assert_eq!(params[0].name(), PARAM_NAME);
+        assert_eq!(params[0].get::<String>("label").unwrap(), "red");
+        assert_eq!(params[0].get::<i32>("label_id").unwrap(), 3);
+        assert!((params[0].get::<f64>("confidence").unwrap() - 0.9).abs() < 1e-6);
+        assert_eq!(
+            params[0].get::<String>("model_name").unwrap(),
+            "colors.onnx"
+        );
+        assert_eq!(params[1].get::<String>("label").unwrap(), "van");
+        assert_eq!(params[1].get::<String>("element_id").unwrap(), "c1");
+    }
+}

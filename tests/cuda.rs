@@ -442,6 +442,19 @@ fn convert(
     (out, info)
 }
 
+/// How far a model input is from `truth`: the largest and the mean absolute difference.
+fn off_by(input: &[f32], truth: &[f32]) -> (f32, f32) {
+    let d: Vec<f32> = input
+        .iter()
+        .zip(truth)
+        .map(|(a, b)| (a - b).abs())
+        .collect();
+    (
+        d.iter().copied().fold(0.0, f32::max),
+        d.iter().sum::<f32>() / d.len() as f32,
+    )
+}
+
 /// Regions (`roi=regions`) are cropped on the GPU as on the CPU: odd offsets and sizes, in
 /// every kind of format (packed, 4:2:0 with chroma shared across a crop's edge, 10-bit), in
 /// each resize mode; one frame's crops pushed together land in order, across model batches.
@@ -517,18 +530,8 @@ fn gpu_region_crops_match_the_cpu() {
                 pre.run(&truth_frame, &crop, &mut truth).unwrap();
                 let mut cpu_input = vec![0.0; spec.frame_len()];
                 pre.run(&frames[0], &crop, &mut cpu_input).unwrap();
-                let error = |input: &[f32]| {
-                    let d: Vec<f32> = input
-                        .iter()
-                        .zip(&truth)
-                        .map(|(a, b)| (a - b).abs())
-                        .collect();
-                    (
-                        d.iter().copied().fold(0.0, f32::max),
-                        d.iter().sum::<f32>() / d.len() as f32,
-                    )
-                };
-                let ((max, mean), (_, cpu_mean)) = (error(&got), error(&cpu_input));
+                let ((max, mean), (_, cpu_mean)) =
+                    (off_by(&got, &truth), off_by(&cpu_input, &truth));
                 // As in `gpu_preprocessing_matches_the_cpu`: off the picture by a few 8-bit
                 // levels (≈ 0.017 each) at most, or no farther than the CPU path plus about
                 // half a level (a crop of a few pixels of a 4:2:0 frame holds one or two
@@ -608,18 +611,8 @@ fn gpu_preprocessing_matches_the_cpu() {
                         .unwrap_or_else(|| panic!("{format:?}: not preprocessed on the GPU"));
                     let mut cpu_input = vec![0.0; spec.frame_len()];
                     pre.run(&frames[0], &[Crop::Whole], &mut cpu_input).unwrap();
-                    let error = |input: &[f32]| {
-                        let d: Vec<f32> = input
-                            .iter()
-                            .zip(&truth)
-                            .map(|(a, b)| (a - b).abs())
-                            .collect();
-                        (
-                            d.iter().copied().fold(0.0, f32::max),
-                            d.iter().sum::<f32>() / d.len() as f32,
-                        )
-                    };
-                    let ((max, mean), (_, cpu_mean)) = (error(&got), error(&cpu_input));
+                    let ((max, mean), (_, cpu_mean)) =
+                        (off_by(&got, &truth), off_by(&cpu_input, &truth));
                     let what = format!("{model} {mode:?} {format:?} {w}x{h}");
                     // One 8-bit level is 1/255/std ≈ 0.017 here. YUV frames lose some colour
                     // to 4:2:0 and 8-bit rounding; GStreamer's converter, which the CPU path

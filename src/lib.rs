@@ -9,11 +9,15 @@
 
 use gst::glib;
 
+#[cfg(feature = "analytics")]
+pub mod analytics;
 pub mod cudamem;
 pub mod engine;
 pub mod instance;
 pub mod labels;
 pub mod meta;
+#[cfg(feature = "overlay")]
+pub mod overlay;
 pub mod postprocess;
 pub mod preprocess;
 pub mod regions;
@@ -23,6 +27,8 @@ pub mod trtclassify;
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     meta::register();
     trtclassify::register(plugin)?;
+    #[cfg(feature = "overlay")]
+    overlay::register(plugin)?;
     Ok(())
 }
 

@@ -19,7 +19,7 @@ pub enum RoiMode {
     #[enum_value(name = "Frame: the whole frame, ROI metas are ignored", nick = "frame")]
     Frame = 0,
     #[enum_value(
-        name = "Regions: each region of interest (GstVideoRegionOfInterestMeta) that passes roi-types and roi-min-size; frames without one pass unclassified",
+        name = "Regions: each region of interest (GstVideoRegionOfInterestMeta, and GstAnalyticsODMtd in builds with analytics) that passes roi-types and roi-min-size; frames without one pass unclassified",
         nick = "regions"
     )]
     Regions = 1,
@@ -70,8 +70,12 @@ impl RegionFilter {
 pub struct Region {
     /// The place of its ROI meta among the buffer's ROI metas, which the result is attached
     /// to: ids are not unique (`gst_buffer_add_video_region_of_interest_meta` gives 0).
-    pub index: usize,
-    /// The ROI meta's id, reported with the result.
+    /// `None` for a detection that has no ROI meta.
+    pub meta_index: Option<usize>,
+    /// The id of its `GstAnalyticsODMtd` in the buffer's analytics relation meta (the
+    /// `analytics` feature, GStreamer 1.24+), to which its classification is related.
+    pub detection: Option<u32>,
+    /// The ROI meta's id (the detection's, when it has no ROI meta), reported with the result.
     pub id: i32,
     pub roi_type: String,
     /// The region clipped to the frame.
@@ -85,35 +89,41 @@ impl Region {
 }
 
 /// The regions of `buffer`'s ROI metas that `filter` accepts, clipped to the `width`×`height`
-/// frame, in the order of the metas. A region wholly outside the frame is left out.
+/// frame, in the order of the metas; with the `analytics` feature, then the detections of its
+/// analytics relation meta. A detector that publishes a detection both ways (the same type and
+/// rectangle) gets it classified once, with the result on both. A region wholly outside the
+/// frame is left out.
 pub fn regions_of(
     buffer: &gst::BufferRef,
     width: u32,
     height: u32,
     filter: &RegionFilter,
 ) -> Vec<Region> {
-    buffer
+    #[cfg_attr(not(feature = "analytics"), allow(unused_mut))]
+    let mut regions: Vec<Region> = buffer
         .iter_meta::<VideoRegionOfInterestMeta>()
         .enumerate()
         .filter_map(|(index, meta)| {
             let (x, y, w, h) = meta.rect();
             let clamp = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
-            let rect = Crop::Region(Rect {
-                x: clamp(x),
-                y: clamp(y),
-                w: clamp(w),
-                h: clamp(h),
-            })
-            .within(width, height)?;
-            let roi_type = meta.roi_type();
-            filter.accepts(roi_type, &rect).then(|| Region {
-                index,
+            Some(Region {
+                meta_index: Some(index),
+                detection: None,
                 id: meta.id(),
-                roi_type: roi_type.to_owned(),
-                rect,
+                roi_type: meta.roi_type().to_owned(),
+                rect: clip(clamp(x), clamp(y), clamp(w), clamp(h), width, height)?,
             })
         })
-        .collect()
+        .collect();
+    #[cfg(feature = "analytics")]
+    crate::analytics::add_detections(buffer, width, height, &mut regions);
+    regions.retain(|r| filter.accepts(&r.roi_type, &r.rect));
+    regions
+}
+
+/// A rectangle clipped to the `width`×`height` frame; `None` when nothing of it is inside.
+pub(crate) fn clip(x: i32, y: i32, w: i32, h: i32, width: u32, height: u32) -> Option<Rect> {
+    Crop::Region(Rect { x, y, w, h }).within(width, height)
 }
 
 /// The name of the param structure each classifier adds to a region's meta.
@@ -123,7 +133,7 @@ pub const PARAM_NAME: &str = "classification";
 /// class in the fields DL Streamer's readers use (`label`, `label_id`, `confidence`), with
 /// `model_name` and `element_id` telling classifiers in series apart, and the whole top-k as
 /// arrays (`class-ids`, `labels`, `confidences`, as in `TrtClassifyMeta`). `index` is the
-/// region's place among the buffer's ROI metas (`Region::index`); a region whose meta is no
+/// region's place among the buffer's ROI metas (`Region::meta_index`); a region whose meta is no
 /// longer on the buffer is skipped.
 pub fn attach(
     buffer: &mut gst::BufferRef,
@@ -235,11 +245,11 @@ mod tests {
     #[test]
     fn a_result_lands_on_its_own_region_and_classifiers_in_series_add_up() {
         let mut buffer = buffer_with(&[("car", (0, 0, 4, 4)), ("car", (4, 4, 4, 4))]);
-        let places: Vec<usize> = regions_of(&buffer, 8, 8, &RegionFilter::default())
+        let places: Vec<_> = regions_of(&buffer, 8, 8, &RegionFilter::default())
             .iter()
-            .map(|r| r.index)
+            .map(|r| (r.meta_index, r.detection))
             .collect();
-        assert_eq!(places, [0, 1]);
+        assert_eq!(places, [(Some(0), None), (Some(1), None)]);
         let entry = |label: &str, confidence| ClassEntry {
             class_id: 3,
             label: label.into(),

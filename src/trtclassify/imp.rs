@@ -1182,7 +1182,7 @@ impl TrtClassify {
                     state.last = self.top_classes(state, tunables, frame, whole);
                 }
                 for (region, scores) in regions.into_iter().zip(items) {
-                    places.push(region.index);
+                    places.push((region.meta_index, region.detection));
                     let r = region.rect;
                     region_results.push(RegionResult {
                         id: region.id,
@@ -1204,14 +1204,26 @@ impl TrtClassify {
             }
             sent = Some((sent.map_or(frame, |(first, _)| first), frame));
             let buffer_mut = buffer.make_mut();
-            for (region, place) in result.regions.iter().zip(places) {
-                regions::attach(
-                    buffer_mut,
-                    place,
-                    &state.model_name,
-                    &state.element_name,
-                    &region.classes,
-                );
+            // Without the analytics feature, regions have no detection.
+            #[cfg_attr(not(feature = "analytics"), allow(unused_variables))]
+            for (region, (meta_index, detection)) in result.regions.iter().zip(places) {
+                if let Some(index) = meta_index {
+                    regions::attach(
+                        buffer_mut,
+                        index,
+                        &state.model_name,
+                        &state.element_name,
+                        &region.classes,
+                    );
+                }
+                #[cfg(feature = "analytics")]
+                if let Some(id) = detection {
+                    self.attach_analytics(buffer_mut, Some(id), &region.classes);
+                }
+            }
+            #[cfg(feature = "analytics")]
+            if state.roi.whole_frame() {
+                self.attach_analytics(buffer_mut, None, &result.classes);
             }
             result.attach(buffer_mut);
             state.latency.record(frame, arrived.elapsed());
@@ -1276,6 +1288,20 @@ impl TrtClassify {
                 confidence,
             })
             .collect()
+    }
+
+    /// Adds `classes` to the buffer's analytics relation meta, related to the detection
+    /// `detection` when given; a failure to add is a warning, not the frame's loss.
+    #[cfg(feature = "analytics")]
+    fn attach_analytics(
+        &self,
+        buffer: &mut gst::BufferRef,
+        detection: Option<u32>,
+        classes: &[ClassEntry],
+    ) {
+        if let Err(e) = crate::analytics::attach(buffer, detection, classes) {
+            gst::warning!(CAT, imp = self, "cannot add a GstAnalyticsClsMtd: {e}");
+        }
     }
 
     /// Says, once per start, that a frame's scores are not all finite: top-k leaves such

@@ -385,6 +385,11 @@ pub struct Runtime {
     /// for a full batch of the largest frames seen.
     raw_host: Option<PinnedHostSlice<u8>>,
     raw: Option<CudaSlice<u8>>,
+    /// Kernels read staged frames from page-locked host memory where they are, with no
+    /// upload into `raw`: on integrated GPUs (Jetson), whose memory is the host's, the upload
+    /// would only copy within the same memory. `TRTCLASSIFY_ZERO_COPY=1` forces it on a
+    /// discrete GPU too, where the kernels then read over PCIe (for tests).
+    zero_copy: bool,
     /// Bytes of `raw_host` holding frames whose copies may still be in flight.
     raw_used: usize,
     /// Frames in GPU memory of another CUDA context, copied here slot by slot before the
@@ -506,6 +511,23 @@ impl Runtime {
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv_err("attribute"))? as u32;
+        let integrated = ctx
+            .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .map_err(drv_err("attribute"))?
+            != 0;
+        let zero_copy =
+            integrated || std::env::var_os("TRTCLASSIFY_ZERO_COPY").is_some_and(|v| v == "1");
+        if zero_copy {
+            gst::info!(
+                crate::engine::CAT,
+                "{}: the preprocessing reads frames from page-locked host memory, with no upload",
+                if integrated {
+                    "an integrated GPU"
+                } else {
+                    "TRTCLASSIFY_ZERO_COPY=1"
+                }
+            );
+        }
 
         let weights = weights
             .iter()
@@ -571,6 +593,7 @@ impl Runtime {
             .map_err(drv_err("pinned allocation"))?,
             raw_host: None,
             raw: None,
+            zero_copy,
             raw_used: 0,
             peer: None,
             pre_rows: None,
@@ -1321,7 +1344,7 @@ impl Runtime {
         self.check_slot(slot + pres.len() - 1)?;
         self.ctx.bind_to_thread().map_err(drv_err("context"))?;
         let len: usize = planes.iter().map(|p| p.len()).sum();
-        let capacity = self.raw.as_ref().map_or(0, |r| r.len());
+        let capacity = self.raw_host.as_ref().map_or(0, |r| r.len());
         if slot == 0 || self.raw_used + len > capacity {
             // The staging is reused from its start once the frames in it are on the GPU (at
             // the start of a batch the stream is idle but for a discarded batch's copies).
@@ -1334,13 +1357,14 @@ impl Runtime {
                     unsafe { self.ctx.alloc_pinned::<u8>(want) }
                         .map_err(drv_err("pinned allocation"))?,
                 );
-                self.raw = Some(
-                    // SAFETY: each range is written by an upload before a kernel reads it.
-                    unsafe { self.stream.alloc::<u8>(want) }.map_err(drv_err("allocation"))?,
-                );
+                if !self.zero_copy {
+                    self.raw = Some(
+                        // SAFETY: each range is written by an upload before a kernel reads it.
+                        unsafe { self.stream.alloc::<u8>(want) }.map_err(drv_err("allocation"))?,
+                    );
+                }
             }
         }
-        let raw_dev = self.ptr_u8(self.raw.as_ref().expect("allocated above"));
         let host = self
             .raw_host
             .as_mut()
@@ -1353,16 +1377,25 @@ impl Runtime {
             host[end..end + plane.len()].copy_from_slice(plane);
             end += plane.len();
         }
-        // SAFETY: the staging range stays untouched until the stream is synchronised:
-        // `raw_used` only moves back after a synchronisation.
-        unsafe {
-            cudarc::driver::result::memcpy_htod_async(
-                raw_dev + start as u64,
-                &host[start..end],
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(drv_err("frame upload"))?;
+        let raw_dev = match &self.raw {
+            // With unified addressing (every 64-bit CUDA platform), page-locked host memory
+            // has the same address on the device as on the host.
+            None => host.as_ptr() as u64,
+            Some(raw) => {
+                let raw_dev = raw.device_ptr(&self.stream).0;
+                // SAFETY: the staging range stays untouched until the stream is
+                // synchronised: `raw_used` only moves back after a synchronisation.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(
+                        raw_dev + start as u64,
+                        &host[start..end],
+                        self.stream.cu_stream(),
+                    )
+                }
+                .map_err(drv_err("frame upload"))?;
+                raw_dev
+            }
+        };
         self.raw_used = end;
         for (i, pre) in pres.iter().enumerate() {
             self.launch_preprocess(slot + i, pre, raw_dev + start as u64)?;

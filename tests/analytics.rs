@@ -6,19 +6,14 @@
 
 mod common;
 
-use common::{COLORS, rgb_caps};
+use common::{rgb_caps, rgb_of};
 use gst_analytics::prelude::*;
 use gst_analytics::{AnalyticsClassificationMtd, AnalyticsODMtd, AnalyticsRelationMeta, RelTypes};
 use gst_video::VideoRegionOfInterestMeta;
-use gst_video::prelude::*;
 use gsttrtclassify::meta::Classification;
 
 const WIDTH: u32 = 64;
 const HEIGHT: u32 = 48;
-
-fn rgb_of(name: &str) -> [u8; 3] {
-    COLORS.iter().find(|(n, _)| *n == name).unwrap().1
-}
 
 /// The classes of a ClsMtd: (label, confidence), best first.
 fn classes(
@@ -116,21 +111,8 @@ fn boxes(index: u64) -> [Box; 3] {
 fn frame(index: u64) -> gst::Buffer {
     let mut buffer = common::solid_rgb(WIDTH, HEIGHT, [0, 0, 0], index);
     let b = buffer.get_mut().unwrap();
-    {
-        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, WIDTH, HEIGHT)
-            .build()
-            .unwrap();
-        let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(&mut *b, &info).unwrap();
-        let stride = frame.plane_stride()[0] as usize;
-        let data = frame.plane_data_mut(0).unwrap();
-        for (_, (x, y, w, h), colour) in boxes(index) {
-            for row in y.max(0)..(y + h).min(HEIGHT as i32) {
-                for col in x.max(0)..(x + w).min(WIDTH as i32) {
-                    let at = row as usize * stride + col as usize * 3;
-                    data[at..at + 3].copy_from_slice(&rgb_of(colour));
-                }
-            }
-        }
+    for (_, rect, colour) in boxes(index) {
+        common::fill_rgb(b, (WIDTH, HEIGHT), rect, rgb_of(colour));
     }
     {
         let mut meta = AnalyticsRelationMeta::add(b);

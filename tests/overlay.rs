@@ -18,16 +18,9 @@ const BOX: (u32, u32, u32, u32) = (160, 120, 80, 60);
 fn frame(index: u64) -> gst::Buffer {
     let mut buffer = common::solid_rgb(WIDTH, HEIGHT, BLUE, index);
     let b = buffer.get_mut().unwrap();
-    {
-        let mut map = b.map_writable().unwrap();
-        let (x, y, w, h) = BOX;
-        for row in y..y + h {
-            for col in x..x + w {
-                let at = ((row * WIDTH + col) * 3) as usize;
-                map[at..at + 3].copy_from_slice(&RED);
-            }
-        }
-    }
+    let (x, y, w, h) = BOX;
+    let rect = (x as i32, y as i32, w as i32, h as i32);
+    common::fill_rgb(b, (WIDTH, HEIGHT), rect, RED);
     VideoRegionOfInterestMeta::add(b, "car", BOX);
     buffer
 }

@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{COLORS, rgb_caps};
+use common::{rgb_caps, rgb_of};
 use gst::prelude::*;
 use gst_video::VideoRegionOfInterestMeta;
-use gst_video::prelude::*;
 use gsttrtclassify::meta::Classification;
 use gsttrtclassify::regions::PARAM_NAME;
 
@@ -24,10 +23,6 @@ struct Box {
     roi_type: &'static str,
     rect: Xywh,
     colour: &'static str,
-}
-
-fn rgb_of(name: &str) -> [u8; 3] {
-    COLORS.iter().find(|(n, _)| *n == name).unwrap().1
 }
 
 /// The boxes of frame `index`: their colours rotate with the index, so that a result given
@@ -60,41 +55,21 @@ fn boxes(index: u64) -> Vec<Box> {
     ]
 }
 
-/// Paints frame `index`'s boxes on a black RGB frame and attaches their ROI metas.
+/// Paints frame `index`'s boxes on an RGB frame and attaches their ROI metas.
 fn paint(buffer: &mut gst::BufferRef, index: u64) {
-    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, WIDTH, HEIGHT)
-        .build()
-        .unwrap();
-    {
-        let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(&mut *buffer, &info)
-            .expect("an RGB frame");
-        let stride = frame.plane_stride()[0] as usize;
-        let data = frame.plane_data_mut(0).unwrap();
-        data.fill(0);
-        for b in boxes(index) {
-            let (x, y, w, h) = b.rect;
-            for row in y..(y + h).min(HEIGHT) {
-                for col in x..(x + w).min(WIDTH) {
-                    let at = row as usize * stride + col as usize * 3;
-                    data[at..at + 3].copy_from_slice(&rgb_of(b.colour));
-                }
-            }
-        }
-    }
     for (k, b) in boxes(index).iter().enumerate() {
+        let (x, y, w, h) = b.rect;
+        let rect = (x as i32, y as i32, w as i32, h as i32);
+        common::fill_rgb(buffer, (WIDTH, HEIGHT), rect, rgb_of(b.colour));
         // Ids as a tracker gives them; the element goes by the metas' order, not their ids.
         VideoRegionOfInterestMeta::add(buffer, b.roi_type, b.rect).set_id(100 + k as i32);
     }
 }
 
+/// Frame `index`: its boxes on black.
 fn frame(index: u64) -> gst::Buffer {
-    let mut buffer = gst::Buffer::with_size((WIDTH * HEIGHT * 3) as usize).unwrap();
-    {
-        let buffer = buffer.get_mut().unwrap();
-        buffer.set_pts(gst::ClockTime::from_mseconds(40 * index));
-        buffer.set_offset(index);
-        paint(buffer, index);
-    }
+    let mut buffer = common::solid_rgb(WIDTH, HEIGHT, [0, 0, 0], index);
+    paint(buffer.get_mut().unwrap(), index);
     buffer
 }
 

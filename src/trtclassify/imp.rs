@@ -337,7 +337,7 @@ impl ObjectImpl for TrtClassify {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("roi", DEFAULT_ROI)
                     .nick("Regions of interest")
-                    .blurb("What is classified: the whole frame, the regions of interest that a detector upstream attached (GstVideoRegionOfInterestMeta; each region's result is added to its meta as a \"classification\" param structure and listed in the frame's meta), or both. Carried frames (interval) carry the whole-frame result only")
+                    .blurb("What is classified: the whole frame, the regions of interest that a detector upstream attached (GstVideoRegionOfInterestMeta, and in builds with the analytics feature GstAnalyticsODMtd; each region's result is added to its meta as a \"classification\" param structure, or as a GstAnalyticsClsMtd related to the detection, and listed in the frame's meta), or both. Carried frames (interval) carry the whole-frame result only")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecString::builder("roi-types")

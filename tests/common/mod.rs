@@ -61,6 +61,37 @@ pub const COLORS: [(&str, [u8; 3]); 6] = [
     ("yellow", [255, 255, 0]),
 ];
 
+/// The RGB value of one of `COLORS`.
+pub fn rgb_of(name: &str) -> [u8; 3] {
+    COLORS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no colour {name}"))
+        .1
+}
+
+/// Paints the rectangle x, y, width, height of an RGB frame of `width`×`height` in `rgb`;
+/// what lies outside the frame is left out.
+pub fn fill_rgb(
+    buffer: &mut gst::BufferRef,
+    (width, height): (u32, u32),
+    (x, y, w, h): (i32, i32, i32, i32),
+    rgb: [u8; 3],
+) {
+    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, width, height)
+        .build()
+        .unwrap();
+    let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(buffer, &info).unwrap();
+    let stride = frame.plane_stride()[0] as usize;
+    let data = frame.plane_data_mut(0).unwrap();
+    for row in y.max(0)..(y + h).min(height as i32) {
+        for col in x.max(0)..(x + w).min(width as i32) {
+            let at = row as usize * stride + col as usize * 3;
+            data[at..at + 3].copy_from_slice(&rgb);
+        }
+    }
+}
+
 pub fn rgb_caps(width: i32, height: i32) -> gst::Caps {
     gst_video::VideoCapsBuilder::new()
         .format(gst_video::VideoFormat::Rgb)

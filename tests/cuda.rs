@@ -175,6 +175,56 @@ fn cuda_fp32_agrees_with_cpu() {
     }
 }
 
+/// A model past protobuf's 2 GiB limit (external data): its weights imported from past 2 GiB
+/// into their file, the engine file (over 1 GB in fp16, over 2 GB in fp32) written and read
+/// back, and the scores exact in both precisions.
+#[test]
+fn cuda_runs_a_model_with_over_2_gib_of_external_weights() {
+    use common::large_model;
+    if !gpu("cuda_runs_a_model_with_over_2_gib_of_external_weights") {
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = large_model::write(dir.path());
+    let (input, tops) = large_model::images();
+    for precision in [Precision::Fp16, Precision::Fp32] {
+        let mut options = options(path.to_str().unwrap(), 4, precision);
+        options.engine_location = Some(dir.path().join(format!("{precision:?}.engine")));
+        let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = messages.clone();
+        options.progress = gsttrtclassify::engine::Progress::new(move |m: &str| {
+            log.lock().unwrap().push(m.to_owned())
+        });
+        // The first build writes the engine file, the second reads it.
+        for build in ["built", "read back"] {
+            messages.lock().unwrap().clear();
+            let mut engine = CudaEngine::build(&options)
+                .unwrap_or_else(|e| panic!("{precision:?}, {build}: {e}"));
+            let loaded = messages
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|m| m.starts_with("loaded engine file"));
+            assert_eq!(loaded, build == "read back", "{precision:?}, {build}");
+            assert_eq!(engine.info().num_classes, large_model::CLASSES);
+            let scores = engine.infer(&input, tops.len()).expect("inference");
+            assert_eq!(scores.len(), tops.len(), "one score vector per image");
+            for (i, got) in scores.iter().enumerate() {
+                assert_eq!(
+                    got,
+                    &large_model::expected_scores(i),
+                    "{precision:?}, {build}: image {i}"
+                );
+            }
+        }
+        let written = std::fs::metadata(options.engine_location.as_ref().unwrap())
+            .expect("the engine file was written")
+            .len();
+        println!("{precision:?}: engine file of {written} bytes");
+        assert!(written > large_model::WEIGHT_BYTES / 2, "{written} bytes");
+    }
+}
+
 #[test]
 fn cuda_torchvision_agrees_with_onnxruntime() {
     if !gpu("cuda_torchvision_agrees_with_onnxruntime") {

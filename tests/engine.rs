@@ -373,3 +373,22 @@ fn outputs_of_one_score_vector_per_image_are_read_and_others_refused() {
     );
     assert!(err.contains("colors_[2, 3].onnx"), "{err}");
 }
+
+/// A model past protobuf's 2 GiB limit, its weights in a file beside it as exporters write
+/// such models: read in full, with values and an offset past 2 GiB into the file, and scored
+/// exactly.
+#[test]
+fn a_model_with_over_2_gib_of_external_weights_runs() {
+    use common::large_model;
+    common::init();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = large_model::write(dir.path());
+    let mut engine = CpuEngine::build(&options(path.to_str().unwrap(), 4)).unwrap();
+    assert_eq!(engine.info().num_classes, large_model::CLASSES);
+    let (input, tops) = large_model::images();
+    let scores = engine.infer(&input, tops.len()).unwrap();
+    assert_eq!(scores.len(), tops.len(), "one score vector per image");
+    for (i, got) in scores.iter().enumerate() {
+        assert_eq!(got, &large_model::expected_scores(i), "image {i}");
+    }
+}

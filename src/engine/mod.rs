@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod external_data;
 pub mod onnx;
 mod ranks;
 

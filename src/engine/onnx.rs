@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use tract_onnx::pb;
 use tract_onnx::prelude::tract_itertools::Itertools;
 
+use super::external_data::ExternalData;
 use crate::preprocess::{InputSpec, Layout};
 
 /// A larger input side is taken for a broken model rather than allocated.
@@ -77,6 +78,8 @@ pub struct OnnxModel {
     pub output: String,
     /// The operator producing the output, to tell whether scores already are probabilities.
     pub output_op: Option<String>,
+    /// The tensors whose values lie in files beside the model, checked.
+    pub external: Vec<ExternalData>,
 }
 
 impl OnnxModel {
@@ -156,6 +159,12 @@ impl OnnxModel {
             .iter()
             .find(|n| n.output.contains(&output))
             .map(|n| n.op_type.clone());
+        let external = super::external_data::check(graph, &folder(path)).map_err(|reason| {
+            ModelError::Invalid {
+                path: path.to_owned(),
+                reason,
+            }
+        })?;
 
         Ok(OnnxModel {
             path: path.to_owned(),
@@ -163,6 +172,7 @@ impl OnnxModel {
             input,
             output,
             output_op,
+            external,
         })
     }
 
@@ -203,9 +213,18 @@ impl OnnxModel {
         })
     }
 
-    /// The folder that external weights are looked up in.
+    /// The folder that external weights are looked up in, as tract takes it.
     pub fn dir(&self) -> Option<&str> {
         self.path.parent().and_then(Path::to_str)
+    }
+
+    /// The files holding external weights, each once.
+    pub fn external_files(&self) -> Vec<PathBuf> {
+        self.external
+            .iter()
+            .map(|e| e.path.clone())
+            .unique()
+            .collect()
     }
 
     pub fn file_name(&self) -> String {
@@ -227,6 +246,14 @@ impl OnnxModel {
             })
             .unique()
             .collect()
+    }
+}
+
+/// The folder a model's relative paths start from.
+fn folder(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
     }
 }
 

@@ -2,6 +2,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod large_model;
+
 use std::path::PathBuf;
 use std::sync::Once;
 

@@ -1125,7 +1125,7 @@ impl Importer {
         let shape = sizes(&t.dims, &format!("tensor `{}` has dims", t.name))?;
         let len: usize = shape.iter().product();
         let raw = if t.data_location == Some(1) {
-            self.external(t, len)?
+            self.external(t)?
         } else {
             t.raw_data.clone()
         };
@@ -1186,38 +1186,8 @@ impl Importer {
         Ok(Tensor::new(shape, data))
     }
 
-    fn external(&self, t: &pb::TensorProto, len: usize) -> Result<Vec<u8>, String> {
-        let entry = |key: &str| {
-            t.external_data
-                .iter()
-                .find(|e| e.key == key)
-                .map(|e| e.value.as_str())
-        };
-        let location = entry("location")
-            .ok_or_else(|| format!("tensor `{}` has external data without a location", t.name))?;
-        let path = self.dir.join(location);
-        let bytes = std::fs::read(&path)
-            .map_err(|e| format!("external weights {}: {e}", path.display()))?;
-        let offset: usize = entry("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
-        let size = match t.data_type {
-            1 | 6 => 4,
-            7 | 11 => 8,
-            10 => 2,
-            _ => 1,
-        };
-        let length: usize = entry("length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(len * size);
-        bytes
-            .get(offset..offset + length)
-            .map(<[u8]>::to_vec)
-            .ok_or_else(|| {
-                format!(
-                    "external weights {} are shorter than tensor `{}` needs",
-                    path.display(),
-                    t.name
-                )
-            })
+    fn external(&self, t: &pb::TensorProto) -> Result<Vec<u8>, String> {
+        crate::engine::external_data::locate(t, &self.dir)?.read()
     }
 }
 
@@ -1419,19 +1389,4 @@ fn scale(w: &Tensor, alpha: f32) -> Tensor {
         return w.clone();
     }
     Tensor::new(w.shape.clone(), w.data.iter().map(|v| v * alpha).collect())
-}
-
-/// The external weight files the model names, each once, in order.
-pub fn external_files(model: &OnnxModel) -> Vec<std::path::PathBuf> {
-    let dir = model.path.parent().unwrap_or(Path::new("."));
-    let files: std::collections::BTreeSet<_> = model
-        .proto
-        .graph
-        .iter()
-        .flat_map(|g| &g.initializer)
-        .filter(|t| t.data_location == Some(1))
-        .filter_map(|t| t.external_data.iter().find(|e| e.key == "location"))
-        .map(|e| dir.join(&e.value))
-        .collect();
-    files.into_iter().collect()
 }

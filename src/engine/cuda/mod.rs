@@ -120,7 +120,7 @@ impl CudaEngine {
             format: engine_file::FORMAT_VERSION,
             plugin_version: env!("CARGO_PKG_VERSION").into(),
             kernels_sha256: engine_file::sha256_hex(runtime::KERNELS),
-            onnx_sha256: engine_file::model_digest(&model.path, &import::external_files(model))
+            onnx_sha256: engine_file::model_digest(&model.path, &model.external_files())
                 .map_err(fail)?,
             gpu: gpu.name.clone(),
             compute_capability: gpu.arch,

@@ -70,7 +70,7 @@ if has engine; then
   echo "torch bench: exit $?"
 fi
 
-header="| pipeline | streams | frames | frames out | PLAYING→EOS | frames/s | per stream | GPU busy | NVDEC busy | CPU busy | GPU memory | MiB/stream | in element p50 ms | p99 ms (median stream) | p99 ms (worst stream) | slowest ms (frame) | longest engine-lock wait ms | exit |"
+header="| pipeline | streams | frames | frames out | PLAYING→EOS | frames/s | per stream | GPU busy | NVDEC busy | CPU busy | GPU memory | MiB/stream | in element p50 ms | p99 ms (median stream) | p99 ms (worst stream) | slowest ms (frame) | after start-up: p99 ms (median stream) | p99 ms (worst stream) | slowest ms (frame) | longest engine-lock wait ms | exit |"
 rm -f "$out/streams.md"
 if has quick; then
   bench/gpu/streams.sh decode 64

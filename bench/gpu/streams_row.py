@@ -7,8 +7,9 @@ busy; CPU busy: all cores' share not idle over the whole run (start-up included)
 /proc/stat before and after; GPU memory: the peak over the run less the memory in use before it; time in
 trtclassify: each element logs its p50, p99 and slowest frame at stop, the row gives the
 median of the streams' p50, the median and the worst of the streams' p99, and the slowest
-frame of all (its wait and its number in its stream: start-up, steady state or end); and the
-longest any stream waited for the shared engine's lock.
+frame of all (its wait and its number in its stream: start-up, steady state or end); the same
+p99s and slowest frame after each stream's start-up (frames that came in 2 s or more after its
+first); and the longest any stream waited for the shared engine's lock.
 """
 import argparse
 import re
@@ -57,9 +58,12 @@ def main():
     p50s, p99s, slowest, lock_waits = [], [], [], []
     frames_out = 0
     duration = r"([0-9.]+(?:ns|µs|us|ms|s))"
+    steady_p99s, steady_slowest = [], []
     pattern = re.compile(
         r"(\d+) frames out; time in the element \(buffer in to out\): "
         rf"p50 {duration}, p99 {duration}, max {duration} \(frame (\d+)\)"
+        rf"(?:; after the first \S+: \d+ frames, p50 {duration}, p99 {duration}, "
+        rf"max {duration} \(frame (\d+)\))?"
         rf"(?:; longest wait for the shared engine {duration})?"
     )
     for m in pattern.finditer(open(a.log, errors="replace").read()):
@@ -67,17 +71,28 @@ def main():
         p50s.append(seconds(m[2]) * 1e3)
         p99s.append(seconds(m[3]) * 1e3)
         slowest.append((seconds(m[4]) * 1e3, int(m[5])))
-        if m[6]:
-            lock_waits.append(seconds(m[6]) * 1e3)
+        if m[7]:
+            steady_p99s.append(seconds(m[7]) * 1e3)
+            steady_slowest.append((seconds(m[8]) * 1e3, int(m[9])))
+        if m[10]:
+            lock_waits.append(seconds(m[10]) * 1e3)
     if p50s:
         wait, frame = max(slowest)
         lock_wait = f"{max(lock_waits):.1f}" if lock_waits else "–"
+        if steady_p99s:
+            swait, sframe = max(steady_slowest)
+            steady = (
+                f"{statistics.median(steady_p99s):.1f} | {max(steady_p99s):.1f} | "
+                f"{swait:.1f} (frame {sframe})"
+            )
+        else:
+            steady = "– | – | –"
         latency = (
             f"{statistics.median(p50s):.1f} | {statistics.median(p99s):.1f} | "
-            f"{max(p99s):.1f} | {wait:.1f} (frame {frame}) | {lock_wait}"
+            f"{max(p99s):.1f} | {wait:.1f} (frame {frame}) | {steady} | {lock_wait}"
         )
     else:
-        latency = "– | – | – | – | –"
+        latency = "– | – | – | – | – | – | – | –"
     out = f"{frames_out}" if p50s else "–"
     print(
         f"| {a.label} | {a.streams} | {total} | {out} | {playing:.2f} s | {fps:,.0f} | "

@@ -17,7 +17,7 @@ use gst_base::subclass::base_transform::GenerateOutputSuccess;
 use gst_base::subclass::prelude::*;
 
 use super::batcher::{Batcher, Released};
-use super::latency::LatencyHistogram;
+use super::latency::{self, Latencies};
 use super::timer::BatchTimer;
 use crate::cudamem;
 use crate::engine::{self, Backend, EngineError, EngineOptions, ModelError, Precision};
@@ -157,7 +157,7 @@ struct State {
     /// Fresh frames whose scores held NaN or infinity (the first one is a warning).
     non_finite: u64,
     timer: Option<Arc<BatchTimer>>,
-    latency: LatencyHistogram,
+    latency: Latencies,
 }
 
 impl State {
@@ -666,16 +666,22 @@ impl BaseTransformImpl for TrtClassify {
         // Dropping the state leaves the shared engine, stops the timer thread and releases
         // held frames.
         if let Some(state) = self.state.lock().unwrap().take() {
-            let l = &state.latency;
+            let (l, steady) = (&state.latency.all, &state.latency.steady);
             gst::info!(
                 CAT,
                 imp = self,
-                "{} frames out; time in the element (buffer in to out): p50 {:.2?}, p99 {:.2?}, max {:.2?} (frame {}); longest wait for the shared engine {:.2?}",
+                "{} frames out; time in the element (buffer in to out): p50 {:.2?}, p99 {:.2?}, max {:.2?} (frame {}); after the first {:?}: {} frames, p50 {:.2?}, p99 {:.2?}, max {:.2?} (frame {}); longest wait for the shared engine {:.2?}",
                 l.frames(),
                 l.quantile(0.5),
                 l.quantile(0.99),
                 l.max(),
                 l.slowest(),
+                latency::START_UP,
+                steady.frames(),
+                steady.quantile(0.5),
+                steady.quantile(0.99),
+                steady.max(),
+                steady.slowest(),
                 state.stream.longest_wait()
             );
             if state.non_finite > 0 {
@@ -1046,7 +1052,7 @@ impl TrtClassify {
             failed: false,
             non_finite: 0,
             timer,
-            latency: LatencyHistogram::default(),
+            latency: Latencies::default(),
         });
         Ok(())
     }
@@ -1226,7 +1232,7 @@ impl TrtClassify {
                 self.attach_analytics(buffer_mut, None, &result.classes);
             }
             result.attach(buffer_mut);
-            state.latency.record(frame, arrived.elapsed());
+            state.latency.record(frame, arrived);
             state.ready.push_back(buffer);
         }
         if let Some((path, writer)) = state.results.as_mut()

@@ -1,8 +1,40 @@
 // SPDX-License-Identifier: MPL-2.0
-//! How long frames stay in the element (buffer in to buffer out), as a histogram with 5%
+//! How long frames stay in the element (buffer in to buffer out), as histograms with 5%
 //! wide buckets: constant memory however long a camera runs, percentiles within 5%.
+//!
+//! Start-up is kept apart from the steady state: while dozens of decoders open and allocate,
+//! and the shared engine runs its first batches, a stream's first frames can wait several
+//! times longer than any later one; over a short run they would set its p99 on their own.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Frames that come in within this long of a stream's first frame are its start-up.
+pub const START_UP: Duration = Duration::from_secs(2);
+
+/// The waits of all frames, and of those after the start-up.
+#[derive(Debug, Clone, Default)]
+pub struct Latencies {
+    pub all: LatencyHistogram,
+    pub steady: LatencyHistogram,
+    first_arrival: Option<Instant>,
+}
+
+impl Latencies {
+    /// Records that frame number `frame`, which came in at `arrived`, leaves now.
+    pub fn record(&mut self, frame: u64, arrived: Instant) {
+        self.record_at(frame, arrived, Instant::now());
+    }
+
+    fn record_at(&mut self, frame: u64, arrived: Instant, left: Instant) {
+        let wait = left.saturating_duration_since(arrived);
+        // Frames leave in the order they came, so the first recorded came in first.
+        let first = *self.first_arrival.get_or_insert(arrived);
+        self.all.record(frame, wait);
+        if arrived.saturating_duration_since(first) >= START_UP {
+            self.steady.record(frame, wait);
+        }
+    }
+}
 
 /// Bucket `i` holds waits of up to `RATIO^(i+1)` microseconds.
 const RATIO: f64 = 1.05;
@@ -77,6 +109,27 @@ impl LatencyHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_of_the_first_two_seconds_are_start_up() {
+        let mut l = Latencies::default();
+        let t0 = Instant::now();
+        // Frames 0..30 in the first second wait 80 ms; frames 30..90 from 2 s on wait 10 ms.
+        for frame in 0..30 {
+            let arrived = t0 + Duration::from_millis(frame * 33);
+            l.record_at(frame, arrived, arrived + Duration::from_millis(80));
+        }
+        for frame in 30..90 {
+            let arrived = t0 + Duration::from_millis(2000 + frame * 33);
+            l.record_at(frame, arrived, arrived + Duration::from_millis(10));
+        }
+        assert_eq!(l.all.frames(), 90);
+        assert_eq!(l.steady.frames(), 60);
+        assert_eq!(l.all.max(), Duration::from_millis(80));
+        assert_eq!(l.steady.max(), Duration::from_millis(10));
+        assert_eq!(l.steady.slowest(), 30);
+        assert_eq!(l.all.quantile(0.99), Duration::from_millis(80));
+    }
 
     #[test]
     fn quantiles_are_within_five_percent() {

@@ -1122,8 +1122,10 @@ impl Importer {
 
     /// An initializer or Constant value as f32.
     fn tensor(&self, t: &pb::TensorProto) -> Result<Tensor, String> {
-        let shape = sizes(&t.dims, &format!("tensor `{}` has dims", t.name))?;
-        let len: usize = shape.iter().product();
+        // The values are in the model (or in its external data, whose range was checked), so
+        // a tensor may be as large as its data: `sizes`' cap, which keeps a small model from
+        // making huge constants, does not apply. Past 2 GiB is what external data is for.
+        let (shape, len) = counted(&t.dims, &format!("tensor `{}` has dims", t.name))?;
         let raw = if t.data_location == Some(1) {
             self.external(t)?
         } else {
@@ -1266,19 +1268,24 @@ impl Attrs<'_> {
 /// together small enough for a constant to be made of them.
 fn sizes(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
     const MAX_ELEMENTS: usize = 1 << 28;
+    match counted(values, what)? {
+        (sizes, n) if n <= MAX_ELEMENTS => Ok(sizes),
+        _ => Err(format!("{what} {values:?} is too large")),
+    }
+}
+
+/// Sizes, none negative, and how many elements they make.
+fn counted(values: &[i64], what: &str) -> Result<(Vec<usize>, usize), String> {
     let sizes: Vec<usize> = values
         .iter()
         .map(|&v| usize::try_from(v))
         .collect::<Result<_, _>>()
         .map_err(|_| format!("{what} {values:?} has a negative value"))?;
-    match sizes
+    let n = sizes
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .filter(|&n| n <= MAX_ELEMENTS)
-    {
-        Some(_) => Ok(sizes),
-        None => Err(format!("{what} {values:?} is too large")),
-    }
+        .ok_or_else(|| format!("{what} {values:?} is too large"))?;
+    Ok((sizes, n))
 }
 
 /// How many inputs `op` requires (ONNX's operator specs); the rest are optional.

@@ -224,8 +224,9 @@ fn optimise(
     batch: usize,
 ) -> Result<(Arc<TypedRunnableModel>, usize), OptimiseError> {
     let other = |e: anyhow::Error| OptimiseError::Other(format!("{e:#}"));
+    let folder = model.folder();
     let parsed = tract_onnx::onnx()
-        .parse(&model.proto, model.dir())
+        .parse(&model.proto, folder.to_str())
         .map_err(other)?;
     if !parsed.unresolved_inputs.is_empty() {
         return Err(OptimiseError::Other(format!(

@@ -213,9 +213,9 @@ impl OnnxModel {
         })
     }
 
-    /// The folder that external weights are looked up in, as tract takes it.
-    pub fn dir(&self) -> Option<&str> {
-        self.path.parent().and_then(Path::to_str)
+    /// The folder the model's relative paths (external weights) start from.
+    pub fn folder(&self) -> PathBuf {
+        folder(&self.path)
     }
 
     /// The files holding external weights, each once.

@@ -92,6 +92,34 @@ pub fn import(
     height: usize,
     width: usize,
 ) -> Result<Graph, String> {
+    import_with(model, &initializers(model)?, batch, height, width)
+}
+
+/// The model's initializers as tensors: read once for the imports of every batch size, since
+/// a large model's weights are gigabytes in files of their own.
+pub fn initializers(model: &OnnxModel) -> Result<Vec<(String, Tensor)>, String> {
+    let graph = model
+        .proto
+        .graph
+        .as_ref()
+        .ok_or("the model holds no graph")?;
+    let dir = model.folder();
+    graph
+        .initializer
+        .iter()
+        .map(|init| Ok((init.name.clone(), tensor(init, &dir)?)))
+        .collect()
+}
+
+/// `import` with the model's `initializers` already read; their tensors are shared, not
+/// copied.
+pub fn import_with(
+    model: &OnnxModel,
+    initializers: &[(String, Tensor)],
+    batch: usize,
+    height: usize,
+    width: usize,
+) -> Result<Graph, String> {
     let graph = model
         .proto
         .graph
@@ -114,15 +142,14 @@ pub fn import(
         },
         alias: HashMap::new(),
         opset,
-        dir: model.path.parent().unwrap_or(Path::new(".")).to_owned(),
+        dir: model.folder(),
     };
     importer
         .graph
         .shapes
         .insert(model.input.name.clone(), input_shape);
-    for init in &graph.initializer {
-        let t = importer.tensor(init)?;
-        importer.graph.consts.insert(init.name.clone(), t);
+    for (name, t) in initializers {
+        importer.graph.consts.insert(name.clone(), t.clone());
     }
     // Constants made for a node are named after it, so each node gets a name of its own
     // (ONNX does not require them to be unique).
@@ -252,7 +279,7 @@ impl Importer {
             }
             "Constant" => {
                 let t = if let Some(t) = attrs.tensor("value") {
-                    self.tensor(t)?
+                    tensor(t, &self.dir)?
                 } else if let Some(f) = attrs.f("value_float") {
                     Tensor::scalar(f)
                 } else if let Some(i) = attrs.i("value_int") {
@@ -411,7 +438,7 @@ impl Importer {
                 let shape = sizes(&self.need_const(&x, "shape")?.ints(), "shape")?;
                 let value = attrs
                     .tensor("value")
-                    .map(|t| self.tensor(t))
+                    .map(|t| tensor(t, &self.dir))
                     .transpose()?
                     .map_or(0.0, |t| t.data[0]);
                 let len = shape.iter().product();
@@ -1119,78 +1146,70 @@ impl Importer {
         }
         Ok(())
     }
+}
 
-    /// An initializer or Constant value as f32.
-    fn tensor(&self, t: &pb::TensorProto) -> Result<Tensor, String> {
-        // The values are in the model (or in its external data, whose range was checked), so
-        // a tensor may be as large as its data: `sizes`' cap, which keeps a small model from
-        // making huge constants, does not apply. Past 2 GiB is what external data is for.
-        let (shape, len) = counted(&t.dims, &format!("tensor `{}` has dims", t.name))?;
-        let raw = if t.data_location == Some(1) {
-            self.external(t)?
-        } else {
-            t.raw_data.clone()
-        };
-        let from_raw = |size: usize, f: &dyn Fn(&[u8]) -> f32| -> Vec<f32> {
-            raw.chunks_exact(size).map(f).collect()
-        };
-        let data: Vec<f32> = match t.data_type {
-            1 if !raw.is_empty() => {
-                from_raw(4, &|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-            }
-            1 => t.float_data.clone(),
-            7 if !raw.is_empty() => from_raw(8, &|b| {
-                i64::from_le_bytes(b.try_into().expect("8 bytes")) as f32
-            }),
-            7 => t.int64_data.iter().map(|&v| v as f32).collect(),
-            6 if !raw.is_empty() => from_raw(4, &|b| {
-                i32::from_le_bytes(b.try_into().expect("4 bytes")) as f32
-            }),
-            6 | 5 | 4 | 3 | 2 | 9 if raw.is_empty() => {
-                t.int32_data.iter().map(|&v| v as f32).collect()
-            }
-            11 if !raw.is_empty() => from_raw(8, &|b| {
-                f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32
-            }),
-            11 => t.double_data.iter().map(|&v| v as f32).collect(),
-            10 if !raw.is_empty() => {
-                from_raw(2, &|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            }
-            10 => t
-                .int32_data
-                .iter()
-                .map(|&v| half::f16::from_bits(v as u16).to_f32())
-                .collect(),
-            9 | 2 | 3 => raw
-                .iter()
-                .map(|&b| {
-                    if t.data_type == 3 {
-                        b as i8 as f32
-                    } else {
-                        b as f32
-                    }
-                })
-                .collect(),
-            other => {
-                return Err(format!(
-                    "tensor `{}` has data type {other}, which is not supported",
-                    t.name
-                ));
-            }
-        };
-        if data.len() != len {
+/// An initializer or Constant value as f32; `dir` is the model's folder, for external data.
+fn tensor(t: &pb::TensorProto, dir: &Path) -> Result<Tensor, String> {
+    // The values are in the model (or in its external data, whose range was checked), so
+    // a tensor may be as large as its data: `sizes`' cap, which keeps a small model from
+    // making huge constants, does not apply. Past 2 GiB is what external data is for.
+    let (shape, len) = counted(&t.dims, &format!("tensor `{}` has dims", t.name))?;
+    let raw = if t.data_location == Some(1) {
+        crate::engine::external_data::locate(t, dir)?.read()?
+    } else {
+        t.raw_data.clone()
+    };
+    let from_raw = |size: usize, f: &dyn Fn(&[u8]) -> f32| -> Vec<f32> {
+        raw.chunks_exact(size).map(f).collect()
+    };
+    let data: Vec<f32> = match t.data_type {
+        1 if !raw.is_empty() => {
+            from_raw(4, &|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        }
+        1 => t.float_data.clone(),
+        7 if !raw.is_empty() => from_raw(8, &|b| {
+            i64::from_le_bytes(b.try_into().expect("8 bytes")) as f32
+        }),
+        7 => t.int64_data.iter().map(|&v| v as f32).collect(),
+        6 if !raw.is_empty() => from_raw(4, &|b| {
+            i32::from_le_bytes(b.try_into().expect("4 bytes")) as f32
+        }),
+        6 | 5 | 4 | 3 | 2 | 9 if raw.is_empty() => t.int32_data.iter().map(|&v| v as f32).collect(),
+        11 if !raw.is_empty() => from_raw(8, &|b| {
+            f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32
+        }),
+        11 => t.double_data.iter().map(|&v| v as f32).collect(),
+        10 if !raw.is_empty() => from_raw(2, &|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        10 => t
+            .int32_data
+            .iter()
+            .map(|&v| half::f16::from_bits(v as u16).to_f32())
+            .collect(),
+        9 | 2 | 3 => raw
+            .iter()
+            .map(|&b| {
+                if t.data_type == 3 {
+                    b as i8 as f32
+                } else {
+                    b as f32
+                }
+            })
+            .collect(),
+        other => {
             return Err(format!(
-                "tensor `{}` holds {} values for shape {shape:?}",
-                t.name,
-                data.len()
+                "tensor `{}` has data type {other}, which is not supported",
+                t.name
             ));
         }
-        Ok(Tensor::new(shape, data))
+    };
+    if data.len() != len {
+        return Err(format!(
+            "tensor `{}` holds {} values for shape {shape:?}",
+            t.name,
+            data.len()
+        ));
     }
-
-    fn external(&self, t: &pb::TensorProto) -> Result<Vec<u8>, String> {
-        crate::engine::external_data::locate(t, &self.dir)?.read()
-    }
+    Ok(Tensor::new(shape, data))
 }
 
 struct Attrs<'a>(&'a [pb::AttributeProto]);

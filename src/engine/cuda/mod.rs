@@ -258,8 +258,9 @@ pub fn compile(
 ) -> Result<(Vec<plan::Plan>, Weights), String> {
     let mut weights = Weights::default();
     let mut plans = Vec::new();
+    let initializers = import::initializers(model)?;
     for &batch in batch_sizes {
-        let mut graph = import::import(model, batch, spec.height, spec.width)?;
+        let mut graph = import::import_with(model, &initializers, batch, spec.height, spec.width)?;
         crate::engine::class_count(graph.shape(&graph.output), batch)?;
         passes::optimise(&mut graph);
         plans.push(lower::lower(&graph, dtype, &mut weights)?);

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""onnxruntime (CPU) on the same model and inputs as examples/bench_cpu.rs: median latency at
-batch 1 and images/s at batch 8, with 1 thread and with onnxruntime's default threads."""
+"""onnxruntime (CPU provider) on the same models and inputs as examples/bench_cpu.rs: the median
+time per frame at batch 1 and 8, with 1 thread and with all cores.
+    bench/ort_bench.py RUNS MODEL.onnx...
+    bench/ort_bench.py check MODEL.onnx SCORES   (SCORES: `bench_cpu 0 --scores MODEL.onnx`)"""
+import os
 import statistics
 import sys
 import time
@@ -8,22 +11,42 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-model, runs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30
-for threads, tag in [(1, "ort1t"), (0, "ortmt")]:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    for batch in (1, 8):
-        x = ((np.arange(batch * 3 * 224 * 224) * 7919) % 1000).astype(np.float32) / 500.0 - 1.0
-        x = x.reshape(batch, 3, 224, 224)
-        for _ in range(3):
-            sess.run(None, {name: x})
-        times = []
-        for _ in range(runs):
-            t = time.perf_counter()
-            sess.run(None, {name: x})
-            times.append((time.perf_counter() - t) * 1e3)
-        ms = statistics.median(times)
-        print(f"{tag}_b{batch}_ms {ms:.2f}")
-        print(f"{tag}_b{batch}_img_s {batch * 1e3 / ms:.1f}")
+
+
+def pattern(batch, shape):
+    n = batch * int(np.prod(shape))
+    x = ((np.arange(n) * 7919) % 1000).astype(np.float32) / 500.0 - 1.0
+    return x.reshape([batch] + shape)
+
+
+if sys.argv[1] == "check":
+    # Our scores for two frames beside onnxruntime's: the largest difference, and top-1.
+    model, ours = sys.argv[2], np.loadtxt(sys.argv[3], dtype=np.float32, ndmin=2)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    want = sess.run(None, {inp.name: pattern(2, list(inp.shape[1:]))})[0].reshape(2, -1)
+    name = os.path.splitext(os.path.basename(model))[0]
+    print(f"check_{name}_max_abs {np.abs(ours - want).max():.2e}")
+    print(f"check_{name}_top1_same {int((ours.argmax(1) == want.argmax(1)).all())}")
+    sys.exit(0)
+
+runs, models = int(sys.argv[1]), sys.argv[2:]
+for model in models:
+    name = os.path.splitext(os.path.basename(model))[0]
+    for threads in (1, os.cpu_count()):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        inp = sess.get_inputs()[0]
+        shape = [d if isinstance(d, int) else 1 for d in inp.shape[1:]]
+        for batch in (1, 8):
+            x = pattern(batch, shape)
+            for _ in range(3):
+                sess.run(None, {inp.name: x})
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                sess.run(None, {inp.name: x})
+                times.append((time.perf_counter() - t) * 1e3)
+            print(f"ort_{name}_t{threads}_b{batch}_ms {statistics.median(times) / batch:.2f}")

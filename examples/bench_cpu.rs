@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: MPL-2.0
-//! CPU backend benchmark: engine latency and throughput on a model, preprocessing cost, and a
-//! whole pipeline's frame rate. Prints one `name value` line per figure (medians).
+//! CPU backend benchmark: per-frame time of the engine on each model at batch 1 and 8, with
+//! one thread and with all cores; preprocessing cost; and the whole element's frame rate at
+//! 720p and 1080p. Prints one `name value` line per figure (medians).
 //!
-//! cargo run --release --example bench_cpu -- MODEL.onnx [RUNS]
-//! (bench/cpu.sh runs it beside onnxruntime and prints the comparison.)
+//! cargo run --release --example bench_cpu -- RUNS MODEL.onnx...
+//! cargo run --release --example bench_cpu -- RUNS --element MODEL.onnx
+//! cargo run --release --example bench_cpu -- 0 --scores MODEL.onnx   (two frames' scores)
+//! (bench/cpu.sh runs it beside onnxruntime and prints the comparison;
+//! TRTCLASSIFY_CPU=tract measures the tract path instead.)
 
 use std::time::Instant;
 
 use gst::prelude::*;
-use gsttrtclassify::engine::cpu::CpuEngine;
+use gsttrtclassify::engine::cpu::{CpuEngine, cores};
 use gsttrtclassify::engine::{Engine, EngineOptions, Precision};
-use gsttrtclassify::preprocess::{Crop, PreprocessOptions, Preprocessor};
+use gsttrtclassify::preprocess::{Crop, InputSpec, Layout, PreprocessOptions, Preprocessor};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -25,85 +29,178 @@ fn time_ms(mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let model = args.next().expect("usage: bench_cpu MODEL.onnx [RUNS]");
-    let runs: usize = args.next().map(|r| r.parse().unwrap()).unwrap_or(30);
+    let usage = "usage: bench_cpu RUNS MODEL.onnx...";
+    let runs: usize = args.next().expect(usage).parse().expect(usage);
+    let mut models: Vec<String> = args.collect();
+    let element = models.first().is_some_and(|m| m == "--element");
+    if models.first().is_some_and(|m| m == "--scores") {
+        return print_scores(&models[1]);
+    }
     gst::init().unwrap();
     gsttrtclassify::plugin_register_static().unwrap();
+    let tag = match std::env::var("TRTCLASSIFY_CPU").as_deref() {
+        Ok("tract") => "tract",
+        _ => "ours",
+    };
 
-    for batch in [1usize, 8] {
-        let options = EngineOptions {
-            model: model.clone().into(),
-            batch_size: batch,
-            input_size: None,
-            precision: Precision::Fp32,
-            gpu_id: 0,
-            engine_location: None,
-            progress: Default::default(),
-            preprocess: PreprocessOptions::default(),
-        };
-        let mut engine = CpuEngine::build(&options).unwrap();
-        let input: Vec<f32> = (0..batch * engine.info().input.frame_len())
-            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-            .collect();
-        for _ in 0..3 {
-            engine.infer(&input, batch).unwrap();
+    if element {
+        models.remove(0);
+        return bench_element(&models[0], runs, tag);
+    }
+    for model in &models {
+        let name = std::path::Path::new(model)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        for threads in [1, cores()] {
+            for batch in [1usize, 8] {
+                let options = EngineOptions {
+                    model: model.into(),
+                    batch_size: batch,
+                    input_size: None,
+                    precision: Precision::Fp32,
+                    gpu_id: 0,
+                    threads,
+                    engine_location: None,
+                    progress: Default::default(),
+                    preprocess: PreprocessOptions::default(),
+                };
+                let mut engine = CpuEngine::build(&options).unwrap();
+                let input: Vec<f32> = (0..batch * engine.info().input.frame_len())
+                    .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                for _ in 0..3 {
+                    engine.infer(&input, batch).unwrap();
+                }
+                if std::env::var_os("PROFILE").is_some() && threads == 1 && batch == 1 {
+                    print_profile(&engine, &input);
+                }
+                let times: Vec<f64> = (0..runs)
+                    .map(|_| time_ms(|| drop(engine.infer(&input, batch).unwrap())))
+                    .collect();
+                // Per frame: a batch's time over its frames.
+                let ms = median(times) / batch as f64;
+                println!("{tag}_{name}_t{threads}_b{batch}_ms {ms:.2}");
+            }
         }
-        let times: Vec<f64> = (0..runs)
-            .map(|_| time_ms(|| drop(engine.infer(&input, batch).unwrap())))
+    }
+}
+
+/// The scores of two frames of the benchmark's input pattern, one line each, for a check
+/// against onnxruntime.
+fn print_scores(model: &str) {
+    let options = EngineOptions {
+        model: model.into(),
+        batch_size: 2,
+        input_size: None,
+        precision: Precision::Fp32,
+        gpu_id: 0,
+        threads: 0,
+        engine_location: None,
+        progress: Default::default(),
+        preprocess: PreprocessOptions::default(),
+    };
+    let mut engine = CpuEngine::build(&options).unwrap();
+    let input: Vec<f32> = (0..2 * engine.info().input.frame_len())
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    for scores in engine.infer(&input, 2).unwrap() {
+        let text: Vec<String> = scores.iter().map(|v| v.to_string()).collect();
+        println!("{}", text.join(" "));
+    }
+}
+
+/// PROFILE=1: the steps that take the most time, summed by kind, to stderr.
+fn print_profile(engine: &CpuEngine, input: &[f32]) {
+    let Some(steps) = engine.profile(input) else {
+        return;
+    };
+    let mut total = std::collections::BTreeMap::<String, (f64, usize)>::new();
+    for (step, time) in steps {
+        // "conv 1x32x112x112 k3x3 s1 g32 -> 32 ..." summed as "conv k3x3 s1 g32".
+        let words: Vec<&str> = step.split_whitespace().collect();
+        let kind = match words[0] {
+            "conv" => format!(
+                "conv {} {} {}",
+                words[2],
+                words[3],
+                if words[4] == "g1" { "g1" } else { "grouped" }
+            ),
+            "gemm" => "gemm".to_string(),
+            other => format!("{other} {}", words.get(1).unwrap_or(&"")),
+        };
+        let entry = total.entry(kind).or_default();
+        entry.0 += time.as_secs_f64() * 1e3;
+        entry.1 += 1;
+    }
+    let mut rows: Vec<_> = total.into_iter().collect();
+    rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    for (kind, (ms, n)) in rows.iter().take(12) {
+        eprintln!("  {ms:8.2} ms  {n:3}x  {kind}");
+    }
+}
+
+/// Preprocessing alone, then the whole element in a pipeline.
+fn bench_element(model: &str, runs: usize, tag: &str) {
+    // Preprocessing of a 1280x720 and a 1920x1080 I420 frame to 224x224 NCHW float.
+    for (width, height) in [(1280, 720), (1920, 1080)] {
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::I420, width, height)
+            .build()
+            .unwrap();
+        let buffer = gst::Buffer::from_mut_slice(vec![128u8; info.size()]);
+        let frame =
+            gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).unwrap();
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 224,
+            width: 224,
+        };
+        let mut pre = Preprocessor::new(PreprocessOptions::default(), input).unwrap();
+        let mut out = vec![0f32; input.frame_len()];
+        pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
+        let times: Vec<f64> = (0..runs.max(50))
+            .map(|_| time_ms(|| pre.run(&frame, &[Crop::Whole], &mut out).unwrap()))
             .collect();
-        let ms = median(times);
-        println!("tract_b{batch}_ms {ms:.2}");
-        println!("tract_b{batch}_img_s {:.1}", batch as f64 * 1e3 / ms);
+        println!("preprocess_{height}p_ms {:.2}", median(times));
     }
 
-    // Preprocessing of a 1280x720 I420 frame to 224x224 NCHW float.
-    let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::I420, 1280, 720)
-        .build()
-        .unwrap();
-    let buffer = gst::Buffer::from_mut_slice(vec![128u8; info.size()]);
-    let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).unwrap();
-    let input = gsttrtclassify::preprocess::InputSpec {
-        layout: gsttrtclassify::preprocess::Layout::Nchw,
-        channels: 3,
-        height: 224,
-        width: 224,
-    };
-    let mut pre = Preprocessor::new(PreprocessOptions::default(), input).unwrap();
-    let mut out = vec![0f32; input.frame_len()];
-    pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
-    let times: Vec<f64> = (0..runs.max(50))
-        .map(|_| time_ms(|| pre.run(&frame, &[Crop::Whole], &mut out).unwrap()))
-        .collect();
-    println!("preprocess_720p_ms {:.2}", median(times));
-
-    // The whole element: 720p I420 frames through trtclassify, batch 1 and 8.
-    for batch in [1, 8] {
-        let frames = 4 * runs;
-        let pipeline = gst::parse::launch(&format!(
-            "videotestsrc num-buffers={frames} pattern=ball ! video/x-raw,format=I420,width=1280,height=720 ! \
-             trtclassify onnx-location={model} batch-size={batch} batch-timeout=-1 ! fakesink name=sink sync=false"
-        ))
-        .unwrap()
-        .downcast::<gst::Pipeline>()
-        .unwrap();
-        pipeline.set_state(gst::State::Paused).unwrap();
-        let bus = pipeline.bus().unwrap();
-        // Engine build happens in start(); time only the streaming.
-        bus.timed_pop_filtered(
-            gst::ClockTime::NONE,
-            &[gst::MessageType::AsyncDone, gst::MessageType::Error],
-        );
-        let t = Instant::now();
-        pipeline.set_state(gst::State::Playing).unwrap();
-        let msg = bus
-            .timed_pop_filtered(
-                gst::ClockTime::NONE,
-                &[gst::MessageType::Eos, gst::MessageType::Error],
-            )
+    // The whole element: I420 frames through trtclassify (all cores).
+    for (width, height) in [(1280, 720), (1920, 1080)] {
+        for batch in [1, 8] {
+            let frames = 4 * runs;
+            let pipeline = gst::parse::launch(&format!(
+                "videotestsrc num-buffers={frames} pattern=ball ! \
+                 video/x-raw,format=I420,width={width},height={height} ! \
+                 trtclassify onnx-location={model} batch-size={batch} batch-timeout=-1 ! \
+                 fakesink name=sink sync=false"
+            ))
+            .unwrap()
+            .downcast::<gst::Pipeline>()
             .unwrap();
-        assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
-        let secs = t.elapsed().as_secs_f64();
-        pipeline.set_state(gst::State::Null).unwrap();
-        println!("pipeline_720p_b{batch}_fps {:.1}", frames as f64 / secs);
+            pipeline.set_state(gst::State::Paused).unwrap();
+            let bus = pipeline.bus().unwrap();
+            // The engine builds in start(); only the streaming is timed.
+            bus.timed_pop_filtered(
+                gst::ClockTime::NONE,
+                &[gst::MessageType::AsyncDone, gst::MessageType::Error],
+            );
+            let t = Instant::now();
+            pipeline.set_state(gst::State::Playing).unwrap();
+            let msg = bus
+                .timed_pop_filtered(
+                    gst::ClockTime::NONE,
+                    &[gst::MessageType::Eos, gst::MessageType::Error],
+                )
+                .unwrap();
+            assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
+            let secs = t.elapsed().as_secs_f64();
+            pipeline.set_state(gst::State::Null).unwrap();
+            println!(
+                "{tag}_pipeline_{height}p_b{batch}_fps {:.1}",
+                frames as f64 / secs
+            );
+        }
     }
 }

@@ -14,7 +14,7 @@ the folder of this script):
     *_reference.json    onnxruntime outputs for fixed random inputs
     bad/*               broken or unsupported models for the error-handling tests
 
-With --bench the (large, not committed) MobileNetV2 benchmark model is written
+With --bench the (large, not committed) benchmark models are written
 as well, e.g. `python3 models/generate.py --out target/bench --bench`.
 
 All models are float32, opset 13 (ops.onnx: opset 17, for LayerNormalization),
@@ -64,6 +64,8 @@ SEED_CNN_REFERENCE = 2
 SEED_COLORS_REFERENCE = 3
 SEED_RANDOM_BIN = 4
 SEED_MOBILENET = 5
+SEED_RESNET50 = 6
+SEED_EFFICIENTNET = 7
 SEED_OPS_WEIGHTS = 6
 SEED_OPS_REFERENCE = 7
 SEED_OPS_CALIBRATION = 8
@@ -467,6 +469,82 @@ def build_mobilenet_v2():
     return b.model("mobilenet_v2", [float_input(["N", 3, 224, 224])], [float_output(["N", 1000])])
 
 
+def bottleneck(b, x, cin, width, stride):
+    """ResNet-50 v1.5 bottleneck: 1x1 -> 3x3 (stride) -> 1x1 (4x width), projection shortcut where the shape changes."""
+    cout = width * 4
+    h = b.op("Relu", [b.batchnorm(b.conv(x, cin, width, 1), width)])
+    h = b.op("Relu", [b.batchnorm(b.conv(h, width, width, 3, stride=stride), width)])
+    h = b.batchnorm(b.conv(h, width, cout, 1, gain=0.5), cout)
+    if stride != 1 or cin != cout:
+        x = b.batchnorm(b.conv(x, cin, cout, 1, stride=stride), cout)
+    return b.op("Relu", [b.op("Add", [x, h])])
+
+
+def build_resnet50():
+    """ResNet-50 (224) as torchvision exports it, with random He-scaled weights."""
+    b = GraphBuilder(np.random.default_rng(SEED_RESNET50))
+    x = b.op("Relu", [b.batchnorm(b.conv(INPUT, 3, 64, 7, stride=2), 64)])
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for width, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+        for i in range(blocks):
+            x = bottleneck(b, x, cin, width, stride if i == 0 else 1)
+            cin = width * 4
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    b.gemm(x, 2048, 1000, output=OUTPUT)
+    return b.model("resnet50", [float_input(["N", 3, 224, 224])], [float_output(["N", 1000])])
+
+
+def swish(b, x):
+    """SiLU as PyTorch exports it: Sigmoid then Mul."""
+    return b.op("Mul", [x, b.op("Sigmoid", [x])])
+
+
+# (expansion, kernel, stride, output channels, repeats) of EfficientNet-B0.
+EFFICIENTNET_B0_SETTINGS = [
+    (1, 3, 1, 16, 1),
+    (6, 3, 2, 24, 2),
+    (6, 5, 2, 40, 2),
+    (6, 3, 2, 80, 3),
+    (6, 5, 1, 112, 3),
+    (6, 5, 2, 192, 4),
+    (6, 3, 1, 320, 1),
+]
+
+
+def mbconv(b, x, cin, cout, kernel, stride, expansion):
+    """EfficientNet MBConv: 1x1 expand -> depthwise -> squeeze-and-excitation -> 1x1 project [+ skip]."""
+    hidden = cin * expansion
+    h = x
+    if expansion != 1:
+        h = swish(b, b.batchnorm(b.conv(h, cin, hidden, 1), hidden))
+    h = swish(b, b.batchnorm(b.conv(h, hidden, hidden, kernel, stride=stride, group=hidden), hidden))
+    squeeze = max(1, cin // 4)
+    s = b.op("GlobalAveragePool", [h])
+    s = swish(b, b.conv(s, hidden, squeeze, 1, bias=True))
+    s = b.op("Sigmoid", [b.conv(s, squeeze, hidden, 1, bias=True)])
+    h = b.op("Mul", [h, s])
+    h = b.batchnorm(b.conv(h, hidden, cout, 1, gain=0.5), cout)
+    if stride == 1 and cin == cout:
+        h = b.op("Add", [x, h])
+    return h
+
+
+def build_efficientnet_b0():
+    """EfficientNet-B0 (224) as torchvision exports it, with random He-scaled weights."""
+    b = GraphBuilder(np.random.default_rng(SEED_EFFICIENTNET))
+    x = swish(b, b.batchnorm(b.conv(INPUT, 3, 32, 3, stride=2), 32))
+    cin = 32
+    for expansion, kernel, stride, cout, repeats in EFFICIENTNET_B0_SETTINGS:
+        for i in range(repeats):
+            x = mbconv(b, x, cin, cout, kernel, stride if i == 0 else 1, expansion)
+            cin = cout
+    x = swish(b, b.batchnorm(b.conv(x, cin, 1280, 1), 1280))
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    b.gemm(x, 1280, 1000, output=OUTPUT)
+    return b.model("efficientnet_b0", [float_input(["N", 3, 224, 224])], [float_output(["N", 1000])])
+
+
 # --------------------------------------------------------------------------
 # Bad models (error-handling tests)
 # --------------------------------------------------------------------------
@@ -687,7 +765,7 @@ def check_ops(out_dir):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="output folder")
-    parser.add_argument("--bench", action="store_true", help="also write the MobileNetV2 benchmark model")
+    parser.add_argument("--bench", action="store_true", help="also write the benchmark models (MobileNetV2, ResNet-50, EfficientNet-B0)")
     args = parser.parse_args()
     out = args.out
     bad = out / "bad"
@@ -704,6 +782,8 @@ def main():
     }
     if args.bench:
         valid_models["mobilenet_v2_224.onnx"] = build_mobilenet_v2()
+        valid_models["resnet50_224.onnx"] = build_resnet50()
+        valid_models["efficientnet_b0_224.onnx"] = build_efficientnet_b0()
 
     for name, model in valid_models.items():
         save_model(model, out / name)
@@ -711,7 +791,8 @@ def main():
     save_text(out / "cnn.txt", [f"class{i}" for i in range(10)])
     save_text(out / "ops.txt", OPS_LABELS)
     if args.bench:
-        save_text(out / "mobilenet_v2_224.txt", [f"class{i}" for i in range(1000)])
+        for name in ["mobilenet_v2_224", "resnet50_224", "efficientnet_b0_224"]:
+            save_text(out / f"{name}.txt", [f"class{i}" for i in range(1000)])
 
     save_reference(out / "cnn.onnx", out / "cnn_reference.json", (3, 3, 32, 32), SEED_CNN_REFERENCE)
     save_reference(out / "colors.onnx", out / "colors_reference.json", (2, 3, 16, 16), SEED_COLORS_REFERENCE)

@@ -449,6 +449,7 @@ mod tests {
                 input_size: None,
                 precision: crate::engine::Precision::Fp32,
                 gpu_id: 0,
+                threads: 0,
                 engine_location: None,
                 preprocess: Default::default(),
                 progress: Default::default(),

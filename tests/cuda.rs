@@ -19,6 +19,7 @@ fn options(model: &str, batch_size: usize, precision: Precision) -> EngineOption
         input_size: None,
         precision,
         gpu_id: 0,
+        threads: 0,
         engine_location: None,
         progress: Default::default(),
         preprocess: PreprocessOptions::default(),

@@ -102,6 +102,23 @@ fn frames_wait_for_a_full_batch_and_leave_in_order() {
 }
 
 #[test]
+fn a_batch_spread_over_threads_keeps_each_frame_its_own_result() {
+    // With two threads the cpu backend runs the frames of a model batch side by side; each
+    // still gets its own colour, in order, and the property reads back.
+    let mut h = harness("batch-size=5 batch-timeout=-1 threads=2");
+    let element = h.find_element("trtclassify").unwrap();
+    assert_eq!(element.property::<u32>("threads"), 2);
+    push_frames(&mut h, 0..10);
+    assert_eq!(indices(&pull_all(&mut h)), (0..10).collect::<Vec<_>>());
+    let default = gst::ElementFactory::make("trtclassify").build().unwrap();
+    assert_eq!(
+        default.property::<u32>("threads"),
+        0,
+        "all cores by default"
+    );
+}
+
+#[test]
 fn drain_query_releases_held_frames() {
     let mut h = harness("batch-size=4 batch-timeout=-1");
     push_frames(&mut h, 0..3);

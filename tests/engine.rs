@@ -14,6 +14,7 @@ fn options(model: &str, batch_size: usize) -> EngineOptions {
         input_size: None,
         precision: Precision::Fp32,
         gpu_id: 0,
+        threads: 0,
         engine_location: None,
         progress: Default::default(),
         preprocess: PreprocessOptions::default(),

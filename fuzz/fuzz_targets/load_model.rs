@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
         input_size: None,
         precision: Precision::Fp32,
         gpu_id: 0,
+        threads: 0,
         engine_location: None,
         preprocess: PreprocessOptions::default(),
         progress: Default::default(),

@@ -118,6 +118,7 @@ fn options(args: &Args, model: &Path, batch_size: usize, engine: Option<PathBuf>
         input_size: args.input_size,
         precision: args.precision,
         gpu_id: args.gpu_id,
+        threads: 0,
         engine_location: engine,
         preprocess: PreprocessOptions::default(),
         progress: Progress::new(|msg| eprintln!("  {msg}")),

@@ -70,6 +70,8 @@ pub struct EngineOptions {
     pub input_size: Option<(usize, usize)>,
     pub precision: Precision,
     pub gpu_id: u32,
+    /// Threads of the CPU backend's shared pool one engine may use; 0: all cores.
+    pub threads: usize,
     /// Where the GPU engine is saved and loaded; `None`: the per-user cache folder.
     pub engine_location: Option<PathBuf>,
     pub preprocess: PreprocessOptions,

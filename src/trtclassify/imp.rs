@@ -64,6 +64,7 @@ struct Settings {
     backend: Backend,
     precision: Precision,
     gpu_id: u32,
+    threads: u32,
     batch_size: u32,
     input_width: u32,
     input_height: u32,
@@ -101,6 +102,7 @@ impl Default for Settings {
             backend: DEFAULT_BACKEND,
             precision: DEFAULT_PRECISION,
             gpu_id: DEFAULT_GPU_ID,
+            threads: 0,
             batch_size: DEFAULT_BATCH_SIZE,
             input_width: 0,
             input_height: 0,
@@ -248,6 +250,16 @@ impl ObjectImpl for TrtClassify {
                     .blurb("Index of the GPU that GPU backends run on")
                     .maximum(63)
                     .default_value(DEFAULT_GPU_ID)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("threads")
+                    .nick("Threads")
+                    .blurb("CPU cores the cpu backend may use for this model (0: all). The cores \
+                            form one pool for every element of the process, so that many \
+                            cameras share them; more threads run more frames of a batch at \
+                            once, or one frame's layers in parallel")
+                    .maximum(1024)
+                    .default_value(0)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt::builder("batch-size")
@@ -402,6 +414,7 @@ impl ObjectImpl for TrtClassify {
             "backend" => settings.backend = value.get().expect("type checked upstream"),
             "precision" => settings.precision = value.get().expect("type checked upstream"),
             "gpu-id" => settings.gpu_id = value.get().expect("type checked upstream"),
+            "threads" => settings.threads = value.get().expect("type checked upstream"),
             "batch-size" => settings.batch_size = value.get().expect("type checked upstream"),
             "batch-timeout" => {
                 settings.tunables.batch_timeout_ms = value.get().expect("type checked upstream")
@@ -454,6 +467,7 @@ impl ObjectImpl for TrtClassify {
             "backend" => settings.backend.to_value(),
             "precision" => settings.precision.to_value(),
             "gpu-id" => settings.gpu_id.to_value(),
+            "threads" => settings.threads.to_value(),
             "batch-size" => settings.batch_size.to_value(),
             "batch-timeout" => settings.tunables.batch_timeout_ms.to_value(),
             "top-k" => settings.tunables.top_k.to_value(),
@@ -1519,6 +1533,7 @@ fn instance_key(
             input_size,
             precision: settings.precision,
             gpu_id: settings.gpu_id,
+            threads: settings.threads as usize,
             engine_location: settings.engine_location.clone().map(Into::into),
             progress,
             preprocess: PreprocessOptions {

@@ -253,60 +253,75 @@ fn check_plans(
     if let Some(i) = weights.iter().position(|w| w.len() % dtype.size() != 0) {
         return Err(format!("weight {i} is not a whole number of values"));
     }
+    let weight_len = |index: usize| weights.get(index).map(|w| w.len() / dtype.size());
     for plan in plans {
-        let batch = plan.batch;
-        let fail = |what: String| Err(format!("the plan for batch {batch}: {what}"));
-        if plan.dtype != dtype {
-            return fail("another precision".into());
-        }
-        if Some(plan.input_len) != batch.checked_mul(frame_len)
-            || Some(plan.output_len) != batch.checked_mul(num_classes)
-        {
-            return fail(format!(
-                "input of {} and output of {} values, for frames of {frame_len} and {num_classes} classes",
-                plan.input_len, plan.output_len
-            ));
-        }
-        let buffer_len = |loc: Loc| -> Option<i128> {
-            let len = match loc {
-                Loc::Arena(_) => plan.arena_len,
-                Loc::Input(_) => plan.input_len,
-                Loc::Output(_) => plan.output_len,
-                Loc::Weight { index, .. } => weights.get(index)?.len() / dtype.size(),
-                Loc::Temp { .. } => return None,
-            };
-            Some(len as i128)
+        check_plan(plan, &weight_len, dtype, frame_len, num_classes)?;
+    }
+    Ok(())
+}
+
+/// One plan holds the batch's frames and scores in its input and output buffers, and every
+/// step's sizes fit what its kernel takes and keep it inside the buffers it names
+/// (`weight_len`: the values of each weight). The CPU backend checks its plans with it too.
+pub fn check_plan(
+    plan: &mut Plan,
+    weight_len: &dyn Fn(usize) -> Option<usize>,
+    dtype: DType,
+    frame_len: usize,
+    num_classes: usize,
+) -> Result<(), String> {
+    let batch = plan.batch;
+    let fail = |what: String| Err(format!("the plan for batch {batch}: {what}"));
+    if plan.dtype != dtype {
+        return fail("another precision".into());
+    }
+    if Some(plan.input_len) != batch.checked_mul(frame_len)
+        || Some(plan.output_len) != batch.checked_mul(num_classes)
+    {
+        return fail(format!(
+            "input of {} and output of {} values, for frames of {frame_len} and {num_classes} classes",
+            plan.input_len, plan.output_len
+        ));
+    }
+    let buffer_len = |loc: Loc| -> Option<i128> {
+        let len = match loc {
+            Loc::Arena(_) => plan.arena_len,
+            Loc::Input(_) => plan.input_len,
+            Loc::Output(_) => plan.output_len,
+            Loc::Weight { index, .. } => weight_len(index)?,
+            Loc::Temp { .. } => return None,
         };
-        // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
-        for (s, step) in plan.steps.iter_mut().enumerate() {
-            let described = step.describe();
-            let fail = |what: String| fail(format!("step {s} ({described}): {what}"));
-            if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
-                return fail(what);
-            }
-            for span in step.spans() {
-                let (offset, buffer) = match span.loc {
-                    Loc::Arena(o) | Loc::Input(o) | Loc::Output(o) => (o, "buffer"),
-                    Loc::Weight { index, offset } if index < weights.len() => (offset, "weight"),
-                    Loc::Weight { index, offset } => {
-                        return fail(format!("names weight {index} at {offset}, not in the file"));
-                    }
-                    Loc::Temp { .. } => return fail("an unplaced buffer".into()),
-                };
-                let len = buffer_len(span.loc).expect("placed above");
-                let (start, end) = (offset as i128 + span.start, offset as i128 + span.end);
-                if start < 0 || end > len {
-                    return fail(format!(
-                        "touches elements {start}..{end} of a {buffer} of {len} ({:?})",
-                        span.loc
-                    ));
+        Some(len as i128)
+    };
+    // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
+    for (s, step) in plan.steps.iter_mut().enumerate() {
+        let described = step.describe();
+        let fail = |what: String| fail(format!("step {s} ({described}): {what}"));
+        if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
+            return fail(what);
+        }
+        for span in step.spans() {
+            let (offset, buffer) = match span.loc {
+                Loc::Arena(o) | Loc::Input(o) | Loc::Output(o) => (o, "buffer"),
+                Loc::Weight { index, offset } if weight_len(index).is_some() => (offset, "weight"),
+                Loc::Weight { index, offset } => {
+                    return fail(format!("names weight {index} at {offset}, not in the file"));
                 }
+                Loc::Temp { .. } => return fail("an unplaced buffer".into()),
+            };
+            let len = buffer_len(span.loc).expect("placed above");
+            let (start, end) = (offset as i128 + span.start, offset as i128 + span.end);
+            if start < 0 || end > len {
+                return fail(format!(
+                    "touches elements {start}..{end} of a {buffer} of {len} ({:?})",
+                    span.loc
+                ));
             }
-            // Every buffer was covered by a span (those of empty operands aside).
-            for loc in step.locs_mut() {
-                if matches!(loc, Loc::Temp { .. }) {
-                    return fail("an unplaced buffer".into());
-                }
+        }
+        // Every buffer was covered by a span (those of empty operands aside).
+        for loc in step.locs_mut() {
+            if matches!(loc, Loc::Temp { .. }) {
+                return fail("an unplaced buffer".into());
             }
         }
     }

@@ -23,7 +23,7 @@ pub mod reference;
 pub mod runtime;
 
 #[cfg(test)]
-mod sim;
+pub(crate) mod sim;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The embedded CPU backend, pure Rust, nothing to install: the plan the CUDA engine is
+//! built from, run by our own kernels on the `gemm` crate (`plan_runner`), for every model
+//! its importer takes; tract (`tract`) for the others.
+
+mod kernels;
+mod plan_runner;
+#[cfg(test)]
+mod tests;
+mod tract;
+mod vector;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
+use crate::engine::CAT;
+use crate::preprocess::{Crop, Preprocessor};
+use plan_runner::PlanRunner;
+pub use plan_runner::cores;
+use tract::TractRunner;
+
+/// A fixed batch above this is taken for a broken model rather than allocated.
+const MAX_MODEL_BATCH: usize = 256;
+
+/// What runs the model.
+enum Runner {
+    Plan(PlanRunner),
+    Tract(TractRunner),
+}
+
+impl Runner {
+    fn run(&self, input: &[f32], n: usize) -> Result<Vec<f32>, EngineError> {
+        match self {
+            Runner::Plan(plan) => Ok(plan.run(input, n)),
+            Runner::Tract(tract) => tract.run(input, n),
+        }
+    }
+
+    fn num_classes(&self) -> usize {
+        match self {
+            Runner::Plan(plan) => plan.num_classes(),
+            Runner::Tract(tract) => tract.num_classes(),
+        }
+    }
+}
+
+pub struct CpuEngine {
+    info: ModelInfo,
+    runner: Runner,
+    preprocessor: Preprocessor,
+    /// The frames pushed and not yet run, preprocessed; reused.
+    input: Vec<f32>,
+    /// Scores of the pushed frames that have run.
+    ran: super::Ran,
+}
+
+impl CpuEngine {
+    pub fn build(options: &EngineOptions) -> Result<Self, EngineError> {
+        let model = OnnxModel::load(&options.model)?;
+        Self::from_model(&model, options)
+    }
+
+    pub fn from_model(model: &OnnxModel, options: &EngineOptions) -> Result<Self, EngineError> {
+        let fail = |reason: String| EngineError::Build {
+            path: model.path.clone(),
+            reason,
+        };
+        if options.precision == Precision::Fp16 {
+            gst::info!(
+                CAT,
+                "the cpu backend runs fp32 (precision=fp16 applies to GPU backends)"
+            );
+        }
+        let input = model.input_spec(options.input_size).map_err(fail)?;
+        let fixed = match model.input.batch {
+            Dim::Fixed(n) if n > MAX_MODEL_BATCH => {
+                return Err(fail(format!(
+                    "the model fixes its batch at {n}; at most {MAX_MODEL_BATCH} is supported"
+                )));
+            }
+            Dim::Fixed(n) => Some(n),
+            Dim::Dynamic(_) => None,
+        };
+        let threads = match options.threads {
+            0 => cores(),
+            n => n.min(cores()),
+        };
+        let (runner, model_batch) = match plan_runner(model, input, fixed, threads) {
+            Ok(plan) => {
+                // Frames run one per plan run; as many at once as there are threads, so a
+                // full model batch keeps them all busy, and a single thread runs each frame
+                // as it comes.
+                let model_batch = fixed.unwrap_or(options.batch_size.clamp(1, threads));
+                gst::info!(
+                    CAT,
+                    "{}: cpu engine: {} steps of {} frame(s), {threads} thread(s)",
+                    model.path.display(),
+                    plan.steps(),
+                    plan.batch()
+                );
+                (Runner::Plan(plan), model_batch)
+            }
+            Err(reason) => {
+                gst::info!(
+                    CAT,
+                    "{}: the cpu engine runs it with tract, on one thread: {reason}",
+                    model.path.display()
+                );
+                // tract runs one thread per call; measured on MobileNetV2
+                // (docs/benchmarks.md), a batch of 8 in one call costs twice the time per
+                // frame of 8 single-frame calls (the activations leave the cache). So frames
+                // run one per call unless the model fixes a larger batch.
+                let model_batch = fixed.unwrap_or(1);
+                let tract = TractRunner::new(model, input, model_batch)?;
+                (Runner::Tract(tract), model_batch)
+            }
+        };
+        let num_classes = runner.num_classes();
+
+        let preprocessor = Preprocessor::new(options.preprocess.clone(), input).map_err(fail)?;
+        let info = ModelInfo {
+            input,
+            num_classes,
+            model_batch,
+            outputs_probabilities: matches!(
+                model.output_op.as_deref(),
+                Some("Softmax" | "Sigmoid")
+            ),
+            backend: Backend::Cpu,
+            precision: Precision::Fp32,
+            reads_device_frames: false,
+        };
+        gst::info!(
+            CAT,
+            "{}: cpu engine ready: input {:?} {}x{}x{}, {} classes, {} frame(s) per call",
+            model.path.display(),
+            input.layout,
+            input.channels,
+            input.height,
+            input.width,
+            num_classes,
+            model_batch
+        );
+        Ok(CpuEngine {
+            info,
+            runner,
+            preprocessor,
+            input: Vec::new(),
+            ran: Default::default(),
+        })
+    }
+
+    fn run_call(&self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+        let scores = self.runner.run(input, n)?;
+        Ok(scores
+            .chunks(self.info.num_classes)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+}
+
+impl CpuEngine {
+    /// Each step's time over one frame, where the plan runs the model; for benchmarks.
+    pub fn profile(&self, input: &[f32]) -> Option<Vec<(String, std::time::Duration)>> {
+        match &self.runner {
+            Runner::Plan(plan) if input.len() == plan.batch() * self.info.input.frame_len() => {
+                Some(plan.profile(input))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Engine for CpuEngine {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
+            self.run_call(chunk, frames)
+        })
+    }
+
+    fn push(
+        &mut self,
+        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        crops: &[Crop],
+    ) -> Result<(), EngineError> {
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let mut crops = crops;
+        while !crops.is_empty() {
+            // As many crops as the model batch has room for; a full batch runs at once.
+            let n = self.input.len() / frame_len;
+            let (now, rest) = crops.split_at(crops.len().min(batch - n));
+            self.input.resize((n + now.len()) * frame_len, 0.0);
+            if let Err(e) = self
+                .preprocessor
+                .run(frame, now, &mut self.input[n * frame_len..])
+            {
+                self.input.truncate(n * frame_len);
+                return Err(e.into());
+            }
+            if n + now.len() == batch {
+                self.run_input()?;
+            }
+            crops = rest;
+        }
+        Ok(())
+    }
+
+    fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        let last = self.run_input();
+        self.ran.take(last)
+    }
+
+    fn discard(&mut self) {
+        self.input.clear();
+        self.ran.clear();
+    }
+}
+
+impl CpuEngine {
+    /// Runs the pushed frames waiting in `input` (at most one model batch) into `ran`.
+    fn run_input(&mut self) -> Result<(), EngineError> {
+        let n = self.input.len() / self.info.input.frame_len();
+        if n == 0 {
+            return Ok(());
+        }
+        let scores = self.run_call(&self.input, n);
+        self.input.clear();
+        self.ran.keep(scores)
+    }
+}
+
+/// The fast path for `model`, or why it does not take it. A panic in the importer (a bug) is
+/// a reason like another, for tract to run the model instead; `TRTCLASSIFY_CPU=tract` in
+/// the environment sends every model to tract (to compare, or to work around a fault).
+fn plan_runner(
+    model: &OnnxModel,
+    input: crate::preprocess::InputSpec,
+    fixed: Option<usize>,
+    threads: usize,
+) -> Result<PlanRunner, String> {
+    if std::env::var_os("TRTCLASSIFY_CPU").is_some_and(|v| v == "tract") {
+        return Err("TRTCLASSIFY_CPU=tract is set".into());
+    }
+    let unsupported = crate::engine::cuda::import::unsupported_ops(model);
+    if !unsupported.is_empty() {
+        return Err(format!("no kernels for {}", unsupported.join(", ")));
+    }
+    catch_unwind(AssertUnwindSafe(|| {
+        PlanRunner::new(model, input, fixed.unwrap_or(1), threads)
+    }))
+    .unwrap_or_else(|panic| {
+        Err(format!(
+            "internal error in the plan importer: {}",
+            super::panic_message(&*panic)
+        ))
+    })
+}

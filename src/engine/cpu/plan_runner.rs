@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The CPU backend's fast path: the plan the CUDA engine is built from (imported, with batch
+//! norm folded and activations and residual adds fused into the convolutions, NHWC), lowered
+//! in f32 and run step by step by `kernels`.
+//!
+//! The plan is for one frame (or the batch a model fixes); the frames of a call run one after
+//! the other on the calling thread, or spread over the threads of the shared pool, each with
+//! its own activation arena; a single frame spreads its products over them instead.
+
+use std::sync::{Arc, LazyLock, Mutex};
+
+use rayon::prelude::*;
+
+use super::kernels::{self, Buffers, Packed, Threads};
+use crate::engine::OnnxModel;
+use crate::engine::cuda::{self, engine_file, plan::DType, plan::Plan};
+use crate::preprocess::InputSpec;
+
+/// One pool of worker threads, as many as the machine has cores, for every CPU engine of the
+/// process: elements that each ask for several threads share the cores instead of
+/// oversubscribing them.
+static POOL: LazyLock<rayon::ThreadPool> = LazyLock::new(|| {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cores())
+        .thread_name(|i| format!("trtclassify-cpu-{i}"))
+        .build()
+        .expect("a thread pool")
+});
+
+/// The cores this process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+pub struct PlanRunner {
+    plan: Plan,
+    weights: Vec<Arc<Vec<f32>>>,
+    packed: Vec<Packed>,
+    threads: usize,
+    /// Arenas and unfolding buffers kept between calls, one per thread that ran frames.
+    scratch: Mutex<Vec<Scratch>>,
+    frame_len: usize,
+    num_classes: usize,
+}
+
+#[derive(Default)]
+struct Scratch {
+    arena: Vec<f32>,
+    col: Vec<f32>,
+}
+
+impl PlanRunner {
+    /// Imports and lowers `model` for `batch` frames per plan; fails where the importer does
+    /// not take the model (an operator it lacks), for the caller to fall back on tract.
+    pub fn new(
+        model: &OnnxModel,
+        spec: InputSpec,
+        batch: usize,
+        threads: usize,
+    ) -> Result<Self, String> {
+        let (mut plans, weights) = cuda::compile(model, &[batch], spec, DType::F32)?;
+        let plan = plans.pop().expect("one plan per batch size");
+        Self::from_plan(plan, weights.data, spec.frame_len(), threads)
+    }
+
+    /// Runs `plan` (f32) for frames of `frame_len` values, once it is checked: every span
+    /// of every step inside its buffer, since the kernels trust them.
+    pub fn from_plan(
+        mut plan: Plan,
+        weights: Vec<Arc<Vec<f32>>>,
+        frame_len: usize,
+        threads: usize,
+    ) -> Result<Self, String> {
+        let num_classes = plan.output_len / plan.batch.max(1);
+        let weight_len = |i: usize| weights.get(i).map(|w| w.len());
+        engine_file::check_plan(&mut plan, &weight_len, DType::F32, frame_len, num_classes)?;
+        let mut packed: Vec<Packed> = plan
+            .steps
+            .iter()
+            .map(|s| kernels::pack(s, &weights))
+            .collect();
+        kernels::fuse_activations(&plan.steps, &mut packed);
+        Ok(PlanRunner {
+            weights,
+            packed,
+            threads: threads.clamp(1, cores()),
+            scratch: Mutex::new(Vec::new()),
+            frame_len,
+            num_classes,
+            plan,
+        })
+    }
+
+    /// Frames per plan run.
+    pub fn batch(&self) -> usize {
+        self.plan.batch
+    }
+
+    pub fn num_classes(&self) -> usize {
+        self.num_classes
+    }
+
+    pub fn steps(&self) -> usize {
+        self.plan.steps.len()
+    }
+
+    /// The scores of the `n` frames of `input`, one after the other.
+    pub fn run(&self, input: &[f32], n: usize) -> Vec<f32> {
+        let batch = self.plan.batch;
+        let calls = n.div_ceil(batch);
+        let mut scores = vec![0.0; calls * batch * self.num_classes];
+        let chunk = batch * self.frame_len;
+        let jobs: Vec<(&[f32], &mut [f32])> = input
+            .chunks(chunk)
+            .zip(scores.chunks_mut(batch * self.num_classes))
+            .collect();
+        let workers = self.threads.min(jobs.len());
+        if self.threads == 1 {
+            let mut scratch = self.take_scratch();
+            for (input, out) in jobs {
+                self.run_plan(input, out, &mut scratch, Threads(1));
+            }
+            self.keep_scratch(scratch);
+        } else if workers == 1 {
+            // One call: its steps spread over the threads.
+            let (input, out) = jobs.into_iter().next().expect("one call");
+            let mut scratch = self.take_scratch();
+            POOL.install(|| self.run_plan(input, out, &mut scratch, Threads(self.threads)));
+            self.keep_scratch(scratch);
+        } else {
+            // Several calls: each worker runs its share one by one, single-threaded.
+            let per = jobs.len().div_ceil(workers);
+            let mut shares: Vec<Vec<(&[f32], &mut [f32])>> = Vec::new();
+            let mut jobs = jobs.into_iter().peekable();
+            while jobs.peek().is_some() {
+                shares.push(jobs.by_ref().take(per).collect());
+            }
+            POOL.install(|| {
+                shares.into_par_iter().for_each(|share| {
+                    let mut scratch = self.take_scratch();
+                    for (input, out) in share {
+                        self.run_plan(input, out, &mut scratch, Threads(1));
+                    }
+                    self.keep_scratch(scratch);
+                })
+            });
+        }
+        scores.truncate(n * self.num_classes);
+        scores
+    }
+
+    /// The time of each step over one run of `input` (one plan batch), single-threaded:
+    /// a profile, for benchmarks.
+    pub fn profile(&self, input: &[f32]) -> Vec<(String, std::time::Duration)> {
+        let mut scratch = self.take_scratch();
+        let mut out = vec![0.0; self.plan.output_len];
+        scratch.arena.resize(self.plan.arena_len, 0.0);
+        let buffers = Buffers {
+            arena: scratch.arena.as_mut_ptr(),
+            input: input.as_ptr(),
+            output: out.as_mut_ptr(),
+            weights: &self.weights,
+        };
+        let mut times = Vec::new();
+        for (step, packed) in self.plan.steps.iter().zip(&self.packed) {
+            let started = std::time::Instant::now();
+            kernels::run(step, packed, &buffers, &mut scratch.col, Threads(1));
+            times.push((step.describe(), started.elapsed()));
+        }
+        self.keep_scratch(scratch);
+        times
+    }
+
+    fn take_scratch(&self) -> Scratch {
+        self.scratch.lock().unwrap().pop().unwrap_or_default()
+    }
+
+    fn keep_scratch(&self, scratch: Scratch) {
+        self.scratch.lock().unwrap().push(scratch);
+    }
+
+    /// One run of the plan; a partial batch is padded with zeros.
+    fn run_plan(&self, input: &[f32], out: &mut [f32], scratch: &mut Scratch, threads: Threads) {
+        let padded;
+        let input = if input.len() == self.plan.input_len {
+            input
+        } else {
+            let mut full = vec![0.0; self.plan.input_len];
+            full[..input.len()].copy_from_slice(input);
+            padded = full;
+            &padded
+        };
+        scratch.arena.resize(self.plan.arena_len, 0.0);
+        let buffers = Buffers {
+            arena: scratch.arena.as_mut_ptr(),
+            input: input.as_ptr(),
+            output: out.as_mut_ptr(),
+            weights: &self.weights,
+        };
+        for (step, packed) in self.plan.steps.iter().zip(&self.packed) {
+            kernels::run(step, packed, &buffers, &mut scratch.col, threads);
+        }
+    }
+}

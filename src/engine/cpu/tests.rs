@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The CPU kernels against `cuda::sim`, the plain step-by-step run of a plan that the lowering
+//! tests trust: random convolutions (depthwise with channel counts off the vector width,
+//! grouped, strided, dilated, padded, with residuals and every fused activation), pooling,
+//! and element-wise steps with broadcast and transposed operands, on one and on two threads.
+
+use std::sync::Arc;
+
+use super::plan_runner::PlanRunner;
+use crate::engine::cuda::ir::{Act, BinOp};
+use crate::engine::cuda::plan::{Cast, ConvStep, DType, Loc, Plan, Step, Strided, Weights};
+use crate::engine::cuda::sim;
+
+/// A small deterministic generator: a failing case is its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.next() as usize % n
+    }
+
+    fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+}
+
+const ACTS: [Act; 8] = [
+    Act::None,
+    Act::Relu,
+    Act::Clip(0.0, 6.0),
+    Act::Silu,
+    Act::Sigmoid,
+    Act::HardSwish,
+    Act::LeakyRelu(0.1),
+    Act::Gelu,
+];
+
+/// The plan of one step, `input` values in, `output` values out, and its weights.
+fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> (Plan, Weights) {
+    let plan = Plan {
+        batch: 1,
+        dtype: DType::F32,
+        arena_len: 0,
+        input_len: input,
+        output_len: output,
+        steps: vec![step],
+    };
+    let mut w = Weights::default();
+    for (i, data) in weights.into_iter().enumerate() {
+        w.add(&format!("w{i}"), &Arc::new(data));
+    }
+    (plan, w)
+}
+
+/// Runs the plan with the CPU kernels on `threads` and with `sim`, and compares.
+fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
+    let want = sim::run(&plan, weights, input);
+    for threads in [1, 2] {
+        let runner =
+            PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), threads)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = runner.run(input, 1);
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g == w || (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                "{what}, {threads} thread(s): value {i} is {g}, want {w}"
+            );
+        }
+    }
+}
+
+fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {
+    let depthwise = rng.below(2) == 0;
+    let group = if depthwise {
+        1 + rng.below(40)
+    } else {
+        [1, 1, 2, 3][rng.below(4)]
+    };
+    let c = if depthwise {
+        group
+    } else {
+        group * (1 + rng.below(9))
+    };
+    let k = if depthwise {
+        c
+    } else {
+        group * (1 + rng.below(9))
+    };
+    let kernel = [[1, 1], [3, 3], [5, 5], [1, 3], [7, 7]][rng.below(5)];
+    let strides = [1 + rng.below(2), 1 + rng.below(2)];
+    let dilations = [1 + rng.below(2), 1];
+    let pads = [rng.below(3), rng.below(3)];
+    let (n, h, w) = (1 + rng.below(2), 3 + rng.below(9), 3 + rng.below(9));
+    let out = |size: usize, d: usize| {
+        let reach = (kernel[d] - 1) * dilations[d] + 1;
+        (size + 2 * pads[d])
+            .checked_sub(reach)
+            .map(|v| v / strides[d] + 1)
+    };
+    let (Some(oh), Some(ow)) = (out(h, 0), out(w, 1)) else {
+        return random_conv(rng);
+    };
+    let residual = rng.below(2) == 0;
+    let act = ACTS[rng.below(ACTS.len())];
+    let x_len = n * h * w * c;
+    let y_len = n * oh * ow * k;
+    let step = ConvStep {
+        n,
+        c,
+        h,
+        w,
+        k,
+        oh,
+        ow,
+        kernel,
+        pads,
+        strides,
+        dilations,
+        group,
+        act,
+        x: Loc::Input(0),
+        weight: Loc::Weight {
+            index: 0,
+            offset: 0,
+        },
+        bias: Loc::Weight {
+            index: 1,
+            offset: 0,
+        },
+        residual: residual.then_some(Loc::Input(x_len)),
+        y: Loc::Output(0),
+        algo: None,
+    };
+    let what = Step::Conv(step.clone()).describe();
+    let weight = rng.values(k * kernel[0] * kernel[1] * (c / group));
+    let bias = rng.values(k);
+    let input = rng.values(x_len + if residual { y_len } else { 0 });
+    let (plan, weights) = one_step(Step::Conv(step), input.len(), y_len, vec![weight, bias]);
+    (plan, weights, input, what)
+}
+
+#[test]
+fn convolutions_agree_with_the_plain_run() {
+    for seed in 0..300 {
+        let (plan, weights, input, what) = random_conv(&mut Rng(seed));
+        agree(plan, &weights, &input, &format!("seed {seed}: {what}"));
+    }
+}
+
+#[test]
+fn pooling_agrees_with_the_plain_run() {
+    for seed in 0..100 {
+        let mut rng = Rng(seed);
+        let (n, h, w, c) = (
+            1 + rng.below(2),
+            2 + rng.below(9),
+            2 + rng.below(9),
+            1 + rng.below(20),
+        );
+        let kernel = [1 + rng.below(3), 1 + rng.below(3)];
+        let strides = [1 + rng.below(2), 1 + rng.below(2)];
+        // Pads below the kernel, as ONNX asks: every window holds a pixel.
+        let pads = [
+            rng.below(kernel[0]),
+            rng.below(kernel[1]),
+            rng.below(kernel[0]),
+            rng.below(kernel[1]),
+        ];
+        let (Some(oh), Some(ow)) = (
+            (h + pads[0] + pads[2]).checked_sub(kernel[0]),
+            (w + pads[1] + pads[3]).checked_sub(kernel[1]),
+        ) else {
+            continue;
+        };
+        let (oh, ow) = (oh / strides[0] + 1, ow / strides[1] + 1);
+        let step = Step::Pool {
+            n,
+            h,
+            w,
+            c,
+            oh,
+            ow,
+            kernel,
+            strides,
+            pads,
+            max: rng.below(2) == 0,
+            count_include_pad: rng.below(2) == 0,
+            x: Loc::Input(0),
+            y: Loc::Output(0),
+        };
+        let what = format!("seed {seed}: {}", step.describe());
+        let input = rng.values(n * h * w * c);
+        let (plan, weights) = one_step(step, input.len(), n * oh * ow * c, vec![]);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+#[test]
+fn elementwise_steps_agree_with_the_plain_run() {
+    let ops = [
+        None,
+        Some(BinOp::Add),
+        Some(BinOp::Sub),
+        Some(BinOp::Mul),
+        Some(BinOp::Div),
+        Some(BinOp::Max),
+        Some(BinOp::Min),
+    ];
+    for seed in 0..200 {
+        let mut rng = Rng(seed);
+        let rank = 1 + rng.below(4);
+        let dims: Vec<usize> = (0..rank).map(|_| 1 + rng.below(6)).collect();
+        let total: usize = dims.iter().product();
+        let contiguous = |dims: &[usize]| {
+            let mut strides = vec![0i64; dims.len()];
+            let mut s = 1;
+            for d in (0..dims.len()).rev() {
+                strides[d] = s;
+                s *= dims[d] as i64;
+            }
+            strides
+        };
+        // `a` contiguous, or transposed (its strides reversed over reversed sizes).
+        let a_strides = match rng.below(2) {
+            0 => contiguous(&dims),
+            _ => {
+                let reversed: Vec<usize> = dims.iter().rev().copied().collect();
+                contiguous(&reversed).into_iter().rev().collect()
+            }
+        };
+        // `b` contiguous, broadcast along some dimensions, or a single value.
+        let b_strides: Vec<i64> = match rng.below(3) {
+            0 => contiguous(&dims),
+            1 => contiguous(&dims)
+                .into_iter()
+                .map(|s| if rng.below(2) == 0 { 0 } else { s })
+                .collect(),
+            _ => vec![0; rank],
+        };
+        let op = ops[rng.below(ops.len())];
+        let act = ACTS[rng.below(ACTS.len())];
+        let step = Step::Ew {
+            op,
+            act,
+            cast: Cast::None,
+            dims: dims.clone(),
+            out: Strided {
+                loc: Loc::Output(0),
+                strides: contiguous(&dims),
+            },
+            a: Strided {
+                loc: Loc::Input(0),
+                strides: a_strides,
+            },
+            b: op.map(|_| Strided {
+                loc: Loc::Input(total),
+                strides: b_strides,
+            }),
+        };
+        let what = format!("seed {seed}: {}", step.describe());
+        let mut input = rng.values(2 * total);
+        // No division by values near zero.
+        input[total..]
+            .iter_mut()
+            .for_each(|v| *v = v.signum() * (v.abs() + 0.5));
+        let (plan, weights) = one_step(step, input.len(), total, vec![]);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+#[test]
+fn frames_spread_over_threads_give_the_same_scores() {
+    // The committed CNN, five frames: one thread, two threads over frames, and a fixed batch
+    // of one frame on two threads (its layers spread) all give the same scores.
+    let model = crate::engine::OnnxModel::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx"),
+    )
+    .expect("model loads");
+    let spec = model.input_spec(None).expect("input");
+    let mut rng = Rng(7);
+    let input = rng.values(5 * spec.frame_len());
+    let one = PlanRunner::new(&model, spec, 1, 1)
+        .expect("plan")
+        .run(&input, 5);
+    let two = PlanRunner::new(&model, spec, 1, 2)
+        .expect("plan")
+        .run(&input, 5);
+    assert_eq!(one.len(), 5 * 10);
+    assert_eq!(one, two);
+    let single = PlanRunner::new(&model, spec, 1, 2)
+        .expect("plan")
+        .run(&input[..spec.frame_len()], 1);
+    assert_eq!(single, one[..10]);
+}

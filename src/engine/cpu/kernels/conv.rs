@@ -1,0 +1,304 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Convolutions: depthwise ones as loops along the NHWC channels, the others unfolded
+//! (im2col) into a matrix product, with their weights packed once for each.
+
+use std::sync::Arc;
+
+use super::product::{Product, epilogue_init};
+use super::{Buffers, Packed, Threads, fma};
+use crate::engine::cpu::vector::activate;
+use crate::engine::cuda::plan::{ConvStep, Loc, Step};
+
+pub(super) fn is_depthwise(c: &ConvStep) -> bool {
+    c.group == c.c && c.group == c.k
+}
+
+/// A 1×1 convolution with stride 1 and no padding reads the NHWC input as a matrix
+/// as it is; the others unfold it first.
+fn is_pointwise(c: &ConvStep) -> bool {
+    c.kernel == [1, 1] && c.strides == [1, 1] && c.pads == [0, 0]
+}
+
+pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
+    let Step::Conv(c) = step else {
+        return Packed::None;
+    };
+    let Loc::Weight { index, offset } = c.weight else {
+        // A weight computed by the plan is read as it is, at run time.
+        return Packed::None;
+    };
+    let krsc = &weights[index][offset..];
+    let taps = c.kernel[0] * c.kernel[1];
+    if is_depthwise(c) {
+        let mut packed = vec![0.0; taps * c.k];
+        for k in 0..c.k {
+            for t in 0..taps {
+                packed[t * c.k + k] = krsc[k * taps + t];
+            }
+        }
+        return Packed::Depthwise(packed);
+    }
+    let (cg, kg) = (c.c / c.group, c.k / c.group);
+    let rows = taps * cg;
+    let mut packed = vec![0.0; c.group * rows * kg];
+    for g in 0..c.group {
+        for kk in 0..kg {
+            let k = g * kg + kk;
+            for i in 0..rows {
+                packed[(g * rows + i) * kg + kk] = krsc[k * rows + i];
+            }
+        }
+    }
+    Packed::Gemm(packed)
+}
+
+/// Depthwise convolution, NHWC: for each output pixel, each tap's channels multiplied and
+/// added along the channel vector.
+pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads) {
+    threads.for_each(c.n * c.oh, |row| depthwise_row(buf, c, w, row));
+}
+
+wide! {
+    /// One output row of a depthwise convolution.
+    fn depthwise_row(buf: &Buffers, c: &ConvStep, w: &[f32], row: usize) => depthwise_row_with
+}
+
+#[inline(always)]
+fn depthwise_row_with<const FMA: bool>(buf: &Buffers, c: &ConvStep, w: &[f32], row: usize) {
+    let (h, wd, ch, oh, ow) = (c.h, c.w, c.k, c.oh, c.ow);
+    let (x, y) = (buf.at(c.x), buf.at_mut(c.y));
+    // SAFETY: checked spans.
+    let bias = unsafe { std::slice::from_raw_parts(buf.at(c.bias), ch) };
+    let (n, oy) = (row / oh, row % oh);
+    let mut taps: Vec<(usize, usize)> = Vec::with_capacity(c.kernel[0] * c.kernel[1]);
+    for ox in 0..ow {
+        let o = ((n * oh + oy) * ow + ox) * ch;
+        // SAFETY: checked span; each thread writes its own output rows.
+        let out = unsafe { std::slice::from_raw_parts_mut(y.add(o), ch) };
+        match c.residual {
+            Some(z) => {
+                let z = unsafe { std::slice::from_raw_parts(buf.at(z).add(o), ch) };
+                for ((o, &b), &z) in out.iter_mut().zip(bias).zip(z) {
+                    *o = b + z;
+                }
+            }
+            None => out.copy_from_slice(bias),
+        }
+        taps.clear();
+        for r in 0..c.kernel[0] {
+            let iy = (oy * c.strides[0] + r * c.dilations[0]) as isize - c.pads[0] as isize;
+            if iy < 0 || iy >= h as isize {
+                continue;
+            }
+            for s in 0..c.kernel[1] {
+                let ix = (ox * c.strides[1] + s * c.dilations[1]) as isize - c.pads[1] as isize;
+                if ix < 0 || ix >= wd as isize {
+                    continue;
+                }
+                let pixel = (n * h + iy as usize) * wd + ix as usize;
+                taps.push((pixel * ch, (r * c.kernel[1] + s) * ch));
+            }
+        }
+        // SAFETY: FMA is true on x86_64 only where the CPU has AVX2 and FMA (`wide!`);
+        // the taps lie inside the checked input span and the packed weights.
+        #[cfg(target_arch = "x86_64")]
+        let done = if FMA {
+            unsafe { accumulate_avx2(out, x, w, &taps) }
+        } else {
+            0
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = 0;
+        for &(xi, wi) in &taps {
+            // SAFETY: inside the checked input span.
+            let xs = unsafe { std::slice::from_raw_parts(x.add(xi + done), ch - done) };
+            let ws = &w[wi + done..wi + ch];
+            for ((o, &a), &b) in out[done..].iter_mut().zip(xs).zip(ws) {
+                *o = fma::<FMA>(a, b, *o);
+            }
+        }
+        activate(c.act, out);
+    }
+}
+
+/// Adds each tap's inputs times its weights to `out`, 32 channels at a time in registers
+/// over all the taps; returns how many leading channels it did (a multiple of 8).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; each tap's `x` offset starts `out.len()` readable values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate_avx2(
+    out: &mut [f32],
+    x: *const f32,
+    w: &[f32],
+    taps: &[(usize, usize)],
+) -> usize {
+    use std::arch::x86_64::*;
+    let ch = out.len();
+    let o = out.as_mut_ptr();
+    let mut cb = 0;
+    // SAFETY: the caller's; every load and store lies within `cb + 32 <= ch` (or `+ 8`).
+    unsafe {
+        while cb + 32 <= ch {
+            let mut acc = [
+                _mm256_loadu_ps(o.add(cb)),
+                _mm256_loadu_ps(o.add(cb + 8)),
+                _mm256_loadu_ps(o.add(cb + 16)),
+                _mm256_loadu_ps(o.add(cb + 24)),
+            ];
+            for &(xi, wi) in taps {
+                let (xp, wp) = (x.add(xi + cb), w.as_ptr().add(wi + cb));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(8 * j)),
+                        _mm256_loadu_ps(wp.add(8 * j)),
+                        *a,
+                    );
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.add(cb + 8 * j), *a);
+            }
+            cb += 32;
+        }
+        while cb + 8 <= ch {
+            let mut acc = _mm256_loadu_ps(o.add(cb));
+            for &(xi, wi) in taps {
+                acc = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(x.add(xi + cb)),
+                    _mm256_loadu_ps(w.as_ptr().add(wi + cb)),
+                    acc,
+                );
+            }
+            _mm256_storeu_ps(o.add(cb), acc);
+            cb += 8;
+        }
+    }
+    cb
+}
+
+/// Any other convolution: the input unfolded (im2col, NHWC patches in `col`) times the
+/// packed weights, with bias, residual and activation.
+pub(super) fn conv_gemm(
+    buf: &Buffers,
+    c: &ConvStep,
+    w: *const f32,
+    col: &mut Vec<f32>,
+    threads: Threads,
+) {
+    let (x, y) = (buf.at(c.x), buf.at_mut(c.y));
+    let (cg, kg) = (c.c / c.group, c.k / c.group);
+    let rows = c.kernel[0] * c.kernel[1] * cg;
+    let pixels = c.oh * c.ow;
+    let pointwise = is_pointwise(c);
+    for n in 0..c.n {
+        // SAFETY: checked spans.
+        let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * c.k)) };
+        let residual = c
+            .residual
+            .map(|z| unsafe { buf.at(z).add(n * pixels * c.k) });
+        if c.group == 1 {
+            // Unfolded in blocks of pixels of about 4 MB, which bounds `col`; smaller
+            // blocks, to keep them in the cache, measured slower (more calls, each packing).
+            let block = match (pointwise, threads.0) {
+                (true, _) | (_, 2..) => pixels,
+                _ => (1 << 20) / rows.max(1),
+            };
+            for start in (0..pixels).step_by(block.max(1)) {
+                let count = block.min(pixels - start);
+                let (lhs, lhs_stride) = if pointwise {
+                    (xb, c.c)
+                } else {
+                    unfold(xb, c, 0, start, count, col);
+                    (col.as_ptr(), rows)
+                };
+                // SAFETY: checked spans; `col` holds `count × rows` values.
+                let product = unsafe {
+                    Product {
+                        rows: count,
+                        n: c.k,
+                        k: rows,
+                        x: if pointwise { lhs.add(start * c.c) } else { lhs },
+                        x_stride: lhs_stride,
+                        w,
+                        y: yb.add(start * c.k),
+                        y_stride: c.k,
+                        alpha: 1.0,
+                        bias: Some(buf.at(c.bias)),
+                        residual: residual.map(|z| z.add(start * c.k)),
+                        act: c.act,
+                    }
+                };
+                product.run(threads);
+            }
+            continue;
+        }
+        epilogue_init(yb, pixels, c.k, c.k, Some(buf.at(c.bias)), residual);
+        for g in 0..c.group {
+            let (lhs, lhs_rs) = if pointwise {
+                (unsafe { xb.add(g * cg) }, c.c)
+            } else {
+                unfold(xb, c, g, 0, pixels, col);
+                (col.as_ptr(), rows)
+            };
+            // SAFETY: checked spans; `col` holds `pixels × rows` values.
+            unsafe {
+                gemm::gemm(
+                    pixels,
+                    kg,
+                    rows,
+                    yb.add(g * kg),
+                    1,
+                    c.k as isize,
+                    true,
+                    lhs,
+                    1,
+                    lhs_rs as isize,
+                    w.add(g * rows * kg),
+                    1,
+                    kg as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    threads.gemm(),
+                )
+            };
+        }
+        // SAFETY: checked span.
+        activate(c.act, unsafe {
+            std::slice::from_raw_parts_mut(yb, pixels * c.k)
+        });
+    }
+}
+
+/// im2col for group `g` of one image, output pixels `start..start + count`: for each, its
+/// kernel's taps in order, each the group's input channels (zeros outside the image).
+fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col: &mut Vec<f32>) {
+    let cg = c.c / c.group;
+    let rows = c.kernel[0] * c.kernel[1] * cg;
+    col.resize(count * rows, 0.0);
+    let mut dst = 0;
+    for pixel in start..start + count {
+        let (oy, ox) = (pixel / c.ow, pixel % c.ow);
+        {
+            for r in 0..c.kernel[0] {
+                let iy = (oy * c.strides[0] + r * c.dilations[0]) as isize - c.pads[0] as isize;
+                for s in 0..c.kernel[1] {
+                    let ix = (ox * c.strides[1] + s * c.dilations[1]) as isize - c.pads[1] as isize;
+                    let out = &mut col[dst..dst + cg];
+                    if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize {
+                        out.fill(0.0);
+                    } else {
+                        let at = (iy as usize * c.w + ix as usize) * c.c + g * cg;
+                        // SAFETY: inside the checked input span.
+                        out.copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), cg) });
+                    }
+                    dst += cg;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The steps of a plan (`cuda::plan`, lowered in f32) run on the CPU: matrix products and
+//! convolutions through the `gemm` crate, which picks AVX2/AVX-512/NEON kernels at run time,
+//! and the rest (depthwise convolution, pooling, element-wise steps) as loops over NHWC
+//! channels that the compiler vectorises.
+//!
+//! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,
+//! `product` and `elementwise` hold the rest.
+//!
+//! Steps read and write through raw pointers: the plan places several tensors in one arena,
+//! and an element-wise step may write where it reads. `Plan` checks (`check_plan` in
+//! `plan_runner`) keep every span a step touches inside its buffer before anything runs.
+
+use std::sync::Arc;
+
+use super::vector::activate;
+use crate::engine::cuda::ir::Act;
+use crate::engine::cuda::plan::{ConvStep, Loc, Step};
+
+/// Where the plan's buffers are for one run.
+pub struct Buffers<'a> {
+    pub arena: *mut f32,
+    pub input: *const f32,
+    pub output: *mut f32,
+    pub weights: &'a [Arc<Vec<f32>>],
+}
+
+impl Buffers<'_> {
+    fn at(&self, loc: Loc) -> *const f32 {
+        // SAFETY (for every `add` here): the plan was checked to keep each span inside its
+        // buffer, so the offset lies within the allocation.
+        unsafe {
+            match loc {
+                Loc::Arena(o) => self.arena.add(o),
+                Loc::Input(o) => self.input.add(o),
+                Loc::Output(o) => self.output.add(o),
+                Loc::Weight { index, offset } => self.weights[index].as_ptr().add(offset),
+                Loc::Temp { .. } => unreachable!("checked: plans hold no unplaced buffers"),
+            }
+        }
+    }
+
+    fn at_mut(&self, loc: Loc) -> *mut f32 {
+        match loc {
+            Loc::Arena(_) | Loc::Output(_) => self.at(loc) as *mut f32,
+            _ => unreachable!("checked: steps write the arena and the scores only"),
+        }
+    }
+}
+
+/// Weights of a convolution rearranged once, when the plan is loaded, for its kernel.
+pub enum Packed {
+    None,
+    /// Depthwise: `[kernel positions][channels]`, so that the channel loop reads both
+    /// operands in order.
+    Depthwise(Vec<f32>),
+    /// Per group, `[kernel positions × input channels of the group][output channels of
+    /// the group]`: the right-hand matrix of the product with the unfolded input.
+    Gemm(Vec<f32>),
+    /// A product whose output the next step activates in place: done here, on data still
+    /// in the cache, and that step skipped.
+    Activated(Act),
+    Skip,
+}
+
+/// How a step may use threads: `gemm`'s own split over the machine's shared pool, and
+/// rows of the direct kernels spread over it.
+#[derive(Clone, Copy)]
+pub struct Threads(pub usize);
+
+impl Threads {
+    fn gemm(self) -> gemm::Parallelism {
+        match self.0 {
+            0 | 1 => gemm::Parallelism::None,
+            n => gemm::Parallelism::Rayon(n),
+        }
+    }
+
+    /// Runs `f` on each of `0..n`, spread over the threads.
+    fn for_each(self, n: usize, f: impl Fn(usize) + Sync + Send) {
+        use rayon::prelude::*;
+        match self.0 {
+            0 | 1 => (0..n).for_each(f),
+            t => (0..n)
+                .into_par_iter()
+                .with_min_len(n.div_ceil(t * 4).max(1))
+                .for_each(f),
+        }
+    }
+}
+
+// SAFETY: the buffers are read by every thread of a step and written by each in its own
+// rows of the output only (`Threads::for_each` hands out disjoint rows).
+unsafe impl Sync for Buffers<'_> {}
+
+/// Defines `$name(args)` to run `$imp::<true>(args)` compiled for AVX2 and FMA where the
+/// CPU has them, and `$imp::<FMA>` for the target's baseline elsewhere (aarch64 always has
+/// NEON and FMA). Code that threads run (closures) does not inherit the features of the
+/// function it is written in, so each row of a parallel kernel dispatches for itself.
+macro_rules! wide {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),*) => $imp:ident) => {
+        $(#[$m])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide($($arg: $ty),*) {
+                    $imp::<true>($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `wide` is compiled for.
+                    return unsafe { wide($($arg),*) };
+                }
+            }
+            $imp::<{ cfg!(target_arch = "aarch64") }>($($arg),*)
+        }
+    };
+}
+
+// After `wide!`, which they use.
+mod conv;
+mod elementwise;
+mod product;
+
+pub use conv::pack;
+use conv::{conv_gemm, depthwise};
+use elementwise::elementwise;
+use product::Product;
+pub use product::fuse_activations;
+
+/// Runs `step`, picking the widest SIMD the CPU has for the loops written here.
+pub fn run(step: &Step, packed: &Packed, buf: &Buffers, col: &mut Vec<f32>, threads: Threads) {
+    run_step(step, packed, buf, col, threads)
+}
+
+wide! {
+    fn run_step(step: &Step, packed: &Packed, buf: &Buffers, col: &mut Vec<f32>, threads: Threads) => run_with
+}
+
+/// `a·b + c`, fused where the CPU does it in one instruction (elsewhere `mul_add` is a
+/// slow library call).
+#[inline(always)]
+fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+#[inline(always)]
+fn run_with<const FMA: bool>(
+    step: &Step,
+    packed: &Packed,
+    buf: &Buffers,
+    col: &mut Vec<f32>,
+    threads: Threads,
+) {
+    if matches!(packed, Packed::Skip) {
+        return;
+    }
+    match step {
+        Step::Ew {
+            op,
+            act,
+            cast: _,
+            dims,
+            out,
+            a,
+            b,
+        } => elementwise(buf, *op, *act, dims, out, a, b.as_ref()),
+        Step::Zero { loc, len } => {
+            // SAFETY: checked span.
+            unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*loc), *len) }.fill(0.0)
+        }
+        Step::Conv(c) => match packed {
+            Packed::Depthwise(w) => depthwise(buf, c, w, threads),
+            Packed::Gemm(w) => conv_gemm(buf, c, w.as_ptr(), col, threads),
+            _ => {
+                // Weights computed by the plan: packed on the fly.
+                let weights = krsc_of(buf, c);
+                match pack(&Step::Conv(c.clone()), &[Arc::new(weights)]) {
+                    Packed::Depthwise(w) => depthwise(buf, c, &w, threads),
+                    Packed::Gemm(w) => conv_gemm(buf, c, w.as_ptr(), col, threads),
+                    _ => unreachable!("a convolution's weight packs"),
+                }
+            }
+        },
+        Step::Gemm {
+            batch,
+            alpha,
+            rows,
+            n,
+            k,
+            x,
+            w,
+            bias,
+            residual,
+            relu,
+            y,
+        } => {
+            let (x, w, y) = (buf.at(*x), buf.at(*w), buf.at_mut(*y));
+            let act = match packed {
+                Packed::Activated(act) => *act,
+                _ if *relu => Act::Relu,
+                _ => Act::None,
+            };
+            for p in 0..*batch {
+                // SAFETY: checked spans of `batch` matrices each.
+                let product = unsafe {
+                    Product {
+                        rows: *rows,
+                        n: *n,
+                        k: *k,
+                        x: x.add(p * rows * k),
+                        x_stride: *k,
+                        w: w.add(p * k * n),
+                        y: y.add(p * rows * n),
+                        y_stride: *n,
+                        alpha: *alpha,
+                        bias: bias.map(|b| buf.at(b)),
+                        residual: residual.map(|z| buf.at(z).add(p * rows * n)),
+                        act,
+                    }
+                };
+                product.run(threads);
+            }
+        }
+        Step::Pool { n, oh, .. } => threads.for_each(n * oh, |row| pool_row(buf, step, row)),
+        Step::GlobalAvgPool { n, hw, c, x, y } => {
+            let (x, y) = (buf.at(*x), buf.at_mut(*y));
+            for b in 0..*n {
+                // SAFETY: checked spans.
+                let out = unsafe { std::slice::from_raw_parts_mut(y.add(b * c), *c) };
+                out.fill(0.0);
+                for p in 0..*hw {
+                    let row = unsafe { std::slice::from_raw_parts(x.add((b * hw + p) * c), *c) };
+                    out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
+                }
+                let scale = 1.0 / *hw as f32;
+                out.iter_mut().for_each(|o| *o *= scale);
+            }
+        }
+        Step::Softmax { rows, len, x, y } => {
+            for r in 0..*rows {
+                let (x, y) = (rows_in(buf, *x, r, *len), rows_out(buf, *y, r, *len));
+                let max = x.iter().copied().fold(f32::MIN, f32::max);
+                y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - max);
+                activate(Act::Exp, y);
+                let scale = 1.0 / y.iter().sum::<f32>();
+                y.iter_mut().for_each(|o| *o *= scale);
+            }
+        }
+        Step::LayerNorm {
+            rows,
+            len,
+            epsilon,
+            x,
+            scale,
+            bias,
+            y,
+        } => {
+            let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *len) };
+            let bias = bias.map(|b| unsafe { std::slice::from_raw_parts(buf.at(b), *len) });
+            for r in 0..*rows {
+                let x = rows_in(buf, *x, r, *len);
+                let mean = x.iter().sum::<f32>() / *len as f32;
+                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / *len as f32;
+                let inv = 1.0 / (var + epsilon).sqrt();
+                let y = rows_out(buf, *y, r, *len);
+                for i in 0..*len {
+                    y[i] = (x[i] - mean) * inv * scale[i] + bias.map_or(0.0, |b| b[i]);
+                }
+            }
+        }
+        Step::RowMean { rows, len, x, y } => {
+            let y = buf.at_mut(*y);
+            for r in 0..*rows {
+                let mean = rows_in(buf, *x, r, *len).iter().sum::<f32>() / *len as f32;
+                unsafe { *y.add(r) = mean };
+            }
+        }
+        Step::Lrn {
+            pixels,
+            c,
+            size,
+            alpha,
+            beta,
+            bias,
+            x,
+            y,
+        } => {
+            for p in 0..*pixels {
+                let (x, y) = (rows_in(buf, *x, p, *c), rows_out(buf, *y, p, *c));
+                for ch in 0..*c {
+                    let lo = ch.saturating_sub((size - 1) / 2);
+                    let hi = (ch + size / 2).min(c - 1);
+                    let sq: f32 = x[lo..=hi].iter().map(|v| v * v).sum();
+                    y[ch] = x[ch] / (bias + alpha / *size as f32 * sq).powf(*beta);
+                }
+            }
+        }
+    }
+}
+
+wide! {
+    /// One output row of a pooling step.
+    fn pool_row(buf: &Buffers, step: &Step, row: usize) => pool_row_with
+}
+
+#[inline(always)]
+fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &Step, row: usize) {
+    let Step::Pool {
+        h,
+        w,
+        c,
+        oh,
+        ow,
+        kernel,
+        strides,
+        pads,
+        max,
+        count_include_pad,
+        x,
+        y,
+        ..
+    } = step
+    else {
+        unreachable!("a pooling step");
+    };
+    let (h, w, c, oh, ow) = (*h, *w, *c, *oh, *ow);
+    let (x, y) = (buf.at(*x), buf.at_mut(*y));
+    let (b, oy) = (row / oh, row % oh);
+    for ox in 0..ow {
+        // SAFETY: checked span; rows are disjoint between threads.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(y.add(((b * oh + oy) * ow + ox) * c), c) };
+        out.fill(if *max { f32::NEG_INFINITY } else { 0.0 });
+        let (mut count, mut padded) = (0, 0);
+        for ky in 0..kernel[0] {
+            for kx in 0..kernel[1] {
+                let yy = (oy * strides[0] + ky) as isize - pads[0] as isize;
+                let xx = (ox * strides[1] + kx) as isize - pads[1] as isize;
+                if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
+                    padded +=
+                        usize::from(yy < (h + pads[2]) as isize && xx < (w + pads[3]) as isize);
+                    continue;
+                }
+                count += 1;
+                let input = unsafe {
+                    std::slice::from_raw_parts(
+                        x.add(((b * h + yy as usize) * w + xx as usize) * c),
+                        c,
+                    )
+                };
+                if *max {
+                    out.iter_mut().zip(input).for_each(|(o, &v)| *o = o.max(v));
+                } else {
+                    out.iter_mut().zip(input).for_each(|(o, &v)| *o += v);
+                }
+            }
+        }
+        if !*max {
+            let divisor = if *count_include_pad {
+                count + padded
+            } else {
+                count
+            };
+            let scale = 1.0 / divisor as f32;
+            out.iter_mut().for_each(|o| *o *= scale);
+        }
+    }
+}
+
+/// Row `r` of a `[rows, len]` operand.
+fn rows_in<'a>(buf: &Buffers, loc: Loc, r: usize, len: usize) -> &'a [f32] {
+    // SAFETY: checked span; the plan never writes an operand it reads in the same
+    // row step (those steps read `x` and write another `y`).
+    unsafe { std::slice::from_raw_parts(buf.at(loc).add(r * len), len) }
+}
+
+fn rows_out<'a>(buf: &Buffers, loc: Loc, r: usize, len: usize) -> &'a mut [f32] {
+    // SAFETY: as `rows_in`.
+    unsafe { std::slice::from_raw_parts_mut(buf.at_mut(loc).add(r * len), len) }
+}
+
+/// A convolution's KRSC weights, copied from wherever the plan keeps them.
+fn krsc_of(buf: &Buffers, c: &ConvStep) -> Vec<f32> {
+    let len = c.k * c.kernel[0] * c.kernel[1] * (c.c / c.group);
+    // SAFETY: checked span.
+    unsafe { std::slice::from_raw_parts(buf.at(c.weight), len) }.to_vec()
+}

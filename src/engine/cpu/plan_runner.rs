@@ -118,14 +118,14 @@ impl PlanRunner {
         if self.threads == 1 {
             let mut scratch = self.take_scratch();
             for (input, out) in jobs {
-                self.run_plan(input, out, &mut scratch, Threads(1));
+                self.run_plan(input, out, &mut scratch, Threads(1), None);
             }
             self.keep_scratch(scratch);
         } else if workers == 1 {
             // One call: its steps spread over the threads.
             let (input, out) = jobs.into_iter().next().expect("one call");
             let mut scratch = self.take_scratch();
-            POOL.install(|| self.run_plan(input, out, &mut scratch, Threads(self.threads)));
+            POOL.install(|| self.run_plan(input, out, &mut scratch, Threads(self.threads), None));
             self.keep_scratch(scratch);
         } else {
             // Several calls: each worker runs its share one by one, single-threaded.
@@ -139,7 +139,7 @@ impl PlanRunner {
                 shares.into_par_iter().for_each(|share| {
                     let mut scratch = self.take_scratch();
                     for (input, out) in share {
-                        self.run_plan(input, out, &mut scratch, Threads(1));
+                        self.run_plan(input, out, &mut scratch, Threads(1), None);
                     }
                     self.keep_scratch(scratch);
                 })
@@ -154,19 +154,8 @@ impl PlanRunner {
     pub fn profile(&self, input: &[f32]) -> Vec<(String, std::time::Duration)> {
         let mut scratch = self.take_scratch();
         let mut out = vec![0.0; self.plan.output_len];
-        scratch.arena.resize(self.plan.arena_len, 0.0);
-        let buffers = Buffers {
-            arena: scratch.arena.as_mut_ptr(),
-            input: input.as_ptr(),
-            output: out.as_mut_ptr(),
-            weights: &self.weights,
-        };
         let mut times = Vec::new();
-        for (step, packed) in self.plan.steps.iter().zip(&self.packed) {
-            let started = std::time::Instant::now();
-            kernels::run(step, packed, &buffers, &mut scratch.col, Threads(1));
-            times.push((step.describe(), started.elapsed()));
-        }
+        self.run_plan(input, &mut out, &mut scratch, Threads(1), Some(&mut times));
         self.keep_scratch(scratch);
         times
     }
@@ -179,8 +168,16 @@ impl PlanRunner {
         self.scratch.lock().unwrap().push(scratch);
     }
 
-    /// One run of the plan; a partial batch is padded with zeros.
-    fn run_plan(&self, input: &[f32], out: &mut [f32], scratch: &mut Scratch, threads: Threads) {
+    /// One run of the plan; a partial batch is padded with zeros. With `times`, each step's
+    /// time is kept there.
+    fn run_plan(
+        &self,
+        input: &[f32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+        threads: Threads,
+        mut times: Option<&mut Vec<(String, std::time::Duration)>>,
+    ) {
         let padded;
         let input = if input.len() == self.plan.input_len {
             input
@@ -198,7 +195,11 @@ impl PlanRunner {
             weights: &self.weights,
         };
         for (step, packed) in self.plan.steps.iter().zip(&self.packed) {
+            let started = times.is_some().then(std::time::Instant::now);
             kernels::run(step, packed, &buffers, &mut scratch.col, threads);
+            if let (Some(times), Some(started)) = (times.as_deref_mut(), started) {
+                times.push((step.describe(), started.elapsed()));
+            }
         }
     }
 }

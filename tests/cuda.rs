@@ -182,12 +182,13 @@ fn cuda_fp32_agrees_with_cpu() {
 fn the_gpu_compiler_takes_a_model_over_2_gib() {
     use common::large_model;
     use gsttrtclassify::engine::OnnxModel;
-    use gsttrtclassify::engine::cuda::plan::DType;
+    use gsttrtclassify::engine::compiler::plan::DType;
     common::init();
     let dir = tempfile::tempdir().unwrap();
     let model = OnnxModel::load(&large_model::write(dir.path())).unwrap();
     let spec = model.input_spec(None).unwrap();
-    let (plans, weights) = cuda::compile(&model, &[1, 4], spec, DType::F16).unwrap();
+    let (plans, weights) =
+        gsttrtclassify::engine::compiler::compile(&model, &[1, 4], spec, DType::F16).unwrap();
     assert_eq!(plans.len(), 2);
     assert_eq!(plans[1].output_len, 4 * large_model::CLASSES);
     let values: usize = weights.data.iter().map(|w| w.len()).sum();

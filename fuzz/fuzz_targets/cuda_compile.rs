@@ -9,7 +9,8 @@
 use std::path::Path;
 
 use gsttrtclassify::engine::OnnxModel;
-use gsttrtclassify::engine::cuda::{self, engine_file, import, plan::DType};
+use gsttrtclassify::engine::compiler::{self, import, plan::DType};
+use gsttrtclassify::engine::cuda::{self, engine_file};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -27,8 +28,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(spec) = model.input_spec(None) else {
         return;
     };
-    let batch_sizes = cuda::batch_sizes(2, model.input.batch.fixed());
-    let Ok((plans, weights)) = cuda::compile(&model, &batch_sizes, spec, DType::F32) else {
+    let batch_sizes = compiler::batch_sizes(2, model.input.batch.fixed());
+    let Ok((plans, weights)) = compiler::compile(&model, &batch_sizes, spec, DType::F32) else {
         return;
     };
     let file = engine_file::EngineFile {

@@ -18,7 +18,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use gsttrtclassify::engine::OnnxModel;
-use gsttrtclassify::engine::cuda::{self, engine_file, plan::DType};
+use gsttrtclassify::engine::compiler::{self, plan::DType};
+use gsttrtclassify::engine::cuda::{self, engine_file};
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
 
@@ -40,7 +41,7 @@ fn seeds() -> &'static [Seed] {
                 let model = OnnxModel::load(&path).expect("a committed model loads");
                 let spec = model.input_spec(None).expect("input");
                 let batch_sizes = vec![1, 2];
-                let (plans, weights) = cuda::compile(&model, &batch_sizes, spec, DType::F16)
+                let (plans, weights) = compiler::compile(&model, &batch_sizes, spec, DType::F16)
                     .expect("a committed model compiles");
                 let file = engine_file::EngineFile {
                     key: engine_file::Key {

@@ -5,6 +5,7 @@
 //! of video frames, and returns one score vector per frame. Each backend does its own
 //! preprocessing so that a GPU backend can do it on the GPU.
 
+pub mod compiler;
 pub mod cpu;
 pub mod cuda;
 pub mod external_data;

@@ -246,7 +246,7 @@ fn plan_runner(
     if std::env::var_os("TRTCLASSIFY_CPU").is_some_and(|v| v == "tract") {
         return Err("TRTCLASSIFY_CPU=tract is set".into());
     }
-    let unsupported = crate::engine::cuda::import::unsupported_ops(model);
+    let unsupported = crate::engine::compiler::import::unsupported_ops(model);
     if !unsupported.is_empty() {
         return Err(format!("no kernels for {}", unsupported.join(", ")));
     }

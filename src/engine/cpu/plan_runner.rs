@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::kernels::{self, Buffers, Packed, Threads};
 use crate::engine::OnnxModel;
-use crate::engine::cuda::{self, engine_file, plan::DType, plan::Plan};
+use crate::engine::compiler::{self, check::check_plan, plan::DType, plan::Plan};
 use crate::preprocess::InputSpec;
 
 /// One pool of worker threads, as many as the machine has cores, for every CPU engine of the
@@ -58,7 +58,7 @@ impl PlanRunner {
         batch: usize,
         threads: usize,
     ) -> Result<Self, String> {
-        let (mut plans, weights) = cuda::compile(model, &[batch], spec, DType::F32)?;
+        let (mut plans, weights) = compiler::compile(model, &[batch], spec, DType::F32)?;
         let plan = plans.pop().expect("one plan per batch size");
         Self::from_plan(plan, weights.data, spec.frame_len(), threads)
     }
@@ -73,7 +73,7 @@ impl PlanRunner {
     ) -> Result<Self, String> {
         let num_classes = plan.output_len / plan.batch.max(1);
         let weight_len = |i: usize| weights.get(i).map(|w| w.len());
-        engine_file::check_plan(&mut plan, &weight_len, DType::F32, frame_len, num_classes)?;
+        check_plan(&mut plan, &weight_len, DType::F32, frame_len, num_classes)?;
         let mut packed: Vec<Packed> = plan
             .steps
             .iter()

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use super::plan_runner::PlanRunner;
-use crate::engine::cuda::ir::{Act, BinOp};
-use crate::engine::cuda::plan::{Cast, ConvStep, DType, Loc, Plan, Step, Strided, Weights};
-use crate::engine::cuda::sim;
+use crate::engine::compiler::ir::{Act, BinOp};
+use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Plan, Step, Strided, Weights};
+use crate::engine::compiler::sim;
 
 /// A small deterministic generator: a failing case is its seed.
 struct Rng(u64);

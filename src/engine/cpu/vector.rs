@@ -3,7 +3,7 @@
 //! compiler can turn into SIMD instructions: libm's `expf` is a call per value, which made
 //! sigmoid and SiLU (EfficientNet) cost more than the convolutions around them.
 
-use crate::engine::cuda::ir::Act;
+use crate::engine::compiler::ir::Act;
 
 /// e^x within 2 ulp for x in [-87, 88] (Cephes' `expf`: x = n·ln2 + r, a degree-6
 /// polynomial in r, then 2^n put in the exponent bits); below that range it gives about

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::plan::{Cast, DType, Loc, MAX_RANK, Plan, Step};
+use crate::engine::compiler::check;
+use crate::engine::compiler::plan::{DType, Plan};
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
@@ -255,203 +256,9 @@ fn check_plans(
     }
     let weight_len = |index: usize| weights.get(index).map(|w| w.len() / dtype.size());
     for plan in plans {
-        check_plan(plan, &weight_len, dtype, frame_len, num_classes)?;
+        check::check_plan(plan, &weight_len, dtype, frame_len, num_classes)?;
     }
     Ok(())
-}
-
-/// One plan holds the batch's frames and scores in its input and output buffers, and every
-/// step's sizes fit what its kernel takes and keep it inside the buffers it names
-/// (`weight_len`: the values of each weight). The CPU backend checks its plans with it too.
-pub fn check_plan(
-    plan: &mut Plan,
-    weight_len: &dyn Fn(usize) -> Option<usize>,
-    dtype: DType,
-    frame_len: usize,
-    num_classes: usize,
-) -> Result<(), String> {
-    let batch = plan.batch;
-    let fail = |what: String| Err(format!("the plan for batch {batch}: {what}"));
-    if plan.dtype != dtype {
-        return fail("another precision".into());
-    }
-    if Some(plan.input_len) != batch.checked_mul(frame_len)
-        || Some(plan.output_len) != batch.checked_mul(num_classes)
-    {
-        return fail(format!(
-            "input of {} and output of {} values, for frames of {frame_len} and {num_classes} classes",
-            plan.input_len, plan.output_len
-        ));
-    }
-    let buffer_len = |loc: Loc| -> Option<i128> {
-        let len = match loc {
-            Loc::Arena(_) => plan.arena_len,
-            Loc::Input(_) => plan.input_len,
-            Loc::Output(_) => plan.output_len,
-            Loc::Weight { index, .. } => weight_len(index)?,
-            Loc::Temp { .. } => return None,
-        };
-        Some(len as i128)
-    };
-    // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
-    for (s, step) in plan.steps.iter_mut().enumerate() {
-        let described = step.describe();
-        let fail = |what: String| fail(format!("step {s} ({described}): {what}"));
-        if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
-            return fail(what);
-        }
-        for span in step.spans() {
-            let (offset, buffer) = match span.loc {
-                Loc::Arena(o) | Loc::Input(o) | Loc::Output(o) => (o, "buffer"),
-                Loc::Weight { index, offset } if weight_len(index).is_some() => (offset, "weight"),
-                Loc::Weight { index, offset } => {
-                    return fail(format!("names weight {index} at {offset}, not in the file"));
-                }
-                Loc::Temp { .. } => return fail("an unplaced buffer".into()),
-            };
-            let len = buffer_len(span.loc).expect("placed above");
-            let (start, end) = (offset as i128 + span.start, offset as i128 + span.end);
-            if start < 0 || end > len {
-                return fail(format!(
-                    "touches elements {start}..{end} of a {buffer} of {len} ({:?})",
-                    span.loc
-                ));
-            }
-        }
-        // Every buffer was covered by a span (those of empty operands aside).
-        for loc in step.locs_mut() {
-            if matches!(loc, Loc::Temp { .. }) {
-                return fail("an unplaced buffer".into());
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The frames (f32) are read only by a cast from f32 and the scores (f32) written only by a
-/// cast to f32, where the plan's type is not f32: another step would take their elements for
-/// half as many bytes, and the casts' other side for twice as many.
-fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
-    let ok = match step {
-        Step::Ew {
-            cast, out, a, b, ..
-        } => {
-            let input = |l: Loc| matches!(l, Loc::Input(_));
-            let output = |l: Loc| matches!(l, Loc::Output(_));
-            let others = [Some(out.loc), Some(a.loc), b.as_ref().map(|b| b.loc)];
-            match cast {
-                Cast::FromF32 => {
-                    input(a.loc) && !input(out.loc) && b.as_ref().is_none_or(|b| !input(b.loc))
-                }
-                Cast::ToF32 => {
-                    output(out.loc) && !output(a.loc) && b.as_ref().is_none_or(|b| !output(b.loc))
-                }
-                Cast::None => {
-                    dtype == DType::F32
-                        || others
-                            .into_iter()
-                            .flatten()
-                            .all(|l| !input(l) && !output(l))
-                }
-            }
-        }
-        // Every buffer a step touches has a span (an empty operand touches nothing).
-        _ => {
-            dtype == DType::F32
-                || step
-                    .spans()
-                    .iter()
-                    .all(|s| !matches!(s.loc, Loc::Input(_) | Loc::Output(_)))
-        }
-    };
-    match ok {
-        true => Ok(()),
-        false => Err("reads the frames or writes the scores in the wrong type".into()),
-    }
-}
-
-/// The sizes a step passes to its kernel or library call: positive where they divide or
-/// shape a descriptor, within 32 bits where the kernels take `int`, ranks within `MAX_RANK`.
-fn check_sizes(step: &Step) -> Result<(), String> {
-    let int = |v: usize| i32::try_from(v).is_ok();
-    let positive = |v: usize| v >= 1 && int(v);
-    let ok = match step {
-        Step::Ew {
-            op,
-            dims,
-            out,
-            a,
-            b,
-            ..
-        } => {
-            dims.len() <= MAX_RANK
-                && dims.iter().all(|&d| int(d))
-                && dims
-                    .iter()
-                    .try_fold(1i64, |n, &d| n.checked_mul(d as i64))
-                    .is_some()
-                && op.is_some() == b.is_some()
-                && [Some(out), Some(a), b.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .all(|s| s.strides.len() == dims.len())
-        }
-        Step::Zero { .. } => true,
-        Step::Conv(c) => {
-            let out_dim = |i: usize, h: usize| {
-                let reach = c.dilations[i] * (c.kernel[i] - 1) + 1;
-                (h + 2 * c.pads[i])
-                    .checked_sub(reach)
-                    .map(|v| v / c.strides[i] + 1)
-            };
-            [c.n, c.c, c.h, c.w, c.k, c.oh, c.ow, c.group]
-                .into_iter()
-                .chain(c.kernel)
-                .chain(c.strides)
-                .chain(c.dilations)
-                .all(positive)
-                && c.pads.into_iter().all(int)
-                && c.c % c.group == 0
-                && c.k % c.group == 0
-                && out_dim(0, c.h) == Some(c.oh)
-                && out_dim(1, c.w) == Some(c.ow)
-                && c.algo
-                    .is_none_or(|t| t.workspace <= super::runtime::MAX_WORKSPACE)
-        }
-        Step::Gemm {
-            batch, rows, n, k, ..
-        } => [*batch, *rows, *n, *k].into_iter().all(positive),
-        Step::Pool {
-            n,
-            h,
-            w,
-            c,
-            oh,
-            ow,
-            kernel,
-            strides,
-            pads,
-            ..
-        } => {
-            [*n, *h, *w, *c, *oh, *ow]
-                .into_iter()
-                .chain(*kernel)
-                .chain(*strides)
-                .all(positive)
-                && pads.iter().all(|&p| int(p))
-        }
-        Step::GlobalAvgPool { n, hw, c, .. } => [*n, *hw, *c].into_iter().all(positive),
-        Step::Softmax { rows, len, .. }
-        | Step::LayerNorm { rows, len, .. }
-        | Step::RowMean { rows, len, .. } => [*rows, *len].into_iter().all(positive),
-        Step::Lrn {
-            pixels, c, size, ..
-        } => [*pixels, *c, *size].into_iter().all(positive),
-    };
-    match ok {
-        true => Ok(()),
-        false => Err("sizes its kernel cannot take".into()),
-    }
 }
 
 /// Writes `engine` to `path`, through a temporary file in the same folder so that a reader
@@ -504,8 +311,8 @@ pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cuda::ir::Act;
-    use crate::engine::cuda::plan::{Step, Strided};
+    use crate::engine::compiler::ir::Act;
+    use crate::engine::compiler::plan::{Cast, Loc, MAX_RANK, Step, Strided};
 
     fn key() -> Key {
         Key {
@@ -531,7 +338,7 @@ mod tests {
         let step = Step::Ew {
             op: None,
             act: Act::Relu,
-            cast: super::super::plan::Cast::None,
+            cast: Cast::None,
             dims: vec![4],
             out: Strided {
                 loc: Loc::Arena(0),
@@ -733,7 +540,7 @@ mod tests {
                     let Step::Ew { cast, .. } = s else {
                         unreachable!()
                     };
-                    *cast = super::super::plan::Cast::FromF32;
+                    *cast = Cast::FromF32;
                 },
                 "reads the frames or writes the scores in the wrong type",
             ),
@@ -743,7 +550,7 @@ mod tests {
                     let Step::Ew { op, .. } = s else {
                         unreachable!()
                     };
-                    *op = Some(crate::engine::cuda::ir::BinOp::Add);
+                    *op = Some(crate::engine::compiler::ir::BinOp::Add);
                 },
                 "sizes its kernel cannot take",
             ),
@@ -877,7 +684,7 @@ mod tests {
             let batch_sizes = vec![1, 2, 4];
             for dtype in [DType::F16, DType::F32] {
                 let (plans, weights) =
-                    super::super::compile(&model, &batch_sizes, spec, dtype).unwrap();
+                    crate::engine::compiler::compile(&model, &batch_sizes, spec, dtype).unwrap();
                 let k = Key {
                     precision: dtype,
                     batch_sizes: batch_sizes.clone(),

@@ -12,18 +12,9 @@
 //! all.
 
 pub mod engine_file;
-mod fold;
 pub mod frames;
-pub mod import;
-pub mod ir;
-pub mod lower;
-pub mod passes;
-pub mod plan;
-pub mod reference;
 pub mod runtime;
 
-#[cfg(test)]
-pub(crate) mod sim;
 #[cfg(test)]
 mod tests;
 
@@ -33,9 +24,10 @@ use gst_video::prelude::*;
 
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::engine::CAT;
+use crate::engine::compiler::plan::DType;
+use crate::engine::compiler::{batch_sizes, compile, import};
 use crate::preprocess::{Crop, Preprocessor};
 use engine_file::{EngineFile, Key};
-use plan::{DType, Weights};
 
 /// Why the cuda engine cannot run here, or `None` when the libraries it needs load.
 pub fn unavailable_reason() -> Option<String> {
@@ -47,19 +39,6 @@ pub fn unavailable_reason() -> Option<String> {
             missing.join(", ")
         )
     })
-}
-
-/// The batch sizes an engine serves for the element's `batch_size`: powers of two below it
-/// and itself, so that a partial batch runs on the smallest plan that holds it.
-pub fn batch_sizes(batch_size: usize, fixed: Option<usize>) -> Vec<usize> {
-    if let Some(n) = fixed {
-        return vec![n];
-    }
-    let mut sizes: Vec<usize> = std::iter::successors(Some(1), |b| Some(b * 2))
-        .take_while(|&b| b < batch_size)
-        .collect();
-    sizes.push(batch_size.max(1));
-    sizes
 }
 
 pub struct CudaEngine {
@@ -244,28 +223,6 @@ impl CudaEngine {
     pub fn runtime(&self) -> &runtime::Runtime {
         &self.runtime
     }
-}
-
-/// Imports the model for every batch size of `key`, lowers it, and compiles the kernels; the
-/// plans are tuned when the runtime loads them.
-/// The plans of `model` for each of `batch_sizes` and the weights they share: the part of
-/// the build that runs on the CPU (import, passes, lowering).
-pub fn compile(
-    model: &OnnxModel,
-    batch_sizes: &[usize],
-    spec: crate::preprocess::InputSpec,
-    dtype: DType,
-) -> Result<(Vec<plan::Plan>, Weights), String> {
-    let mut weights = Weights::default();
-    let mut plans = Vec::new();
-    let initializers = import::initializers(model)?;
-    for &batch in batch_sizes {
-        let mut graph = import::import_with(model, &initializers, batch, spec.height, spec.width)?;
-        crate::engine::class_count(graph.shape(&graph.output), batch)?;
-        passes::optimise(&mut graph);
-        plans.push(lower::lower(&graph, dtype, &mut weights)?);
-    }
-    Ok((plans, weights))
 }
 
 fn build_engine(

@@ -15,14 +15,13 @@ use cudarc::driver::{
 };
 
 use super::frames::{Pre, RawFrame};
-use super::ir::{Act, BinOp};
-use super::plan::{Cast, ConvStep, DType, Loc, MAX_RANK, Plan, Step, Tuned};
+use crate::engine::compiler::ir::{Act, BinOp};
+use crate::engine::compiler::plan::{
+    Cast, ConvStep, DType, Loc, MAX_RANK, MAX_WORKSPACE, Plan, Step, Tuned,
+};
 
 /// The kernels' source, compiled by NVRTC for the GPU at hand.
 pub const KERNELS: &str = include_str!("kernels.cu");
-
-/// The most workspace a convolution algorithm may use.
-pub const MAX_WORKSPACE: usize = 256 << 20;
 
 /// The longest row that the one-warp-per-row kernels (`softmax_warp`, `layernorm_warp`) hold
 /// in registers: `WARP_ROW_MAX` in kernels.cu. Longer rows take a block each.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::product::{Product, epilogue_init};
 use super::{Buffers, Packed, Threads, fma};
+use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 use crate::engine::cpu::vector::activate;
-use crate::engine::cuda::plan::{ConvStep, Loc, Step};
 
 pub(super) fn is_depthwise(c: &ConvStep) -> bool {
     c.group == c.c && c.group == c.k

@@ -3,9 +3,9 @@
 //! patterns (contiguous, broadcast) written out so that they vectorise.
 
 use super::Buffers;
+use crate::engine::compiler::ir::{Act, BinOp};
+use crate::engine::compiler::plan::Strided;
 use crate::engine::cpu::vector::activate;
-use crate::engine::cuda::ir::{Act, BinOp};
-use crate::engine::cuda::plan::Strided;
 
 /// `out = act(op(a, b))` over `dims` with each operand's strides: the innermost dimension
 /// runs as a loop over contiguous or broadcast values where it can.

@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use super::vector::activate;
-use crate::engine::cuda::ir::Act;
-use crate::engine::cuda::plan::{ConvStep, Loc, Step};
+use crate::engine::compiler::ir::Act;
+use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 
 /// Where the plan's buffers are for one run.
 pub struct Buffers<'a> {

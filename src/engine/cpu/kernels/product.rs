@@ -3,9 +3,9 @@
 //! in one pass over the output, and the fusion of a following activation into it.
 
 use super::{Packed, Threads};
+use crate::engine::compiler::ir::Act;
+use crate::engine::compiler::plan::{Cast, Step};
 use crate::engine::cpu::vector::activate;
-use crate::engine::cuda::ir::Act;
-use crate::engine::cuda::plan::{Cast, Step};
 
 /// Moves an activation that follows a matrix product in place (the lowering's form of
 /// everything but ReLU, which cuBLASLt's epilogue takes) into the product's own epilogue.

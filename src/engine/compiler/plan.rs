@@ -10,6 +10,10 @@ use super::ir::{Act, BinOp};
 /// Iteration dimensions of an element-wise step, after merging.
 pub const MAX_RANK: usize = 6;
 
+/// The most workspace a tuned convolution algorithm may use (bytes): the runtime allocates
+/// this much, and `check` refuses a plan whose algorithm asks for more.
+pub const MAX_WORKSPACE: usize = 256 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DType {
     F16,

@@ -1,0 +1,517 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The IR on the CPU: the import against onnxruntime's outputs, and every pass against the
+//! graph before it.
+
+use std::path::{Path, PathBuf};
+
+use super::ir::{Act, Graph, Op, Tensor};
+use super::plan::{DType, Weights};
+use super::{import, lower, passes, reference, sim};
+use crate::engine::OnnxModel;
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
+}
+
+struct Reference {
+    input: Tensor,
+    output: Vec<f32>,
+}
+
+fn load_reference(name: &str) -> Reference {
+    let text = std::fs::read_to_string(models().join(name)).expect("reference file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
+    let floats = |key: &str| -> Vec<f32> {
+        v[key]
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect()
+    };
+    let shape: Vec<usize> = v["input_shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|d| d.as_u64().expect("dim") as usize)
+        .collect();
+    Reference {
+        input: Tensor::new(shape, floats("input")),
+        output: floats("output"),
+    }
+}
+
+fn import_model(name: &str, batch: usize) -> Graph {
+    let model = OnnxModel::load(&models().join(name)).expect("model loads");
+    let spec = model.input_spec(None).expect("fixed input size");
+    import::import(&model, batch, spec.height, spec.width).expect("model imports")
+}
+
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tolerance * (1.0 + w.abs()),
+            "value {i}: got {g}, want {w}"
+        );
+    }
+}
+
+fn count(graph: &Graph, pred: impl Fn(&Op) -> bool) -> usize {
+    graph.nodes.iter().filter(|n| pred(&n.op)).count()
+}
+
+#[test]
+fn import_matches_onnxruntime() {
+    for (model, reference) in [
+        ("cnn.onnx", "cnn_reference.json"),
+        ("colors.onnx", "colors_reference.json"),
+        ("ops.onnx", "ops_reference.json"),
+    ] {
+        let r = load_reference(reference);
+        let graph = import_model(model, r.input.shape[0]);
+        let out = reference::run(&graph, &r.input);
+        assert_close(&out.data, &r.output, 1e-4);
+    }
+}
+
+#[test]
+fn passes_keep_results_and_fuse() {
+    let r = load_reference("cnn_reference.json");
+    let mut graph = import_model("cnn.onnx", r.input.shape[0]);
+    let before = reference::run(&graph, &r.input);
+    let nodes_before = graph.nodes.len();
+    assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 4);
+
+    passes::optimise(&mut graph);
+    let after = reference::run(&graph, &r.input);
+    assert_close(&after.data, &before.data, 1e-5);
+    assert_close(&after.data, &r.output, 1e-4);
+    // Every batch norm follows a convolution; relu/relu6 and the residual add fuse into it.
+    assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 0);
+    assert_eq!(count(&graph, |op| matches!(op, Op::Unary(_))), 0);
+    assert_eq!(count(&graph, |op| matches!(op, Op::Binary { .. })), 0);
+    let ops: Vec<&str> = graph.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(
+        ops,
+        [
+            "Conv",
+            "Conv",
+            "Conv",
+            "MaxPool",
+            "Conv",
+            "AveragePool",
+            "GlobalAveragePool",
+            "Reshape",
+            "Gemm"
+        ],
+        "{nodes_before} nodes before"
+    );
+    let residual = graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Conv(_)) && n.inputs.len() == 4)
+        .count();
+    assert_eq!(residual, 1);
+}
+
+#[test]
+fn import_folds_shape_chains_per_batch() {
+    // The same model imports at several batch sizes with every shape settled.
+    for batch in [1, 2, 7] {
+        let graph = import_model("cnn.onnx", batch);
+        assert_eq!(graph.shape(&graph.output), [batch, 10]);
+    }
+}
+
+#[test]
+fn unsupported_ops_are_named() {
+    let model = OnnxModel::load(&models().join("bad/unsupported_op.onnx")).expect("loads");
+    assert_eq!(
+        import::unsupported_ops(&model),
+        ["com.example.nonexistent.FrobnicateImage"]
+    );
+}
+
+/// Imports, optimises and lowers `model` at each batch size, runs the plans on the CPU
+/// simulator and compares with the reference evaluation of the imported graph.
+fn check_lowering(model: &str, reference_file: &str) {
+    let r = load_reference(reference_file);
+    let frames = r.input.shape[0];
+    let frame_len = r.input.len() / frames;
+    let mut weights = Weights::default();
+    for batch in [1, frames] {
+        let input = Tensor::new(
+            [vec![batch], r.input.shape[1..].to_vec()].concat(),
+            r.input.data[..batch * frame_len].to_vec(),
+        );
+        let mut graph = import_model(model, batch);
+        let want = reference::run(&graph, &input);
+        passes::optimise(&mut graph);
+        let plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
+        let got = sim::run(&plan, &weights, &input.data);
+        assert_close(&got, &want.data, 1e-4);
+    }
+    // The plans of both batch sizes share one copy of each weight.
+    let mut names = weights.names.clone();
+    names.dedup();
+    assert_eq!(names.len(), weights.names.len(), "{:?}", weights.names);
+}
+
+#[test]
+fn lowered_plans_match_reference() {
+    check_lowering("cnn.onnx", "cnn_reference.json");
+    check_lowering("colors.onnx", "colors_reference.json");
+    check_lowering("ops.onnx", "ops_reference.json");
+}
+
+/// The input of `models/transformers/export.py`'s references: two frames, each element
+/// ((i * 7919) % 1000) / 500 - 1 over the NCHW index i.
+fn transformer_input() -> Tensor {
+    let data = (0..2 * 3 * 224 * 224u64)
+        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
+        .collect();
+    Tensor::new(vec![2, 3, 224, 224], data)
+}
+
+/// onnxruntime's output for `transformer_input()` through `models/transformers/NAME.onnx`.
+fn transformer_reference(name: &str) -> Vec<f32> {
+    let text = std::fs::read_to_string(models().join(format!("transformers/{name}.ref.json")))
+        .expect("reference");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    v["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .flat_map(|row| row.as_array().expect("row").iter())
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+#[test]
+fn vision_transformers_import_lower_and_match_onnxruntime() {
+    // torchvision's VisionTransformer and SwinTransformer, small, as exported by their users:
+    // their shape arithmetic (Shape, Equal, Where, Expand, Mod, Range, Not, ScatterND, Pad,
+    // ...) is evaluated at import, at a fixed batch and size; query, key and value become
+    // slices, attention batched products. The imported graph, the optimised one and the
+    // plan (run step by step on the CPU) must all give onnxruntime's probabilities.
+    let input = transformer_input();
+    for name in ["vit", "swin", "swin_v2"] {
+        let want = transformer_reference(name);
+        let model = OnnxModel::load(&models().join(format!("transformers/{name}.onnx")))
+            .expect("model loads");
+        assert_eq!(
+            import::unsupported_ops(&model),
+            Vec::<String>::new(),
+            "{name}"
+        );
+        let mut graph =
+            import::import(&model, 2, 224, 224).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
+        passes::optimise(&mut graph);
+        assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
+        // GELU's five exported nodes became the MLP's first product's activation.
+        let ops: Vec<&Op> = graph.nodes.iter().map(|n| &n.op).collect();
+        assert!(
+            !ops.contains(&&Op::Unary(Act::Erf)),
+            "{name}: an erf is left"
+        );
+        assert!(
+            ops.contains(&&Op::Gemm { act: Act::Gelu }),
+            "{name}: no GELU"
+        );
+        // Query and key scalings became the attention product's alpha (Swin v2's cosine
+        // attention scales per head instead).
+        assert_eq!(
+            ops.iter()
+                .any(|op| matches!(op, Op::MatMul { alpha } if *alpha != 1.0)),
+            name != "swin_v2",
+            "{name}: scaled attention products"
+        );
+        let mut weights = Weights::default();
+        let plan = lower::lower(&graph, DType::F32, &mut weights)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
+    }
+    // At batch 4 the tiny ViT's key and value start 256-byte aligned in its projection
+    // (at batch 2 only the query does), and are read in place rather than copied: two steps
+    // fewer, and the same frames twice give the same answers.
+    let model = OnnxModel::load(&models().join("transformers/vit.onnx")).expect("model loads");
+    let mut graph = import::import(&model, 4, 224, 224).expect("imports");
+    passes::optimise(&mut graph);
+    let mut weights = Weights::default();
+    let plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
+    let twice = [input.data.as_slice(), input.data.as_slice()].concat();
+    let mut g2 = import::import(&model, 2, 224, 224).expect("imports");
+    passes::optimise(&mut g2);
+    let p2 = lower::lower(&g2, DType::F32, &mut Weights::default()).expect("lowers");
+    assert_eq!(plan.steps.len() + 2, p2.steps.len());
+    let want = transformer_reference("vit");
+    assert_close(
+        &sim::run(&plan, &weights, &twice),
+        &[want.as_slice(), want.as_slice()].concat(),
+        1e-4,
+    );
+}
+
+#[test]
+fn parameters_that_are_not_numbers_are_refused() {
+    // Found by the cuda_compile fuzzer: a model whose plan held a NaN parameter, which an
+    // engine file stores as `null`; every start then failed to read the file it had written.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions/cuda_compile_nan_parameter.onnx");
+    let model = OnnxModel::load(&path).expect("parses");
+    let spec = model.input_spec(None).expect("input");
+    let err = super::compile(&model, &[1, 2], spec, DType::F32).expect_err("refused");
+    assert!(err.contains("`clip_0` (Clip): a parameter is NaN"), "{err}");
+    // An infinite bound is no bound: it becomes the lowest finite value (the same clip, and
+    // a number an engine file can store).
+    use prost::Message;
+    let mut proto = OnnxModel::load(&models().join("cnn.onnx")).unwrap().proto;
+    let graph = proto.graph.as_mut().expect("graph");
+    let min = graph
+        .initializer
+        .iter_mut()
+        .find(|t| t.name == "clip_min_0");
+    let min = min.expect("cnn.onnx clips");
+    (min.raw_data, min.float_data) = (Vec::new(), vec![f32::NEG_INFINITY]);
+    let model = OnnxModel::from_bytes(&path, &proto.encode_to_vec()).expect("parses");
+    let graph = import::import(&model, 1, spec.height, spec.width).expect("imports");
+    let clips: Vec<f32> = (graph.nodes.iter())
+        .filter_map(|n| match n.op {
+            Op::Unary(Act::Clip(lo, _)) => Some(lo),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(clips, [f32::MIN]);
+}
+
+#[test]
+fn nodes_of_one_name_keep_their_own_constants() {
+    // Found by the cuda_compile fuzzer: two convolutions named `conv_2`, both without a bias,
+    // shared one made-up zero bias (16 values for one, then 32 for both), and the batch-norm
+    // fold indexed past it. Nodes now get names of their own: the model is cnn.onnx with a
+    // node renamed, and computes what cnn.onnx computes.
+    let regression = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions/cuda_compile_duplicate_node_names.onnx");
+    let run = |path: &Path| {
+        let model = OnnxModel::load(path).expect("parses");
+        let mut graph = import::import(&model, 1, 32, 32).expect("imports");
+        passes::optimise(&mut graph);
+        let input = Tensor::new(
+            vec![1, 3, 32, 32],
+            (0..3072).map(|i| (i % 7) as f32 / 7.0).collect(),
+        );
+        reference::run(&graph, &input).data.to_vec()
+    };
+    assert_close(&run(&regression), &run(&models().join("cnn.onnx")), 1e-6);
+
+    // A value two nodes define is refused.
+    use prost::Message;
+    let mut proto = OnnxModel::load(&models().join("cnn.onnx")).unwrap().proto;
+    let graph = proto.graph.as_mut().expect("graph");
+    let first = graph.node[0].output[0].clone();
+    graph.node[1].output[0] = first;
+    let model = OnnxModel::from_bytes(&regression, &proto.encode_to_vec()).expect("parses");
+    let err = import::import(&model, 1, 32, 32).expect_err("refused");
+    assert!(
+        err.contains("its output `conv_0` is already defined"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reshape_whose_sizes_overflow_is_refused() {
+    // Found by the cuda_compile fuzzer: a Reshape target whose sizes multiply past usize
+    // overflowed (a panic in debug builds; in release a wrapped product could match).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz/regressions/cuda_compile_reshape_overflow.onnx");
+    let model = OnnxModel::load(&path).expect("parses");
+    let spec = model.input_spec(None).expect("input");
+    let err = super::compile(&model, &[1, 2], spec, DType::F32).expect_err("refused");
+    assert!(err.contains("cannot reshape"), "{err}");
+}
+
+#[test]
+fn torchvision_models_import_and_lower() {
+    // The torchvision exports are 5–115 MB and not in the repository; run with
+    // TRTCLASSIFY_TORCHVISION_DIR set to the output of `bench/gpu/torch_models.py export`.
+    let Some(dir) = std::env::var_os("TRTCLASSIFY_TORCHVISION_DIR") else {
+        skipped("torchvision_models_import_and_lower: TRTCLASSIFY_TORCHVISION_DIR is not set");
+        return;
+    };
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).expect("torchvision dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "onnx") {
+            continue;
+        }
+        let model = OnnxModel::load(&path).expect("model loads");
+        assert_eq!(import::unsupported_ops(&model), Vec::<String>::new());
+        let mut weights = Weights::default();
+        for batch in [1, 8] {
+            let mut graph = import::import(&model, batch, 224, 224)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            passes::optimise(&mut graph);
+            assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 0);
+            let plan = lower::lower(&graph, DType::F16, &mut weights)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(plan.output_len, batch * 1000);
+            println!(
+                "{}: batch {batch}: {} nodes, {} steps, arena {} MB (fp16)",
+                path.display(),
+                graph.nodes.len(),
+                plan.steps.len(),
+                (plan.arena_len * 2) >> 20
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 0);
+}
+
+/// A small deterministic generator, so that a proptest case is its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n.max(1)
+    }
+
+    fn small_int(&mut self) -> i64 {
+        self.below(10) as i64 - 3
+    }
+}
+
+/// One random damage to a model, described for the failure message.
+fn mutate(proto: &mut tract_onnx::pb::ModelProto, rng: &mut Rng) -> String {
+    use tract_onnx::pb::attribute_proto::AttributeType;
+    let graph = proto.graph.as_mut().expect("a graph");
+    let names: Vec<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.output.clone())
+        .chain(graph.initializer.iter().map(|i| i.name.clone()))
+        .chain(["".to_owned()])
+        .collect();
+    let n = rng.below(graph.node.len());
+    let i = rng.below(graph.initializer.len());
+    let node = &mut graph.node[n];
+    let what = format!("node {n} ({})", node.op_type);
+    match rng.below(8) {
+        0 => {
+            let keep = rng.below(node.input.len() + 1);
+            node.input.truncate(keep);
+            format!("{what} keeps {keep} inputs")
+        }
+        1 if !node.input.is_empty() => {
+            let k = rng.below(node.input.len());
+            node.input[k] = names[rng.below(names.len())].clone();
+            format!("{what}: input {k} is now `{}`", node.input[k])
+        }
+        2 if !node.attribute.is_empty() => {
+            let k = rng.below(node.attribute.len());
+            let a = &mut node.attribute[k];
+            let v = rng.small_int();
+            match a.r#type() {
+                AttributeType::Int => a.i = v,
+                AttributeType::Float => a.f = v as f32 * 0.5,
+                AttributeType::Ints if !a.ints.is_empty() => {
+                    let k = rng.below(a.ints.len());
+                    a.ints[k] = v;
+                }
+                AttributeType::Ints => a.ints.push(v),
+                _ => a.i = v,
+            }
+            format!("{what}: attribute {} changed to {v}", a.name)
+        }
+        3 => {
+            let ops = super::import::SUPPORTED_OPS;
+            node.op_type = ops[rng.below(ops.len())].to_owned();
+            format!("{what} is now a {}", node.op_type)
+        }
+        4 => {
+            graph.node.remove(n);
+            format!("{what} removed")
+        }
+        5 if !graph.initializer.is_empty() => {
+            let init = &mut graph.initializer[i];
+            match rng.below(3) {
+                0 => {
+                    init.dims.pop();
+                }
+                1 => init.dims.push(1),
+                _ if !init.dims.is_empty() => {
+                    let k = rng.below(init.dims.len());
+                    init.dims[k] = rng.below(5) as i64;
+                }
+                _ => init.dims.push(0),
+            }
+            format!("initializer {} has dims {:?}", init.name, init.dims)
+        }
+        6 if !graph.initializer.is_empty() => {
+            let init = &mut graph.initializer[i];
+            init.dims.clear();
+            init.raw_data.truncate(8);
+            init.float_data.truncate(1);
+            init.int64_data.truncate(1);
+            format!("initializer {} is a scalar", init.name)
+        }
+        _ => {
+            let k = rng.below(node.output.len() + 1);
+            node.output.truncate(k);
+            format!("{what} keeps {k} outputs")
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(400),
+        ..Default::default()
+    })]
+
+    /// A damaged model is an error (or, where the damage changes nothing that matters, a
+    /// plan), never a panic: the front-end of the cuda engine runs on the CPU, so this runs in
+    /// CI; a panic would be caught by the engine build, but as an "internal error" that does
+    /// not tell the user what is wrong with the file.
+    #[test]
+    fn damaged_models_are_errors_not_panics(
+        model in 0usize..3,
+        seed in 1u64..u64::MAX,
+        damages in 1usize..4,
+    ) {
+        use prost::Message;
+        let name = ["colors.onnx", "cnn.onnx", "ops.onnx"][model];
+        let path = models().join(name);
+        let mut proto = OnnxModel::load(&path).expect("model loads").proto;
+        let mut rng = Rng(seed);
+        let done: Vec<String> = (0..damages).map(|_| mutate(&mut proto, &mut rng)).collect();
+        let bytes = proto.encode_to_vec();
+        let outcome = std::panic::catch_unwind(|| {
+            let model = OnnxModel::from_bytes(&path, &bytes).map_err(|e| e.to_string())?;
+            let spec = model.input_spec(None)?;
+            if !import::unsupported_ops(&model).is_empty() {
+                return Err("unsupported".to_owned());
+            }
+            super::compile(&model, &[1, 2], spec, DType::F16).map(|_| ())
+        });
+        if let Err(panic) = outcome {
+            panic!(
+                "{name} damaged by {done:?}: panicked: {}",
+                crate::engine::panic_message(&*panic)
+            );
+        }
+    }
+}
+
+/// Says a test did not run, on stderr directly so that the harness does not capture it.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+}

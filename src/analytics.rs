@@ -10,7 +10,7 @@
 use gst_analytics::prelude::*;
 use gst_analytics::{AnalyticsODMtd, AnalyticsRelationMeta, RelTypes};
 
-use crate::meta::ClassEntry;
+use crate::outputs::meta::ClassEntry;
 use crate::regions::{Region, clip};
 
 /// Adds the detections of `buffer`'s relation meta, clipped to the `width`×`height` frame, to

@@ -6,6 +6,10 @@
 //!
 //! The crate is both the plugin (`cdylib`) and a library (`rlib`) whose [`meta`] module gives
 //! applications a typed reader for the classification metadata.
+//!
+//! Layout: the element (`trtclassify`, GObject glue, its settings and batch queue), engines
+//! shared between elements (`instance`) and their backends (`engine`), preprocessing
+//! (`preprocess`, `cudamem`, `regions`), and what becomes of the scores (`outputs`).
 
 use gst::glib;
 
@@ -14,15 +18,19 @@ pub mod analytics;
 pub mod cudamem;
 pub mod engine;
 pub mod instance;
-pub mod labels;
-pub mod meta;
+pub mod outputs;
+/// The `trtclassifyoverlay` element, which draws the results on the video.
 #[cfg(feature = "overlay")]
 pub mod overlay;
-pub mod postprocess;
 pub mod preprocess;
 pub mod regions;
-pub mod results;
+/// The `trtclassify` element.
 pub mod trtclassify;
+
+// The output modules lived at the crate's root before they moved to `outputs/` (issue 11).
+// Applications embedding the plugin use them by those paths (`gsttrtclassify::meta::
+// Classification`, ...): these re-exports keep the old paths working.
+pub use outputs::{labels, meta, postprocess, results};
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     meta::register();

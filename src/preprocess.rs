@@ -62,9 +62,26 @@ pub struct InputSpec {
     pub width: usize,
 }
 
+impl Layout {
+    /// The 4-D shape of `batch` images of `channels` × `height` × `width` in this layout.
+    pub fn shape(self, batch: usize, channels: usize, height: usize, width: usize) -> [usize; 4] {
+        match self {
+            Layout::Nchw => [batch, channels, height, width],
+            Layout::Nhwc => [batch, height, width, channels],
+        }
+    }
+}
+
 impl InputSpec {
+    /// Values in one preprocessed frame.
     pub fn frame_len(&self) -> usize {
         self.channels * self.height * self.width
+    }
+
+    /// The model input's shape for `batch` frames.
+    pub fn batch_shape(&self, batch: usize) -> [usize; 4] {
+        self.layout
+            .shape(batch, self.channels, self.height, self.width)
     }
 }
 
@@ -92,6 +109,12 @@ impl Default for PreprocessOptions {
 }
 
 impl PreprocessOptions {
+    /// The letterbox border's value in a channel of mean `mean`: the mean colour rounded to
+    /// a pixel value, which normalises to about zero (the CPU and GPU paths share it).
+    pub fn border_value(&self, mean: f32) -> u8 {
+        (mean / self.scale).round().clamp(0.0, 255.0) as u8
+    }
+
     /// Mean and std with one value per model channel. A single value applies to every channel;
     /// for a one-channel model, three values are averaged (the grey of an RGB mean).
     pub fn per_channel(&self, channels: usize) -> Result<(Vec<f32>, Vec<f32>), String> {
@@ -271,10 +294,7 @@ impl Preprocessor {
             .zip(&std)
             .map(|(m, s)| std::array::from_fn(|p| (p as f32 * options.scale - m) / s))
             .collect();
-        let border = mean
-            .iter()
-            .map(|m| (m / options.scale).round().clamp(0.0, 255.0) as u8)
-            .collect();
+        let border = mean.iter().map(|&m| options.border_value(m)).collect();
         Ok(Self {
             border,
             options,

@@ -7,7 +7,7 @@
 
 use gst_video::VideoRegionOfInterestMeta;
 
-use crate::meta::ClassEntry;
+use crate::outputs::meta::ClassEntry;
 use crate::preprocess::{Crop, Rect};
 
 /// What parts of a frame are classified.

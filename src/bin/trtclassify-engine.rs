@@ -216,11 +216,13 @@ fn bench(args: &Args) -> Result<(), String> {
             let input = vec![0.1f32; batch * frame];
             engine.infer(&input, batch).map_err(|e| e.to_string())?;
             let rt = engine.runtime();
-            let latency = median(rt.latencies(batch, args.runs)?);
+            let text = |e: gsttrtclassify::engine::cuda::Error| e.to_string();
+            let latency = median(rt.latencies(batch, args.runs).map_err(text)?);
             let throughput = median(
                 (0..5)
                     .map(|_| rt.replay(batch, args.runs))
-                    .collect::<Result<_, _>>()?,
+                    .collect::<Result<_, _>>()
+                    .map_err(text)?,
             );
             let infer = median(
                 (0..args.runs.min(50))
@@ -238,7 +240,11 @@ fn bench(args: &Args) -> Result<(), String> {
                 None => "-".into(),
             };
             if args.profile {
-                print_profile(&stem, batch, engine.runtime().profile(batch, 20)?);
+                print_profile(
+                    &stem,
+                    batch,
+                    engine.runtime().profile(batch, 20).map_err(text)?,
+                );
             }
             // Decoded frames as the element gets them from NVDEC (CUDA memory, NV12).
             for (w, h) in [(1920, 1080), (3840, 2160)] {

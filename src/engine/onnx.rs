@@ -227,11 +227,10 @@ impl OnnxModel {
             .collect()
     }
 
-    pub fn file_name(&self) -> String {
-        self.path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| self.path.display().to_string())
+    /// Whether the model's own last operator makes probabilities (Softmax, Sigmoid), so that
+    /// `softmax=auto` leaves its scores alone.
+    pub fn outputs_probabilities(&self) -> bool {
+        matches!(self.output_op.as_deref(), Some("Softmax" | "Sigmoid"))
     }
 
     /// Operators of the graph, each once, in the order they first appear.

@@ -10,7 +10,7 @@ use gst_video::prelude::*;
 use gst_video::subclass::prelude::*;
 use pango::prelude::*;
 
-use crate::meta::Classification;
+use crate::outputs::meta::Classification;
 use crate::regions::PARAM_NAME;
 
 static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {

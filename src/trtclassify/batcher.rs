@@ -23,14 +23,15 @@ struct Held<F> {
 
 /// A frame that may leave: its number in the stream, its items' scores if it was inferred
 /// (`None`: it carries the previous result), and when it arrived.
-pub struct Released<F> {
-    pub frame: F,
-    pub number: u64,
-    pub scores: Option<Vec<Vec<f32>>>,
-    pub arrived: Instant,
+pub(crate) struct Released<F> {
+    pub(crate) frame: F,
+    pub(crate) number: u64,
+    pub(crate) scores: Option<Vec<Vec<f32>>>,
+    pub(crate) arrived: Instant,
 }
 
-pub struct Batcher<F> {
+/// One stream's held frames, in arrival order (see the module's documentation).
+pub(crate) struct Batcher<F> {
     held: VecDeque<Held<F>>,
     /// How many items of the fresh frames in `held` still wait for their scores.
     unscored: usize,
@@ -54,12 +55,12 @@ impl<F> Default for Batcher<F> {
 impl<F> Batcher<F> {
     /// Whether the next frame is to be inferred; the element pushes it into the engine
     /// before `admit`ting it.
-    pub fn next_is_fresh(&self) -> bool {
+    pub(crate) fn next_is_fresh(&self) -> bool {
         self.carry_left == 0
     }
 
     /// The number the next frame will get.
-    pub fn next_number(&self) -> u64 {
+    pub(crate) fn next_number(&self) -> u64 {
         self.next_number
     }
 
@@ -67,7 +68,7 @@ impl<F> Batcher<F> {
     /// be pushed into the engine); one in every `interval` is fresh (see `next_is_fresh`),
     /// and a fresh frame waits for the scores of its `items` (a fresh frame of none, such as
     /// one without regions to classify, leaves as soon as the frames before it).
-    pub fn admit(&mut self, frame: F, interval: u32, arrived: Instant, items: usize) {
+    pub(crate) fn admit(&mut self, frame: F, interval: u32, arrived: Instant, items: usize) {
         let fresh = self.next_is_fresh();
         let items = if fresh { items } else { 0 };
         self.carry_left = match fresh {
@@ -88,7 +89,7 @@ impl<F> Batcher<F> {
 
     /// Gives the oldest item still waiting its scores; `Err` when none waits (the engine
     /// returned more score vectors than it was given items).
-    pub fn score(&mut self, scores: Vec<f32>) -> Result<(), Vec<f32>> {
+    pub(crate) fn score(&mut self, scores: Vec<f32>) -> Result<(), Vec<f32>> {
         match self.held.iter_mut().find(|h| h.waiting > 0) {
             Some(held) => {
                 held.scores.push(scores);
@@ -102,7 +103,7 @@ impl<F> Batcher<F> {
 
     /// Takes, in order, every frame at the front that has its result: scored fresh frames and
     /// the carried frames after them.
-    pub fn release(&mut self) -> Vec<Released<F>> {
+    pub(crate) fn release(&mut self) -> Vec<Released<F>> {
         let mut out = Vec::new();
         while self.held.front().is_some_and(|h| h.waiting == 0) {
             let held = self.held.pop_front().expect("checked above");
@@ -117,23 +118,23 @@ impl<F> Batcher<F> {
     }
 
     /// How many items of fresh frames wait for their scores.
-    pub fn unscored(&self) -> usize {
+    pub(crate) fn unscored(&self) -> usize {
         self.unscored
     }
 
     /// How many frames are held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.held.len()
     }
 
     /// The numbers of the first and last frames held, if any.
-    pub fn held_range(&self) -> Option<(u64, u64)> {
+    pub(crate) fn held_range(&self) -> Option<(u64, u64)> {
         Some((self.held.front()?.number, self.held.back()?.number))
     }
 
     /// When the oldest frame still waiting for its scores will have waited `timeout`; `None`
     /// when no frame waits or there is no timeout.
-    pub fn deadline(&self, timeout: Option<Duration>) -> Option<Instant> {
+    pub(crate) fn deadline(&self, timeout: Option<Duration>) -> Option<Instant> {
         let timeout = timeout?;
         self.held
             .iter()
@@ -143,14 +144,14 @@ impl<F> Batcher<F> {
 
     /// Drops every held frame (a flush); the next frame is fresh, since a result from before
     /// a seek describes another picture. Numbering goes on.
-    pub fn flush(&mut self) {
+    pub(crate) fn flush(&mut self) {
         self.held.clear();
         self.unscored = 0;
         self.carry_left = 0;
     }
 
     /// A new stream: numbering starts again at 0, and the next frame is fresh.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.next_number = 0;
         self.carry_left = 0;
     }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gst::glib;
 use gst::prelude::*;
@@ -16,20 +16,27 @@ use gst_base::prelude::*;
 use gst_base::subclass::base_transform::GenerateOutputSuccess;
 use gst_base::subclass::prelude::*;
 
-use super::batcher::{Batcher, Released};
-use super::latency::{self, Latencies};
+use super::batcher::Released;
+use super::latency;
+use super::settings::{
+    DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_CHANNEL_ORDER,
+    DEFAULT_GPU_ID, DEFAULT_INTERVAL, DEFAULT_PRECISION, DEFAULT_RESIZE_MODE, DEFAULT_ROI,
+    DEFAULT_SCALE, DEFAULT_SOFTMAX, DEFAULT_THRESHOLD, DEFAULT_TOP_K, MAX_BATCH_SIZE, Settings,
+    Tunables,
+};
+use super::state::{Held, Outputs, State};
 use super::timer::BatchTimer;
 use crate::cudamem;
-use crate::engine::{self, Backend, EngineError, EngineOptions, ModelError, Precision};
+use crate::engine::{self, Backend, EngineError, ModelError, ModelInfo, Precision};
 use crate::instance::{self, InstanceKey, Joined};
-use crate::labels::Labels;
-use crate::meta::{ClassEntry, Classification, RegionResult};
-use crate::postprocess::{self, Softmax};
-use crate::preprocess::{ChannelOrder, Crop, PreprocessOptions, ResizeMode};
-use crate::regions::{self, Region, RegionFilter, RoiMode};
-use crate::results::ResultsWriter;
+use crate::outputs::labels::Labels;
+use crate::outputs::meta::{ClassEntry, Classification, RegionResult};
+use crate::outputs::postprocess;
+use crate::outputs::results::ResultsWriter;
+use crate::preprocess::Crop;
+use crate::regions;
 
-pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
         "trtclassify",
         gst::DebugColorFlags::empty(),
@@ -37,148 +44,13 @@ pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
-const DEFAULT_BACKEND: Backend = Backend::Auto;
-const DEFAULT_PRECISION: Precision = Precision::Fp16;
-const DEFAULT_GPU_ID: u32 = 0;
-const DEFAULT_BATCH_SIZE: u32 = 1;
-const MAX_BATCH_SIZE: u32 = 64;
-const DEFAULT_BATCH_TIMEOUT_MS: i32 = 100;
-const DEFAULT_TOP_K: u32 = 5;
-const DEFAULT_THRESHOLD: f64 = 0.0;
-const DEFAULT_SOFTMAX: Softmax = Softmax::Auto;
-const DEFAULT_SCALE: f64 = 1.0 / 255.0;
-const DEFAULT_MEAN: [f64; 3] = [0.485, 0.456, 0.406];
-const DEFAULT_STD: [f64; 3] = [0.229, 0.224, 0.225];
-const DEFAULT_CHANNEL_ORDER: ChannelOrder = ChannelOrder::Rgb;
-const DEFAULT_RESIZE_MODE: ResizeMode = ResizeMode::Stretch;
-const DEFAULT_INTERVAL: u32 = 1;
-const DEFAULT_ROI: RoiMode = RoiMode::Frame;
-
-#[derive(Debug, Clone)]
-struct Settings {
-    onnx_location: Option<String>,
-    labels_location: Option<String>,
-    results_location: Option<String>,
-    engine_location: Option<String>,
-    model_instance_id: Option<String>,
-    backend: Backend,
-    precision: Precision,
-    gpu_id: u32,
-    threads: u32,
-    batch_size: u32,
-    input_width: u32,
-    input_height: u32,
-    softmax: Softmax,
-    scale: f64,
-    mean: Vec<f64>,
-    std: Vec<f64>,
-    channel_order: ChannelOrder,
-    resize_mode: ResizeMode,
-    roi: RoiMode,
-    roi_filter: RegionFilter,
-    tunables: Tunables,
-    /// A property value that was refused; `start()` fails with it, so that a typo in a
-    /// launch line never runs silently with the old value.
-    refused: Option<String>,
-}
-
-/// What may change while playing; copied out for every buffer.
-#[derive(Debug, Clone, Copy)]
-struct Tunables {
-    batch_timeout_ms: i32,
-    top_k: u32,
-    threshold: f64,
-    interval: u32,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            onnx_location: None,
-            labels_location: None,
-            results_location: None,
-            engine_location: None,
-            model_instance_id: None,
-            backend: DEFAULT_BACKEND,
-            precision: DEFAULT_PRECISION,
-            gpu_id: DEFAULT_GPU_ID,
-            threads: 0,
-            batch_size: DEFAULT_BATCH_SIZE,
-            input_width: 0,
-            input_height: 0,
-            softmax: DEFAULT_SOFTMAX,
-            scale: DEFAULT_SCALE,
-            mean: DEFAULT_MEAN.to_vec(),
-            std: DEFAULT_STD.to_vec(),
-            channel_order: DEFAULT_CHANNEL_ORDER,
-            resize_mode: DEFAULT_RESIZE_MODE,
-            roi: DEFAULT_ROI,
-            roi_filter: RegionFilter::default(),
-            tunables: Tunables {
-                batch_timeout_ms: DEFAULT_BATCH_TIMEOUT_MS,
-                top_k: DEFAULT_TOP_K,
-                threshold: DEFAULT_THRESHOLD,
-                interval: DEFAULT_INTERVAL,
-            },
-            refused: None,
-        }
-    }
-}
-
-/// A frame held in the element, with the regions it is classified in (see `roi`).
-struct Held {
-    buffer: gst::Buffer,
-    regions: Vec<Region>,
-}
-
-struct State {
-    /// This element's place in the engine it shares with other elements.
-    stream: instance::Stream,
-    labels: Labels,
-    model_name: String,
-    /// The element's name when it started, which results on ROI metas carry.
-    element_name: String,
-    roi: RoiMode,
-    roi_filter: RegionFilter,
-    /// Whether scores go through a softmax; for `softmax=auto` settled on the first result.
-    apply_softmax: Option<bool>,
-    results: Option<(String, ResultsWriter)>,
-    info: Option<gst_video::VideoInfo>,
-    /// Frames in arrival order, until they have their results.
-    batcher: Batcher<Held>,
-    /// Frames with their results, to be sent on.
-    ready: VecDeque<gst::Buffer>,
-    /// The last fresh frame's whole-frame result, which carried frames (`interval`) take.
-    last: Vec<ClassEntry>,
-    /// An error from a push made outside the streaming thread, returned by the next chain.
-    flow_error: Option<gst::FlowError>,
-    /// The engine failed a batch of this stream's frames, and said so in an element error:
-    /// from the first frame of that batch on, frames are held back (and dropped at the next
-    /// flush or stop) and every chain fails, so that no frame leaves with another's result.
-    failed: bool,
-    /// Fresh frames whose scores held NaN or infinity (the first one is a warning).
-    non_finite: u64,
-    timer: Option<Arc<BatchTimer>>,
-    latency: Latencies,
-}
-
-impl State {
-    /// When the oldest frame still waiting for its scores will have waited `batch-timeout`;
-    /// `None` when no frame waits or the timeout is off.
-    fn deadline(&self, tunables: &Tunables) -> Option<Instant> {
-        let timeout = u64::try_from(tunables.batch_timeout_ms)
-            .ok()
-            .map(Duration::from_millis);
-        self.batcher.deadline(timeout)
-    }
-}
-
 /// Whether the element reads frames in CUDA memory where they are: not known before
 /// `start()` (then: whether it could), known once the engine is there.
 const DEVICE_FRAMES_UNKNOWN: u8 = 0;
 const DEVICE_FRAMES_YES: u8 = 1;
 const DEVICE_FRAMES_NO: u8 = 2;
 
+/// The element's implementation: its settings, and its state while started.
 #[derive(Default)]
 pub struct TrtClassify {
     settings: Mutex<Settings>,
@@ -425,15 +297,12 @@ impl ObjectImpl for TrtClassify {
             }
             "softmax" => settings.softmax = value.get().expect("type checked upstream"),
             "scale" => settings.scale = value.get().expect("type checked upstream"),
-            "mean" | "std" => match parse_channel_values(name, value) {
-                Ok(values) if name == "mean" => settings.mean = values,
-                Ok(values) => settings.std = values,
-                Err(problem) => {
+            "mean" | "std" => {
+                if let Err(problem) = settings.set_channel_values(name, value) {
                     gst::error!(CAT, imp = self, "refusing {problem}");
                     glib::g_warning!("trtclassify", "{}: refusing {}", self.obj().name(), problem);
-                    settings.refused = Some(problem);
                 }
-            },
+            }
             "channel-order" => settings.channel_order = value.get().expect("type checked upstream"),
             "resize-mode" => settings.resize_mode = value.get().expect("type checked upstream"),
             "input-width" => settings.input_width = value.get().expect("type checked upstream"),
@@ -442,8 +311,7 @@ impl ObjectImpl for TrtClassify {
             "roi" => settings.roi = value.get().expect("type checked upstream"),
             "roi-types" => {
                 let list: Option<String> = value.get().expect("type checked upstream");
-                settings.roi_filter.types =
-                    RegionFilter::parse_types(list.as_deref().unwrap_or(""));
+                settings.set_roi_types(list.as_deref());
             }
             "roi-min-width" => {
                 settings.roi_filter.min_width = value.get().expect("type checked upstream")
@@ -482,47 +350,13 @@ impl ObjectImpl for TrtClassify {
             "input-height" => settings.input_height.to_value(),
             "interval" => settings.tunables.interval.to_value(),
             "roi" => settings.roi.to_value(),
-            "roi-types" => (!settings.roi_filter.types.is_empty())
-                .then(|| settings.roi_filter.types.join(","))
-                .to_value(),
+            "roi-types" => settings.roi_types().to_value(),
             "roi-min-width" => settings.roi_filter.min_width.to_value(),
             "roi-min-height" => settings.roi_filter.min_height.to_value(),
             "num-classes" => self.num_classes.load(Ordering::Relaxed).to_value(),
             _ => unimplemented!(),
         }
     }
-}
-
-/// A `mean` or `std` value: 1 or 3 finite numbers, std values above 0.
-fn parse_channel_values(name: &str, value: &glib::Value) -> Result<Vec<f64>, String> {
-    let array = value
-        .get::<gst::Array>()
-        .map_err(|_| format!("{name}: expected an array such as <0.5, 0.5, 0.5>"))?;
-    let values = array
-        .iter()
-        .map(|v| {
-            v.get::<f64>()
-                .or_else(|_| v.get::<f32>().map(f64::from))
-                .or_else(|_| v.get::<i32>().map(f64::from))
-                .map_err(|_| format!("{name}: {v:?} is not a number"))
-        })
-        .collect::<Result<Vec<f64>, _>>()?;
-    if !matches!(values.len(), 1 | 3) {
-        return Err(format!(
-            "{name}: {} values given; give 1 (all channels) or 3 (one per channel)",
-            values.len()
-        ));
-    }
-    if let Some(bad) = values
-        .iter()
-        .find(|v| !v.is_finite() || (name == "std" && **v <= 0.0))
-    {
-        return Err(format!(
-            "{name}: {bad} is not allowed (values must be finite{})",
-            if name == "std" { " and above 0" } else { "" }
-        ));
-    }
-    Ok(values)
 }
 
 impl GstObjectImpl for TrtClassify {}
@@ -605,6 +439,7 @@ impl ElementImpl for TrtClassify {
     }
 }
 
+// CUDA memory, and the CUDA context shared with the pipeline's CUDA elements.
 impl TrtClassify {
     /// Whether a CUDA engine may run here for these settings (before `start()` tells).
     fn may_use_cuda(&self) -> bool {
@@ -680,7 +515,7 @@ impl BaseTransformImpl for TrtClassify {
         // Dropping the state leaves the shared engine, stops the timer thread and releases
         // held frames.
         if let Some(state) = self.state.lock().unwrap().take() {
-            let (l, steady) = (&state.latency.all, &state.latency.steady);
+            let (l, steady) = (&state.queue.latency.all, &state.queue.latency.steady);
             gst::info!(
                 CAT,
                 imp = self,
@@ -698,12 +533,12 @@ impl BaseTransformImpl for TrtClassify {
                 steady.slowest(),
                 state.stream.longest_wait()
             );
-            if state.non_finite > 0 {
+            if state.outputs.non_finite > 0 {
                 gst::warning!(
                     CAT,
                     imp = self,
                     "{} frames had scores that were not all finite",
-                    state.non_finite
+                    state.outputs.non_finite
                 );
             }
         }
@@ -749,7 +584,7 @@ impl BaseTransformImpl for TrtClassify {
         );
         *self.framerate.lock().unwrap() = Some(info.fps()).filter(|f| f.numer() > 0);
         if let Some(state) = self.state.lock().unwrap().as_mut() {
-            state.info = Some(info);
+            state.input.info = Some(info);
         }
         Ok(())
     }
@@ -762,18 +597,13 @@ impl BaseTransformImpl for TrtClassify {
                         CAT,
                         imp = self,
                         "flush: dropping {} held frames",
-                        state.batcher.len()
+                        state.queue.batcher.len()
                     );
-                    state.batcher.flush();
-                    state.ready.clear();
+                    state.queue.flush();
                     state.stream.flush();
-                    state.flow_error = None;
-                    state.failed = false;
+                    state.failure = Default::default();
                     // After a seek, a result from before it describes another picture.
-                    state.last.clear();
-                    if let Some(timer) = &state.timer {
-                        timer.disarm();
-                    }
+                    state.outputs.last.clear();
                 }
             }
             // Held frames go out before any serialized event (caps, segment, EOS, ...) so that
@@ -791,8 +621,8 @@ impl BaseTransformImpl for TrtClassify {
                 if let gst::EventView::StreamStart(_) = event.view()
                     && let Some(state) = self.state.lock().unwrap().as_mut()
                 {
-                    state.batcher.restart();
-                    state.last.clear();
+                    state.queue.batcher.restart();
+                    state.outputs.last.clear();
                 }
             }
             _ => (),
@@ -824,7 +654,8 @@ impl BaseTransformImpl for TrtClassify {
                 return false;
             }
             let (live, min, max) = q.result();
-            let added = self.added_latency();
+            let framerate = *self.framerate.lock().unwrap();
+            let added = self.settings.lock().unwrap().added_latency(framerate);
             gst::debug!(CAT, imp = self, "adding {added} of latency");
             q.set(live, min + added, max.map(|m| m + added));
             return true;
@@ -841,10 +672,7 @@ impl BaseTransformImpl for TrtClassify {
         query: &mut gst::query::Allocation,
     ) -> Result<(), gst::LoggableError> {
         self.parent_propose_allocation(decide_query, query)?;
-        let held = {
-            let settings = self.settings.lock().unwrap();
-            (settings.batch_size - 1) * settings.tunables.interval
-        };
+        let held = self.settings.lock().unwrap().held_frames();
         // CUDA memory comes from pools that grow on demand (NVDEC copies each decoded frame
         // into one): asking for more would only preallocate GPU memory, for every camera.
         let cuda_memory = query
@@ -890,101 +718,112 @@ impl BaseTransformImpl for TrtClassify {
         let Some(state) = guard.as_mut() else {
             return Err(gst::FlowError::Flushing);
         };
-        if let Some(err) = state.flow_error.take() {
-            return Err(err);
-        }
-        if state.failed {
-            return Err(gst::FlowError::Error);
-        }
+        state.failure.check()?;
         let mut held = Held {
             buffer,
             regions: Vec::new(),
         };
         let mut items = 0;
-        if state.batcher.next_is_fresh() {
-            let crops = self.crops(state, &mut held);
+        if state.queue.batcher.next_is_fresh() {
+            let crops = state.input.crops(&mut held);
             self.push_to_engine(state, &held.buffer, &crops)?;
             items = crops.len();
         }
-        state.batcher.admit(held, tunables.interval, arrived, items);
+        state
+            .queue
+            .batcher
+            .admit(held, tunables.interval, arrived, items);
         // A carried frame with no fresh frame ahead of it goes straight on with the last
         // result; a full batch has run in the push.
         if let Err(err) = self.collect(state, &tunables) {
             // Frames that got their results before the failure leave all the same; the
             // downstream answer does not matter, this chain fails.
-            let ready = std::mem::take(&mut state.ready);
+            let ready = std::mem::take(&mut state.queue.ready);
             drop(guard);
             let _ = self.push_ready(ready);
             return Err(err);
         }
-        self.arm_timer(state, &tunables);
+        state.queue.arm_timer(&tunables);
         Ok(gst::FlowSuccess::Ok)
     }
 
     fn generate_output(&self) -> Result<GenerateOutputSuccess, gst::FlowError> {
         let mut guard = self.state.lock().unwrap();
-        match guard.as_mut().and_then(|s| s.ready.pop_front()) {
+        match guard.as_mut().and_then(|s| s.queue.ready.pop_front()) {
             Some(buffer) => Ok(GenerateOutputSuccess::Buffer(buffer)),
             None => Ok(GenerateOutputSuccess::NoOutput),
         }
     }
 }
 
+// Starting: the engine joined, the timer thread, the labels and the results file.
 impl TrtClassify {
     /// The engine instance the element joins at start with its properties as they are now.
-    pub(super) fn instance_key(&self) -> Result<InstanceKey, gst::ErrorMessage> {
+    pub(crate) fn instance_key(&self) -> Result<InstanceKey, gst::ErrorMessage> {
         let settings = self.settings.lock().unwrap().clone();
-        instance_key(&settings, engine::Progress::default())
+        settings.instance_key(engine::Progress::default())
     }
 
     /// Loads the model and builds the engine; `start()` wraps it in progress messages.
     fn start_engine(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings.lock().unwrap().clone();
-        let key = instance_key(&settings, self.progress_reporter())?;
+        let key = settings.instance_key(self.progress_reporter())?;
         let location = key.options.model.to_string_lossy().into_owned();
-        let labels = match &settings.labels_location {
-            Some(path) => Labels::load(path.as_ref())
-                .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e]))?,
-            None => Labels::default(),
-        };
-
+        let labels = load_labels(&settings)?;
         // The timer thread exists before the engine is joined: another stream's batch can
         // wake it as soon as this element is in.
-        let timer = if settings.batch_size > 1 {
-            let element = self.obj().downgrade();
-            let timer = BatchTimer::spawn(move || {
-                if let Some(element) = element.upgrade() {
-                    element.imp().on_timer();
-                }
-            })
-            .map_err(|e| {
-                gst::error_msg!(
-                    gst::CoreError::Thread,
-                    ["cannot start the batch timer: {}", e]
-                )
-            })?;
-            Some(Arc::new(timer))
-        } else {
-            None
-        };
-        let wake: instance::Waker = match &timer {
-            Some(timer) => {
-                let timer = Arc::downgrade(timer);
-                Arc::new(move || {
-                    if let Some(timer) = timer.upgrade() {
-                        timer.wake();
-                    }
-                })
-            }
-            // Batches of one run in the pushing stream's own call: nothing to wake.
-            None => Arc::new(|| ()),
-        };
+        let timer = self.spawn_timer(&settings)?;
+        let stream = self.join_engine(key, &location, waker(timer.as_ref()))?;
+        let info = stream.info();
+        self.check_labels(&settings, &labels, info);
+        self.publish_model_info(info);
+        let results = open_results(&settings)?;
+        let outputs = Outputs::new(
+            &location,
+            self.obj().name().to_string(),
+            labels,
+            settings.apply_softmax(info.outputs_probabilities),
+            results,
+        );
+        *self.state.lock().unwrap() = Some(State::new(stream, &settings, timer, outputs));
+        Ok(())
+    }
 
+    /// The batch-timeout thread, for elements whose frames wait for batch-mates.
+    fn spawn_timer(
+        &self,
+        settings: &Settings,
+    ) -> Result<Option<Arc<BatchTimer>>, gst::ErrorMessage> {
+        if !settings.batches() {
+            return Ok(None);
+        }
+        let element = self.obj().downgrade();
+        let timer = BatchTimer::spawn(move || {
+            if let Some(element) = element.upgrade() {
+                element.imp().on_timer();
+            }
+        })
+        .map_err(|e| {
+            gst::error_msg!(
+                gst::CoreError::Thread,
+                ["cannot start the batch timer: {}", e]
+            )
+        })?;
+        Ok(Some(Arc::new(timer)))
+    }
+
+    /// Joins (or builds) the shared engine for `key`, and says which it did.
+    fn join_engine(
+        &self,
+        key: InstanceKey,
+        location: &str,
+        wake: instance::Waker,
+    ) -> Result<instance::Stream, gst::ErrorMessage> {
         let started = Instant::now();
         let (backend, options) = (key.backend, key.options.clone());
         let (stream, joined) =
             instance::join(key, wake, || engine::build(backend, &options)).map_err(start_error)?;
-        let info = stream.info().clone();
+        let info = stream.info();
         match joined {
             Joined::Built => gst::info!(
                 CAT,
@@ -1004,6 +843,11 @@ impl TrtClassify {
                 stream.streams() - 1
             ),
         }
+        Ok(stream)
+    }
+
+    /// Warns when the labels file does not name as many classes as the model scores.
+    fn check_labels(&self, settings: &Settings, labels: &Labels, info: &ModelInfo) {
         if !labels.is_empty() && labels.len() != info.num_classes {
             gst::element_imp_warning!(
                 self,
@@ -1016,6 +860,11 @@ impl TrtClassify {
                 ]
             );
         }
+    }
+
+    /// What the running engine tells queries and caps: `num-classes`, and whether frames in
+    /// CUDA memory are read where they are.
+    fn publish_model_info(&self, info: &ModelInfo) {
         self.num_classes
             .store(info.num_classes as u32, Ordering::Relaxed);
         self.device_frames.store(
@@ -1025,50 +874,6 @@ impl TrtClassify {
             },
             Ordering::Relaxed,
         );
-
-        let results = match &settings.results_location {
-            Some(path) => Some((
-                path.clone(),
-                ResultsWriter::open(path).map_err(|e| {
-                    gst::error_msg!(
-                        gst::ResourceError::OpenWrite,
-                        ["{}: cannot open the results file: {}", path, e]
-                    )
-                })?,
-            )),
-            None => None,
-        };
-
-        let model_name = std::path::Path::new(&location)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or(location);
-        let apply_softmax = match settings.softmax {
-            Softmax::On => Some(true),
-            Softmax::Off => Some(false),
-            Softmax::Auto if info.outputs_probabilities => Some(false),
-            Softmax::Auto => None,
-        };
-        *self.state.lock().unwrap() = Some(State {
-            stream,
-            labels,
-            model_name,
-            element_name: self.obj().name().to_string(),
-            roi: settings.roi,
-            roi_filter: settings.roi_filter.clone(),
-            apply_softmax,
-            results,
-            info: None,
-            batcher: Batcher::default(),
-            ready: VecDeque::new(),
-            last: Vec::new(),
-            flow_error: None,
-            failed: false,
-            non_finite: 0,
-            timer,
-            latency: Latencies::default(),
-        });
-        Ok(())
     }
 
     /// Posts a progress message (GStreamer's `GST_MESSAGE_PROGRESS`) about the engine build.
@@ -1092,28 +897,10 @@ impl TrtClassify {
             }
         })
     }
+}
 
-    /// What of a fresh frame is classified (`roi`): the whole frame first, then each region
-    /// it is classified in, which `held` keeps for the results.
-    fn crops(&self, state: &State, held: &mut Held) -> Vec<Crop> {
-        let mut crops = Vec::new();
-        if state.roi.whole_frame() {
-            crops.push(Crop::Whole);
-        }
-        if state.roi.regions()
-            && let Some(info) = state.info.as_ref()
-        {
-            held.regions = regions::regions_of(
-                held.buffer.as_ref(),
-                info.width(),
-                info.height(),
-                &state.roi_filter,
-            );
-            crops.extend(held.regions.iter().map(Region::crop));
-        }
-        crops
-    }
-
+// A frame's way in: its items handed to the engine.
+impl TrtClassify {
     /// Hands `crops` of a fresh frame to the engine as it arrives, so that their
     /// preprocessing and upload overlap the wait for their batch-mates. A frame in CUDA
     /// memory is read where it is when the engine can; otherwise mapping it copies it to
@@ -1124,7 +911,7 @@ impl TrtClassify {
         buffer: &gst::Buffer,
         crops: &[Crop],
     ) -> Result<(), gst::FlowError> {
-        let Some(info) = state.info.as_ref() else {
+        let Some(info) = state.input.info.as_ref() else {
             gst::element_imp_error!(
                 self,
                 gst::CoreError::Negotiation,
@@ -1153,22 +940,46 @@ impl TrtClassify {
         pushed.map_err(|e| {
             let problem = format!(
                 "frame {} could not be given to the engine, and is dropped: {e}",
-                state.batcher.next_number()
+                state.queue.batcher.next_number()
             );
             self.fail(state, &problem)
         })
     }
+}
 
+// A frame's way out: scores to results, results onto the buffer and into the results file.
+impl TrtClassify {
     /// Takes the scores that have arrived for this element's frames, then sends on (into
     /// `ready`) every frame at the front that has its result.
     fn collect(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
-        if state.failed {
+        if state.failure.failed {
             return Err(gst::FlowError::Error);
         }
+        self.take_scores(state)?;
+        let mut lines = Vec::new();
+        // The first and last frame sent on, for an error about their lines.
+        let mut sent: Option<(u64, u64)> = None;
+        for released in state.queue.batcher.release() {
+            let (frame, arrived) = (released.number, released.arrived);
+            let (mut buffer, result, places) = self.classify(state, tunables, released);
+            if state.outputs.results.is_some() {
+                lines.push(ResultsWriter::format(&result, buffer.pts()));
+            }
+            sent = Some((sent.map_or(frame, |(first, _)| first), frame));
+            self.attach_results(state, buffer.make_mut(), &result, places);
+            state.queue.latency.record(frame, arrived);
+            state.queue.ready.push_back(buffer);
+        }
+        self.write_results(state, &lines, sent)
+    }
+
+    /// Hands the scores that the engine returned for this stream to the batcher, which gives
+    /// them to its fresh frames in order.
+    fn take_scores(&self, state: &mut State) -> Result<(), gst::FlowError> {
         for scores in state.stream.take_scores() {
             let refused =
                 match scores {
-                    Ok(scores) => state.batcher.score(scores).err().map(|_| {
+                    Ok(scores) => state.queue.batcher.score(scores).err().map(|_| {
                         "the engine returned scores for frames it was not given".to_owned()
                     }),
                     Err(e) => Some(e.to_string()),
@@ -1177,117 +988,138 @@ impl TrtClassify {
                 return Err(self.fail(state, &problem));
             }
         }
-
-        let mut lines = Vec::new();
-        // The first and last frame sent on, for an error about their lines.
-        let mut sent: Option<(u64, u64)> = None;
-        for released in state.batcher.release() {
-            let Released {
-                frame:
-                    Held {
-                        mut buffer,
-                        regions,
-                    },
-                number: frame,
-                scores,
-                arrived,
-            } = released;
-            let fresh = scores.is_some();
-            let mut region_results = Vec::new();
-            let mut places = Vec::new();
-            if let Some(items) = scores {
-                let mut items = items.into_iter();
-                if state.roi.whole_frame() {
-                    let whole = items.next().expect("the whole frame is the first item");
-                    state.last = self.top_classes(state, tunables, frame, whole);
-                }
-                for (region, scores) in regions.into_iter().zip(items) {
-                    places.push((region.meta_index, region.detection));
-                    let r = region.rect;
-                    region_results.push(RegionResult {
-                        id: region.id,
-                        roi_type: region.roi_type,
-                        rect: (r.x as u32, r.y as u32, r.w as u32, r.h as u32),
-                        classes: self.top_classes(state, tunables, frame, scores),
-                    });
-                }
-            }
-            let result = Classification {
-                model: state.model_name.clone(),
-                frame,
-                fresh,
-                classes: state.last.clone(),
-                regions: region_results,
-            };
-            if state.results.is_some() {
-                lines.push(ResultsWriter::format(&result, buffer.pts()));
-            }
-            sent = Some((sent.map_or(frame, |(first, _)| first), frame));
-            let buffer_mut = buffer.make_mut();
-            // Without the analytics feature, regions have no detection.
-            #[cfg_attr(not(feature = "analytics"), allow(unused_variables))]
-            for (region, (meta_index, detection)) in result.regions.iter().zip(places) {
-                if let Some(index) = meta_index {
-                    regions::attach(
-                        buffer_mut,
-                        index,
-                        &state.model_name,
-                        &state.element_name,
-                        &region.classes,
-                    );
-                }
-                #[cfg(feature = "analytics")]
-                if let Some(id) = detection {
-                    self.attach_analytics(buffer_mut, Some(id), &region.classes);
-                }
-            }
-            #[cfg(feature = "analytics")]
-            if state.roi.whole_frame() {
-                self.attach_analytics(buffer_mut, None, &result.classes);
-            }
-            result.attach(buffer_mut);
-            state.latency.record(frame, arrived);
-            state.ready.push_back(buffer);
-        }
-        if let Some((path, writer)) = state.results.as_mut()
-            && let Err(e) = writer.write_lines(&lines)
-        {
-            // These frames still go on with their meta (see `submit_input_buffer` and
-            // `finish_batch`); their lines are lost, and so would every later frame's be:
-            // the stream stops here, as on an engine failure.
-            gst::element_imp_error!(
-                self,
-                gst::ResourceError::Write,
-                [
-                    "{}: cannot write results: {}; the lines of frames {} to {} are lost",
-                    path,
-                    e,
-                    sent.map_or(0, |(first, _)| first),
-                    sent.map_or(0, |(_, last)| last)
-                ]
-            );
-            state.failed = true;
-            if let Some(timer) = &state.timer {
-                timer.disarm();
-            }
-            return Err(gst::FlowError::Error);
-        }
         Ok(())
+    }
+
+    /// The result of a frame that may leave: the top classes of each of its items (or the
+    /// last whole-frame result for a carried frame), with where each region's result goes
+    /// (its ROI meta and detection).
+    fn classify(
+        &self,
+        state: &mut State,
+        tunables: &Tunables,
+        released: Released<Held>,
+    ) -> (gst::Buffer, Classification, Vec<RegionPlace>) {
+        let Released {
+            frame: Held { buffer, regions },
+            number: frame,
+            scores,
+            arrived: _,
+        } = released;
+        let fresh = scores.is_some();
+        let mut region_results = Vec::new();
+        let mut places = Vec::new();
+        if let Some(items) = scores {
+            let info = state.stream.info();
+            let outputs = &mut state.outputs;
+            let mut items = items.into_iter();
+            if state.input.roi.whole_frame() {
+                let whole = items.next().expect("the whole frame is the first item");
+                outputs.last = self.top_classes(outputs, info, tunables, frame, whole);
+            }
+            for (region, scores) in regions.into_iter().zip(items) {
+                places.push(RegionPlace {
+                    meta_index: region.meta_index,
+                    detection: region.detection,
+                });
+                let r = region.rect;
+                region_results.push(RegionResult {
+                    id: region.id,
+                    roi_type: region.roi_type,
+                    rect: (r.x as u32, r.y as u32, r.w as u32, r.h as u32),
+                    classes: self.top_classes(outputs, info, tunables, frame, scores),
+                });
+            }
+        }
+        let result = Classification {
+            model: state.outputs.model_name.clone(),
+            frame,
+            fresh,
+            classes: state.outputs.last.clone(),
+            regions: region_results,
+        };
+        (buffer, result, places)
+    }
+
+    /// Puts a frame's result on its buffer: `TrtClassifyMeta`, each region's result on its
+    /// ROI meta, and with the analytics feature the `GstAnalyticsClsMtd`s.
+    fn attach_results(
+        &self,
+        state: &State,
+        buffer: &mut gst::BufferRef,
+        result: &Classification,
+        places: Vec<RegionPlace>,
+    ) {
+        for (region, place) in result.regions.iter().zip(places) {
+            if let Some(index) = place.meta_index {
+                regions::attach(
+                    buffer,
+                    index,
+                    &state.outputs.model_name,
+                    &state.outputs.element_name,
+                    &region.classes,
+                );
+            }
+            // Without the analytics feature, regions have no detection.
+            #[cfg(feature = "analytics")]
+            if let Some(id) = place.detection {
+                self.attach_analytics(buffer, Some(id), &region.classes);
+            }
+        }
+        #[cfg(feature = "analytics")]
+        if state.input.roi.whole_frame() {
+            self.attach_analytics(buffer, None, &result.classes);
+        }
+        result.attach(buffer);
+    }
+
+    /// Appends the lines of the frames just sent on (`sent`: the first and last) to
+    /// `results-location`. A write error stops the stream, as an engine failure does.
+    fn write_results(
+        &self,
+        state: &mut State,
+        lines: &[String],
+        sent: Option<(u64, u64)>,
+    ) -> Result<(), gst::FlowError> {
+        let Some((path, writer)) = state.outputs.results.as_mut() else {
+            return Ok(());
+        };
+        let Err(e) = writer.write_lines(lines) else {
+            return Ok(());
+        };
+        // These frames still go on with their meta (see `submit_input_buffer` and
+        // `finish_batch`); their lines are lost, and so would every later frame's be:
+        // the stream stops here, as on an engine failure.
+        gst::element_imp_error!(
+            self,
+            gst::ResourceError::Write,
+            [
+                "{}: cannot write results: {}; the lines of frames {} to {} are lost",
+                path,
+                e,
+                sent.map_or(0, |(first, _)| first),
+                sent.map_or(0, |(_, last)| last)
+            ]
+        );
+        state.failure.failed = true;
+        state.queue.disarm_timer();
+        Err(gst::FlowError::Error)
     }
 
     /// The top-k classes of one item's scores (the whole frame or a region of frame `frame`),
     /// through the softmax when the scores are not probabilities yet.
     fn top_classes(
         &self,
-        state: &mut State,
+        outputs: &mut Outputs,
+        info: &ModelInfo,
         tunables: &Tunables,
         frame: u64,
         mut scores: Vec<f32>,
     ) -> Vec<ClassEntry> {
         if scores.iter().any(|v| !v.is_finite()) {
-            self.report_non_finite(state, frame);
+            self.report_non_finite(outputs, info, frame);
         }
-        let apply = *state.apply_softmax.get_or_insert_with(|| {
+        let apply = *outputs.apply_softmax.get_or_insert_with(|| {
             let apply = !postprocess::is_distribution(&scores);
             gst::info!(
                 CAT,
@@ -1304,7 +1136,7 @@ impl TrtClassify {
             .into_iter()
             .map(|(id, confidence)| ClassEntry {
                 class_id: id as u32,
-                label: state.labels.get(id),
+                label: outputs.labels.get(id),
                 confidence,
             })
             .collect()
@@ -1326,12 +1158,11 @@ impl TrtClassify {
 
     /// Says, once per start, that a frame's scores are not all finite: top-k leaves such
     /// classes out, so without a word the frame would leave with fewer classes or none.
-    fn report_non_finite(&self, state: &mut State, frame: u64) {
-        state.non_finite += 1;
-        if state.non_finite > 1 {
+    fn report_non_finite(&self, outputs: &mut Outputs, info: &ModelInfo, frame: u64) {
+        outputs.non_finite += 1;
+        if outputs.non_finite > 1 {
             return;
         }
-        let info = state.stream.info();
         let hint = match info.precision {
             Precision::Fp16 if info.backend != Backend::Cpu => {
                 "; with precision=fp16 this is usually a value beyond fp16's range: try precision=fp32"
@@ -1343,20 +1174,21 @@ impl TrtClassify {
             gst::StreamError::Decode,
             [
                 "{}: the scores of frame {} are not all finite numbers (NaN or infinity){}; its result leaves those classes out; later such frames are counted in the log at stop",
-                state.model_name,
+                outputs.model_name,
                 frame,
                 hint
             ]
         );
     }
+}
 
-    /// Reports an engine failure once, with the frames it holds back (see `State::failed`).
+// Partial batches, pushes from outside the streaming thread, and the failure relay.
+impl TrtClassify {
+    /// Reports an engine failure once, with the frames it holds back (see `Failure::failed`).
     fn fail(&self, state: &mut State, problem: &str) -> gst::FlowError {
-        state.failed = true;
-        if let Some(timer) = &state.timer {
-            timer.disarm();
-        }
-        let held = match state.batcher.held_range() {
+        state.failure.failed = true;
+        state.queue.disarm_timer();
+        let held = match state.queue.batcher.held_range() {
             Some((first, last)) if first == last => {
                 format!("frame {first} of this stream is held back")
             }
@@ -1368,19 +1200,9 @@ impl TrtClassify {
         gst::element_imp_error!(
             self,
             gst::StreamError::Failed,
-            ["{}: {}; {}", state.model_name, problem, held]
+            ["{}: {}; {}", state.outputs.model_name, problem, held]
         );
         gst::FlowError::Error
-    }
-
-    /// Sets the timer to the moment the oldest frame still waiting for its scores has waited
-    /// `batch-timeout`.
-    fn arm_timer(&self, state: &State, tunables: &Tunables) {
-        let Some(timer) = &state.timer else { return };
-        match state.deadline(tunables) {
-            Some(deadline) => timer.arm(deadline),
-            None => timer.disarm(),
-        }
     }
 
     /// Pushes the frames whose results are in, from outside `generate_output`: before a
@@ -1394,17 +1216,17 @@ impl TrtClassify {
             let Some(state) = guard.as_mut() else {
                 return Ok(gst::FlowSuccess::Ok);
             };
-            let finished = self.run_due(state, &tunables, all);
+            let finished = self.complete_partial_batch(state, &tunables, all);
             // Frames that got their results before a failure leave all the same.
-            (std::mem::take(&mut state.ready), finished)
+            (std::mem::take(&mut state.queue.ready), finished)
         };
         self.push_ready(ready)?;
         finished.map(|()| gst::FlowSuccess::Ok)
     }
 
-    /// `finish_batch` under the state lock: collects, runs the partial batch when it is due
-    /// (or `all`), collects again.
-    fn run_due(
+    /// `finish_batch` under the state lock: collects, asks the shared engine to run the
+    /// partial batch when it is due (or `all`), collects again.
+    fn complete_partial_batch(
         &self,
         state: &mut State,
         tunables: &Tunables,
@@ -1413,21 +1235,22 @@ impl TrtClassify {
         self.collect(state, tunables)?;
         let due = all
             || state
+                .queue
                 .deadline(tunables)
                 .is_some_and(|d| d <= Instant::now());
-        if state.batcher.unscored() > 0 && due {
+        if state.queue.batcher.unscored() > 0 && due {
             gst::debug!(CAT, imp = self, "running a partial batch");
             state.stream.run_now();
             self.collect(state, tunables)?;
         }
-        if all && state.batcher.unscored() > 0 {
+        if all && state.queue.batcher.unscored() > 0 {
             let problem = format!(
                 "{} frames were given to the engine and never came back",
-                state.batcher.unscored()
+                state.queue.batcher.unscored()
             );
             return Err(self.fail(state, &problem));
         }
-        self.arm_timer(state, tunables);
+        state.queue.arm_timer(tunables);
         Ok(())
     }
 
@@ -1462,89 +1285,64 @@ impl TrtClassify {
                     ]
                 );
                 if let Some(state) = self.state.lock().unwrap().as_mut() {
-                    state.failed = true;
+                    state.failure.failed = true;
                 }
                 Err(gst::FlowError::Error)
             });
         if let Err(err) = finished
             && let Some(state) = self.state.lock().unwrap().as_mut()
         {
-            state.flow_error = Some(err);
-        }
-    }
-
-    /// The delay that holding frames for a batch adds: up to `batch-size − 1` frame durations
-    /// (times `interval`), bounded by `batch-timeout`.
-    fn added_latency(&self) -> gst::ClockTime {
-        let settings = self.settings.lock().unwrap();
-        if settings.batch_size <= 1 {
-            return gst::ClockTime::ZERO;
-        }
-        let waiting_frames =
-            u64::from(settings.batch_size - 1) * u64::from(settings.tunables.interval);
-        let by_rate = self.framerate.lock().unwrap().and_then(|fps| {
-            gst::ClockTime::SECOND
-                .mul_div_ceil(fps.denom() as u64 * waiting_frames, fps.numer() as u64)
-        });
-        let by_timeout = u64::try_from(settings.tunables.batch_timeout_ms)
-            .ok()
-            .map(gst::ClockTime::from_mseconds);
-        match (by_rate, by_timeout) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(gst::ClockTime::ZERO),
+            state.failure.flow_error = Some(err);
         }
     }
 }
 
-/// What the element's properties make of the engine it joins: its options, checked, and
-/// the instance they share.
-fn instance_key(
-    settings: &Settings,
-    progress: engine::Progress,
-) -> Result<InstanceKey, gst::ErrorMessage> {
-    if let Some(problem) = &settings.refused {
-        return Err(gst::error_msg!(
-            gst::LibraryError::Settings,
-            ["Invalid property value: {}", problem]
-        ));
+/// Where a region's result goes besides the frame's meta: its ROI meta (by its place among
+/// the buffer's ROI metas) and its detection (the `analytics` feature).
+struct RegionPlace {
+    meta_index: Option<usize>,
+    #[cfg_attr(not(feature = "analytics"), allow(dead_code))]
+    detection: Option<u32>,
+}
+
+/// `labels-location` read, or no labels (class numbers stand in).
+fn load_labels(settings: &Settings) -> Result<Labels, gst::ErrorMessage> {
+    match &settings.labels_location {
+        Some(path) => Labels::load(path.as_ref())
+            .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e])),
+        None => Ok(Labels::default()),
     }
-    let Some(location) = settings.onnx_location.clone() else {
-        return Err(gst::error_msg!(
-            gst::LibraryError::Settings,
-            ["onnx-location is not set: give the path of an ONNX image classifier"]
-        ));
+}
+
+/// `results-location` opened for appending, with its path for messages.
+fn open_results(settings: &Settings) -> Result<Option<(String, ResultsWriter)>, gst::ErrorMessage> {
+    let Some(path) = &settings.results_location else {
+        return Ok(None);
     };
-    let input_size = match (settings.input_height, settings.input_width) {
-        (0, 0) => None,
-        (0, _) | (_, 0) => {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["set both input-width and input-height, or neither"]
-            ));
+    let writer = ResultsWriter::open(path).map_err(|e| {
+        gst::error_msg!(
+            gst::ResourceError::OpenWrite,
+            ["{}: cannot open the results file: {}", path, e]
+        )
+    })?;
+    Ok(Some((path.clone(), writer)))
+}
+
+/// What the shared engine calls when it has run a batch with this element's frames in it
+/// from another stream's thread: a wake of the timer thread.
+fn waker(timer: Option<&Arc<BatchTimer>>) -> instance::Waker {
+    match timer {
+        Some(timer) => {
+            let timer = Arc::downgrade(timer);
+            Arc::new(move || {
+                if let Some(timer) = timer.upgrade() {
+                    timer.wake();
+                }
+            })
         }
-        (h, w) => Some((h as usize, w as usize)),
-    };
-    Ok(InstanceKey {
-        id: settings.model_instance_id.clone().unwrap_or_default(),
-        backend: settings.backend,
-        options: EngineOptions {
-            model: location.into(),
-            batch_size: settings.batch_size as usize,
-            input_size,
-            precision: settings.precision,
-            gpu_id: settings.gpu_id,
-            threads: settings.threads as usize,
-            engine_location: settings.engine_location.clone().map(Into::into),
-            progress,
-            preprocess: PreprocessOptions {
-                scale: settings.scale as f32,
-                mean: settings.mean.iter().map(|v| *v as f32).collect(),
-                std: settings.std.iter().map(|v| *v as f32).collect(),
-                channel_order: settings.channel_order,
-                resize: settings.resize_mode,
-            },
-        },
-    })
+        // Batches of one run in the pushing stream's own call: nothing to wake.
+        None => Arc::new(|| ()),
+    }
 }
 
 /// The GStreamer error for an engine that could not be built.

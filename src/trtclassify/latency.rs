@@ -9,19 +9,19 @@
 use std::time::{Duration, Instant};
 
 /// Frames that come in within this long of a stream's first frame are its start-up.
-pub const START_UP: Duration = Duration::from_secs(2);
+pub(crate) const START_UP: Duration = Duration::from_secs(2);
 
 /// The waits of all frames, and of those after the start-up.
 #[derive(Debug, Clone, Default)]
-pub struct Latencies {
-    pub all: LatencyHistogram,
-    pub steady: LatencyHistogram,
+pub(crate) struct Latencies {
+    pub(crate) all: LatencyHistogram,
+    pub(crate) steady: LatencyHistogram,
     first_arrival: Option<Instant>,
 }
 
 impl Latencies {
     /// Records that frame number `frame`, which came in at `arrived`, leaves now.
-    pub fn record(&mut self, frame: u64, arrived: Instant) {
+    pub(crate) fn record(&mut self, frame: u64, arrived: Instant) {
         self.record_at(frame, arrived, Instant::now());
     }
 
@@ -41,8 +41,9 @@ const RATIO: f64 = 1.05;
 /// Enough buckets for waits up to about 20 minutes.
 const BUCKETS: usize = 440;
 
+/// Waits in buckets growing by `RATIO`, for quantiles without keeping every wait.
 #[derive(Debug, Clone)]
-pub struct LatencyHistogram {
+pub(crate) struct LatencyHistogram {
     counts: Vec<u64>,
     frames: u64,
     max: Duration,
@@ -63,7 +64,7 @@ impl Default for LatencyHistogram {
 
 impl LatencyHistogram {
     /// Records that frame number `frame` waited `wait`.
-    pub fn record(&mut self, frame: u64, wait: Duration) {
+    pub(crate) fn record(&mut self, frame: u64, wait: Duration) {
         let us = wait.as_secs_f64() * 1e6;
         let i = (us.max(1.0).ln() / RATIO.ln()) as usize;
         self.counts[i.min(BUCKETS - 1)] += 1;
@@ -74,22 +75,24 @@ impl LatencyHistogram {
         }
     }
 
-    pub fn frames(&self) -> u64 {
+    /// How many frames were recorded.
+    pub(crate) fn frames(&self) -> u64 {
         self.frames
     }
 
-    pub fn max(&self) -> Duration {
+    /// The longest wait.
+    pub(crate) fn max(&self) -> Duration {
         self.max
     }
 
     /// The number of the frame that waited `max`.
-    pub fn slowest(&self) -> u64 {
+    pub(crate) fn slowest(&self) -> u64 {
         self.slowest
     }
 
     /// The wait that a fraction `q` of the frames did not exceed (the upper edge of its
     /// bucket, at most the largest wait seen); zero when nothing was recorded.
-    pub fn quantile(&self, q: f64) -> Duration {
+    pub(crate) fn quantile(&self, q: f64) -> Duration {
         if self.frames == 0 {
             return Duration::ZERO;
         }

@@ -43,11 +43,14 @@ use gst::subclass::prelude::*;
 mod batcher;
 mod imp;
 mod latency;
+mod settings;
+mod state;
 mod timer;
 
-pub use imp::CAT;
-
 glib::wrapper! {
+    /// The `trtclassify` element, which classifies video frames and attaches the results as
+    /// `TrtClassifyMeta`; made with `gst::ElementFactory::make("trtclassify")` once the plugin
+    /// is registered.
     pub struct TrtClassify(ObjectSubclass<imp::TrtClassify>) @extends gst_base::BaseTransform, gst::Element, gst::Object;
 }
 
@@ -61,9 +64,10 @@ impl TrtClassify {
     }
 }
 
-pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+/// Registers the element and the enums of its properties (documented as plugin API).
+pub(crate) fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     use crate::engine::{Backend, Precision};
-    use crate::postprocess::Softmax;
+    use crate::outputs::postprocess::Softmax;
     use crate::preprocess::{ChannelOrder, ResizeMode};
     Backend::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
     Precision::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());

@@ -14,14 +14,15 @@ struct Shared {
     shutdown: bool,
 }
 
-pub struct BatchTimer {
+/// The element's timer thread; dropping it stops the thread.
+pub(crate) struct BatchTimer {
     shared: Arc<(Mutex<Shared>, Condvar)>,
 }
 
 impl BatchTimer {
     /// Spawns the timer thread; `on_expire` runs on it each time an armed deadline passes or
     /// `wake` is called.
-    pub fn spawn(on_expire: impl Fn() + Send + 'static) -> std::io::Result<Self> {
+    pub(crate) fn spawn(on_expire: impl Fn() + Send + 'static) -> std::io::Result<Self> {
         let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
         let thread_shared = shared.clone();
         std::thread::Builder::new()
@@ -53,20 +54,22 @@ impl BatchTimer {
         Ok(Self { shared })
     }
 
-    pub fn arm(&self, deadline: Instant) {
+    /// Runs `on_expire` at `deadline` (replacing the deadline set before).
+    pub(crate) fn arm(&self, deadline: Instant) {
         let (lock, cond) = &*self.shared;
         lock.lock().unwrap().deadline = Some(deadline);
         cond.notify_one();
     }
 
     /// Wakes the thread now; never blocks for longer than the thread's own bookkeeping.
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let (lock, cond) = &*self.shared;
         lock.lock().unwrap().woken = true;
         cond.notify_one();
     }
 
-    pub fn disarm(&self) {
+    /// Cancels the deadline; a wake already asked for still runs.
+    pub(crate) fn disarm(&self) {
         self.shared.0.lock().unwrap().deadline = None;
     }
 }

@@ -3,6 +3,7 @@
 //! buffers it names. The plan runners (GPU and CPU) index raw memory with these numbers, and
 //! a plan may come from an engine file on disk, so nothing runs one that has not passed here.
 
+use super::CompileError;
 use super::plan::{Cast, DType, Loc, MAX_RANK, MAX_WORKSPACE, Plan, Step};
 
 /// One plan holds the batch's frames and scores in its input and output buffers, and every
@@ -14,9 +15,9 @@ pub fn check_plan(
     dtype: DType,
     frame_len: usize,
     num_classes: usize,
-) -> Result<(), String> {
+) -> Result<(), CompileError> {
     let batch = plan.batch;
-    let fail = |what: String| Err(format!("the plan for batch {batch}: {what}"));
+    let fail = |problem: String| Err(CompileError::Plan { batch, problem });
     if plan.dtype != dtype {
         return fail("another precision".into());
     }
@@ -40,8 +41,15 @@ pub fn check_plan(
     };
     // `locs_mut` is the one list of a step's buffers; nothing is changed through it here.
     for (s, step) in plan.steps.iter_mut().enumerate() {
-        let described = step.describe();
-        let fail = |what: String| fail(format!("step {s} ({described}): {what}"));
+        let kind = step.describe();
+        let fail = |problem: String| {
+            Err(CompileError::Step {
+                batch,
+                step: s,
+                kind: kind.clone(),
+                problem,
+            })
+        };
         if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
             return fail(what);
         }

@@ -55,11 +55,11 @@ fn truth(v: bool) -> f32 {
     if v { 1.0 } else { 0.0 }
 }
 
-pub fn equal(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+pub(super) fn equal(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     elementwise(&[a, b], |v| truth(v[0] == v[1]))
 }
 
-pub fn not(x: &Tensor) -> Tensor {
+pub(super) fn not(x: &Tensor) -> Tensor {
     Tensor::new(
         x.shape.clone(),
         x.data.iter().map(|&v| truth(v == 0.0)).collect(),
@@ -67,7 +67,7 @@ pub fn not(x: &Tensor) -> Tensor {
 }
 
 /// ONNX Where: `x` where `condition` is true, else `y`.
-pub fn select(condition: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor, String> {
+pub(super) fn select(condition: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor, String> {
     elementwise(
         &[condition, x, y],
         |v| if v[0] != 0.0 { v[1] } else { v[2] },
@@ -76,7 +76,7 @@ pub fn select(condition: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor, Stri
 
 /// ONNX Mod: with `fmod`, the remainder takes the dividend's sign (C's fmod); without it,
 /// integers whose remainder takes the divisor's sign (Python's %).
-pub fn modulo(a: &Tensor, b: &Tensor, fmod: bool) -> Result<Tensor, String> {
+pub(super) fn modulo(a: &Tensor, b: &Tensor, fmod: bool) -> Result<Tensor, String> {
     if !fmod && b.data.contains(&0.0) {
         return Err("an integer Mod by zero".into());
     }
@@ -91,7 +91,7 @@ pub fn modulo(a: &Tensor, b: &Tensor, fmod: bool) -> Result<Tensor, String> {
 }
 
 /// ONNX Expand: `x` broadcast with `shape` (both ways, so a 1 in `shape` keeps `x`'s size).
-pub fn expand(x: &Tensor, shape: &[i64]) -> Result<Tensor, String> {
+pub(super) fn expand(x: &Tensor, shape: &[i64]) -> Result<Tensor, String> {
     let shape = shape
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| format!("Expand to a negative size {d}")))
@@ -102,7 +102,7 @@ pub fn expand(x: &Tensor, shape: &[i64]) -> Result<Tensor, String> {
 }
 
 /// ONNX Range: start, start + delta, ... up to (not including) limit.
-pub fn range(start: f32, limit: f32, delta: f32) -> Result<Tensor, String> {
+pub(super) fn range(start: f32, limit: f32, delta: f32) -> Result<Tensor, String> {
     if delta == 0.0 {
         return Err("a Range with a step of 0".into());
     }
@@ -116,7 +116,11 @@ pub fn range(start: f32, limit: f32, delta: f32) -> Result<Tensor, String> {
 
 /// ONNX ScatterND (reduction none): `data` with the slices that `indices` name replaced by
 /// `updates`.
-pub fn scatter_nd(data: &Tensor, indices: &Tensor, updates: &Tensor) -> Result<Tensor, String> {
+pub(super) fn scatter_nd(
+    data: &Tensor,
+    indices: &Tensor,
+    updates: &Tensor,
+) -> Result<Tensor, String> {
     let depth = *indices.shape.last().ok_or("ScatterND indices of rank 0")?;
     if depth == 0 || depth > data.shape.len() {
         return Err(format!(
@@ -153,7 +157,7 @@ pub fn scatter_nd(data: &Tensor, indices: &Tensor, updates: &Tensor) -> Result<T
 
 /// ONNX Pad in constant mode: `pads` holds every axis's padding before, then after
 /// (negative values crop).
-pub fn pad(x: &Tensor, pads: &[i64], value: f32) -> Result<Tensor, String> {
+pub(super) fn pad(x: &Tensor, pads: &[i64], value: f32) -> Result<Tensor, String> {
     let rank = x.shape.len();
     if pads.len() != 2 * rank {
         return Err(format!("{} pads for a tensor of rank {rank}", pads.len()));
@@ -183,7 +187,7 @@ pub fn pad(x: &Tensor, pads: &[i64], value: f32) -> Result<Tensor, String> {
 }
 
 /// ONNX Slice with any steps (negative ones walk backwards), on the axes given.
-pub fn slice(
+pub(super) fn slice(
     x: &Tensor,
     starts: &[i64],
     ends: &[i64],

@@ -9,7 +9,7 @@ use std::sync::Arc;
 /// A constant: weights, or a value folded at import. Integers are held as f32, which is
 /// exact for the shapes and indices of image classifiers (below 2^24).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Tensor {
+pub(super) struct Tensor {
     pub shape: Vec<usize>,
     pub data: Arc<Vec<f32>>,
 }
@@ -31,6 +31,7 @@ impl Tensor {
         self.data.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
@@ -67,6 +68,7 @@ pub enum Act {
 }
 
 impl Act {
+    /// The function at `x` (what the reference and the CPU kernels compute).
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Act::None => x,
@@ -103,6 +105,7 @@ impl Act {
     }
 }
 
+/// Element-wise functions of two broadcast values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum BinOp {
     Add,
@@ -115,6 +118,7 @@ pub enum BinOp {
 }
 
 impl BinOp {
+    /// The function of `a` and `b`.
     pub fn apply(self, a: f32, b: f32) -> f32 {
         match self {
             BinOp::Add => a + b,
@@ -129,7 +133,7 @@ impl BinOp {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Conv2d {
+pub(super) struct Conv2d {
     pub kernel: [usize; 2],
     pub strides: [usize; 2],
     /// Top, left, bottom, right.
@@ -141,13 +145,13 @@ pub struct Conv2d {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolKind {
+pub(super) enum PoolKind {
     Max,
     Avg { count_include_pad: bool },
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Pool2d {
+pub(super) struct Pool2d {
     pub kind: PoolKind,
     pub kernel: [usize; 2],
     pub strides: [usize; 2],
@@ -156,7 +160,7 @@ pub struct Pool2d {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Op {
+pub(super) enum Op {
     /// Inputs: x, weight [K, C/group, R, S], bias [K], and optionally a residual (the output's
     /// shape) added before `act`.
     Conv(Conv2d),
@@ -272,7 +276,7 @@ impl Op {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Node {
+pub(super) struct Node {
     /// The ONNX node's name (or its output's), kept for messages and for naming weights.
     pub name: String,
     pub op: Op,
@@ -283,7 +287,7 @@ pub struct Node {
 /// A graph in topological order with the shape of every value. Constants live in `consts`;
 /// everything else is computed from the one input.
 #[derive(Debug, Clone, Default)]
-pub struct Graph {
+pub(super) struct Graph {
     pub nodes: Vec<Node>,
     pub shapes: HashMap<String, Vec<usize>>,
     pub consts: HashMap<String, Tensor>,
@@ -327,7 +331,7 @@ impl Graph {
 }
 
 /// Broadcast shape of NumPy's rules, or `None` where the shapes do not broadcast.
-pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+pub(super) fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let rank = a.len().max(b.len());
     (0..rank)
         .map(|i| {
@@ -352,7 +356,7 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 }
 
 /// Row-major strides of `shape`.
-pub fn strides(shape: &[usize]) -> Vec<usize> {
+pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1];
@@ -361,7 +365,7 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// Abramowitz–Stegun 7.1.26 has 1.5e-7 absolute error, well below fp16's resolution.
-pub fn erf(x: f32) -> f32 {
+pub(super) fn erf(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
     let y = 1.0
         - (((((1.061_405_4 * t - 1.453_152_1) * t) + 1.421_413_8) * t - 0.284_496_74) * t

@@ -1,23 +1,28 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The model compiler that both backends run: an ONNX model to one plan per batch size.
 //!
-//! The ONNX model is imported into a small graph IR (`ir`, `import`; shape arithmetic is
-//! evaluated at import by `fold`, constant subgraphs by `reference`), rewritten (`passes`:
-//! batch norm folded, activations and residual adds fused), and lowered (`lower`) to a
-//! `plan`: NHWC steps over one arena, with the weights they read. `check` validates a plan
-//! before anything runs it with raw pointers (the GPU runtime, the engine file loader and
-//! the CPU plan runner all do). Everything here runs on the CPU and is tested there
-//! against `reference` (the graph evaluated node by node) and `sim` (the plan run step by
-//! step).
+//! The ONNX model is imported into a small graph IR (`ir`; `import/`, one file per family
+//! of operators, each declaring the operators it takes; shape arithmetic is evaluated at
+//! import by `fold`, constant subgraphs by `reference`), rewritten (`passes`: batch norm
+//! folded, activations and residual adds fused), and lowered (`lower/`, one file per kind of
+//! step) to a `plan`: NHWC steps over one arena, with the weights they read. `check`
+//! validates a plan before anything runs it with raw pointers (the GPU runtime, the engine
+//! file loader and the CPU plan runner all do). Everything here runs on the CPU and is
+//! tested there against `reference` (the graph evaluated node by node) and `sim` (the plan
+//! run step by step). What fails is a `CompileError`, naming the node or the plan's step.
+//!
+//! Adding an ONNX operator: its name in the `OPS` of the `import/` family it belongs to
+//! (with its required inputs) and its import there; where it needs a new `ir::Op`, that
+//! op's shape rule, its evaluation in `reference` and its lowering in `lower/`.
 
 pub mod check;
 mod fold;
 pub mod import;
 pub mod ir;
-pub mod lower;
-pub mod passes;
+mod lower;
+mod passes;
 pub mod plan;
-pub mod reference;
+mod reference;
 
 #[cfg(test)]
 pub(crate) mod sim;
@@ -26,6 +31,49 @@ mod tests;
 
 use crate::engine::OnnxModel;
 use plan::{DType, Plan, Weights};
+
+/// Why a model does not compile, or a plan does not pass its checks.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CompileError {
+    /// The model as a whole: no graph, an output that does not depend on the image or is
+    /// not class scores.
+    #[error("{0}")]
+    Model(String),
+    /// An initializer that cannot be read (its data type, its size, its external data); the
+    /// message names the tensor.
+    #[error("{0}")]
+    Weights(String),
+    /// One node of the model, which the import or the lowering does not take.
+    #[error("node `{node}` ({op}): {problem}")]
+    Node {
+        /// The node's name (made unique in the graph).
+        node: String,
+        /// Its ONNX operator, or the IR operator it became for the lowering.
+        op: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A plan whose buffers do not hold the frames and scores it is said to.
+    #[error("the plan for batch {batch}: {problem}")]
+    Plan {
+        /// The plan's batch size.
+        batch: usize,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A step of a plan that its kernel cannot take or that reaches outside its buffers.
+    #[error("the plan for batch {batch}: step {step} ({kind}): {problem}")]
+    Step {
+        /// The plan's batch size.
+        batch: usize,
+        /// The step's index in the plan.
+        step: usize,
+        /// The step described (`Step::describe`).
+        kind: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
 
 /// The batch sizes an engine serves for the element's `batch_size`: powers of two below it
 /// and itself, so that a partial batch runs on the smallest plan that holds it.
@@ -47,13 +95,14 @@ pub fn compile(
     batch_sizes: &[usize],
     spec: crate::preprocess::InputSpec,
     dtype: DType,
-) -> Result<(Vec<Plan>, Weights), String> {
+) -> Result<(Vec<Plan>, Weights), CompileError> {
     let mut weights = Weights::default();
     let mut plans = Vec::new();
     let initializers = import::initializers(model)?;
     for &batch in batch_sizes {
         let mut graph = import::import_with(model, &initializers, batch, spec.height, spec.width)?;
-        crate::engine::class_count(graph.shape(&graph.output), batch)?;
+        crate::engine::class_count(graph.shape(&graph.output), batch)
+            .map_err(CompileError::Model)?;
         passes::optimise(&mut graph);
         plans.push(lower::lower(&graph, dtype, &mut weights)?);
     }

@@ -8,7 +8,7 @@ use std::f32::consts::{FRAC_1_SQRT_2, SQRT_2};
 use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
 
 /// All passes, in the order that lets each find its patterns.
-pub fn optimise(graph: &mut Graph) {
+pub(super) fn optimise(graph: &mut Graph) {
     fold_batchnorm(graph);
     fuse_silu(graph);
     fuse_gelu(graph);
@@ -29,7 +29,7 @@ fn sole_producer(graph: &Graph, value: &str) -> Option<usize> {
 
 /// `BatchNormalization(Conv(x))` becomes `Conv(x)` with scaled weights and a shifted bias;
 /// a batch norm after anything else becomes a per-channel multiply and add.
-pub fn fold_batchnorm(graph: &mut Graph) {
+pub(super) fn fold_batchnorm(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
         let Op::BatchNorm { epsilon } = graph.nodes[i].op else {
@@ -150,7 +150,7 @@ fn operand_from(
 }
 
 /// `Mul(x, Sigmoid(x))`, PyTorch's SiLU, becomes one `Silu(x)`.
-pub fn fuse_silu(graph: &mut Graph) {
+pub(super) fn fuse_silu(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
         let out_shape = graph.shapes.get(&graph.nodes[i].output).cloned();
@@ -174,7 +174,7 @@ pub fn fuse_silu(graph: &mut Graph) {
 /// PyTorch's exact GELU, exported as `x · (1 + erf(x / √2)) · 0.5` (five nodes; the two
 /// products in either order), becomes one `Gelu(x)`: one pass over the tensor instead of
 /// five, which a matrix product before it then takes as its activation.
-pub fn fuse_gelu(graph: &mut Graph) {
+pub(super) fn fuse_gelu(graph: &mut Graph) {
     let mut found = false;
     for i in 0..graph.nodes.len() {
         if let Some(x) = gelu_input(graph, i) {
@@ -275,7 +275,7 @@ fn is_scalar(graph: &Graph, value: &str, want: f32) -> bool {
 /// `s · t` (attention scales query and key, each by the fourth root of the head size), also
 /// through a transpose (`Transpose(k · t)`, the keys): the product's scaling is free, two
 /// passes over query and key are not.
-pub fn fold_matmul_scale(graph: &mut Graph) {
+pub(super) fn fold_matmul_scale(graph: &mut Graph) {
     for i in 0..graph.nodes.len() {
         if !matches!(graph.nodes[i].op, Op::MatMul { .. }) {
             continue;
@@ -325,7 +325,7 @@ pub fn fold_matmul_scale(graph: &mut Graph) {
 
 /// `Add(Gemm(x), bias)` with a bias along the last axis becomes the Gemm's own bias, which
 /// cuBLASLt adds in its epilogue.
-pub fn fuse_gemm_bias(graph: &mut Graph) {
+pub(super) fn fuse_gemm_bias(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
         let out_shape = graph.shapes.get(&graph.nodes[i].output).cloned();
@@ -359,7 +359,7 @@ pub fn fuse_gemm_bias(graph: &mut Graph) {
 
 /// `Add(Conv(x), z)` becomes a convolution that adds `z` itself (cuDNN's fused residual).
 /// The fused node takes the Add's place, where `z` is known to be computed.
-pub fn fuse_residual(graph: &mut Graph) {
+pub(super) fn fuse_residual(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
         let found = operand_from(graph, i, BinOp::Add, |producer, y, z| {
@@ -384,7 +384,7 @@ pub fn fuse_residual(graph: &mut Graph) {
 
 /// An activation after a convolution, a matrix product or an element-wise operation runs in
 /// that operator.
-pub fn fuse_activation(graph: &mut Graph) {
+pub(super) fn fuse_activation(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
         let Op::Unary(act) = graph.nodes[i].op else {
@@ -415,7 +415,7 @@ pub fn fuse_activation(graph: &mut Graph) {
 }
 
 /// Drops nodes whose results nothing reads.
-pub fn remove_dead(graph: &mut Graph) {
+pub(super) fn remove_dead(graph: &mut Graph) {
     loop {
         let dead = graph.nodes.iter().rposition(|n| graph.uses(&n.output) == 0);
         match dead {

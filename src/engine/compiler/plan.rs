@@ -14,6 +14,7 @@ pub const MAX_RANK: usize = 6;
 /// this much, and `check` refuses a plan whose algorithm asks for more.
 pub const MAX_WORKSPACE: usize = 256 << 20;
 
+/// The type of a plan's activations and weights on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DType {
     F16,
@@ -21,6 +22,7 @@ pub enum DType {
 }
 
 impl DType {
+    /// Bytes per value.
     pub fn size(self) -> usize {
         match self {
             DType::F16 => 2,
@@ -50,6 +52,7 @@ pub enum Loc {
 }
 
 impl Loc {
+    /// The place `elements` further into the same buffer.
     pub fn offset(self, elements: usize) -> Loc {
         match self {
             Loc::Arena(o) => Loc::Arena(o + elements),
@@ -75,6 +78,7 @@ pub struct Strided {
     pub strides: Vec<i64>,
 }
 
+/// The conversion an element-wise step makes between f32 and the plan's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Cast {
     None,
@@ -84,6 +88,7 @@ pub enum Cast {
     ToF32,
 }
 
+/// A 2-D convolution (cuDNN on the GPU) with its bias, residual and activation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConvStep {
     /// Input N, C, H, W (NHWC in memory); output K, OH, OW.
@@ -111,6 +116,7 @@ pub struct ConvStep {
     pub algo: Option<Tuned>,
 }
 
+/// The cuDNN algorithm a convolution runs with, chosen by timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tuned {
     pub algo: i32,
@@ -120,6 +126,7 @@ pub struct Tuned {
     pub fused: bool,
 }
 
+/// One kernel launch or library call of a plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Step {
     /// `out = act(op(a, b))`, or `act(a)`, over `dims`.
@@ -457,6 +464,7 @@ impl Span {
     }
 }
 
+/// Everything one batch size runs: its steps, in order, over one arena.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub batch: usize,

@@ -3,12 +3,16 @@
 //! use it to check that every rewriting pass leaves the graph's results unchanged, so that
 //! most engine bugs show up without a GPU.
 
+#[cfg(test)]
 use std::collections::HashMap;
 
-use super::ir::{Graph, Node, Op, PoolKind, Tensor, broadcast, strides};
+#[cfg(test)]
+use super::ir::Graph;
+use super::ir::{Node, Op, PoolKind, Tensor, broadcast, strides};
 
-/// Runs `graph` on `input` and returns its output.
-pub fn run(graph: &Graph, input: &Tensor) -> Tensor {
+/// Runs `graph` on `input` and returns its output (the tests' check of every pass).
+#[cfg(test)]
+pub(super) fn run(graph: &Graph, input: &Tensor) -> Tensor {
     let mut values: HashMap<&str, Tensor> = HashMap::new();
     values.insert(&graph.input, input.clone());
     for node in &graph.nodes {
@@ -32,7 +36,7 @@ pub fn run(graph: &Graph, input: &Tensor) -> Tensor {
 }
 
 /// Computes one node; `out_shape` is the output's inferred shape.
-pub fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tensor {
+pub(super) fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tensor {
     let out_len: usize = out_shape.iter().product();
     let data = match &node.op {
         Op::Conv(c) => conv(c, inputs, out_shape),

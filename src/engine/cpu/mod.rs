@@ -122,10 +122,7 @@ impl CpuEngine {
             input,
             num_classes,
             model_batch,
-            outputs_probabilities: matches!(
-                model.output_op.as_deref(),
-                Some("Softmax" | "Sigmoid")
-            ),
+            outputs_probabilities: model.outputs_probabilities(),
             backend: Backend::Cpu,
             precision: Precision::Fp32,
             reads_device_frames: false,
@@ -251,7 +248,7 @@ fn plan_runner(
         return Err(format!("no kernels for {}", unsupported.join(", ")));
     }
     catch_unwind(AssertUnwindSafe(|| {
-        PlanRunner::new(model, input, fixed.unwrap_or(1), threads)
+        PlanRunner::new(model, input, fixed.unwrap_or(1), threads).map_err(|e| e.to_string())
     }))
     .unwrap_or_else(|panic| {
         Err(format!(

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::kernels::{self, Buffers, Packed, Threads};
 use crate::engine::OnnxModel;
-use crate::engine::compiler::{self, check::check_plan, plan::DType, plan::Plan};
+use crate::engine::compiler::{self, CompileError, check::check_plan, plan::DType, plan::Plan};
 use crate::preprocess::InputSpec;
 
 /// One pool of worker threads, as many as the machine has cores, for every CPU engine of the
@@ -57,7 +57,7 @@ impl PlanRunner {
         spec: InputSpec,
         batch: usize,
         threads: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CompileError> {
         let (mut plans, weights) = compiler::compile(model, &[batch], spec, DType::F32)?;
         let plan = plans.pop().expect("one plan per batch size");
         Self::from_plan(plan, weights.data, spec.frame_len(), threads)
@@ -70,7 +70,7 @@ impl PlanRunner {
         weights: Vec<Arc<Vec<f32>>>,
         frame_len: usize,
         threads: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CompileError> {
         let num_classes = plan.output_len / plan.batch.max(1);
         let weight_len = |i: usize| weights.get(i).map(|w| w.len());
         check_plan(&mut plan, &weight_len, DType::F32, frame_len, num_classes)?;

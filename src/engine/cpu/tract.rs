@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use tract_onnx::prelude::*;
 
 use crate::engine::{EngineError, OnnxModel};
-use crate::preprocess::{InputSpec, Layout};
+use crate::preprocess::InputSpec;
 
 pub struct TractRunner {
     plan: Arc<TypedRunnableModel>,
@@ -54,10 +54,7 @@ impl TractRunner {
     pub fn run(&self, input: &[f32], n: usize) -> Result<Vec<f32>, EngineError> {
         let spec = &self.input;
         let b = self.batch;
-        let shape = match spec.layout {
-            Layout::Nchw => [b, spec.channels, spec.height, spec.width],
-            Layout::Nhwc => [b, spec.height, spec.width, spec.channels],
-        };
+        let shape = spec.batch_shape(b);
         // A partial batch is padded with zeros: the plan is optimised for one batch size.
         let mut data = vec![0.0f32; b * spec.frame_len()];
         data[..input.len()].copy_from_slice(input);
@@ -128,10 +125,7 @@ fn optimise(
         .select_output_outlets(&[first_output])
         .map_err(other)?;
 
-    let shape: TVec<usize> = match input.layout {
-        Layout::Nchw => tvec![batch, input.channels, input.height, input.width],
-        Layout::Nhwc => tvec![batch, input.height, input.width, input.channels],
-    };
+    let shape: TVec<usize> = input.batch_shape(batch).into_iter().collect();
     let graph = graph
         .with_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))
         .map_err(other)?;

@@ -16,6 +16,77 @@ use sha2::{Digest, Sha256};
 use crate::engine::compiler::check;
 use crate::engine::compiler::plan::{DType, Plan};
 
+/// Why an engine file cannot be used, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file is there but cannot be read.
+    #[error("cannot read it: {0}")]
+    Unreadable(std::io::Error),
+    /// Another user owns the file: its PTX would run as ours.
+    #[error("owned by user {owner}, not by this process's user {me}: not trusted")]
+    NotOwned { owner: u32, me: u32 },
+    /// Another user could have written the file.
+    #[error("writable by its group or by others (mode {mode:o}): not trusted")]
+    Writable { mode: u32 },
+    /// No engine file's magic.
+    #[error("not a trtclassify engine file")]
+    NotAnEngineFile,
+    /// Shorter than the fixed fields and the checksum.
+    #[error("truncated: {0} bytes")]
+    Truncated(usize),
+    /// A format this plugin does not read.
+    #[error("engine format {0}; this plugin reads format {FORMAT_VERSION}")]
+    Format(u32),
+    /// The contents do not match their checksum.
+    #[error("the checksum does not match: the file is truncated or corrupt")]
+    Checksum,
+    /// The header's length runs past the end of the file.
+    #[error("the header runs past the end")]
+    HeaderPastEnd,
+    /// The header is not the JSON this plugin writes.
+    #[error("the header does not parse: {0}")]
+    Header(serde_json::Error),
+    /// The key differs from this setup's: each difference, as `Key::differences` says it.
+    #[error("built for another setup ({})", .0.join("; "))]
+    OtherSetup(Vec<String>),
+    /// The header's weight sizes do not add up to the file's length.
+    #[error("the weights do not add up to the file's length")]
+    WeightsLength,
+    /// Plans for other batch sizes than the key's.
+    #[error("plans for batch sizes {found:?}, not {key:?}")]
+    BatchSizes { found: Vec<usize>, key: Vec<usize> },
+    /// A number of classes out of range.
+    #[error("{0} classes")]
+    Classes(usize),
+    /// A weight whose length is not a whole number of values of the plans' type.
+    #[error("weight {0} is not a whole number of values")]
+    PartialWeight(usize),
+    /// A plan that fails the compiler's checks (`check::check_plan`), and why.
+    #[error("{0}")]
+    Plan(String),
+    /// A file the model names cannot be read (for its digest).
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The header does not serialise.
+    #[error("{0}")]
+    Serialize(serde_json::Error),
+    /// The engine's folder cannot be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// The engine cannot be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
 pub const FORMAT_VERSION: u32 = 3;
@@ -24,19 +95,28 @@ const CHECKSUM_LEN: usize = 32;
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Key {
+    /// `FORMAT_VERSION` of the plugin that wrote it.
     pub format: u32,
+    /// The version of the plugin that built it.
     pub plugin_version: String,
     /// SHA-256 of the kernel source the file's PTX was compiled from: the plan calls these
     /// kernels by name and argument layout, so other kernels mean a rebuild.
     pub kernels_sha256: String,
     /// SHA-256 of the ONNX file and of any external weight files it names.
     pub onnx_sha256: String,
+    /// The GPU's name: algorithms are tuned for it.
     pub gpu: String,
+    /// The GPU's compute capability (major, minor): the PTX is compiled for it.
     pub compute_capability: (i32, i32),
+    /// The CUDA driver's version.
     pub cuda_driver: i32,
+    /// cuDNN's version: its algorithms are tuned for it.
     pub cudnn: usize,
+    /// cuBLASLt's version.
     pub cublaslt: usize,
+    /// The type of the plans' activations and weights.
     pub precision: DType,
+    /// The batch size of each plan, in order.
     pub batch_sizes: Vec<usize>,
     /// Height and width of the model input.
     pub input: (usize, usize),
@@ -63,7 +143,7 @@ impl Key {
     }
 
     /// A short name for the engine in a cache folder: the model's name and a hash of the key.
-    pub fn file_name(&self, model: &Path) -> String {
+    pub(crate) fn file_name(&self, model: &Path) -> String {
         let stem = model
             .file_stem()
             .map_or("model".into(), |s| s.to_string_lossy().into_owned());
@@ -75,9 +155,13 @@ impl Key {
 
 /// A built engine, as saved and loaded.
 pub struct EngineFile {
+    /// What it was built from and for.
     pub key: Key,
+    /// Scores per frame.
     pub num_classes: usize,
+    /// The kernels, compiled for the key's GPU and precision.
     pub ptx: String,
+    /// One plan per batch size of the key, tuned.
     pub plans: Vec<Plan>,
     /// In the plans' type, ready to upload.
     pub weights: Vec<Vec<u8>>,
@@ -93,15 +177,18 @@ struct Header {
 }
 
 /// The per-user engine cache: `$XDG_CACHE_HOME/trtclassify` (usually `~/.cache/trtclassify`).
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     glib::user_cache_dir().join("trtclassify")
 }
 
 /// SHA-256 of the model file and of the external weight files it names, in hex.
-pub fn model_digest(path: &Path, external: &[PathBuf]) -> Result<String, String> {
+pub(crate) fn model_digest(path: &Path, external: &[PathBuf]) -> Result<String, Error> {
     let mut hasher = Sha256::new();
     for file in std::iter::once(path).chain(external.iter().map(PathBuf::as_path)) {
-        let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let bytes = std::fs::read(file).map_err(|source| Error::Read {
+            path: file.to_owned(),
+            source,
+        })?;
         hasher.update((bytes.len() as u64).to_le_bytes());
         hasher.update(&bytes);
     }
@@ -109,7 +196,7 @@ pub fn model_digest(path: &Path, external: &[PathBuf]) -> Result<String, String>
 }
 
 /// SHA-256 of `text`, in hex.
-pub fn sha256_hex(text: &str) -> String {
+pub(crate) fn sha256_hex(text: &str) -> String {
     hex(&Sha256::digest(text.as_bytes()))
 }
 
@@ -125,77 +212,70 @@ fn hex(bytes: &[u8]) -> String {
 /// `trusted`); its checksum proves it intact, and every step of its plans is checked to stay
 /// within the buffers it names (`check_plans`) so that a file written by a buggy build cannot
 /// make a kernel touch memory outside them.
-pub fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFile>, String> {
+pub(crate) fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFile>, Error> {
     let mut file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read it: {e}")),
+        Err(e) => return Err(Error::Unreadable(e)),
     };
     trusted(&file)?;
     let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut file, &mut bytes)
-        .map_err(|e| format!("cannot read it: {e}"))?;
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(Error::Unreadable)?;
     from_bytes(&bytes, key, frame_len).map(Some)
 }
 
 /// Refuses a file that another user owns or could have written: its PTX would run as ours.
 #[cfg(unix)]
-fn trusted(file: &std::fs::File) -> Result<(), String> {
+fn trusted(file: &std::fs::File) -> Result<(), Error> {
     use std::os::unix::fs::MetadataExt;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read it: {e}"))?;
+    let meta = file.metadata().map_err(Error::Unreadable)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
-        return Err(format!(
-            "owned by user {}, not by this process's user {me}: not trusted",
-            meta.uid()
-        ));
+        return Err(Error::NotOwned {
+            owner: meta.uid(),
+            me,
+        });
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "writable by its group or by others (mode {:o}): not trusted",
-            meta.mode() & 0o777
-        ));
+        return Err(Error::Writable {
+            mode: meta.mode() & 0o777,
+        });
     }
     Ok(())
 }
 
 #[cfg(not(unix))]
-fn trusted(_file: &std::fs::File) -> Result<(), String> {
+fn trusted(_file: &std::fs::File) -> Result<(), Error> {
     Ok(())
 }
 
 /// An engine file's contents, checked as `load` checks them (all but the file's owner and
 /// mode): for a key, and frames of `frame_len` values.
-pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFile, String> {
+pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFile, Error> {
     let fixed = MAGIC.len() + 4 + 8;
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not a trtclassify engine file".into());
+        return Err(Error::NotAnEngineFile);
     }
     if bytes.len() < fixed + CHECKSUM_LEN {
-        return Err(format!("truncated: {} bytes", bytes.len()));
+        return Err(Error::Truncated(bytes.len()));
     }
     let format = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
     if format != FORMAT_VERSION {
-        return Err(format!(
-            "engine format {format}; this plugin reads format {FORMAT_VERSION}"
-        ));
+        return Err(Error::Format(format));
     }
     let (body, checksum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
     if Sha256::digest(body).as_slice() != checksum {
-        return Err("the checksum does not match: the file is truncated or corrupt".into());
+        return Err(Error::Checksum);
     }
     let header_len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
     let header = body
         .get(fixed..fixed.saturating_add(header_len))
-        .ok_or("the header runs past the end")?;
-    let mut header: Header =
-        serde_json::from_slice(header).map_err(|e| format!("the header does not parse: {e}"))?;
+        .ok_or(Error::HeaderPastEnd)?;
+    let mut header: Header = serde_json::from_slice(header).map_err(Error::Header)?;
     let diffs = header.key.differences(key);
     if !diffs.is_empty() {
-        return Err(format!("built for another setup ({})", diffs.join("; ")));
+        return Err(Error::OtherSetup(diffs));
     }
     let mut rest = &body[fixed + header_len..];
     let total = header
@@ -203,7 +283,7 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
         .iter()
         .try_fold(0usize, |sum, &n| sum.checked_add(n));
     if total != Some(rest.len()) {
-        return Err("the weights do not add up to the file's length".into());
+        return Err(Error::WeightsLength);
     }
     let weights = header
         .weight_sizes
@@ -239,35 +319,38 @@ fn check_plans(
     key: &Key,
     frame_len: usize,
     num_classes: usize,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let dtype = key.precision;
     let batches: Vec<usize> = plans.iter().map(|p| p.batch).collect();
     if batches != key.batch_sizes {
-        return Err(format!(
-            "plans for batch sizes {batches:?}, not {:?}",
-            key.batch_sizes
-        ));
+        return Err(Error::BatchSizes {
+            found: batches,
+            key: key.batch_sizes.clone(),
+        });
     }
     if !(1..=1 << 24).contains(&num_classes) {
-        return Err(format!("{num_classes} classes"));
+        return Err(Error::Classes(num_classes));
     }
     if let Some(i) = weights.iter().position(|w| w.len() % dtype.size() != 0) {
-        return Err(format!("weight {i} is not a whole number of values"));
+        return Err(Error::PartialWeight(i));
     }
     let weight_len = |index: usize| weights.get(index).map(|w| w.len() / dtype.size());
     for plan in plans {
-        check::check_plan(plan, &weight_len, dtype, frame_len, num_classes)?;
+        check::check_plan(plan, &weight_len, dtype, frame_len, num_classes)
+            .map_err(|e| Error::Plan(e.to_string()))?;
     }
     Ok(())
 }
 
 /// Writes `engine` to `path`, through a temporary file in the same folder so that a reader
 /// never sees half a file.
-pub fn save(path: &Path, engine: &EngineFile) -> Result<(), String> {
+pub(crate) fn save(path: &Path, engine: &EngineFile) -> Result<(), Error> {
     let bytes = to_bytes(engine)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
     }
     // Unique per writer: elements of one process may save the same engine at once.
     static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -277,15 +360,18 @@ pub fn save(path: &Path, engine: &EngineFile) -> Result<(), String> {
         f.write_all(&bytes)?;
         f.sync_all()
     });
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+    if let Err(source) = written.and_then(|()| std::fs::rename(&tmp, path)) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot write {}: {e}", path.display()));
+        return Err(Error::Write {
+            path: path.to_owned(),
+            source,
+        });
     }
     Ok(())
 }
 
 /// The file `save` writes for `engine`: magic, format, header, weights, then the checksum.
-pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, String> {
+pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, Error> {
     let header = Header {
         key: engine.key.clone(),
         num_classes: engine.num_classes,
@@ -293,7 +379,7 @@ pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, String> {
         plans: engine.plans.clone(),
         weight_sizes: engine.weights.iter().map(Vec::len).collect(),
     };
-    let header = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+    let header = serde_json::to_vec(&header).map_err(Error::Serialize)?;
     let mut body =
         Vec::with_capacity(20 + header.len() + engine.weights.iter().map(Vec::len).sum::<usize>());
     body.extend_from_slice(MAGIC);
@@ -398,7 +484,7 @@ mod tests {
         here.gpu = "NVIDIA L4".into();
         here.batch_sizes = vec![1, 2];
         here.input = (224, 224);
-        let err = load(&path, &here, FRAME).err().unwrap();
+        let err = load(&path, &here, FRAME).err().unwrap().to_string();
         assert!(
             err.contains("gpu: the file has \"NVIDIA H200\", this setup \"NVIDIA L4\""),
             "{err}"
@@ -408,7 +494,7 @@ mod tests {
         // Another plugin build with other kernels: the PTX in the file is not theirs.
         let mut here = key();
         here.kernels_sha256 = "ef".repeat(32);
-        let err = load(&path, &here, FRAME).err().unwrap();
+        let err = load(&path, &here, FRAME).err().unwrap().to_string();
         assert!(err.contains("kernels_sha256"), "{err}");
     }
 
@@ -435,7 +521,7 @@ mod tests {
         ];
         for (bytes, want) in cases {
             std::fs::write(&path, &bytes).unwrap();
-            let err = load(&path, &key(), FRAME).err().unwrap();
+            let err = load(&path, &key(), FRAME).err().unwrap().to_string();
             assert!(err.contains(want), "expected «{want}» in «{err}»");
         }
         // Every single bit flipped past the magic and version is caught by the checksum.
@@ -457,7 +543,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e.engine");
         save(&path, &e).unwrap();
-        let err = load(&path, &key(), FRAME).err().unwrap();
+        let err = load(&path, &key(), FRAME).err().unwrap().to_string();
         assert!(err.contains("names weight 1"), "{err}");
     }
 
@@ -465,7 +551,7 @@ mod tests {
     type Damage<T> = fn(&mut T);
 
     /// Saves `e` and loads it back.
-    fn reload(e: &EngineFile) -> Result<Option<EngineFile>, String> {
+    fn reload(e: &EngineFile) -> Result<Option<EngineFile>, Error> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e.engine");
         save(&path, e).unwrap();
@@ -597,7 +683,8 @@ mod tests {
             damage(&mut e.plans[0].steps[0]);
             let err = reload(&e)
                 .err()
-                .unwrap_or_else(|| panic!("accepted: {want}"));
+                .unwrap_or_else(|| panic!("accepted: {want}"))
+                .to_string();
             assert!(err.contains(want), "expected «{want}» in «{err}»");
             assert!(err.contains("the plan for batch 1: step 0"), "{err}");
         }
@@ -624,7 +711,7 @@ mod tests {
         body.extend_from_slice(&[0; 14]);
         let checksum = Sha256::digest(&body);
         body.extend_from_slice(&checksum);
-        let err = from_bytes(&body, &key(), FRAME).err().unwrap();
+        let err = from_bytes(&body, &key(), FRAME).err().unwrap().to_string();
         assert!(err.contains("do not add up"), "{err}");
     }
 
@@ -646,7 +733,8 @@ mod tests {
             damage(&mut e);
             let err = reload(&e)
                 .err()
-                .unwrap_or_else(|| panic!("accepted: {want}"));
+                .unwrap_or_else(|| panic!("accepted: {want}"))
+                .to_string();
             assert!(err.contains(want), "expected «{want}» in «{err}»");
         }
     }
@@ -657,7 +745,7 @@ mod tests {
         let (_dir, path) = saved();
         for mode in [0o666, 0o620, 0o602] {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            let err = load(&path, &key(), FRAME).err().unwrap();
+            let err = load(&path, &key(), FRAME).err().unwrap().to_string();
             assert!(err.contains("writable by its group or by others"), "{err}");
         }
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -666,7 +754,7 @@ mod tests {
         if unsafe { libc::geteuid() } == 0 {
             // As root the test can hand the file to another user.
             std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
-            let err = load(&path, &key(), FRAME).err().unwrap();
+            let err = load(&path, &key(), FRAME).err().unwrap().to_string();
             assert!(err.contains("owned by user 65534"), "{err}");
         }
     }
@@ -717,7 +805,9 @@ mod tests {
 
     #[test]
     fn unwritable_folder_is_an_error_not_a_panic() {
-        let err = save(Path::new("/proc/trtclassify/x.engine"), &engine()).unwrap_err();
+        let err = save(Path::new("/proc/trtclassify/x.engine"), &engine())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("/proc/trtclassify"), "{err}");
     }
 

@@ -4,53 +4,20 @@
 //! conversion, resampling, crop or letterbox, normalisation and layout happen in one kernel
 //! pass, with the same geometry and filter as the CPU preprocessing (`crate::preprocess`).
 
-use cudarc::driver::DeviceRepr;
 use gst_video::VideoFormat;
 
+use super::abi::FrameLayout;
+pub(crate) use super::abi::Pre;
 use crate::preprocess::{ChannelOrder, Crop, InputSpec, Layout, PreprocessOptions, crop_geometry};
-
-/// The kernel's `struct Pre`, field for field.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Pre {
-    pub format: i32,
-    pub pixel_stride: i32,
-    pub off: [i32; 3],
-    pub plane: [i64; 3],
-    pub stride: [i32; 3],
-    pub size: [i32; 2],
-    pub cosited: [i32; 2],
-    pub crop: [i32; 4],
-    pub dst: [i32; 4],
-    pub out_w: i32,
-    pub out_h: i32,
-    pub nchw: i32,
-    pub bgr: i32,
-    pub m: [f32; 12],
-    pub scale: f32,
-    pub mean: [f32; 3],
-    pub std: [f32; 3],
-    pub border: [f32; 3],
-}
-// SAFETY: plain old data laid out as the kernel's `struct Pre`.
-unsafe impl DeviceRepr for Pre {}
-// The layout of the C struct in kernels.cu, which asserts the same size: a field changed on
-// one side only stops a build.
-const _: () = assert!(
-    size_of::<Pre>() == 216
-        && std::mem::offset_of!(Pre, plane) == 24
-        && std::mem::offset_of!(Pre, m) == 124
-        && std::mem::offset_of!(Pre, border) == 200
-);
 
 impl Pre {
     /// Bytes from the frame's address to the end of its last plane: what the kernel may read.
-    pub fn extent(&self) -> usize {
+    pub(crate) fn extent(&self) -> usize {
         let (h, chroma_h) = (self.size[1] as i64, (self.size[1] as i64 + 1) / 2);
-        let planes: &[(usize, i64)] = match self.format {
-            0 => &[(0, h)],
-            1 | 3 => &[(0, h), (1, chroma_h)],
-            _ => &[(0, h), (1, chroma_h), (2, chroma_h)],
+        let planes: &[(usize, i64)] = match FrameLayout::from_id(self.format) {
+            Some(FrameLayout::Packed) => &[(0, h)],
+            Some(FrameLayout::Nv12 | FrameLayout::P010) => &[(0, h), (1, chroma_h)],
+            Some(FrameLayout::I420) | None => &[(0, h), (1, chroma_h), (2, chroma_h)],
         };
         planes
             .iter()
@@ -62,17 +29,20 @@ impl Pre {
 }
 
 /// A frame as the kernel reads it: its parameters and its planes.
-pub type RawFrame<'a> = (Pre, Vec<&'a [u8]>);
+pub(crate) type RawFrame<'a> = (Pre, Vec<&'a [u8]>);
 
 /// The preprocessing settings of an engine, for building each frame's parameters.
-pub struct FramePreprocess {
+pub(crate) struct FramePreprocess {
     base: Pre,
     resize: crate::preprocess::ResizeMode,
 }
 
 impl FramePreprocess {
     /// `None` where the GPU path does not apply (one-channel models); the CPU path runs then.
-    pub fn new(options: &PreprocessOptions, input: InputSpec) -> Result<Option<Self>, String> {
+    pub(crate) fn new(
+        options: &PreprocessOptions,
+        input: InputSpec,
+    ) -> Result<Option<Self>, String> {
         if input.channels != 3 {
             return Ok(None);
         }
@@ -87,9 +57,7 @@ impl FramePreprocess {
             mean: [mean[0], mean[1], mean[2]],
             std: [std[0], std[1], std[2]],
             // As the CPU path: the mean colour rounded to a pixel value, then normalised.
-            border: std::array::from_fn(|c| {
-                norm(c, (mean[c] / options.scale).round().clamp(0.0, 255.0))
-            }),
+            border: std::array::from_fn(|c| norm(c, f32::from(options.border_value(mean[c])))),
             ..Default::default()
         };
         Ok(Some(FramePreprocess {
@@ -101,7 +69,7 @@ impl FramePreprocess {
     /// The kernel parameters for `crop` of a frame described by `info` whose planes are
     /// uploaded one after the other, each `plane_len` bytes; `None` for a format the kernel
     /// does not read, or a crop outside the frame.
-    pub fn params(
+    pub(crate) fn params(
         &self,
         info: &gst_video::VideoInfo,
         plane_lens: &[usize],
@@ -122,7 +90,7 @@ impl FramePreprocess {
     /// the address the kernel gets, with rows `strides` bytes apart; `None` for a format the
     /// kernel does not read, or a crop outside the frame (the kernel reads within the crop
     /// only, so a crop clipped to the frame keeps its reads inside the planes).
-    pub fn params_at(
+    pub(crate) fn params_at(
         &self,
         info: &gst_video::VideoInfo,
         offsets: &[i64],
@@ -131,10 +99,10 @@ impl FramePreprocess {
     ) -> Option<Pre> {
         let mut p = self.base;
         let finfo = info.format_info();
-        p.format = match info.format() {
-            VideoFormat::Nv12 => 1,
-            VideoFormat::I420 => 2,
-            VideoFormat::P01010le => 3,
+        let layout = match info.format() {
+            VideoFormat::Nv12 => FrameLayout::Nv12,
+            VideoFormat::I420 => FrameLayout::I420,
+            VideoFormat::P01010le => FrameLayout::P010,
             VideoFormat::Rgb
             | VideoFormat::Bgr
             | VideoFormat::Rgba
@@ -142,10 +110,11 @@ impl FramePreprocess {
             | VideoFormat::Rgbx
             | VideoFormat::Bgrx
             | VideoFormat::Xrgb
-            | VideoFormat::Xbgr => 0,
+            | VideoFormat::Xbgr => FrameLayout::Packed,
             _ => return None,
         };
-        if p.format == 0 {
+        p.format = layout.id();
+        if layout == FrameLayout::Packed {
             p.pixel_stride = finfo.pixel_stride()[0];
             let off = finfo.poffset();
             p.off = [off[0] as i32, off[1] as i32, off[2] as i32];

@@ -1,19 +1,21 @@
 // SPDX-License-Identifier: MPL-2.0
 //! `backend=cuda`: our own fp16 engine on NVIDIA GPUs.
 //!
-//! The ONNX model is imported into a small graph IR (`ir`, `import`), rewritten (`passes`:
-//! batch norm folded, activations and residual adds fused), lowered to a plan of GPU steps
-//! (`plan`), tuned and captured as one CUDA graph per batch size (`runtime`), and cached on
-//! disk (`engine_file`, which also checks every plan it loads). Shape arithmetic is evaluated
-//! at import (`fold`); frames are preprocessed on the GPU (`frames`). Everything up to the
-//! plan runs on the CPU and is checked there against `reference` (and `sim`, the plan run
-//! step by step on the CPU); the GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN,
-//! which are loaded when the engine is built, so the plugin loads where there is no CUDA at
-//! all.
+//! The compiler (`crate::engine::compiler`) turns the ONNX model into a plan of GPU steps per
+//! batch size, on the CPU. This module runs them: `runtime` tunes each plan's convolutions,
+//! captures it as one CUDA graph and runs it on batches; `frames` preprocesses video frames
+//! on the GPU; `engine_file` caches the built engine on disk (and checks every plan it
+//! loads); `abi` is what the Rust side and kernels.cu must agree on; `error` what can fail.
+//! The GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN, which are loaded when the
+//! engine is built, so the plugin loads where there is no CUDA at all.
 
+mod abi;
 pub mod engine_file;
-pub mod frames;
+mod error;
+pub(crate) mod frames;
 pub mod runtime;
+
+pub use error::Error;
 
 #[cfg(test)]
 mod tests;
@@ -41,6 +43,8 @@ pub fn unavailable_reason() -> Option<String> {
     })
 }
 
+/// The cuda backend's engine: a `runtime::Runtime` fed frames preprocessed on the GPU, or on
+/// the CPU where the GPU cannot read them.
 pub struct CudaEngine {
     info: ModelInfo,
     runtime: runtime::Runtime,
@@ -71,7 +75,11 @@ impl CudaEngine {
         Self::from_model(&model, options)
     }
 
-    pub fn from_model(model: &OnnxModel, options: &EngineOptions) -> Result<Self, EngineError> {
+    /// Builds the engine of an already loaded `model`, from its engine file where one fits.
+    pub(crate) fn from_model(
+        model: &OnnxModel,
+        options: &EngineOptions,
+    ) -> Result<Self, EngineError> {
         let fail = |reason: String| EngineError::Build {
             path: model.path.clone(),
             reason,
@@ -85,9 +93,9 @@ impl CudaEngine {
             });
         }
         let spec = model.input_spec(options.input_size).map_err(fail)?;
-        let gpu = runtime::open_gpu(options.gpu_id).map_err(|reason| EngineError::Unavailable {
+        let gpu = runtime::open_gpu(options.gpu_id).map_err(|e| EngineError::Unavailable {
             backend: "cuda",
-            reason,
+            reason: e.to_string(),
         })?;
         let dtype = match options.precision {
             Precision::Fp16 => DType::F16,
@@ -100,7 +108,7 @@ impl CudaEngine {
             plugin_version: env!("CARGO_PKG_VERSION").into(),
             kernels_sha256: engine_file::sha256_hex(runtime::KERNELS),
             onnx_sha256: engine_file::model_digest(&model.path, &model.external_files())
-                .map_err(fail)?,
+                .map_err(|e| fail(e.to_string()))?,
             gpu: gpu.name.clone(),
             compute_capability: gpu.arch,
             cuda_driver: versions.driver,
@@ -154,7 +162,7 @@ impl CudaEngine {
             std::mem::take(&mut file.plans),
             &mut progress,
         )
-        .map_err(fail)?;
+        .map_err(|e| fail(e.to_string()))?;
         if fresh {
             file.plans = runtime.plans().cloned().collect();
             match engine_file::save(&path, &file) {
@@ -181,10 +189,7 @@ impl CudaEngine {
             input: spec,
             num_classes,
             model_batch: runtime.max_batch(),
-            outputs_probabilities: matches!(
-                model.output_op.as_deref(),
-                Some("Softmax" | "Sigmoid")
-            ),
+            outputs_probabilities: model.outputs_probabilities(),
             backend: Backend::Cuda,
             precision: options.precision,
             reads_device_frames: frame_pre.is_some(),
@@ -216,7 +221,7 @@ impl CudaEngine {
             .ok_or_else(|| EngineError::Inference("no GPU preprocessing for this model".into()))?;
         self.runtime
             .time_device_preprocess(&params, runs)
-            .map_err(EngineError::Inference)
+            .map_err(inference)
     }
 
     /// The runtime, for benchmarks and profiles.
@@ -233,13 +238,14 @@ fn build_engine(
     progress: &mut dyn FnMut(&str),
 ) -> Result<EngineFile, String> {
     let dtype = key.precision;
-    let (plans, weights) = compile(model, &key.batch_sizes, spec, dtype)?;
+    let (plans, weights) =
+        compile(model, &key.batch_sizes, spec, dtype).map_err(|e| e.to_string())?;
     progress(&format!(
         "imported a graph of {} steps for batch sizes {:?}",
         plans[0].steps.len(),
         key.batch_sizes
     ));
-    let ptx = runtime::compile(dtype, gpu.arch)?;
+    let ptx = runtime::compile(dtype, gpu.arch).map_err(|e| e.to_string())?;
     Ok(EngineFile {
         num_classes: plans[0].output_len / plans[0].batch,
         ptx,
@@ -251,6 +257,11 @@ fn build_engine(
         plans,
         key,
     })
+}
+
+/// The runtime's error, as the engine reports one on the data path.
+fn inference(e: Error) -> EngineError {
+    EngineError::Inference(e.to_string())
 }
 
 /// A frame's planes and the preprocessing parameters of each crop of it.
@@ -296,7 +307,7 @@ impl CudaEngine {
         self.runtime
             .preprocess_frames(&raw)
             .map(Some)
-            .map_err(EngineError::Inference)
+            .map_err(inference)
     }
 
     /// Runs the frames pushed into the runtime's input into `ran`.
@@ -310,7 +321,7 @@ impl CudaEngine {
             .runtime
             .run_staged(n)
             .map(|out| out.chunks(classes).map(<[f32]>::to_vec).collect::<Vec<_>>())
-            .map_err(EngineError::Inference);
+            .map_err(inference);
         self.ran.keep(scores)
     }
 }
@@ -324,10 +335,7 @@ impl Engine for CudaEngine {
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
         let classes = self.info.num_classes;
         super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
-            let out = self
-                .runtime
-                .run(chunk, frames)
-                .map_err(EngineError::Inference)?;
+            let out = self.runtime.run(chunk, frames).map_err(inference)?;
             Ok(out.chunks(classes).map(<[f32]>::to_vec).collect())
         })
     }
@@ -358,7 +366,7 @@ impl Engine for CudaEngine {
                         .try_for_each(|(i, input)| self.runtime.stage_input(self.pushed + i, input))
                 }
             };
-            staged.map_err(EngineError::Inference)?;
+            staged.map_err(inference)?;
             self.pushed += now;
             done += now;
             if self.pushed == batch {
@@ -412,7 +420,7 @@ impl Engine for CudaEngine {
         for params in &params {
             self.runtime
                 .stage_device_frame(self.pushed, params, base, frame.context)
-                .map_err(EngineError::Inference)?;
+                .map_err(inference)?;
             self.pushed += 1;
             if self.pushed == self.info.model_batch {
                 self.run_input()?;

@@ -2,7 +2,7 @@
 //! The runtime's parts that need no GPU: activation parameters, the kernels' limits, and the
 //! kernels compiled with NVRTC where it is installed.
 
-use super::runtime;
+use super::{abi, runtime};
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::DType;
 
@@ -10,18 +10,66 @@ use crate::engine::compiler::plan::DType;
 fn an_fp16_floor_stays_positive() {
     // `x / max(‖x‖, 1e-12)`: the floor must not round to 0 in fp16, or a zero row gives 0/0.
     let clip = Act::Clip(1e-12, f32::MAX);
-    let (_, lo, _) = runtime::act_params(clip, DType::F16);
+    let (_, lo, _) = abi::act_params(clip, DType::F16);
     assert!(half::f16::from_f32(lo).to_f32() > 0.0);
-    assert_eq!(runtime::act_params(clip, DType::F32).1, 1e-12);
+    assert_eq!(abi::act_params(clip, DType::F32).1, 1e-12);
     // Floors fp16 holds are kept.
-    let (_, lo, _) = runtime::act_params(Act::Clip(1e-3, 6.0), DType::F16);
+    let (_, lo, _) = abi::act_params(Act::Clip(1e-3, 6.0), DType::F16);
     assert_eq!(lo, 1e-3);
 }
 
 #[test]
 fn warp_row_limit_matches_the_kernels() {
-    let define = format!("#define WARP_ROW_MAX {}\n", runtime::WARP_ROW_MAX);
+    let define = format!("#define WARP_ROW_MAX {}\n", abi::WARP_ROW_MAX);
     assert!(runtime::KERNELS.contains(&define), "kernels.cu: {define}");
+}
+
+#[test]
+fn preprocessing_span_matches_the_kernels() {
+    let define = format!("#define PRE_SPAN {}\n", abi::PRE_SPAN);
+    assert!(runtime::KERNELS.contains(&define), "kernels.cu: {define}");
+}
+
+#[test]
+fn kernel_ids_are_those_kernels_cu_switches_on() {
+    use crate::engine::compiler::ir::BinOp;
+    // `binop` in kernels.cu: `case 0: return a + b;` and so on.
+    for (op, expr) in [
+        (BinOp::Add, "a + b"),
+        (BinOp::Sub, "a - b"),
+        (BinOp::Mul, "a * b"),
+        (BinOp::Div, "a / b"),
+        (BinOp::Pow, "powf(a, b)"),
+        (BinOp::Max, "fmaxf(a, b)"),
+        (BinOp::Min, "fminf(a, b)"),
+    ] {
+        let case = format!("case {}: return {expr};", abi::binop_id(op));
+        assert!(runtime::KERNELS.contains(&case), "kernels.cu: {case}");
+    }
+    // `act` in kernels.cu, for a few activations whose formula names them.
+    for (act, expr) in [
+        (Act::None, "return x;"),
+        (Act::Relu, "return fmaxf(x, 0.f);"),
+        (Act::Tanh, "return tanhf(x);"),
+        (Act::Erf, "return erff(x);"),
+        (Act::Sqrt, "return sqrtf(x);"),
+        (Act::Neg, "return -x;"),
+        (Act::Abs, "return fabsf(x);"),
+    ] {
+        let case = format!("case {}: {expr}", abi::act_params(act, DType::F32).0);
+        assert!(runtime::KERNELS.contains(&case), "kernels.cu: {case}");
+    }
+    // `format` in kernels.cu's `struct Pre`.
+    for layout in [
+        abi::FrameLayout::Packed,
+        abi::FrameLayout::Nv12,
+        abi::FrameLayout::I420,
+        abi::FrameLayout::P010,
+    ] {
+        assert_eq!(abi::FrameLayout::from_id(layout.id()), Some(layout));
+    }
+    let comment = "int format;                 // 0: packed RGB-like, 1: NV12, 2: I420, 3: P010";
+    assert!(runtime::KERNELS.contains(comment), "kernels.cu: {comment}");
 }
 
 #[test]

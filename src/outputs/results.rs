@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::meta::{ClassEntry, Classification};
+use crate::outputs::meta::{ClassEntry, Classification};
 
 fn entries(classes: &[ClassEntry]) -> Vec<Entry<'_>> {
     classes
@@ -51,8 +51,11 @@ struct Entry<'a> {
     confidence: f32,
 }
 
+/// Where the JSON lines of `results-location` go.
 pub enum ResultsWriter {
+    /// Standard output (`-`).
     Stdout,
+    /// A file, appended to.
     File(BufWriter<File>),
 }
 
@@ -69,6 +72,8 @@ impl ResultsWriter {
         Ok(ResultsWriter::File(BufWriter::new(file)))
     }
 
+    /// The JSON line of one frame's result (without its newline), with the buffer's
+    /// timestamp.
     pub fn format(result: &Classification, pts: Option<gst::ClockTime>) -> String {
         let line = Line {
             frame: result.frame,
@@ -117,7 +122,7 @@ impl ResultsWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::RegionResult;
+    use crate::outputs::meta::RegionResult;
 
     #[test]
     fn line_has_the_documented_keys() {

@@ -3,18 +3,23 @@
 
 use std::path::{Path, PathBuf};
 
+/// A labels file that could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: cannot read the labels file: {source}", path.display())]
 pub struct LabelsError {
+    /// The labels file.
     pub path: PathBuf,
+    /// Why it could not be read (text that is not UTF-8 is `InvalidData`, naming the line).
     #[source]
     pub source: std::io::Error,
 }
 
+/// The labels of a model's classes, by class id; empty when there is no labels file.
 #[derive(Debug, Clone, Default)]
 pub struct Labels(Vec<String>);
 
 impl Labels {
+    /// Reads a labels file (UTF-8 text, see `parse`).
     pub fn load(path: &Path) -> Result<Self, LabelsError> {
         let error = |source| LabelsError {
             path: path.to_owned(),
@@ -45,10 +50,12 @@ impl Labels {
         Labels(labels)
     }
 
+    /// How many lines the file had (trailing empty lines left out).
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether there are no labels: class numbers stand in for every one.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

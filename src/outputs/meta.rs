@@ -26,15 +26,21 @@
 //! `videoscale`) keep it; the classification describes the whole picture, so it stays valid
 //! through scaling and colour conversion.
 
+/// The name the custom meta is registered with (`gst_buffer_get_custom_meta`).
 pub const META_NAME: &str = "TrtClassifyMeta";
+/// The name of the meta's structure, which holds a frame's result.
 pub const STRUCTURE_NAME: &str = "trtclassify-classification";
+/// The name of the structures in its `regions` array, one per classified region.
 pub const REGION_STRUCTURE_NAME: &str = "trtclassify-region";
 
 /// One reported class.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClassEntry {
+    /// The class's index among the model's outputs.
     pub class_id: u32,
+    /// Its label from `labels-location`, or its number where there is none.
     pub label: String,
+    /// Its score, after the softmax where one applies.
     pub confidence: f32,
 }
 
@@ -58,6 +64,7 @@ pub struct Classification {
 pub struct RegionResult {
     /// The id of the region's `GstVideoRegionOfInterestMeta`.
     pub id: i32,
+    /// The region's type (the ROI meta's `roi_type`, a detector's label).
     pub roi_type: String,
     /// The region as classified (clipped to the frame): x, y, width, height.
     pub rect: (u32, u32, u32, u32),
@@ -149,6 +156,7 @@ fn copy_fields(src: &gst::StructureRef, dest: &mut gst::StructureRef) {
 }
 
 impl Classification {
+    /// The meta's structure for this result (see the table above).
     pub fn to_structure(&self) -> gst::Structure {
         let (ids, labels, confidences) = class_arrays(&self.classes);
         let mut s = gst::Structure::builder(STRUCTURE_NAME)
@@ -168,6 +176,8 @@ impl Classification {
         s
     }
 
+    /// The result a meta's structure holds; `None` when it is not one (another name, a
+    /// field missing or of another type).
     pub fn from_structure(s: &gst::StructureRef) -> Option<Self> {
         if s.name() != STRUCTURE_NAME {
             return None;

@@ -6,14 +6,18 @@
 #[repr(u32)]
 #[enum_type(name = "GstTrtClassifySoftmax")]
 pub enum Softmax {
+    /// Applied unless the model ends in Softmax/Sigmoid or its first scores already are
+    /// probabilities.
     #[default]
     #[enum_value(
         name = "Auto: apply it unless the model ends in Softmax/Sigmoid or its scores already are probabilities",
         nick = "auto"
     )]
     Auto = 0,
+    /// Always applied.
     #[enum_value(name = "On: always apply it", nick = "on")]
     On = 1,
+    /// Never applied: the scores are reported as they are.
     #[enum_value(name = "Off: report the scores as they are", nick = "off")]
     Off = 2,
 }
@@ -25,6 +29,8 @@ pub fn is_distribution(scores: &[f32]) -> bool {
     scores.iter().all(|s| (0.0..=1.0).contains(s)) && (sum - 1.0).abs() < 1e-3
 }
 
+/// Turns `scores` into probabilities (numerically stable: the maximum is subtracted first);
+/// scores whose maximum is not finite are left as they are.
 pub fn softmax_in_place(scores: &mut [f32]) {
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {

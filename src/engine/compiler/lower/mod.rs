@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: MPL-2.0
+//! IR to plan. Each value gets a memory layout: a permutation saying in which order its
+//! logical (ONNX) axes lie in memory. Convolutions and pooling want NHWC, matrix products and
+//! row operations want the logical order; element-wise steps take any layout through
+//! strides, a transpose only changes the permutation, and a copy is made only where a layout
+//! must change. Buffers are placed in one arena by lifetime (`arena`).
+//!
+//! This file keeps the values, their layouts and the element-wise step everything else is
+//! built from; each kind of operator is lowered in a file of its own: `products` (Conv,
+//! Gemm, MatMul), `pooling` (pools, LRN), `elementwise` (unary, binary, Concat, Pad), `rows`
+//! (Softmax, LayerNorm, ReduceMean) and `views` (Slice, Transpose, Reshape).
+
+mod arena;
+mod elementwise;
+mod pooling;
+mod products;
+mod rows;
+mod views;
+
+use std::collections::HashMap;
+
+use super::CompileError;
+use super::ir::{Act, Graph, Node, Op, Tensor, strides};
+use super::plan::{Cast, DType, Loc, MAX_RANK, Plan, Step, Strided, Weights};
+use arena::{Storage, place, resolve};
+
+/// The memory order of NCHW axes in NHWC.
+const NHWC: [usize; 4] = [0, 2, 3, 1];
+
+#[derive(Debug, Clone)]
+struct Val {
+    loc: Loc,
+    shape: Vec<usize>,
+    /// `perm[j]` is the logical axis at memory position `j` (outermost first).
+    perm: Vec<usize>,
+}
+
+impl Val {
+    /// Element stride of each logical axis.
+    fn strides(&self) -> Vec<usize> {
+        let mut strides = vec![0; self.shape.len()];
+        let mut acc = 1;
+        for &axis in self.perm.iter().rev() {
+            strides[axis] = acc;
+            acc *= self.shape[axis];
+        }
+        strides
+    }
+
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the memory order under `perm` is this value's: axes of size 1 do not count.
+    fn is_laid_out_as(&self, perm: &[usize]) -> bool {
+        let order = |p: &[usize]| -> Vec<usize> {
+            p.iter().copied().filter(|&a| self.shape[a] != 1).collect()
+        };
+        order(&self.perm) == order(perm)
+    }
+}
+
+struct Lowering<'a> {
+    graph: &'a Graph,
+    weights: &'a mut Weights,
+    steps: Vec<Step>,
+    storages: Vec<Storage>,
+    values: HashMap<String, Val>,
+}
+
+fn identity(rank: usize) -> Vec<usize> {
+    (0..rank).collect()
+}
+
+/// Lowers `graph` for its batch size; the constants go to `weights`.
+pub(super) fn lower(
+    graph: &Graph,
+    dtype: DType,
+    weights: &mut Weights,
+) -> Result<Plan, CompileError> {
+    let input_shape = graph.shape(&graph.input).to_vec();
+    let output_shape = graph.shape(&graph.output).to_vec();
+    let batch = input_shape[0];
+    let mut l = Lowering {
+        graph,
+        weights,
+        steps: Vec::new(),
+        storages: Vec::new(),
+        values: HashMap::new(),
+    };
+    // The frames arrive as f32 in the model's logical layout; they are cast once, straight
+    // into NHWC when the model is NCHW.
+    let staged = Val {
+        loc: Loc::Input(0),
+        perm: identity(input_shape.len()),
+        shape: input_shape.clone(),
+    };
+    let perm = if input_shape.len() == 4 {
+        NHWC.to_vec()
+    } else {
+        identity(input_shape.len())
+    };
+    let input = (l.copy(&staged, &perm, Cast::FromF32)).map_err(CompileError::Model)?;
+    l.values.insert(graph.input.clone(), input);
+
+    for node in &graph.nodes {
+        l.node(node).map_err(|problem| CompileError::Node {
+            node: node.name.clone(),
+            op: node.op.name().to_owned(),
+            problem,
+        })?;
+    }
+
+    l.output(&graph.output, output_shape.len())
+        .map_err(CompileError::Model)?;
+
+    let (arena_len, offsets) = place(&l.storages);
+    let steps = l.steps.into_iter().map(|s| resolve(s, &offsets)).collect();
+    Ok(Plan {
+        batch,
+        dtype,
+        arena_len,
+        input_len: input_shape.iter().product(),
+        output_len: output_shape.iter().product(),
+        steps,
+    })
+}
+
+impl Lowering<'_> {
+    /// The scores, cast to f32 in their logical layout into the output buffer.
+    fn output(&mut self, name: &str, rank: usize) -> Result<(), String> {
+        let out = self.get(name)?;
+        let out = self.require(&out, &identity(rank))?;
+        self.ew(
+            None,
+            Act::None,
+            Cast::ToF32,
+            &out.shape,
+            &identity(out.shape.len()),
+            Loc::Output(0),
+            &strides(&out.shape),
+            &[&out],
+        )
+    }
+
+    fn get(&mut self, name: &str) -> Result<Val, String> {
+        if let Some(v) = self.values.get(name) {
+            let v = v.clone();
+            self.touch(v.loc);
+            return Ok(v);
+        }
+        let t = self
+            .graph
+            .consts
+            .get(name)
+            .ok_or_else(|| format!("value `{name}` is not computed"))?;
+        Ok(self.constant(name, t))
+    }
+
+    fn constant(&mut self, name: &str, t: &Tensor) -> Val {
+        let index = self.weights.add(name, &t.data);
+        Val {
+            loc: Loc::Weight { index, offset: 0 },
+            perm: identity(t.shape.len()),
+            shape: t.shape.clone(),
+        }
+    }
+
+    /// Marks a buffer as read by the step about to be added.
+    fn touch(&mut self, loc: Loc) {
+        if let Loc::Temp { id, .. } = loc {
+            self.storages[id].last = self.steps.len();
+        }
+    }
+
+    fn alloc(&mut self, shape: &[usize], perm: Vec<usize>) -> Val {
+        let len = shape.iter().product::<usize>().max(1);
+        let step = self.steps.len();
+        self.storages.push(Storage {
+            len,
+            first: step,
+            last: step,
+        });
+        Val {
+            loc: Loc::Temp {
+                id: self.storages.len() - 1,
+                offset: 0,
+            },
+            shape: shape.to_vec(),
+            perm,
+        }
+    }
+
+    /// `v` laid out as `perm`: itself when it already is, else a copy.
+    fn require(&mut self, v: &Val, perm: &[usize]) -> Result<Val, String> {
+        if v.is_laid_out_as(perm) {
+            return Ok(Val {
+                perm: perm.to_vec(),
+                ..v.clone()
+            });
+        }
+        self.copy(v, perm, Cast::None)
+    }
+
+    fn copy(&mut self, v: &Val, perm: &[usize], cast: Cast) -> Result<Val, String> {
+        let out = self.alloc(&v.shape, perm.to_vec());
+        let out_strides = out.strides();
+        self.ew(
+            None,
+            Act::None,
+            cast,
+            &v.shape,
+            perm,
+            out.loc,
+            &out_strides,
+            &[v],
+        )?;
+        Ok(out)
+    }
+
+    /// Adds an element-wise step over `shape`, iterated in the memory order `order` of the
+    /// output. Inputs broadcast to `shape` by NumPy's rules.
+    #[allow(clippy::too_many_arguments)]
+    fn ew(
+        &mut self,
+        op: Option<super::ir::BinOp>,
+        act: Act,
+        cast: Cast,
+        shape: &[usize],
+        order: &[usize],
+        out: Loc,
+        out_strides: &[usize],
+        inputs: &[&Val],
+    ) -> Result<(), String> {
+        let rank = shape.len();
+        let operand_strides = |v: &Val| -> Vec<i64> {
+            let s = v.strides();
+            let pad = rank - v.shape.len();
+            (0..rank)
+                .map(|a| {
+                    if a < pad || v.shape[a - pad] == 1 {
+                        0
+                    } else {
+                        s[a - pad] as i64
+                    }
+                })
+                .collect()
+        };
+        let mut all: Vec<Vec<i64>> = vec![out_strides.iter().map(|&s| s as i64).collect()];
+        all.extend(inputs.iter().map(|v| operand_strides(v)));
+        let dims: Vec<usize> = order.iter().map(|&a| shape[a]).collect();
+        let all: Vec<Vec<i64>> = all
+            .iter()
+            .map(|s| order.iter().map(|&a| s[a]).collect())
+            .collect();
+        let (dims, all) = merge_dims(dims, all);
+        if dims.len() > MAX_RANK {
+            return Err(format!(
+                "an element-wise operation over {} dimensions ({shape:?}); at most {MAX_RANK} are supported",
+                dims.len()
+            ));
+        }
+        for v in inputs {
+            self.touch(v.loc);
+        }
+        self.touch(out);
+        let strided = |loc, strides: &Vec<i64>| Strided {
+            loc,
+            strides: strides.clone(),
+        };
+        self.steps.push(Step::Ew {
+            op,
+            act,
+            cast,
+            out: strided(out, &all[0]),
+            a: strided(inputs[0].loc, &all[1]),
+            b: inputs.get(1).map(|v| strided(v.loc, &all[2])),
+            dims,
+        });
+        Ok(())
+    }
+
+    fn push(&mut self, step: Step, reads: &[Loc]) {
+        for &loc in reads {
+            self.touch(loc);
+        }
+        self.steps.push(step);
+    }
+
+    /// Lowers one node: a short dispatch to the files that lower each kind of operator.
+    fn node(&mut self, node: &Node) -> Result<(), String> {
+        let shape = self.graph.shape(&node.output).to_vec();
+        let out = match &node.op {
+            Op::Conv(c) => self.conv(node, c, &shape)?,
+            Op::Gemm { act } => self.gemm(node, *act, &shape)?,
+            Op::MatMul { alpha } => self.matmul(node, *alpha, &shape)?,
+            Op::Pool(p) => self.pool(node, p, &shape)?,
+            Op::GlobalAvgPool => self.global_avg_pool(node, &shape)?,
+            Op::Lrn {
+                size,
+                alpha,
+                beta,
+                bias,
+            } => self.lrn(node, *size, [*alpha, *beta, *bias], &shape)?,
+            Op::Unary(act) => self.unary(node, *act, &shape)?,
+            Op::Binary { op, act } => self.binary(node, *op, *act, &shape)?,
+            Op::Softmax { axis } => self.softmax(node, *axis, &shape)?,
+            Op::LayerNorm { axis, epsilon } => self.layer_norm(node, *axis, *epsilon, &shape)?,
+            Op::ReduceMean { axes } => self.reduce_mean(node, axes, &shape)?,
+            Op::Concat { axis } => self.concat(node, *axis, &shape)?,
+            Op::Pad { pads, value } => self.pad(node, pads, *value, &shape)?,
+            Op::Slice {
+                axis, start, step, ..
+            } => self.slice(node, *axis, *start, *step, &shape)?,
+            Op::Transpose { perm } => self.transpose(node, perm, &shape)?,
+            Op::Reshape => self.reshape(node, &shape)?,
+            Op::BatchNorm { .. } => {
+                return Err("a batch norm left after the passes".into());
+            }
+        };
+        self.define(node, out)
+    }
+
+    fn define(&mut self, node: &Node, value: Val) -> Result<(), String> {
+        self.values.insert(node.output.clone(), value);
+        Ok(())
+    }
+}
+
+fn dims4(shape: &[usize]) -> [usize; 4] {
+    shape.try_into().expect("a 4-D tensor")
+}
+
+/// Drops dimensions of 1 and merges neighbours that are contiguous for every operand, so
+/// that a plain element-wise step iterates over one dimension.
+fn merge_dims(dims: Vec<usize>, strides: Vec<Vec<i64>>) -> (Vec<usize>, Vec<Vec<i64>>) {
+    let keep: Vec<usize> = (0..dims.len()).filter(|&j| dims[j] != 1).collect();
+    let mut out_dims: Vec<usize> = Vec::new();
+    let mut out_strides: Vec<Vec<i64>> = vec![Vec::new(); strides.len()];
+    for &j in &keep {
+        let mergeable = !out_dims.is_empty()
+            && strides
+                .iter()
+                .zip(&out_strides)
+                .all(|(s, o)| *o.last().expect("same length") == s[j] * dims[j] as i64);
+        if mergeable {
+            *out_dims.last_mut().expect("not empty") *= dims[j];
+            for (s, o) in strides.iter().zip(&mut out_strides) {
+                *o.last_mut().expect("not empty") = s[j];
+            }
+        } else {
+            out_dims.push(dims[j]);
+            for (s, o) in strides.iter().zip(&mut out_strides) {
+                o.push(s[j]);
+            }
+        }
+    }
+    if out_dims.is_empty() {
+        return (vec![1], vec![vec![0]; strides.len()]);
+    }
+    (out_dims, out_strides)
+}

@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Convolutions and matrix products: cuDNN convolutions, and cuBLASLt products (Gemm,
+//! MatMul, and 1×1 convolutions over NHWC) with their epilogues.
+
+use super::{Lowering, NHWC, Val, dims4, identity};
+use crate::engine::compiler::ir::{Act, Conv2d, Node, Tensor};
+use crate::engine::compiler::plan::{Cast, ConvStep, Loc, Step};
+
+impl Lowering<'_> {
+    pub(super) fn conv(&mut self, node: &Node, c: &Conv2d, shape: &[usize]) -> Result<Val, String> {
+        let x = self.get(&node.inputs[0])?;
+        let mut x = self.require(&x, &NHWC)?;
+        let [n, ci, mut h, mut w] = dims4(&x.shape);
+        let [top, left, bottom, right] = c.pads;
+        let mut pads = [top, left];
+        if top != bottom || left != right {
+            // cuDNN pads symmetrically: pad explicitly into a zeroed buffer.
+            let padded_shape = vec![n, ci, h + top + bottom, w + left + right];
+            let padded = self.alloc(&padded_shape, NHWC.to_vec());
+            self.push(
+                Step::Zero {
+                    loc: padded.loc,
+                    len: padded.len(),
+                },
+                &[padded.loc],
+            );
+            let ps = padded.strides();
+            let interior = padded.loc.offset(top * ps[2] + left * ps[3]);
+            self.ew(
+                None,
+                Act::None,
+                Cast::None,
+                &x.shape,
+                &NHWC,
+                interior,
+                &ps,
+                &[&x],
+            )?;
+            (h, w, pads) = (padded_shape[2], padded_shape[3], [0, 0]);
+            x = Val {
+                loc: padded.loc,
+                shape: padded_shape,
+                perm: NHWC.to_vec(),
+            };
+        }
+        let krsc = to_krsc(&self.graph.consts[&node.inputs[1]]);
+        let bias = self.get(&node.inputs[2])?;
+        let residual = match node.inputs.get(3) {
+            Some(z) => {
+                let z = self.get(z)?;
+                Some(self.require(&z, &NHWC)?)
+            }
+            None => None,
+        };
+        let y = self.alloc(shape, NHWC.to_vec());
+        let reads: Vec<Loc> = [x.loc, y.loc]
+            .into_iter()
+            .chain(residual.as_ref().map(|z| z.loc))
+            .collect();
+        // A 1×1 convolution over NHWC is a matrix product [pixels, c] · [c, k]: run by
+        // cuBLASLt, whose tensor-core kernels are much faster at small batches than cuDNN's
+        // convolutions of that shape.
+        let pointwise = c.kernel == [1, 1] && c.strides == [1, 1] && pads == [0, 0];
+        if pointwise && c.group == 1 {
+            let [k, _, _, _] = dims4(&krsc.shape);
+            let ck = transpose2(&krsc.data, k, ci);
+            let weight = self.constant(&format!("{}.ck", node.inputs[1]), &ck);
+            self.push(
+                Step::Gemm {
+                    batch: 1,
+                    alpha: 1.0,
+                    rows: n * h * w,
+                    n: k,
+                    k: ci,
+                    x: x.loc,
+                    w: weight.loc,
+                    bias: Some(bias.loc),
+                    residual: residual.map(|z| z.loc),
+                    relu: c.act == Act::Relu,
+                    y: y.loc,
+                },
+                &reads,
+            );
+            self.gemm_activation(c.act, &y)?;
+            return Ok(y);
+        }
+        let weight = self.constant(&format!("{}.krsc", node.inputs[1]), &krsc);
+        let [_, k, oh, ow] = dims4(shape);
+        self.push(
+            Step::Conv(ConvStep {
+                n,
+                c: ci,
+                h,
+                w,
+                k,
+                oh,
+                ow,
+                kernel: c.kernel,
+                pads,
+                strides: c.strides,
+                dilations: c.dilations,
+                group: c.group,
+                act: c.act,
+                x: x.loc,
+                weight: weight.loc,
+                bias: bias.loc,
+                residual: residual.map(|z| z.loc),
+                y: y.loc,
+                algo: None,
+            }),
+            &reads,
+        );
+        Ok(y)
+    }
+
+    pub(super) fn gemm(&mut self, node: &Node, act: Act, shape: &[usize]) -> Result<Val, String> {
+        let x = self.get(&node.inputs[0])?;
+        let x = self.require(&x, &identity(x.shape.len()))?;
+        let w = self.get(&node.inputs[1])?;
+        let bias = match node.inputs.get(2) {
+            Some(b) => Some(self.get(b)?.loc),
+            None => None,
+        };
+        let y = self.alloc(shape, identity(shape.len()));
+        let (k, n) = (w.shape[0], w.shape[1]);
+        let relu = act == Act::Relu;
+        self.push(
+            Step::Gemm {
+                batch: 1,
+                alpha: 1.0,
+                rows: x.len() / k,
+                n,
+                k,
+                x: x.loc,
+                w: w.loc,
+                bias,
+                residual: None,
+                relu,
+                y: y.loc,
+            },
+            &[x.loc, y.loc],
+        );
+        self.gemm_activation(act, &y)?;
+        Ok(y)
+    }
+
+    /// Batched products of two computed tensors, one per leading index.
+    pub(super) fn matmul(
+        &mut self,
+        node: &Node,
+        alpha: f32,
+        shape: &[usize],
+    ) -> Result<Val, String> {
+        let rank = shape.len();
+        let a = self.get(&node.inputs[0])?;
+        let a = self.require(&a, &identity(rank))?;
+        let b = self.get(&node.inputs[1])?;
+        let b = self.require(&b, &identity(rank))?;
+        let (m, k, n) = (a.shape[rank - 2], a.shape[rank - 1], b.shape[rank - 1]);
+        let y = self.alloc(shape, identity(rank));
+        self.push(
+            Step::Gemm {
+                batch: shape[..rank - 2].iter().product(),
+                alpha,
+                rows: m,
+                n,
+                k,
+                x: a.loc,
+                w: b.loc,
+                bias: None,
+                residual: None,
+                relu: false,
+                y: y.loc,
+            },
+            &[a.loc, b.loc, y.loc],
+        );
+        Ok(y)
+    }
+
+    /// The activation a matrix product's epilogue cannot apply (anything but ReLU), as an
+    /// element-wise pass over its output `y`, in place.
+    fn gemm_activation(&mut self, act: Act, y: &Val) -> Result<(), String> {
+        if matches!(act, Act::None | Act::Relu) {
+            return Ok(());
+        }
+        let strides = y.strides();
+        self.ew(
+            None,
+            act,
+            Cast::None,
+            &y.shape,
+            &y.perm,
+            y.loc,
+            &strides,
+            &[y],
+        )
+    }
+}
+
+/// A row-major `rows × cols` matrix transposed.
+fn transpose2(data: &[f32], rows: usize, cols: usize) -> Tensor {
+    let mut t = vec![0.0; data.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = data[r * cols + c];
+        }
+    }
+    Tensor::new(vec![cols, rows], t)
+}
+
+/// ONNX's KCRS weights to cuDNN's NHWC filter layout, KRSC.
+fn to_krsc(w: &Tensor) -> Tensor {
+    let [k, c, r, s] = dims4(&w.shape);
+    let mut data = vec![0.0; w.len()];
+    for kk in 0..k {
+        for cc in 0..c {
+            for rr in 0..r {
+                for ss in 0..s {
+                    data[((kk * r + rr) * s + ss) * c + cc] =
+                        w.data[((kk * c + cc) * r + rr) * s + ss];
+                }
+            }
+        }
+    }
+    Tensor::new(vec![k, r, s, c], data)
+}

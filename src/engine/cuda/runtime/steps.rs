@@ -1,0 +1,500 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Launching the steps of a plan on the stream: one function per kind of step.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::result as ltr;
+use cudarc::cudnn::sys as dnn;
+use cudarc::driver::{CudaFunction, LaunchArgs, LaunchConfig, PushKernelArg};
+
+use super::cublaslt::GemmDescs;
+use super::cudnn::{self, ConvDescs};
+use super::kernels::{block_rows, grid, warp_rows};
+use super::{Prepared, Runtime};
+use crate::engine::compiler::plan::{Cast, ConvStep, Loc, Step, Strided, Tuned};
+use crate::engine::cuda::abi::{EwParams, PoolParams, WARP_ROW_MAX, act_params};
+use crate::engine::cuda::error::{Error, Result};
+
+/// Launches a kernel whose arguments `args` holds.
+fn launch(mut args: LaunchArgs, cfg: LaunchConfig) -> Result<()> {
+    // SAFETY: argument types match the kernel's signature (kernels.cu).
+    unsafe { args.launch(cfg) }
+        .map(drop)
+        .map_err(Error::driver("kernel launch"))
+}
+
+impl Runtime {
+    /// Enqueues every step of plan `i` on the stream.
+    pub(super) fn enqueue(&self, i: usize) -> Result<()> {
+        let bp = &self.plans[i];
+        for (step, prepared) in bp.plan.steps.iter().zip(&bp.prepared) {
+            self.step(step, prepared)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues `step`, with the descriptors `prepared` for it.
+    pub(super) fn step(&self, step: &Step, prepared: &Prepared) -> Result<()> {
+        match (step, prepared) {
+            (
+                Step::Ew {
+                    op,
+                    act,
+                    cast,
+                    dims,
+                    out,
+                    a,
+                    b,
+                },
+                _,
+            ) => {
+                let p = EwParams::new(*op, *act, self.dtype, dims, out, a, b.as_ref());
+                self.elementwise(&p, *cast, dims, out, a, b.as_ref())
+            }
+            (Step::Zero { loc, len }, _) => self.zero(*loc, *len),
+            (Step::Conv(c), Prepared::Conv(d)) => {
+                let tuned = c.algo.ok_or(Error::Plan("an untuned convolution"))?;
+                self.conv(c, d, &tuned)
+            }
+            (
+                Step::Gemm {
+                    alpha,
+                    x,
+                    w,
+                    residual,
+                    y,
+                    ..
+                },
+                Prepared::Gemm(g),
+            ) => self.gemm(g, *alpha, *x, *w, *residual, *y),
+            (Step::Pool { .. }, _) => self.pool(step),
+            (Step::GlobalAvgPool { n, hw, c, x, y }, _) => {
+                self.global_avg_pool(*n, *hw, *c, *x, *y)
+            }
+            (Step::Softmax { rows, len, x, y }, _) => self.softmax(*rows, *len, *x, *y),
+            (Step::RowMean { rows, len, x, y }, _) => self.row_mean(*rows, *len, *x, *y),
+            (Step::LayerNorm { .. }, _) => self.layer_norm(step),
+            (Step::Lrn { .. }, _) => self.lrn(step),
+            _ => Err(Error::Plan("a step without its prepared descriptors")),
+        }
+    }
+
+    /// The threads of a grid-stride launch over `n` elements.
+    fn launch_cfg(&self, n: usize) -> LaunchConfig {
+        grid(self.sm_count, n)
+    }
+
+    /// `out = act(op(a, b))`: 16 bytes a thread where the operands allow it.
+    fn elementwise(
+        &self,
+        p: &EwParams,
+        cast: Cast,
+        dims: &[usize],
+        out: &Strided,
+        a: &Strided,
+        b: Option<&Strided>,
+    ) -> Result<()> {
+        let (o, x, y) = (
+            self.ptr(out.loc),
+            self.ptr(a.loc),
+            b.map_or(0, |b| self.ptr(b.loc)),
+        );
+        let vec = 16 / self.dtype.size();
+        let vectorised = cast == Cast::None
+            && vectorisable(
+                dims,
+                vec,
+                &[(&out.strides, o), (&a.strides, x)],
+                b.map(|b| (&b.strides[..], y)),
+            );
+        let (func, threads) = match cast {
+            Cast::None if vectorised => (&self.kernels.ew_vec, p.n as usize / vec),
+            Cast::None => (&self.kernels.ew, p.n as usize),
+            Cast::FromF32 => (&self.kernels.ew_from_f32, p.n as usize),
+            Cast::ToF32 => (&self.kernels.ew_to_f32, p.n as usize),
+        };
+        let mut l = self.stream.launch_builder(func);
+        l.arg(p).arg(&o).arg(&x).arg(&y);
+        launch(l, self.launch_cfg(threads))
+    }
+
+    /// Sets `len` elements at `loc` to zero.
+    fn zero(&self, loc: Loc, len: usize) -> Result<()> {
+        // SAFETY: a live region of the arena.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                self.ptr(loc),
+                0,
+                len * self.dtype.size(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(Error::driver("memset"))
+    }
+
+    /// The convolution `c` as `tuned` says: cuDNN's fused call, or cuDNN's convolution then
+    /// our bias + activation (+ residual) kernel.
+    pub(super) fn conv(&self, c: &ConvStep, d: &ConvDescs, tuned: &Tuned) -> Result<()> {
+        let (one, zero) = (1.0f32, 0.0f32);
+        let ws = self.ptr_u8(&self.workspace) as *mut c_void;
+        let (x, w, y) = (
+            self.ptr(c.x) as *const c_void,
+            self.ptr(c.weight) as *const c_void,
+            self.ptr(c.y) as *mut c_void,
+        );
+        let algo = cudnn::algo_from(tuned.algo);
+        d.set_math(cudnn::math_from(tuned.math), "math type")?;
+        // SAFETY: live device buffers of the sizes the descriptors state.
+        unsafe {
+            if tuned.fused {
+                let (z, alpha2) = match c.residual {
+                    Some(z) => (self.ptr(z) as *const c_void, 1.0f32),
+                    None => (y as *const c_void, 0.0f32),
+                };
+                return cudnn::check(
+                    dnn::cudnnConvolutionBiasActivationForward(
+                        self.cudnn.raw(),
+                        &one as *const f32 as *const c_void,
+                        d.x.raw(),
+                        x,
+                        d.w.raw(),
+                        w,
+                        d.conv.raw(),
+                        algo,
+                        ws,
+                        tuned.workspace,
+                        &alpha2 as *const f32 as *const c_void,
+                        d.y.raw(),
+                        z,
+                        d.bias.raw(),
+                        self.ptr(c.bias) as *const c_void,
+                        d.act.raw(),
+                        d.y.raw(),
+                        y,
+                    ),
+                    "fused convolution",
+                );
+            }
+            cudnn::check(
+                dnn::cudnnConvolutionForward(
+                    self.cudnn.raw(),
+                    &one as *const f32 as *const c_void,
+                    d.x.raw(),
+                    x,
+                    d.w.raw(),
+                    w,
+                    d.conv.raw(),
+                    algo,
+                    ws,
+                    tuned.workspace,
+                    &zero as *const f32 as *const c_void,
+                    d.y.raw(),
+                    y,
+                ),
+                "convolution",
+            )?;
+        }
+        self.bias_act(c)
+    }
+
+    /// The bias, activation and residual of the convolution `c`, after cuDNN's unfused call.
+    fn bias_act(&self, c: &ConvStep) -> Result<()> {
+        let n = c.n * c.k * c.oh * c.ow;
+        let (id, p0, p1) = act_params(c.act, self.dtype);
+        let z = c.residual.map_or(0u64, |z| self.ptr(z));
+        let (y, bias) = (self.ptr(c.y), self.ptr(c.bias));
+        let (len, channels) = (n as i64, c.k as i32);
+        let vec = 16 / self.dtype.size();
+        let (func, threads) =
+            match c.k.is_multiple_of(vec) && [y, bias, z].iter().all(|p| p.is_multiple_of(16)) {
+                true => (&self.kernels.bias_act_vec, n / vec),
+                false => (&self.kernels.bias_act, n),
+            };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&y).arg(&bias).arg(&z).arg(&len).arg(&channels);
+        b.arg(&id).arg(&p0).arg(&p1);
+        launch(b, self.launch_cfg(threads))
+    }
+
+    /// `y = alpha·w·x (+ residual)`, bias and ReLU in cuBLASLt's epilogue (`g`).
+    fn gemm(
+        &self,
+        g: &GemmDescs,
+        alpha: f32,
+        x: Loc,
+        w: Loc,
+        residual: Option<Loc>,
+        y: Loc,
+    ) -> Result<()> {
+        // A residual comes in as C: d = alpha·a·b + 1·c (+ bias, ReLU in the epilogue).
+        let beta = if residual.is_some() { 1.0f32 } else { 0.0 };
+        let (a, b, d) = (self.ptr(w), self.ptr(x), self.ptr(y));
+        let c = residual.map_or(d, |z| self.ptr(z));
+        // SAFETY: live device buffers of the sizes the layouts state.
+        let r = unsafe {
+            ltr::matmul(
+                self.cublaslt.raw(),
+                g.desc.raw(),
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                a as *const c_void,
+                g.a.raw(),
+                b as *const c_void,
+                g.b.raw(),
+                c as *const c_void,
+                g.c.raw(),
+                d as *mut c_void,
+                g.c.raw(),
+                &g.algo,
+                self.ptr_u8(&self.lt_workspace) as *mut c_void,
+                self.lt_workspace.len(),
+                self.stream.cu_stream() as *mut _,
+            )
+        };
+        r.map_err(Error::cublas("matmul"))
+    }
+
+    /// Max or average pooling, NHWC: 16 bytes a thread where the channels allow it.
+    fn pool(&self, step: &Step) -> Result<()> {
+        let &Step::Pool {
+            n,
+            h,
+            w,
+            c,
+            oh,
+            ow,
+            kernel,
+            strides,
+            pads,
+            max,
+            count_include_pad,
+            x,
+            y,
+        } = step
+        else {
+            unreachable!("dispatched by `step`")
+        };
+        let v = [
+            n,
+            h,
+            w,
+            c,
+            oh,
+            ow,
+            kernel[0],
+            kernel[1],
+            strides[0],
+            strides[1],
+            pads[0],
+            pads[1],
+            pads[2],
+            pads[3],
+            usize::from(max),
+            usize::from(count_include_pad),
+        ];
+        let p = PoolParams {
+            v: v.map(|x| x as i32),
+        };
+        let (xp, yp) = (self.ptr(x), self.ptr(y));
+        let vec = 16 / self.dtype.size();
+        let outputs = n * oh * ow * c;
+        let (func, threads) =
+            match c.is_multiple_of(vec) && xp.is_multiple_of(16) && yp.is_multiple_of(16) {
+                true => (&self.kernels.pool_vec, outputs / vec),
+                false => (&self.kernels.pool, outputs),
+            };
+        let mut l = self.stream.launch_builder(func);
+        l.arg(&p).arg(&xp).arg(&yp);
+        launch(l, self.launch_cfg(threads))
+    }
+
+    /// The mean over `hw` pixels of each of `n` images' `c` channels, NHWC.
+    fn global_avg_pool(&self, n: usize, hw: usize, c: usize, x: Loc, y: Loc) -> Result<()> {
+        let (xp, yp) = (self.ptr(x), self.ptr(y));
+        let (ni, hwi, ci) = (n as i32, hw as i32, c as i32);
+        let mut l = self.stream.launch_builder(&self.kernels.global_avg);
+        l.arg(&xp).arg(&yp).arg(&ni).arg(&hwi).arg(&ci);
+        let cfg = LaunchConfig {
+            grid_dim: ((n * c.div_ceil(32)) as u32, 1, 1),
+            block_dim: (32, 32, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(l, cfg)
+    }
+
+    /// Softmax along rows of `len`: a warp a row where it fits in registers, else a block.
+    fn softmax(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
+        if len <= WARP_ROW_MAX {
+            let (xp, yp) = (self.ptr(x), self.ptr(y));
+            let (rowsi, leni) = (rows as i32, len as i32);
+            let mut l = self.stream.launch_builder(&self.kernels.softmax_warp);
+            l.arg(&xp).arg(&yp).arg(&rowsi).arg(&leni);
+            return launch(l, warp_rows(rows));
+        }
+        self.block_per_row(&self.kernels.softmax, rows, len, x, y)
+    }
+
+    /// The mean of each row of `len`.
+    fn row_mean(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
+        self.block_per_row(&self.kernels.mean, rows, len, x, y)
+    }
+
+    /// A kernel `func(x, y, len)` that takes a block per row.
+    fn block_per_row(
+        &self,
+        func: &CudaFunction,
+        rows: usize,
+        len: usize,
+        x: Loc,
+        y: Loc,
+    ) -> Result<()> {
+        let (xp, yp, leni) = (self.ptr(x), self.ptr(y), len as i32);
+        let mut l = self.stream.launch_builder(func);
+        l.arg(&xp).arg(&yp).arg(&leni);
+        launch(l, block_rows(rows))
+    }
+
+    /// Layer normalisation along rows: a warp a row where it fits in registers, else a block.
+    fn layer_norm(&self, step: &Step) -> Result<()> {
+        let Step::LayerNorm {
+            rows,
+            len,
+            epsilon,
+            x,
+            scale,
+            bias,
+            y,
+        } = step
+        else {
+            unreachable!("dispatched by `step`")
+        };
+        let (xp, yp, sp) = (self.ptr(*x), self.ptr(*y), self.ptr(*scale));
+        let bp = bias.map_or(0, |b| self.ptr(b));
+        let (rowsi, leni) = (*rows as i32, *len as i32);
+        if *len <= WARP_ROW_MAX {
+            let mut l = self.stream.launch_builder(&self.kernels.layernorm_warp);
+            l.arg(&xp)
+                .arg(&yp)
+                .arg(&sp)
+                .arg(&bp)
+                .arg(&rowsi)
+                .arg(&leni)
+                .arg(epsilon);
+            return launch(l, warp_rows(*rows));
+        }
+        let mut l = self.stream.launch_builder(&self.kernels.layernorm);
+        l.arg(&xp)
+            .arg(&yp)
+            .arg(&sp)
+            .arg(&bp)
+            .arg(&leni)
+            .arg(epsilon);
+        launch(l, block_rows(*rows))
+    }
+
+    /// Local response normalisation across the channels of an NHWC tensor.
+    fn lrn(&self, step: &Step) -> Result<()> {
+        let Step::Lrn {
+            pixels,
+            c,
+            size,
+            alpha,
+            beta,
+            bias,
+            x,
+            y,
+        } = step
+        else {
+            unreachable!("dispatched by `step`")
+        };
+        let (xp, yp) = (self.ptr(*x), self.ptr(*y));
+        let (pi, ci, si) = (*pixels as i64, *c as i32, *size as i32);
+        let mut l = self.stream.launch_builder(&self.kernels.lrn);
+        l.arg(&xp).arg(&yp).arg(&pi).arg(&ci).arg(&si);
+        l.arg(alpha).arg(beta).arg(bias);
+        launch(l, self.launch_cfg(pixels * c))
+    }
+}
+
+/// Whether the `ew_vec` kernel can run an element-wise step over `dims`: `vec` elements
+/// (16 bytes) per thread along the last dimension, which must be a multiple of `vec`,
+/// contiguous and 16-byte aligned in each operand (strides, device address), except that
+/// `b` may instead be constant along it.
+fn vectorisable(
+    dims: &[usize],
+    vec: usize,
+    operands: &[(&[i64], u64)],
+    b: Option<(&[i64], u64)>,
+) -> bool {
+    let Some(&last) = dims.last() else {
+        return false;
+    };
+    let aligned = |(strides, ptr): (&[i64], u64)| {
+        matches!(strides.split_last(), Some((1, outer))
+            if ptr.is_multiple_of(16) && outer.iter().all(|s| s % vec as i64 == 0))
+    };
+    last.is_multiple_of(vec)
+        && operands.iter().all(|&o| aligned(o))
+        && b.is_none_or(|b| b.0.last() == Some(&0) || aligned(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vectorisable;
+
+    #[test]
+    fn vector_kernel_needs_a_contiguous_aligned_last_dimension() {
+        // SiLU over a whole tensor, fp16 (8 elements in 16 bytes).
+        let flat: &[i64] = &[1];
+        assert!(vectorisable(
+            &[77_070_336],
+            8,
+            &[(flat, 256), (flat, 512)],
+            None
+        ));
+        assert!(!vectorisable(
+            &[77_070_335],
+            8,
+            &[(flat, 256), (flat, 512)],
+            None
+        ));
+        assert!(!vectorisable(&[64], 8, &[(flat, 256), (flat, 514)], None));
+        // A squeeze-excitation scale: [n, hw, c] times [n, 1, c].
+        let x: &[i64] = &[3136 * 144, 144, 1];
+        let se: &[i64] = &[144, 0, 1];
+        assert!(vectorisable(
+            &[64, 3136, 144],
+            8,
+            &[(x, 0), (x, 4096)],
+            Some((se, 32))
+        ));
+        // 20 channels: rows of 20 halves start off 16-byte boundaries.
+        let odd: &[i64] = &[3136 * 20, 20, 1];
+        assert!(!vectorisable(
+            &[64, 3136, 16],
+            8,
+            &[(odd, 0), (odd, 0)],
+            None
+        ));
+        // b constant along the last dimension (one value per row): read as a scalar.
+        let row: &[i64] = &[1, 0];
+        let m: &[i64] = &[16, 1];
+        assert!(vectorisable(&[4, 16], 8, &[(m, 0), (m, 0)], Some((row, 2))));
+        // b strided along the last dimension, or a transposed operand: scalar kernel.
+        assert!(!vectorisable(
+            &[4, 16],
+            8,
+            &[(m, 0), (m, 0)],
+            Some((&[1, 4], 0))
+        ));
+        assert!(!vectorisable(&[16, 16], 8, &[(m, 0), (&[1, 16], 0)], None));
+        // fp32: 4 elements.
+        assert!(vectorisable(
+            &[4, 12],
+            4,
+            &[(&[12, 1], 0), (&[12, 1], 16)],
+            None
+        ));
+        assert!(!vectorisable(&[], 8, &[], None));
+    }
+}

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The embedded CPU backend, pure Rust, nothing to install: the plan the CUDA engine is
-//! built from, run by our own kernels on the `gemm` crate (`plan_runner`), for every model
-//! its importer takes; tract (`tract`) for the others.
+//! The embedded CPU backend, pure Rust, nothing to install: the model compiler's plan (the
+//! one the CUDA engine runs too, here in fp32), run by our own kernels on the `gemm` crate
+//! (`plan_runner`), for every model the compiler takes; tract (`tract`) for the others.
 
 mod kernels;
 mod plan_runner;
@@ -147,7 +147,8 @@ impl CpuEngine {
         })
     }
 
-    fn run_call(&self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// The scores of the `n` frames of `input` (at most one model batch), one vector each.
+    fn score_frames(&self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
         let scores = self.runner.run(input, n)?;
         Ok(scores
             .chunks(self.info.num_classes)
@@ -176,7 +177,7 @@ impl Engine for CpuEngine {
     fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
         super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
-            self.run_call(chunk, frames)
+            self.score_frames(chunk, frames)
         })
     }
 
@@ -200,7 +201,7 @@ impl Engine for CpuEngine {
                 return Err(e.into());
             }
             if n + now.len() == batch {
-                self.run_input()?;
+                self.score_pushed_frames()?;
             }
             crops = rest;
         }
@@ -208,7 +209,7 @@ impl Engine for CpuEngine {
     }
 
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-        let last = self.run_input();
+        let last = self.score_pushed_frames();
         self.ran.take(last)
     }
 
@@ -220,12 +221,12 @@ impl Engine for CpuEngine {
 
 impl CpuEngine {
     /// Runs the pushed frames waiting in `input` (at most one model batch) into `ran`.
-    fn run_input(&mut self) -> Result<(), EngineError> {
+    fn score_pushed_frames(&mut self) -> Result<(), EngineError> {
         let n = self.input.len() / self.info.input.frame_len();
         if n == 0 {
             return Ok(());
         }
-        let scores = self.run_call(&self.input, n);
+        let scores = self.score_frames(&self.input, n);
         self.input.clear();
         self.ran.keep(scores)
     }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The CPU kernels against `cuda::sim`, the plain step-by-step run of a plan that the lowering
+//! The CPU kernels against `compiler::sim`, the plain step-by-step run of a plan that the lowering
 //! tests trust: random convolutions (depthwise with channel counts off the vector width,
 //! grouped, strided, dilated, padded, with residuals and every fused activation), pooling,
 //! and element-wise steps with broadcast and transposed operands, on one and on two threads.

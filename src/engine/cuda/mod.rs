@@ -311,7 +311,7 @@ impl CudaEngine {
     }
 
     /// Runs the frames pushed into the runtime's input into `ran`.
-    fn run_input(&mut self) -> Result<(), EngineError> {
+    fn score_pushed_frames(&mut self) -> Result<(), EngineError> {
         let n = std::mem::take(&mut self.pushed);
         if n == 0 {
             return Ok(());
@@ -370,7 +370,7 @@ impl Engine for CudaEngine {
             self.pushed += now;
             done += now;
             if self.pushed == batch {
-                self.run_input()?;
+                self.score_pushed_frames()?;
             }
         }
         Ok(())
@@ -423,14 +423,14 @@ impl Engine for CudaEngine {
                 .map_err(inference)?;
             self.pushed += 1;
             if self.pushed == self.info.model_batch {
-                self.run_input()?;
+                self.score_pushed_frames()?;
             }
         }
         Ok(())
     }
 
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-        let last = self.run_input();
+        let last = self.score_pushed_frames();
         self.ran.take(last)
     }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The steps of a plan (`cuda::plan`, lowered in f32) run on the CPU: matrix products and
+//! The steps of a plan (`compiler::plan`, lowered in f32) run on the CPU: matrix products and
 //! convolutions through the `gemm` crate, which picks AVX2/AVX-512/NEON kernels at run time,
 //! and the rest (depthwise convolution, pooling, element-wise steps) as loops over NHWC
 //! channels that the compiler vectorises.

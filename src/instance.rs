@@ -31,7 +31,9 @@ use crate::preprocess::Crop;
 pub struct InstanceKey {
     /// The elements' `model-instance-id`.
     pub id: String,
+    /// The elements' `backend` property as set, `Auto` unresolved.
     pub backend: Backend,
+    /// The model and everything else the engine is built from.
     pub options: EngineOptions,
 }
 

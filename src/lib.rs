@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
+#![warn(missing_docs)]
 #![allow(clippy::non_send_fields_in_send_ty, unused_doc_comments)]
 
 //! `trtclassify`: a GStreamer element that classifies video frames with an ONNX image
@@ -40,14 +41,26 @@ fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     Ok(())
 }
 
-gst::plugin_define!(
-    trtclassify,
-    env!("CARGO_PKG_DESCRIPTION"),
-    plugin_init,
-    concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
-    "MPL",
-    env!("CARGO_PKG_NAME"),
-    env!("CARGO_PKG_NAME"),
-    env!("CARGO_PKG_REPOSITORY"),
-    env!("BUILD_REL_DATE")
-);
+// `plugin_define!` generates a public module, struct and entry points that take no docs, and a
+// lint attribute on a macro invocation is ignored: so it expands in a private module that allows
+// `missing_docs`, and the one entry point applications call is re-exported. The C entry points
+// are `#[no_mangle]`, so the cdylib exports them from any module.
+#[allow(missing_docs)]
+mod plugin {
+    use super::plugin_init;
+
+    gst::plugin_define!(
+        trtclassify,
+        env!("CARGO_PKG_DESCRIPTION"),
+        plugin_init,
+        concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
+        "MPL",
+        env!("CARGO_PKG_NAME"),
+        env!("CARGO_PKG_NAME"),
+        env!("CARGO_PKG_REPOSITORY"),
+        env!("BUILD_REL_DATE")
+    );
+}
+/// Registers the plugin's elements with GStreamer without loading a shared library: for tests
+/// and applications that link the crate.
+pub use plugin::plugin_register_static;

@@ -16,17 +16,20 @@ use gst_video::prelude::*;
 #[repr(u32)]
 #[enum_type(name = "GstTrtClassifyResizeMode")]
 pub enum ResizeMode {
+    /// Scales the frame to the input size, ignoring its aspect ratio.
     #[default]
     #[enum_value(
         name = "Stretch: scale to the input size, ignoring the aspect ratio",
         nick = "stretch"
     )]
     Stretch = 0,
+    /// Keeps the aspect ratio and fills the rest with the mean colour, which normalises to about 0.
     #[enum_value(
         name = "Letterbox: keep the aspect ratio, pad the rest with the mean colour",
         nick = "letterbox"
     )]
     Letterbox = 1,
+    /// Keeps the aspect ratio and cuts the middle of the frame to the input's proportions.
     #[enum_value(
         name = "Center crop: keep the aspect ratio, crop the middle of the frame",
         nick = "center-crop"
@@ -39,9 +42,11 @@ pub enum ResizeMode {
 #[repr(u32)]
 #[enum_type(name = "GstTrtClassifyChannelOrder")]
 pub enum ChannelOrder {
+    /// Red, green, blue along the channel axis.
     #[default]
     #[enum_value(name = "RGB", nick = "rgb")]
     Rgb = 0,
+    /// Blue, green, red along the channel axis.
     #[enum_value(name = "BGR", nick = "bgr")]
     Bgr = 1,
 }
@@ -49,16 +54,22 @@ pub enum ChannelOrder {
 /// Memory layout of the model's image input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
+    /// Planar: `[batch, channels, height, width]`.
     Nchw,
+    /// Interleaved: `[batch, height, width, channels]`.
     Nhwc,
 }
 
 /// The model's image input, batch axis left out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InputSpec {
+    /// Where the channel axis is.
     pub layout: Layout,
+    /// Colour channels: 1 (grey) or 3.
     pub channels: usize,
+    /// Height in pixels.
     pub height: usize,
+    /// Width in pixels.
     pub width: usize,
 }
 
@@ -85,14 +96,18 @@ impl InputSpec {
     }
 }
 
+/// How frames become model input: `(pixel × scale − mean[c]) / std[c]` after the fit to size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PreprocessOptions {
+    /// Multiplies the 0..=255 pixel values before `mean` and `std`: 1/255 maps them to 0..=1.
     pub scale: f32,
     /// One value, or one per channel in the model's channel order.
     pub mean: Vec<f32>,
     /// One value, or one per channel in the model's channel order; all > 0.
     pub std: Vec<f32>,
+    /// The order of the colour channels the model takes.
     pub channel_order: ChannelOrder,
+    /// How frames are fitted to the input size.
     pub resize: ResizeMode,
 }
 
@@ -135,9 +150,13 @@ impl PreprocessOptions {
 /// A rectangle in pixels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rect {
+    /// Left edge, in pixels; negative where a region starts left of the frame.
     pub x: i32,
+    /// Top edge, in pixels; negative where a region starts above the frame.
     pub y: i32,
+    /// Width in pixels.
     pub w: i32,
+    /// Height in pixels.
     pub h: i32,
 }
 
@@ -243,22 +262,35 @@ pub fn geometry(src: (i32, i32), dst: (i32, i32), mode: ResizeMode) -> (Rect, Re
     }
 }
 
+/// Why a frame cannot be made into the model's input.
 #[derive(Debug, thiserror::Error)]
 pub enum PreprocessError {
+    /// GStreamer's converter cannot read the frame, or a buffer does not map.
     #[error("cannot convert {format:?} {width}x{height} to the model input: {reason}")]
     Convert {
+        /// The frame's video format.
         format: gst_video::VideoFormat,
+        /// The frame's width in pixels.
         width: u32,
+        /// The frame's height in pixels.
         height: u32,
+        /// What failed, for the message.
         reason: String,
     },
+    /// A region of interest has no pixel inside the frame.
     #[error("the region {x},{y} {w}x{h} lies outside the {width}x{height} frame")]
     OutsideFrame {
+        /// The region's left edge, in the frame's pixels.
         x: i32,
+        /// The region's top edge, in the frame's pixels.
         y: i32,
+        /// The region's width in pixels.
         w: i32,
+        /// The region's height in pixels.
         h: i32,
+        /// The frame's width in pixels.
         width: u32,
+        /// The frame's height in pixels.
         height: u32,
     },
 }
@@ -272,6 +304,7 @@ struct Converter {
     packed: gst::Buffer,
 }
 
+/// The CPU preprocessing for one model input, keeping its tables and buffers between frames.
 pub struct Preprocessor {
     options: PreprocessOptions,
     input: InputSpec,
@@ -287,6 +320,7 @@ pub struct Preprocessor {
 }
 
 impl Preprocessor {
+    /// Precomputes the normalisation for `input`; fails if `mean` or `std` do not fit its channels.
     pub fn new(options: PreprocessOptions, input: InputSpec) -> Result<Self, String> {
         let (mean, std) = options.per_channel(input.channels)?;
         let table = mean
@@ -306,6 +340,7 @@ impl Preprocessor {
         })
     }
 
+    /// The model input it writes.
     pub fn input(&self) -> &InputSpec {
         &self.input
     }

@@ -15,23 +15,28 @@ use crate::preprocess::{Crop, Rect};
 #[repr(u32)]
 #[enum_type(name = "GstTrtClassifyRoiMode")]
 pub enum RoiMode {
+    /// The whole frame only; ROI metas are ignored.
     #[default]
     #[enum_value(name = "Frame: the whole frame, ROI metas are ignored", nick = "frame")]
     Frame = 0,
+    /// Each region that passes the filter; a frame without one passes unclassified.
     #[enum_value(
         name = "Regions: each region of interest (GstVideoRegionOfInterestMeta, and GstAnalyticsODMtd in builds with analytics) that passes roi-types and roi-min-size; frames without one pass unclassified",
         nick = "regions"
     )]
     Regions = 1,
+    /// The whole frame, and each region that passes the filter.
     #[enum_value(name = "Both: the whole frame and each region", nick = "both")]
     Both = 2,
 }
 
 impl RoiMode {
+    /// Whether the whole frame is classified.
     pub fn whole_frame(self) -> bool {
         self != RoiMode::Regions
     }
 
+    /// Whether regions of interest are classified.
     pub fn regions(self) -> bool {
         self != RoiMode::Frame
     }
@@ -45,6 +50,7 @@ pub struct RegionFilter {
     /// The smallest width and height, in pixels after clipping to the frame, of a region to
     /// classify: smaller ones hold too few pixels for a meaningful answer.
     pub min_width: u32,
+    /// The smallest height of a region to classify, in pixels after clipping; 0 or 1: any.
     pub min_height: u32,
 }
 
@@ -77,12 +83,14 @@ pub struct Region {
     pub detection: Option<u32>,
     /// The ROI meta's id (the detection's, when it has no ROI meta), reported with the result.
     pub id: i32,
+    /// The ROI meta's type, a detector's label, which `RegionFilter::types` is matched against.
     pub roi_type: String,
     /// The region clipped to the frame.
     pub rect: Rect,
 }
 
 impl Region {
+    /// The part of the frame to preprocess for this region.
     pub fn crop(&self) -> Crop {
         Crop::Region(self.rect)
     }

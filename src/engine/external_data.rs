@@ -20,9 +20,13 @@ const EXTERNAL: i32 = 1;
 /// Where the bytes of one tensor lie, checked against the file they are in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExternalData {
+    /// The tensor's name in the graph.
     pub tensor: String,
+    /// The data file: its relative `location` joined to the model's folder, checked to lie inside.
     pub path: PathBuf,
+    /// Where the tensor's bytes start in the file, in bytes.
     pub offset: u64,
+    /// The tensor's size in bytes, as its dims and data type require.
     pub length: u64,
 }
 

@@ -28,34 +28,42 @@ pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
+/// The inference backend: the element's `backend` property.
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
 #[repr(u32)]
 #[enum_type(name = "GstTrtClassifyBackend")]
 pub enum Backend {
+    /// The CUDA engine where a GPU can build it, else the CPU.
     #[default]
     #[enum_value(
         name = "Auto: the fastest backend that works on this machine",
         nick = "auto"
     )]
     Auto = 0,
+    /// The embedded CPU engine, always fp32.
     #[enum_value(name = "CPU: embedded, works anywhere (fp32)", nick = "cpu")]
     Cpu = 1,
+    /// Our own CUDA engine (cuDNN, cuBLASLt and compiled kernels) on an NVIDIA GPU.
     #[enum_value(name = "CUDA: our fp16 engine on NVIDIA GPUs", nick = "cuda")]
     Cuda = 2,
+    /// TensorRT; this build lacks it, so asking for it is an error.
     #[enum_value(name = "TensorRT: where TensorRT 10 is installed", nick = "tensorrt")]
     Tensorrt = 3,
 }
 
+/// The number type an engine computes in: the element's `precision` property.
 #[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
 #[repr(u32)]
 #[enum_type(name = "GstTrtClassifyPrecision")]
 pub enum Precision {
+    /// Half precision on GPUs; the CPU backend runs fp32 anyway.
     #[default]
     #[enum_value(
         name = "FP16: half precision on GPUs (the CPU backend runs fp32)",
         nick = "fp16"
     )]
     Fp16 = 0,
+    /// Single precision everywhere.
     #[enum_value(name = "FP32: single precision", nick = "fp32")]
     Fp32 = 1,
 }
@@ -64,17 +72,21 @@ pub enum Precision {
 /// whose options are equal can share one engine (`crate::instance`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineOptions {
+    /// The ONNX file.
     pub model: PathBuf,
     /// The most frames run at once.
     pub batch_size: usize,
     /// Height and width for models whose spatial axes are dynamic.
     pub input_size: Option<(usize, usize)>,
+    /// The precision asked of a GPU backend; the CPU backend ignores it.
     pub precision: Precision,
+    /// The CUDA device ordinal a GPU backend runs on.
     pub gpu_id: u32,
     /// Threads of the CPU backend's shared pool one engine may use; 0: all cores.
     pub threads: usize,
     /// Where the GPU engine is saved and loaded; `None`: the per-user cache folder.
     pub engine_location: Option<PathBuf>,
+    /// How frames become the model's input.
     pub preprocess: PreprocessOptions,
     /// Hears what a long engine build is doing.
     pub progress: Progress,
@@ -87,10 +99,12 @@ pub struct Progress(Option<std::sync::Arc<ProgressFn>>);
 type ProgressFn = dyn Fn(&str) + Send + Sync;
 
 impl Progress {
+    /// Calls `f` with every message.
     pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Self {
         Self(Some(std::sync::Arc::new(f)))
     }
 
+    /// Passes `message` to the callback, if there is one.
     pub fn report(&self, message: &str) {
         if let Some(f) = &self.0 {
             f(message);
@@ -118,13 +132,17 @@ impl std::fmt::Debug for Progress {
 /// What the element needs to know of a built engine.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
+    /// The model's input, its spatial size settled.
     pub input: InputSpec,
+    /// Scores per frame.
     pub num_classes: usize,
     /// Frames run in one call of the model: the backend's choice within what the model allows.
     pub model_batch: usize,
     /// Whether the model's own last operator makes probabilities (Softmax, Sigmoid).
     pub outputs_probabilities: bool,
+    /// The backend that runs it; never `Auto`.
     pub backend: Backend,
+    /// The precision it runs in: `Fp32` on the CPU, whatever was asked.
     pub precision: Precision,
     /// Whether `Engine::push_device` reads frames in GPU memory where they are; frames in
     /// CUDA memory are otherwise mapped to system memory (a copy) before `push`.
@@ -139,35 +157,55 @@ pub struct DevicePlanes {
     pub info: gst_video::VideoInfo,
     /// The device address of each plane.
     pub ptrs: Vec<u64>,
+    /// Bytes between rows, one per plane.
     pub strides: Vec<i32>,
     /// The CUDA context (`CUcontext`) the memory belongs to.
     pub context: usize,
 }
 
+/// Why an engine cannot be built or a frame cannot be classified.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The model file cannot be used.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The backend cannot run here: not built in, no GPU, no driver.
     #[error("backend={backend} is not available: {reason}")]
     Unavailable {
+        /// The backend's nick, as the `backend` property spells it.
         backend: &'static str,
+        /// Why, for the message.
         reason: String,
     },
+    /// The model uses operators the backend does not implement.
     #[error("{}: the {backend} backend does not support the operator(s) {}", path.display(), ops.join(", "))]
     UnsupportedOps {
+        /// The model file.
         path: PathBuf,
+        /// The backend's nick, as the `backend` property spells it.
         backend: &'static str,
+        /// The operator types it lacks, by their ONNX names.
         ops: Vec<String>,
     },
+    /// Building the engine failed, or panicked.
     #[error("{}: {reason}", path.display())]
-    Build { path: PathBuf, reason: String },
+    Build {
+        /// The model file.
+        path: PathBuf,
+        /// What went wrong, for the message.
+        reason: String,
+    },
+    /// A run failed; the text says how.
     #[error("inference failed: {0}")]
     Inference(String),
+    /// A frame could not be turned into the model's input.
     #[error(transparent)]
     Preprocess(#[from] PreprocessError),
 }
 
+/// A model built for one backend and set of options: frames in, one score vector per frame out.
 pub trait Engine: Send {
+    /// The model's input, classes and batch as built; the same for the engine's lifetime.
     fn info(&self) -> &ModelInfo;
 
     /// Runs `n` preprocessed frames laid out as the model's input, one after the other.

@@ -17,30 +17,55 @@ const MAX_SIDE: usize = 8192;
 /// ONNX `TensorProto.DataType` code of float32.
 const ONNX_FLOAT: i32 = 1;
 
+/// Why a model cannot be used; every message starts with the file's path.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
+    /// The file cannot be read, or is a directory.
     #[error("{}: cannot read the model: {source}", path.display())]
     Io {
+        /// The model file.
         path: PathBuf,
+        /// What the read failed with.
         #[source]
         source: std::io::Error,
     },
+    /// Not an ONNX model: empty, not a protobuf, no graph, or an output that no node produces.
     #[error("{}: not an ONNX model: {reason}", path.display())]
-    NotOnnx { path: PathBuf, reason: String },
+    NotOnnx {
+        /// The model file.
+        path: PathBuf,
+        /// What is wrong, for the message.
+        reason: String,
+    },
+    /// A model that breaks ONNX's rules: an axis beyond its tensor's rank, bad external data.
     #[error("{}: invalid model: {reason}", path.display())]
-    Invalid { path: PathBuf, reason: String },
+    Invalid {
+        /// The model file.
+        path: PathBuf,
+        /// What is wrong, for the message.
+        reason: String,
+    },
+    /// Not one float32 image input (1 or 3 channels, NCHW or NHWC) and an output.
     #[error("{}: not an image classifier: {reason}", path.display())]
-    NotClassifier { path: PathBuf, reason: String },
+    NotClassifier {
+        /// The model file.
+        path: PathBuf,
+        /// What is wrong, for the message.
+        reason: String,
+    },
 }
 
 /// One axis of the input: a number, or a name when the model leaves it open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dim {
+    /// A size the model fixes.
     Fixed(usize),
+    /// Left open: the ONNX `dim_param` name, or empty when the axis is unnamed.
     Dynamic(String),
 }
 
 impl Dim {
+    /// The size, if the model fixes it.
     pub fn fixed(&self) -> Option<usize> {
         match self {
             Dim::Fixed(n) => Some(*n),
@@ -62,19 +87,29 @@ impl fmt::Display for Dim {
 /// The image input of a classifier: batch, channel and spatial axes found from its shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImageInput {
+    /// The input's name in the graph.
     pub name: String,
+    /// Where the channel axis is: 1 (NCHW) or 3 (NHWC).
     pub layout: Layout,
+    /// Images per inference; often dynamic.
     pub batch: Dim,
+    /// Colour channels: 1 or 3.
     pub channels: usize,
+    /// Input height in pixels; dynamic when the model accepts any.
     pub height: Dim,
+    /// Input width in pixels; dynamic when the model accepts any.
     pub width: Dim,
 }
 
 /// A parsed ONNX file that passed the classifier checks.
 pub struct OnnxModel {
+    /// The file it was read from; external weights are found relative to its folder.
     pub path: PathBuf,
+    /// The decoded protobuf, which the backends import.
     pub proto: pb::ModelProto,
+    /// The one image input.
     pub input: ImageInput,
+    /// The name of the graph's first output: the scores.
     pub output: String,
     /// The operator producing the output, to tell whether scores already are probabilities.
     pub output_op: Option<String>,
@@ -83,11 +118,13 @@ pub struct OnnxModel {
 }
 
 impl OnnxModel {
+    /// Reads `path` and checks it is an image classifier.
     pub fn load(path: &Path) -> Result<Self, ModelError> {
         let bytes = read(path)?;
         Self::from_bytes(path, &bytes)
     }
 
+    /// Checks the model in `bytes`; `path` names it in errors and locates its external weights.
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Self, ModelError> {
         let not_onnx = |reason: String| ModelError::NotOnnx {
             path: path.to_owned(),

@@ -28,7 +28,7 @@ glib::wrapper! {
         @extends gst_video::VideoFilter, gst_base::BaseTransform, gst::Element, gst::Object;
 }
 
-pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+pub(crate) fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     gst::Element::register(
         Some(plugin),
         "trtclassifyoverlay",

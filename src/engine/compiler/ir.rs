@@ -45,25 +45,41 @@ impl Tensor {
 /// Element-wise functions of one value; `None` where an operator has no activation.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Act {
+    /// x unchanged.
     None,
+    /// max(x, 0).
     Relu,
+    /// x, or alpha·x below 0, the value being alpha.
     LeakyRelu(f32),
+    /// x clamped to [min, max], the two values in that order.
     Clip(f32, f32),
+    /// 1 / (1 + e^−x).
     Sigmoid,
+    /// clamp(alpha·x + beta, 0, 1), the values being alpha and beta.
     HardSigmoid(f32, f32),
+    /// x·clamp(x/6 + 1/2, 0, 1), MobileNetV3's.
     HardSwish,
     /// x·sigmoid(x), from PyTorch's SiLU exported as Sigmoid then Mul.
     Silu,
+    /// The hyperbolic tangent.
     Tanh,
+    /// The error function.
     Erf,
     /// x·Φ(x) with the exact (erf) form.
     Gelu,
+    /// e^x.
     Exp,
+    /// √x; NaN below 0.
     Sqrt,
+    /// −x.
     Neg,
+    /// |x|.
     Abs,
+    /// 1/x.
     Reciprocal,
+    /// ln(1 + e^x).
     Softplus,
+    /// x, or alpha·(e^x − 1) below 0, the value being alpha.
     Elu(f32),
 }
 
@@ -108,12 +124,19 @@ impl Act {
 /// Element-wise functions of two broadcast values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum BinOp {
+    /// a + b.
     Add,
+    /// a − b.
     Sub,
+    /// a·b.
     Mul,
+    /// a / b.
     Div,
+    /// a raised to the power b.
     Pow,
+    /// The larger of a and b.
     Max,
+    /// The smaller of a and b.
     Min,
 }
 

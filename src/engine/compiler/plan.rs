@@ -17,7 +17,9 @@ pub const MAX_WORKSPACE: usize = 256 << 20;
 /// The type of a plan's activations and weights on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DType {
+    /// Half precision, 2 bytes: the `fp16` precision.
     F16,
+    /// Single precision, 4 bytes.
     F32,
 }
 
@@ -35,9 +37,13 @@ impl DType {
 /// input and output buffers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Loc {
+    /// An offset into the activation arena.
     Arena(usize),
+    /// A slice of one constant.
     Weight {
+        /// The constant's index in `Weights`.
         index: usize,
+        /// The offset into that constant.
         offset: usize,
     },
     /// The frames, f32, as the model's input layout.
@@ -46,7 +52,9 @@ pub enum Loc {
     Output(usize),
     /// A buffer not placed in the arena yet; only during lowering.
     Temp {
+        /// The lowering's buffer number, which arena placement turns into an offset.
         id: usize,
+        /// The offset into that buffer.
         offset: usize,
     },
 }
@@ -74,13 +82,16 @@ impl Loc {
 /// iteration dimension; 0 broadcasts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Strided {
+    /// The element that iteration 0 reads or writes.
     pub loc: Loc,
+    /// One stride per dimension of the step's `dims`, in elements; negative walks backwards.
     pub strides: Vec<i64>,
 }
 
 /// The conversion an element-wise step makes between f32 and the plan's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Cast {
+    /// Reads and writes the plan's type.
     None,
     /// Reads f32 (the input frames).
     FromF32,
@@ -93,24 +104,39 @@ pub enum Cast {
 pub struct ConvStep {
     /// Input N, C, H, W (NHWC in memory); output K, OH, OW.
     pub n: usize,
+    /// Input channels.
     pub c: usize,
+    /// Input height, in pixels.
     pub h: usize,
+    /// Input width, in pixels.
     pub w: usize,
+    /// Output channels: the number of filters.
     pub k: usize,
+    /// Output height, in pixels.
     pub oh: usize,
+    /// Output width, in pixels.
     pub ow: usize,
+    /// Kernel height and width (R, S).
     pub kernel: [usize; 2],
     /// Symmetric: asymmetric pads are made explicit by the lowering.
     pub pads: [usize; 2],
+    /// Vertical and horizontal stride, in pixels.
     pub strides: [usize; 2],
+    /// Vertical and horizontal dilation; 1 = a dense kernel.
     pub dilations: [usize; 2],
+    /// Groups the channels are split into: 1 for a plain convolution, `c` for a depthwise one.
     pub group: usize,
+    /// Applied last, after the bias and the residual.
     pub act: Act,
+    /// The input, `[n, h, w, c]`.
     pub x: Loc,
     /// KRSC.
     pub weight: Loc,
+    /// One value per output channel (`k` elements).
     pub bias: Loc,
+    /// Added before the activation; the same shape as `y`.
     pub residual: Option<Loc>,
+    /// The output, `[n, oh, ow, k]`.
     pub y: Loc,
     /// Chosen by timing while building; `None` until then.
     pub algo: Option<Tuned>,
@@ -119,8 +145,11 @@ pub struct ConvStep {
 /// The cuDNN algorithm a convolution runs with, chosen by timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tuned {
+    /// cuDNN's `cudnnConvolutionFwdAlgo_t`, as an integer: the engine file holds no cuDNN type.
     pub algo: i32,
+    /// cuDNN's `cudnnMathType_t` (whether tensor cores may be used), as an integer.
     pub math: i32,
+    /// Bytes of workspace the algorithm needs; at most `MAX_WORKSPACE`.
     pub workspace: usize,
     /// Whether cuDNN's fused convolution + bias + activation (+ residual) runs it.
     pub fused: bool,
@@ -131,93 +160,156 @@ pub struct Tuned {
 pub enum Step {
     /// `out = act(op(a, b))`, or `act(a)`, over `dims`.
     Ew {
+        /// The binary operation; `None` for `act(a)`, with no `b`.
         op: Option<BinOp>,
+        /// Applied to the result of `op`, or to `a` alone.
         act: Act,
+        /// Whether the step reads or writes f32 instead of the plan's type.
         cast: Cast,
+        /// Iteration extents, outermost first; at most `MAX_RANK`.
         dims: Vec<usize>,
+        /// Where the results go.
         out: Strided,
+        /// The first operand.
         a: Strided,
+        /// The second operand: present when `op` is.
         b: Option<Strided>,
     },
     /// Sets `len` elements to zero.
     Zero {
+        /// The first element to clear.
         loc: Loc,
+        /// Elements of the plan's type.
         len: usize,
     },
+    /// A convolution, see `ConvStep`.
     Conv(ConvStep),
     /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias + residual)`, act being None or Relu
     /// (cuBLASLt's epilogue). Also runs 1×1 convolutions, NHWC being `[pixels, channels]`.
     /// With `batch` above 1, that many products of consecutive `x`, `w` and `y` matrices
     /// (attention, where `w` is computed too).
     Gemm {
+        /// Products of consecutive matrices run; 1 for a single product.
         batch: usize,
         /// Scales the product (not the bias or the residual).
         alpha: f32,
+        /// Rows of `x` and `y` (pixels for a 1×1 convolution).
         rows: usize,
+        /// Columns of `w` and `y` (output channels for a 1×1 convolution).
         n: usize,
+        /// Columns of `x` and rows of `w`: the dimension summed over.
         k: usize,
+        /// Row-major `[batch, rows, k]`.
         x: Loc,
+        /// Row-major `[batch, k, n]`.
         w: Loc,
+        /// `n` values added to every row.
         bias: Option<Loc>,
+        /// Row-major `[batch, rows, n]`, added after the scaling by `alpha`.
         residual: Option<Loc>,
+        /// Whether ReLU follows; otherwise no activation.
         relu: bool,
+        /// Row-major `[batch, rows, n]`.
         y: Loc,
     },
     /// NHWC in and out.
     Pool {
+        /// Images in the batch.
         n: usize,
+        /// Input height, in pixels.
         h: usize,
+        /// Input width, in pixels.
         w: usize,
+        /// Channels, the same in and out.
         c: usize,
+        /// Output height, in pixels.
         oh: usize,
+        /// Output width, in pixels.
         ow: usize,
+        /// Window height and width.
         kernel: [usize; 2],
+        /// Vertical and horizontal stride, in pixels.
         strides: [usize; 2],
         /// Top, left, bottom, right.
         pads: [usize; 4],
+        /// Max pooling if true, else average pooling.
         max: bool,
+        /// Whether an average counts the window's cells in the padding too; max pooling ignores it.
         count_include_pad: bool,
+        /// The input, `[n, h, w, c]`.
         x: Loc,
+        /// The output, `[n, oh, ow, c]`.
         y: Loc,
     },
     /// NHWC [n, hw, c] to [n, c].
     GlobalAvgPool {
+        /// Images in the batch.
         n: usize,
+        /// Pixels per image (height × width), all averaged together.
         hw: usize,
+        /// Channels.
         c: usize,
+        /// The input, `[n, hw, c]`.
         x: Loc,
+        /// The output, `[n, c]`.
         y: Loc,
     },
+    /// Softmax over each row of `x`, `[rows, len]` in and out.
     Softmax {
+        /// Rows, each normalised on its own.
         rows: usize,
+        /// Elements per row: the softmax axis, innermost.
         len: usize,
+        /// The input, `[rows, len]`.
         x: Loc,
+        /// The output, `[rows, len]`.
         y: Loc,
     },
+    /// Normalises each row of `x` to zero mean and unit variance, then applies `scale` and `bias`.
     LayerNorm {
+        /// Rows, each normalised on its own.
         rows: usize,
+        /// Elements per row: the normalised axis, innermost.
         len: usize,
+        /// Added to the variance before its square root.
         epsilon: f32,
+        /// The input, `[rows, len]`.
         x: Loc,
+        /// `len` values, multiplied into every row.
         scale: Loc,
+        /// `len` values added to every row; `None` adds nothing.
         bias: Option<Loc>,
+        /// The output, `[rows, len]`.
         y: Loc,
     },
+    /// The mean of each row: `[rows, len]` to `[rows]`.
     RowMean {
+        /// Rows, each averaged on its own.
         rows: usize,
+        /// Elements averaged per row.
         len: usize,
+        /// The input, `[rows, len]`.
         x: Loc,
+        /// The output, `[rows]`.
         y: Loc,
     },
     /// Across the channels of an NHWC tensor.
     Lrn {
+        /// Positions normalised independently: N × H × W.
         pixels: usize,
+        /// Channels, the innermost dimension.
         c: usize,
+        /// Channels in the window around each channel (ONNX `size`).
         size: usize,
+        /// Scales the window's sum of squares, divided by `size` first (ONNX `alpha`).
         alpha: f32,
+        /// The exponent of the divisor (ONNX `beta`).
         beta: f32,
+        /// Added to the scaled sum of squares (ONNX `bias`).
         bias: f32,
+        /// The input, `[pixels, c]`.
         x: Loc,
+        /// The output, `[pixels, c]`.
         y: Loc,
     },
 }
@@ -433,8 +525,11 @@ impl Step {
 /// operand walked with negative strides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
+    /// The buffer, and the offset that `start` and `end` count from.
     pub loc: Loc,
+    /// The first element touched, relative to `loc`.
     pub start: i128,
+    /// One past the last element touched, relative to `loc`.
     pub end: i128,
 }
 
@@ -467,13 +562,17 @@ impl Span {
 /// Everything one batch size runs: its steps, in order, over one arena.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    /// Frames per run: every size in the plan is for exactly this many.
     pub batch: usize,
+    /// The type of the arena and the weights; the input and output buffers stay f32.
     pub dtype: DType,
     /// Elements of `dtype`.
     pub arena_len: usize,
-    /// f32 elements of the input and output buffers for the whole batch.
+    /// f32 elements of the input buffer for the whole batch.
     pub input_len: usize,
+    /// f32 elements of the output buffer for the whole batch.
     pub output_len: usize,
+    /// In the order they run.
     pub steps: Vec<Step>,
 }
 
@@ -481,7 +580,9 @@ pub struct Plan {
 /// plans of all batch sizes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Weights {
+    /// Each constant's name (the ONNX initializer's, or the folded node's), by index.
     pub names: Vec<String>,
+    /// The values, parallel to `names`; not serialised: the engine file stores them converted.
     #[serde(skip)]
     pub data: Vec<std::sync::Arc<Vec<f32>>>,
 }

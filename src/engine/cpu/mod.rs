@@ -44,6 +44,8 @@ impl Runner {
     }
 }
 
+/// The CPU backend: the compiler's plan run by our kernels on the shared thread pool, or
+/// tract for a model the compiler does not take.
 pub struct CpuEngine {
     info: ModelInfo,
     runner: Runner,
@@ -55,11 +57,13 @@ pub struct CpuEngine {
 }
 
 impl CpuEngine {
+    /// Loads `options.model` and builds the engine for it.
     pub fn build(options: &EngineOptions) -> Result<Self, EngineError> {
         let model = OnnxModel::load(&options.model)?;
         Self::from_model(&model, options)
     }
 
+    /// Builds the engine for a model already loaded and checked.
     pub fn from_model(model: &OnnxModel, options: &EngineOptions) -> Result<Self, EngineError> {
         let fail = |reason: String| EngineError::Build {
             path: model.path.clone(),

@@ -24,10 +24,18 @@ pub enum Error {
     Unreadable(std::io::Error),
     /// Another user owns the file: its PTX would run as ours.
     #[error("owned by user {owner}, not by this process's user {me}: not trusted")]
-    NotOwned { owner: u32, me: u32 },
+    NotOwned {
+        /// The file owner's uid.
+        owner: u32,
+        /// This process's effective uid.
+        me: u32,
+    },
     /// Another user could have written the file.
     #[error("writable by its group or by others (mode {mode:o}): not trusted")]
-    Writable { mode: u32 },
+    Writable {
+        /// The file's permission bits (`0o777` of its mode).
+        mode: u32,
+    },
     /// No engine file's magic.
     #[error("not a trtclassify engine file")]
     NotAnEngineFile,
@@ -54,7 +62,12 @@ pub enum Error {
     WeightsLength,
     /// Plans for other batch sizes than the key's.
     #[error("plans for batch sizes {found:?}, not {key:?}")]
-    BatchSizes { found: Vec<usize>, key: Vec<usize> },
+    BatchSizes {
+        /// The batch sizes of the file's plans, in order.
+        found: Vec<usize>,
+        /// The batch sizes its key lists.
+        key: Vec<usize>,
+    },
     /// A number of classes out of range.
     #[error("{0} classes")]
     Classes(usize),
@@ -67,7 +80,9 @@ pub enum Error {
     /// A file the model names cannot be read (for its digest).
     #[error("{}: {source}", path.display())]
     Read {
+        /// The model or external weight file.
         path: PathBuf,
+        /// What the read failed with.
         source: std::io::Error,
     },
     /// The header does not serialise.
@@ -76,13 +91,17 @@ pub enum Error {
     /// The engine's folder cannot be created.
     #[error("cannot create {}: {source}", dir.display())]
     CreateDir {
+        /// The folder.
         dir: PathBuf,
+        /// What the creation failed with.
         source: std::io::Error,
     },
     /// The engine cannot be written.
     #[error("cannot write {}: {source}", path.display())]
     Write {
+        /// The engine file.
         path: PathBuf,
+        /// What the write failed with.
         source: std::io::Error,
     },
 }

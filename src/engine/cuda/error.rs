@@ -12,13 +12,17 @@ pub enum Error {
     /// A CUDA driver call failed; `what` says which.
     #[error("CUDA {what}: {source}")]
     Driver {
+        /// The call, in a word or two ("context", "synchronize").
         what: &'static str,
+        /// The driver's error.
         source: DriverError,
     },
     /// A cuDNN call failed; `what` says which, or the convolution it describes.
     #[error("cuDNN {what}: {message}")]
     Cudnn {
+        /// The call, or the convolution it was made for.
         what: String,
+        /// cuDNN's status code.
         status: dnn::cudnnStatus_t,
         /// cuDNN's own words for `status`, read when the error is made.
         message: String,
@@ -26,15 +30,21 @@ pub enum Error {
     /// A cuBLASLt call failed; `what` says which.
     #[error("cuBLASLt {what}: {source:?}")]
     Cublas {
+        /// The call, in a word or two.
         what: &'static str,
+        /// cuBLASLt's status.
         source: CublasError,
     },
     /// cuBLASLt's heuristic has no algorithm for a matrix product of this shape.
     #[error("cuBLASLt found no algorithm for {rows}x{k}x{n}: {source:?}")]
     NoGemmAlgorithm {
+        /// Rows of the left matrix and of the result.
         rows: usize,
+        /// The dimension summed over.
         k: usize,
+        /// Columns of the right matrix and of the result.
         n: usize,
+        /// cuBLASLt's status.
         source: CublasError,
     },
     /// No algorithm cuDNN offers runs a convolution within the workspace.
@@ -45,7 +55,12 @@ pub enum Error {
     Nvrtc(cudarc::nvrtc::CompileError),
     /// The `gpu-id` property names a device this machine does not have.
     #[error("gpu-id={ordinal}, but this machine has {count} CUDA device(s)")]
-    NoSuchGpu { ordinal: u32, count: i32 },
+    NoSuchGpu {
+        /// The device asked for, counted from 0.
+        ordinal: u32,
+        /// The CUDA devices the driver reports.
+        count: i32,
+    },
     /// More frames than the largest plan's batch.
     #[error("no plan runs {0} frames at once")]
     NoPlanHolding(usize),
@@ -54,7 +69,12 @@ pub enum Error {
     NoPlanOfBatch(usize),
     /// A frame staged past the end of the batch.
     #[error("frame {slot} of a batch; the engine runs at most {max}")]
-    SlotOutOfRange { slot: usize, max: usize },
+    SlotOutOfRange {
+        /// The frame's place in the batch, counted from 0.
+        slot: usize,
+        /// Frames in the engine's largest batch.
+        max: usize,
+    },
     /// A host frame longer than a slot of the model input.
     #[error("a frame larger than the model input")]
     FrameTooLarge,

@@ -330,16 +330,15 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
 
 #[test]
 fn vision_transformers_agree_with_onnxruntime() {
-    // Small torchvision ViT and Swin exports (`models/transformers/export.py`): attention as
-    // batched products, LayerNorm, GELU, shifted windows. The references' input is
-    // x[i] = ((i * 7919) % 1000) / 500 - 1 over NCHW [2, 3, 224, 224].
+    // Small torchvision ViT, Swin and MaxViT exports, the hybrids' patterns and the dynamo
+    // exporter's graphs (`models/transformers/export.py`): attention as batched products
+    // (MatMul or Einsum), LayerNorm, GroupNorm, GELU (erf and tanh), shifted windows,
+    // resizes.
     if !gpu("vision_transformers_agree_with_onnxruntime") {
         return;
     }
-    let input: Vec<f32> = (0..2 * 3 * 224 * 224u64)
-        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
-        .collect();
-    for name in ["vit", "swin", "swin_v2"] {
+    let input = common::transformer_input();
+    for &name in common::TRANSFORMERS {
         let text = std::fs::read_to_string(common::model(&format!("transformers/{name}.ref.json")))
             .expect("reference");
         let json: serde_json::Value = serde_json::from_str(&text).expect("json");

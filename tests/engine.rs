@@ -95,14 +95,11 @@ fn colour_classifier_matches_onnxruntime() {
 
 #[test]
 fn vision_transformers_run_on_the_cpu_as_onnxruntime_does() {
-    // torchvision's ViT and Swin v1/v2, small (`models/transformers/export.py`): what
-    // `backend=auto` runs on the CPU while the GPU engine lacks attention.
+    // torchvision's ViT, Swin v1/v2 and MaxViT, the hybrids' patterns and the dynamo
+    // exporter's graphs, small (`models/transformers/export.py`), through the CPU engine.
     common::init();
-    // The references' input: x[i] = ((i * 7919) % 1000) / 500 - 1 over NCHW [2, 3, 224, 224].
-    let input: Vec<f32> = (0..2 * 3 * 224 * 224u64)
-        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
-        .collect();
-    for name in ["vit", "swin", "swin_v2"] {
+    let input = common::transformer_input();
+    for &name in common::TRANSFORMERS {
         let text = std::fs::read_to_string(common::model(&format!("transformers/{name}.ref.json")))
             .unwrap();
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -124,7 +121,7 @@ fn vision_transformers_run_on_the_cpu_as_onnxruntime_does() {
             for (c, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-4,
-                    "{name}: frame {frame} class {c}: tract {g} vs onnxruntime {w}"
+                    "{name}: frame {frame} class {c}: cpu {g} vs onnxruntime {w}"
                 );
             }
         }
@@ -392,4 +389,96 @@ fn a_model_with_over_2_gib_of_external_weights_runs() {
     for (i, got) in scores.iter().enumerate() {
         assert_eq!(got, &large_model::expected_scores(i), "image {i}");
     }
+}
+
+#[test]
+fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
+    // The exports of `bench/gpu/torch_models.py export` (torchvision's CNNs and transformers,
+    // the hybrids, other opsets and the dynamo exporter; 5 MB to 1.2 GB, not in the
+    // repository): each must run on the compiler's plan, the path the GPU engine shares,
+    // not on tract, and give onnxruntime's probabilities.
+    let Some(dir) = std::env::var_os("TRTCLASSIFY_TORCHVISION_DIR") else {
+        common::skipped(
+            "exported_families_run_on_the_cpu_plan_as_onnxruntime_does: \
+             TRTCLASSIFY_TORCHVISION_DIR is not set",
+        );
+        return;
+    };
+    common::init();
+    let dir = std::path::Path::new(&dir);
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("exports folder")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".ref.json").map(str::to_owned))
+        .filter(|n| {
+            std::env::var("TRTCLASSIFY_MODELS").map_or(true, |only| only.split(',').any(|m| m == n))
+        })
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no *.ref.json in {}", dir.display());
+    let mut failed = Vec::new();
+    for name in &names {
+        let text = std::fs::read_to_string(dir.join(format!("{name}.ref.json"))).expect("ref");
+        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let want: Vec<Vec<f32>> = json["output"]
+            .as_array()
+            .expect("output")
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .expect("row")
+                    .iter()
+                    .map(|v| v.as_f64().expect("number") as f32)
+                    .collect()
+            })
+            .collect();
+        let input: Vec<f32> = std::fs::read(dir.join(format!("{name}.input.bin")))
+            .expect("input")
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        let mut opts = options("colors.onnx", 1);
+        opts.model = dir.join(format!("{name}.onnx"));
+        let mut engine = match CpuEngine::build(&opts) {
+            Ok(engine) => engine,
+            Err(e) => {
+                failed.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let frame = engine.info().input.frame_len();
+        if engine.profile(&input[..frame]).is_none() {
+            failed.push(format!(
+                "{name}: ran on tract, not on the plan (see the info log)"
+            ));
+            continue;
+        }
+        let got = engine.infer(&input, want.len()).expect("inference");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .flat_map(|(g, w)| g.iter().zip(w).map(|(g, w)| (g - w).abs()))
+            .fold(0.0f32, f32::max);
+        let top1 = |s: &[f32]| {
+            (0..s.len())
+                .max_by(|&a, &b| s[a].total_cmp(&s[b]))
+                .expect("classes")
+        };
+        let same_top1 = got
+            .iter()
+            .zip(&want)
+            .filter(|(g, w)| top1(g) == top1(w))
+            .count();
+        eprintln!(
+            "{name}: largest probability error {worst:.2e}, top-1 {same_top1}/{}",
+            want.len()
+        );
+        if worst > 1e-3 || same_top1 != want.len() {
+            failed.push(format!(
+                "{name}: largest error {worst:.2e} (at most 1e-3), top-1 {same_top1}/{}",
+                want.len()
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }

@@ -9,6 +9,10 @@
 #   quick    a short streams check (8 and 64 streams, ResNet-50)
 #   files    each torchvision model's engine file written, then loaded back: the checks on
 #            engine files accept everything the build writes
+#   families trtclassify-engine bench beside PyTorch for issue 13's other families (ViT-L,
+#            Swin v2, MaxViT, DeiT, MobileViT, EfficientFormer, LeViT), batch 1 and 64
+#   export   only the exports (all models) into /tmp/tv, for later stages run with
+# SKIP_EXPORT=1, which reuses the exports of an earlier run in /tmp/tv.
 # Logs go to $GPU_OUT (or /tmp/gpu-out); the tables come last.
 set -uo pipefail
 . .gpu/gpu-env.sh >/dev/null
@@ -18,10 +22,20 @@ stages=${*:-tests engine streams}
 has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
-models=${MODELS:-resnet50,mobilenet_v2,efficientnet_b0,mobilenet_v3_small,squeezenet1_0,shufflenet_v2_x1_0,regnet_y_400mf,densenet121,convnext_tiny,vit_b_16,swin_t}
-has tests || has engine || has files || models=resnet50,mobilenet_v2
-python3 bench/gpu/torch_models.py export /tmp/tv --models "$models" > "$out/export.txt" 2>&1
-cut -c1-140 "$out/export.txt" | tail -3
+# timm (DeiT and the hybrids) and onnxscript (the dynamo exporter) are pure Python: their
+# wheels travel in .gpu/files (pack.sh) and are unpacked here, the host being offline.
+if compgen -G ".gpu/files/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-deps --target /tmp/pylib .gpu/files/*.whl >"$out/wheels.txt" 2>&1 ||
+    echo "wheels: $(tail -1 "$out/wheels.txt")"
+  export PYTHONPATH=/tmp/pylib${PYTHONPATH:+:$PYTHONPATH}
+fi
+families=vit_l_16,swin_v2_t,maxvit_t,timm.deit_small_distilled_patch16_224,timm.mobilevit_xs,timm.mobilevitv2_050,timm.efficientformer_l1,timm.efficientformerv2_s0,timm.levit_128s,vit_b_16@14,swin_t@18,convnext_tiny@13,vit_b_16@dynamo,swin_t@dynamo,timm.levit_128s@dynamo
+models=${MODELS:-resnet50,mobilenet_v2,efficientnet_b0,mobilenet_v3_small,squeezenet1_0,shufflenet_v2_x1_0,regnet_y_400mf,densenet121,convnext_tiny,vit_b_16,swin_t,$families}
+has tests || has engine || has files || has families || has export || models=resnet50,mobilenet_v2
+if [ -z "${SKIP_EXPORT:-}" ]; then
+  python3 bench/gpu/torch_models.py export /tmp/tv --models "$models" > "$out/export.txt" 2>&1
+  grep -E "export +[0-9]|failed" "$out/export.txt" | cut -c1-140
+fi
 
 if has tests; then
   export TRTCLASSIFY_MODELS_DIR=$PWD/models TRTCLASSIFY_CLIPS_DIR=$PWD/tests/clips \
@@ -70,6 +84,18 @@ if has engine; then
   echo "torch bench: exit $?"
 fi
 
+family_bench=(vit_l_16 swin_v2_t maxvit_t timm.deit_small_distilled_patch16_224 timm.mobilevit_xs
+  timm.efficientformer_l1 timm.levit_128s)
+if has families; then
+  paths=(); for m in "${family_bench[@]}"; do paths+=("/tmp/tv/$m.onnx"); done
+  trtclassify-engine bench "${paths[@]}" --batches 1,64 --check \
+    >"$out/families.md" 2>"$out/families.log"
+  echo "trtclassify-engine bench (families): exit $?"
+  python3 bench/gpu/torch_models.py bench --models "$(IFS=,; echo "${family_bench[*]}")" --batches 1,64 \
+    --json "$out/torch_families.json" >"$out/torch_families.txt" 2>&1
+  echo "torch bench (families): exit $?"
+fi
+
 header="| pipeline | streams | frames | frames out | PLAYING→EOS | frames/s | per stream | GPU busy | NVDEC busy | CPU busy | GPU memory | MiB/stream | in element p50 ms | p99 ms (median stream) | p99 ms (worst stream) | slowest ms (frame) | after start-up: p99 ms (median stream) | p99 ms (worst stream) | slowest ms (frame) | longest engine-lock wait ms | exit |"
 rm -f "$out/streams.md"
 if has quick; then
@@ -103,6 +129,14 @@ if has engine; then
   echo
   echo "== PyTorch fp16 =="
   tail -22 "$out/torch_bench.txt"
+fi
+if has families; then
+  echo
+  echo "== families: our engine (fp16) =="
+  grep "^|" "$out/families.md"
+  echo
+  echo "== families: PyTorch fp16 =="
+  grep -v "^wrote" "$out/torch_families.txt" | tail -30
 fi
 if [ -s "$out/streams.md" ]; then
   echo

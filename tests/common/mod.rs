@@ -28,6 +28,26 @@ pub fn message_text(msg: &gst::Message) -> String {
     }
 }
 
+/// The small transformer and hybrid exports of `models/transformers/export.py`, each with
+/// its onnxruntime reference (`NAME.ref.json`) for the input of `transformer_input`.
+pub const TRANSFORMERS: &[&str] = &[
+    "vit",
+    "swin",
+    "swin_v2",
+    "maxvit",
+    "hybrid",
+    "hybrid.dynamo",
+    "swin.dynamo",
+];
+
+/// The transformer references' input: x[i] = ((i * 7919) % 1000) / 500 - 1 over NCHW
+/// [2, 3, 224, 224].
+pub fn transformer_input() -> Vec<f32> {
+    (0..2 * 3 * 224 * 224u64)
+        .map(|i| (((i * 7919) % 1000) as f64 / 500.0 - 1.0) as f32)
+        .collect()
+}
+
 pub fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {

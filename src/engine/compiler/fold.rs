@@ -155,6 +155,38 @@ pub(super) fn scatter_nd(
     Ok(Tensor::new(data.shape.clone(), out))
 }
 
+/// ONNX GatherND with `batch_dims` 0: each index tuple (the last axis of `indices`) picks a
+/// slice of `data`.
+pub(super) fn gather_nd(data: &Tensor, indices: &Tensor) -> Result<Tensor, String> {
+    let depth = *indices.shape.last().ok_or("GatherND indices of rank 0")?;
+    if depth == 0 || depth > data.shape.len() {
+        return Err(format!(
+            "GatherND indices of depth {depth} into a tensor of rank {}",
+            data.shape.len()
+        ));
+    }
+    let slice: usize = data.shape[depth..].iter().product();
+    let data_strides = strides(&data.shape);
+    let mut out = Vec::with_capacity(indices.len() / depth * slice);
+    for index in indices.ints().chunks(depth) {
+        let mut start = 0;
+        for (axis, &i) in index.iter().enumerate() {
+            let dim = data.shape[axis] as i64;
+            let i = if i < 0 { i + dim } else { i };
+            if !(0..dim).contains(&i) {
+                return Err(format!(
+                    "GatherND index {i} out of range for an axis of {dim}"
+                ));
+            }
+            start += i as usize * data_strides[axis];
+        }
+        out.extend_from_slice(&data.data[start..start + slice]);
+    }
+    let mut shape = indices.shape[..indices.shape.len() - 1].to_vec();
+    shape.extend(&data.shape[depth..]);
+    Ok(Tensor::new(shape, out))
+}
+
 /// ONNX Pad in constant mode: `pads` holds every axis's padding before, then after
 /// (negative values crop).
 pub(super) fn pad(x: &Tensor, pads: &[i64], value: f32) -> Result<Tensor, String> {
@@ -308,6 +340,23 @@ mod tests {
         assert_eq!(element.data[7], 0.0);
         assert!(scatter_nd(&data, &t(&[1, 1], &[4.0]), &t(&[1, 2], &[0.0; 2])).is_err());
         assert!(scatter_nd(&data, &indices, &t(&[3], &[0.0; 3])).is_err());
+    }
+
+    #[test]
+    fn gather_nd_picks_slices_by_index_tuples() {
+        // LeViT's bias table [heads, offsets] indexed by (head, offset) pairs, as the dynamo
+        // exporter writes it.
+        let table = t(&[2, 3], &[0.0, 1.0, 2.0, 10.0, 11.0, 12.0]);
+        let pairs = t(&[2, 2, 2], &[0.0, 2.0, 1.0, 0.0, 1.0, -1.0, 0.0, 0.0]);
+        let got = gather_nd(&table, &pairs).unwrap();
+        assert_eq!(got.shape, [2, 2]);
+        assert_eq!(*got.data, [2.0, 10.0, 12.0, 0.0]);
+        // A shorter tuple picks whole rows.
+        let rows = gather_nd(&table, &t(&[2, 1], &[1.0, 0.0])).unwrap();
+        assert_eq!(rows.shape, [2, 3]);
+        assert_eq!(*rows.data, [10.0, 11.0, 12.0, 0.0, 1.0, 2.0]);
+        assert!(gather_nd(&table, &t(&[1, 2], &[2.0, 0.0])).is_err());
+        assert!(gather_nd(&table, &t(&[1, 3], &[0.0, 0.0, 0.0])).is_err());
     }
 
     #[test]

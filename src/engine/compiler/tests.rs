@@ -191,13 +191,28 @@ fn transformer_reference(name: &str) -> Vec<f32> {
 
 #[test]
 fn vision_transformers_import_lower_and_match_onnxruntime() {
-    // torchvision's VisionTransformer and SwinTransformer, small, as exported by their users:
-    // their shape arithmetic (Shape, Equal, Where, Expand, Mod, Range, Not, ScatterND, Pad,
-    // ...) is evaluated at import, at a fixed batch and size; query, key and value become
-    // slices, attention batched products. The imported graph, the optimised one and the
-    // plan (run step by step on the CPU) must all give onnxruntime's probabilities.
+    // torchvision's ViT, Swin v1/v2 and MaxViT, small, as exported by their users, the
+    // mobile hybrids' patterns, and the dynamo exporter's graphs: shape arithmetic (Shape,
+    // Equal, Where, Expand, Mod, Range, Not, ScatterND, Pad, integer Div, ...) is evaluated at
+    // import, at a fixed batch and size; query, key and value become slices, attention
+    // (MatMul or Einsum) batched products, Resize products with interpolation matrices. The
+    // imported graph, the optimised one and the plan (run step by step on the CPU) must all
+    // give onnxruntime's probabilities.
     let input = transformer_input();
-    for name in ["vit", "swin", "swin_v2"] {
+    // (model, GELU fused into a product, attention scaling folded into a product's alpha).
+    // The hybrid's GELU is the tanh form, which stays element-wise; Swin v2's cosine
+    // attention scales per head; MaxViT scales its keys before the transpose that its Einsum
+    // becomes, and the hybrid scales after its Einsum.
+    let expected = [
+        ("vit", true, true),
+        ("swin", true, true),
+        ("swin_v2", true, false),
+        ("maxvit", true, false),
+        ("hybrid", false, false),
+        ("hybrid.dynamo", false, false),
+        ("swin.dynamo", true, true),
+    ];
+    for (name, gelu, scaled) in expected {
         let want = transformer_reference(name);
         let model = OnnxModel::load(&models().join(format!("transformers/{name}.onnx")))
             .expect("model loads");
@@ -211,22 +226,22 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
         assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
         passes::optimise(&mut graph);
         assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
-        // GELU's five exported nodes became the MLP's first product's activation.
+        // GELU's five exported nodes (or its one dynamo node) became the MLP's first
+        // product's activation.
         let ops: Vec<&Op> = graph.nodes.iter().map(|n| &n.op).collect();
         assert!(
             !ops.contains(&&Op::Unary(Act::Erf)),
             "{name}: an erf is left"
         );
-        assert!(
+        assert_eq!(
             ops.contains(&&Op::Gemm { act: Act::Gelu }),
-            "{name}: no GELU"
+            gelu,
+            "{name}: GELU in a product"
         );
-        // Query and key scalings became the attention product's alpha (Swin v2's cosine
-        // attention scales per head instead).
         assert_eq!(
             ops.iter()
                 .any(|op| matches!(op, Op::MatMul { alpha } if *alpha != 1.0)),
-            name != "swin_v2",
+            scaled,
             "{name}: scaled attention products"
         );
         let mut weights = Weights::default();

@@ -49,6 +49,7 @@ pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, Stri
             im.alias.insert(node.out(), node.x());
         }
         "Cast" => cast(im, node)?,
+        "Gelu" if node.attrs.s("approximate") == Some("tanh") => gelu_tanh(im, node)?,
         "Relu" | "Sigmoid" | "Tanh" | "Erf" | "Exp" | "Sqrt" | "Neg" | "Abs" | "Reciprocal"
         | "HardSwish" | "HardSigmoid" | "LeakyRelu" | "Softplus" | "Elu" | "Gelu" | "Clip" => {
             let act = activation(im, node)?;
@@ -101,8 +102,10 @@ fn activation(im: &Importer, node: &OnnxNode) -> Result<Act, String> {
         ),
         "LeakyRelu" => Act::LeakyRelu(attrs.f("alpha").unwrap_or(0.01)),
         "Elu" => Act::Elu(attrs.f("alpha").unwrap_or(1.0)),
-        "Gelu" if attrs.s("approximate").unwrap_or("none") == "none" => Act::Gelu,
-        "Gelu" => return Err("only the exact (erf) GELU is supported".into()),
+        "Gelu" => match attrs.s("approximate").unwrap_or("none") {
+            "none" => Act::Gelu,
+            other => return Err(format!("GELU's approximation `{other}` is not supported")),
+        },
         _ => {
             // Clip. An infinite bound is no bound: the largest finite value does the same,
             // and is stored in engine files as a number.
@@ -116,6 +119,48 @@ fn activation(im: &Importer, node: &OnnxNode) -> Result<Act, String> {
             Act::Clip(bound(1, "min", f32::MIN)?, bound(2, "max", f32::MAX)?)
         }
     })
+}
+
+/// GELU's tanh form, `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`, as the operators
+/// PyTorch's TorchScript exporter writes for it (the dynamo exporter writes one Gelu node):
+/// the same steps as from that export.
+fn gelu_tanh(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
+    let (name, x, out) = (node.name, node.x(), node.out());
+    let shape = im.shape(&x)?;
+    let constant = |im: &mut Importer, tag: &str, v: f32| {
+        let c = format!("{name}.{tag}");
+        im.set_const(&c, Tensor::scalar(v));
+        c
+    };
+    let (cubic, root, half) = (
+        constant(im, "cubic", 0.044715),
+        constant(im, "root_2_over_pi", (2.0 / std::f32::consts::PI).sqrt()),
+        constant(im, "half", 0.5),
+    );
+    let mut step = |op: BinOp, a: String, b: String, tag: &str, act: Act| {
+        let value = if tag.is_empty() {
+            out.clone()
+        } else {
+            format!("{out}.{tag}")
+        };
+        im.add(
+            name,
+            Op::Binary { op, act },
+            vec![a, b],
+            &value,
+            shape.clone(),
+        );
+        value
+    };
+    let square = step(BinOp::Mul, x.clone(), x.clone(), "square", Act::None);
+    let cube = step(BinOp::Mul, square, x.clone(), "cube", Act::None);
+    let scaled = step(BinOp::Mul, cube, cubic, "scaled_cube", Act::None);
+    let inner = step(BinOp::Add, x.clone(), scaled, "inner", Act::None);
+    let tanh = step(BinOp::Mul, inner, root, "tanh", Act::Tanh);
+    let half_tanh = step(BinOp::Mul, tanh, half.clone(), "half_tanh", Act::None);
+    let gate = step(BinOp::Add, half_tanh, half, "gate", Act::None);
+    step(BinOp::Mul, x, gate, "", Act::None);
+    Ok(())
 }
 
 fn binary(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
@@ -149,8 +194,15 @@ fn binary(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
         } else {
             format!("{out}.{i}")
         };
-        let op = Op::Binary { op, act: Act::None };
-        im.add(node.name, op, vec![acc, rhs.clone()], &target, shape);
+        let integers = im.is_integer(&acc) && im.is_integer(rhs);
+        let binary = Op::Binary { op, act: Act::None };
+        im.add(node.name, binary, vec![acc, rhs.clone()], &target, shape);
+        // Integer division truncates, as ONNX runtimes compute it.
+        if let (BinOp::Div, true, Some(t)) = (op, integers, im.constant(&target)) {
+            let t = Tensor::new(t.shape.clone(), t.data.iter().map(|v| v.trunc()).collect());
+            im.set_const(&target, t);
+            im.integers.insert(target.clone());
+        }
         acc = target;
     }
     Ok(())

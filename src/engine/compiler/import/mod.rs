@@ -17,6 +17,7 @@ mod conv;
 mod elementwise;
 mod matmul;
 mod normalization;
+mod resize;
 mod shape;
 mod shape_arithmetic;
 mod tensor;
@@ -35,6 +36,9 @@ use attrs::Attrs;
 /// A family of operators: the ONNX operators (default domain) one file imports, how many
 /// inputs each requires, and the function that imports them.
 struct Family {
+    /// The file, and what its operators become (for `docs/operators.md`).
+    name: &'static str,
+    becomes: &'static str,
     ops: &'static [&'static str],
     required_inputs: fn(op: &str, opset: i64) -> usize,
     import: fn(&mut Importer, &OnnxNode) -> Result<Handled, String>,
@@ -43,31 +47,50 @@ struct Family {
 /// Every family of operators; an operator belongs to exactly one.
 const FAMILIES: &[Family] = &[
     Family {
+        name: "conv",
+        becomes: "convolutions (cuDNN on the GPU) with their bias, batch norm, activation and residual fused; pooling",
         ops: conv::OPS,
         required_inputs: conv::required_inputs,
         import: conv::import,
     },
     Family {
+        name: "elementwise",
+        becomes: "element-wise steps, fused into the product or convolution before them where they can be; GELU's five nodes become a product's activation, its tanh form eight steps",
         ops: elementwise::OPS,
         required_inputs: elementwise::required_inputs,
         import: elementwise::import,
     },
     Family {
+        name: "matmul",
+        becomes: "matrix products (cuBLASLt), batched for attention; an Einsum that is a batched product becomes transposes and one",
         ops: matmul::OPS,
         required_inputs: matmul::required_inputs,
         import: matmul::import,
     },
     Family {
+        name: "normalization",
+        becomes: "row kernels: softmax, layer norm (instance norm as one, then its scale and bias), means; sums and L2 norms from a mean",
         ops: normalization::OPS,
         required_inputs: normalization::required_inputs,
         import: normalization::import,
     },
     Family {
+        name: "resize",
+        becomes: "products with constant interpolation matrices (nearest, linear), one per resized axis",
+        ops: resize::OPS,
+        required_inputs: resize::required_inputs,
+        import: resize::import,
+    },
+    Family {
+        name: "shape",
+        becomes: "reshapes (free), transposes, slices, concatenation and padding of activations; on constants, evaluated at import",
         ops: shape::OPS,
         required_inputs: shape::required_inputs,
         import: shape::import,
     },
     Family {
+        name: "shape_arithmetic",
+        becomes: "evaluated at import, with the batch and input size fixed: never run",
         ops: shape_arithmetic::OPS,
         required_inputs: shape_arithmetic::required_inputs,
         import: shape_arithmetic::import,
@@ -90,6 +113,24 @@ pub(super) static SUPPORTED_OPS: LazyLock<Vec<&'static str>> = LazyLock::new(|| 
     ops.sort_by_key(|op| op.to_ascii_lowercase());
     ops
 });
+
+/// The table of supported operators in `docs/operators.md`, made from the families'
+/// declarations (a test keeps the file in step).
+pub fn operator_table() -> String {
+    let mut table =
+        String::from("| ONNX operators | imported by | what they become |\n|---|---|---|\n");
+    for f in FAMILIES {
+        let mut ops = f.ops.to_vec();
+        ops.sort_by_key(|op| op.to_ascii_lowercase());
+        table += &format!(
+            "| {} | `import/{}.rs` | {} |\n",
+            ops.join(", "),
+            f.name,
+            f.becomes
+        );
+    }
+    table
+}
 
 fn family(op: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.ops.contains(&op))
@@ -161,6 +202,13 @@ pub(super) fn import_with(
     for (name, t) in initializers {
         importer.graph.consts.insert(name.clone(), t.clone());
     }
+    for init in graph
+        .initializer
+        .iter()
+        .filter(|t| is_integer_type(t.data_type))
+    {
+        importer.integers.insert(init.name.clone());
+    }
     // Constants made for a node are named after it, so each node gets a name of its own
     // (ONNX does not require them to be unique).
     let mut names = HashSet::new();
@@ -204,6 +252,9 @@ struct Importer {
     graph: Graph,
     /// Values that are another value under a second name (Identity, Dropout).
     alias: HashMap<String, String>,
+    /// Constants of an integer (or boolean) type: held as f32 like the others, but their
+    /// division truncates (`(192 + 2) / 3` is 64 in MaxViT's query/key/value split).
+    integers: HashSet<String>,
     opset: i64,
     /// The model's folder, for Constant values in external data.
     dir: std::path::PathBuf,
@@ -257,6 +308,7 @@ impl Importer {
         Importer {
             graph,
             alias: HashMap::new(),
+            integers: HashSet::new(),
             opset,
             dir,
         }
@@ -345,10 +397,52 @@ impl Importer {
             attrs: Attrs(&proto.attribute),
         };
         match family.map(|f| (f.import)(self, &node)).transpose()? {
-            Some(Handled::Yes) => Ok(()),
+            Some(Handled::Yes) => {
+                self.note_integers(&node);
+                Ok(())
+            }
             Some(Handled::NotMine) | None => Err(format!("the operator {op} is not supported")),
         }
     }
+
+    /// Whether `value` is a constant of an integer type.
+    fn is_integer(&self, value: &str) -> bool {
+        let value = self.resolve(value);
+        self.integers.contains(&value) && self.graph.consts.contains_key(&value)
+    }
+
+    /// Records which constant outputs of `node` are integers: what shape operators give,
+    /// casts and constants of integer types, and whatever is computed from integers only.
+    fn note_integers(&mut self, node: &OnnxNode) {
+        let attrs = &node.attrs;
+        let integer = match node.op() {
+            "Shape" | "Size" | "Equal" | "Not" | "Less" | "Greater" => true,
+            "Cast" => is_integer_type(attrs.i("to").unwrap_or(1) as i32),
+            "Constant" | "ConstantOfShape" => match attrs.tensor("value") {
+                Some(t) => is_integer_type(t.data_type),
+                None => attrs.i("value_int").is_some() || attrs.ints("value_ints").is_some(),
+            },
+            // Where picks from its second and third inputs; the condition is boolean.
+            "Where" => node.inputs()[1..].iter().all(|i| self.is_integer(i)),
+            _ => {
+                let mut inputs = node.inputs().iter().filter(|i| !i.is_empty()).peekable();
+                inputs.peek().is_some() && inputs.all(|i| self.is_integer(i))
+            }
+        };
+        if integer {
+            let outputs: Vec<String> = (node.outputs().iter())
+                .filter(|o| self.constant(o).is_some())
+                .map(|o| self.resolve(o))
+                .collect();
+            self.integers.extend(outputs);
+        }
+    }
+}
+
+/// Whether an ONNX `TensorProto.DataType` holds integers or booleans.
+fn is_integer_type(data_type: i32) -> bool {
+    // UINT8, INT8, UINT16, INT16, INT32, INT64, BOOL, UINT32, UINT64.
+    matches!(data_type, 2..=7 | 9 | 12 | 13)
 }
 
 /// Refuses operator parameters that are not finite numbers (a NaN epsilon, an infinite
@@ -414,5 +508,138 @@ mod tests {
         // An operator no family declares is refused by the dispatch, after the same checks.
         let refused = Err("the operator FrobnicateImage is not supported".to_owned());
         assert_eq!(importer().node(&node_of("FrobnicateImage"), "n"), refused);
+    }
+
+    fn node(
+        op: &str,
+        inputs: &[&str],
+        output: &str,
+        attrs: &[(&str, i64, &[u8])],
+    ) -> pb::NodeProto {
+        pb::NodeProto {
+            op_type: op.to_owned(),
+            input: inputs.iter().map(|i| (*i).to_owned()).collect(),
+            output: vec![output.to_owned()],
+            attribute: (attrs.iter())
+                .map(|&(name, i, s)| pb::AttributeProto {
+                    name: name.to_owned(),
+                    i,
+                    s: s.to_vec(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_documented_operator_table_is_the_code_s() {
+        // docs/operators.md holds `operator_table()` between two markers;
+        // TRTCLASSIFY_BLESS=1 writes it there after a family changes.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operators.md");
+        let text = std::fs::read_to_string(&path).expect("docs/operators.md");
+        let (start, end) = ("<!-- operators -->\n", "<!-- /operators -->");
+        let from = text.find(start).expect("the start marker") + start.len();
+        let to = text.find(end).expect("the end marker");
+        let table = operator_table();
+        if text[from..to] != table {
+            if std::env::var_os("TRTCLASSIFY_BLESS").is_some() {
+                let updated = format!("{}{table}{}", &text[..from], &text[to..]);
+                std::fs::write(&path, updated).expect("docs/operators.md written");
+            } else {
+                panic!(
+                    "docs/operators.md's table is not the code's: run \
+                     `TRTCLASSIFY_BLESS=1 cargo test --lib the_documented_operator_table`"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gathers_of_evenly_spaced_indices_are_strided_slices() {
+        let mut im = importer();
+        im.set_const("odd", Tensor::new(vec![2, 1], vec![1.0, 3.0]));
+        im.set_const("uneven", Tensor::new(vec![3], vec![0.0, 1.0, 3.0]));
+        im.node(
+            &node("Gather", &["x", "odd"], "y", &[("axis", 3, b"")]),
+            "g",
+        )
+        .expect("imports");
+        assert_eq!(im.graph.shapes["y"], [1, 3, 4, 2, 1]);
+        let ops: Vec<&Op> = im.graph.nodes.iter().map(|n| &n.op).collect();
+        let slice = Op::Slice {
+            axis: 3,
+            start: 1,
+            end: 4,
+            step: 2,
+        };
+        assert_eq!(ops, [&slice, &Op::Reshape]);
+        let err = im.node(
+            &node("Gather", &["x", "uneven"], "z", &[("axis", 3, b"")]),
+            "h",
+        );
+        assert!(err.unwrap_err().contains("do not step evenly"));
+    }
+
+    #[test]
+    fn integer_division_of_shapes_truncates() {
+        // MaxViT splits its query/key/value projection at ((192 + 2) / 3) * k, in int64.
+        let mut im = importer();
+        let int64 = |v: f32| {
+            let mut t = pb::TensorProto {
+                dims: vec![1],
+                data_type: 7,
+                ..Default::default()
+            };
+            t.int64_data = vec![v as i64];
+            t
+        };
+        let constant = |name: &str, v: f32| pb::NodeProto {
+            op_type: "Constant".into(),
+            output: vec![name.into()],
+            attribute: vec![pb::AttributeProto {
+                name: "value".into(),
+                t: Some(int64(v)),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        for (name, v) in [("a", 194.0), ("b", 3.0)] {
+            im.node(&constant(name, v), name).expect("a constant");
+        }
+        im.node(&node("Div", &["a", "b"], "q", &[]), "div")
+            .expect("divides");
+        assert_eq!(*im.constant("q").expect("folded").data, [64.0]);
+        // Floats divide as floats.
+        im.set_const("f", Tensor::new(vec![1], vec![194.0]));
+        im.node(&node("Div", &["f", "b"], "r", &[]), "fdiv")
+            .expect("divides");
+        assert!((im.constant("r").expect("folded").data[0] - 64.666_67).abs() < 1e-4);
+    }
+
+    #[test]
+    fn einsums_that_are_batched_products_become_matmuls() {
+        let mut im = importer();
+        // x is [1, 3, 4, 4]: b=1, h=3, i=j=4, d=4; query · keyᵀ.
+        fn eq(e: &str) -> [(&'static str, i64, &[u8]); 1] {
+            [("equation", 0, e.as_bytes())]
+        }
+        im.node(
+            &node("Einsum", &["x", "x"], "s", &eq("bhid,bhjd->bhij")),
+            "e",
+        )
+        .expect("imports");
+        assert_eq!(im.graph.shapes["s"], [1, 3, 4, 4]);
+        let matmuls = (im.graph.nodes.iter())
+            .filter(|n| n.op == Op::MatMul { alpha: 1.0 })
+            .count();
+        assert_eq!(matmuls, 1);
+        // A sum over a letter of one input only, and `...`, are refused by name.
+        for bad in ["bhid,bhjd->bhi", "...id,...jd->...ij", "bhid,bhjd"] {
+            let err = im
+                .node(&node("Einsum", &["x", "x"], "t", &eq(bad)), "bad")
+                .unwrap_err();
+            assert!(err.contains("Einsum"), "{bad}: {err}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Operators over rows or channels: softmax, layer and local response normalisation, means
-//! and norms over axes.
+//! Operators over rows or channels: softmax, layer, instance and local response
+//! normalisation, sums, means and norms over axes.
 
 use super::attrs::axis_of;
 use super::{Handled, Importer, OnnxNode};
@@ -9,8 +9,10 @@ use crate::engine::compiler::ir::{Act, BinOp, Op, Tensor};
 pub(super) const OPS: &[&str] = &[
     "Softmax",
     "LayerNormalization",
+    "InstanceNormalization",
     "LRN",
     "ReduceMean",
+    "ReduceSum",
     "ReduceL2",
 ];
 
@@ -18,6 +20,7 @@ pub(super) const OPS: &[&str] = &[
 pub(super) fn required_inputs(op: &str, _opset: i64) -> usize {
     match op {
         "LayerNormalization" => 2,
+        "InstanceNormalization" => 3,
         _ => 1,
     }
 }
@@ -26,8 +29,9 @@ pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, Stri
     match node.op() {
         "Softmax" => softmax(im, node)?,
         "LayerNormalization" => layer_norm(im, node)?,
+        "InstanceNormalization" => instance_norm(im, node)?,
         "LRN" => lrn(im, node)?,
-        "ReduceMean" | "ReduceL2" => reduce(im, node)?,
+        "ReduceMean" | "ReduceSum" | "ReduceL2" => reduce(im, node)?,
         _ => return Ok(Handled::NotMine),
     }
     Ok(Handled::Yes)
@@ -74,6 +78,66 @@ fn layer_norm(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     Ok(())
 }
 
+/// Instance normalisation is a layer norm over each channel's values (the axes after the
+/// channel), then the per-channel scale and bias where they are not 1 and 0. PyTorch's
+/// GroupNorm exports this way (MobileViT v2: one group, so the rows are whole frames).
+fn instance_norm(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
+    let (name, inputs, x, out) = (node.name, node.inputs(), node.x(), node.out());
+    let xs = im.shape(&x)?;
+    if xs.len() < 3 {
+        return Err(format!(
+            "its input has shape {xs:?}; at least 3 axes are needed"
+        ));
+    }
+    let scale = im.need_const(&inputs[1], "scale")?.clone();
+    let bias = im.need_const(&inputs[2], "bias")?.clone();
+    if scale.len() != xs[1] || bias.len() != xs[1] {
+        return Err(format!(
+            "its scale and bias have {} and {} values for {} channels",
+            scale.len(),
+            bias.len(),
+            xs[1]
+        ));
+    }
+    let epsilon = node.attrs.f("epsilon").unwrap_or(1e-5);
+    let inner: usize = xs[2..].iter().product();
+    let ones = format!("{name}.ones");
+    im.set_const(&ones, Tensor::new(vec![inner], vec![1.0; inner]));
+    // Per channel: [C, 1, ...] broadcasts over the axes after it.
+    let mut channel_shape = vec![1; xs.len() - 1];
+    channel_shape[0] = xs[1];
+    let affine = [
+        (BinOp::Mul, scale, 1.0, format!("{name}.scale")),
+        (BinOp::Add, bias, 0.0, format!("{name}.bias")),
+    ];
+    let needed: Vec<_> = affine
+        .into_iter()
+        .filter(|(_, t, neutral, _)| t.data.iter().any(|v| v != neutral))
+        .collect();
+    let mut value = format!("{out}.normalised");
+    if needed.is_empty() {
+        value = out.clone();
+    }
+    let op = Op::LayerNorm { axis: 2, epsilon };
+    im.add(name, op, vec![x, ones], &value, xs.clone());
+    let last = needed.len();
+    for (i, (op, t, _, const_name)) in needed.into_iter().enumerate() {
+        im.set_const(
+            &const_name,
+            Tensor::new(channel_shape.clone(), t.data.to_vec()),
+        );
+        let next = if i + 1 == last {
+            out.clone()
+        } else {
+            format!("{out}.scaled")
+        };
+        let op = Op::Binary { op, act: Act::None };
+        im.add(name, op, vec![value, const_name], &next, xs.clone());
+        value = next;
+    }
+    Ok(())
+}
+
 fn lrn(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     let (attrs, x) = (&node.attrs, node.x());
     let xs = im.shape(&x)?;
@@ -90,17 +154,25 @@ fn lrn(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     Ok(())
 }
 
-/// ReduceMean, and ReduceL2 as the square root of a mean of squares.
+/// ReduceMean; ReduceSum as a mean times the count; ReduceL2 as the square root of a mean of
+/// squares.
 fn reduce(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     let (name, attrs, x, out) = (node.name, &node.attrs, node.x(), node.out());
     let xs = im.shape(&x)?;
     let rank = xs.len() as i64;
     let axes = match node.input(1) {
         Some(a) => im.need_const(&a, "axes")?.ints(),
-        None => attrs
-            .ints("axes")
-            .map(<[i64]>::to_vec)
-            .unwrap_or_else(|| (0..rank).collect()),
+        None => attrs.ints("axes").map(<[i64]>::to_vec).unwrap_or_default(),
+    };
+    // No axes: all of them, or none where `noop_with_empty_axes` says so (opset 18).
+    if axes.is_empty() && attrs.i("noop_with_empty_axes").unwrap_or(0) != 0 {
+        im.alias.insert(out, x);
+        return Ok(());
+    }
+    let axes = if axes.is_empty() {
+        (0..rank).collect()
+    } else {
+        axes
     };
     let mut axes: Vec<usize> = axes
         .iter()
@@ -138,11 +210,25 @@ fn reduce(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
         im.add(name, Op::Unary(Act::Sqrt), vec![sum], &out, shape);
         return Ok(());
     }
+    let n: usize = axes.iter().map(|&a| xs[a]).product();
+    let mean = match node.op() {
+        "ReduceSum" => format!("{out}.mean"),
+        _ => out.clone(),
+    };
     let op = if xs.len() == 4 && axes == [2, 3] && keep {
         Op::GlobalAvgPool
     } else {
         Op::ReduceMean { axes }
     };
-    im.add(name, op, vec![x], &out, shape);
+    im.add(name, op, vec![x], &mean, shape.clone());
+    if node.op() == "ReduceSum" {
+        let count = format!("{name}.count");
+        im.set_const(&count, Tensor::scalar(n as f32));
+        let op = Op::Binary {
+            op: BinOp::Mul,
+            act: Act::None,
+        };
+        im.add(name, op, vec![mean, count], &out, shape);
+    }
     Ok(())
 }

@@ -386,43 +386,69 @@ fn pad(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     Ok(())
 }
 
-/// Picking one slice of an activation (ViT's query, key and value; its class token) is a
-/// Slice, and a Reshape that drops the axis for a scalar index.
+/// Picking from an activation along one axis: a single index (ViT's query, key and value;
+/// its class token) or indices that step evenly (the dynamo exporter's `as_strided`, which
+/// reads Swin's pooled features through a flat Gather) is a strided Slice, then a Reshape
+/// to the indices' shape.
 fn gather_slice(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     let (x, out) = (node.x(), node.out());
     let xs = im.shape(&x)?;
     let indices = im.need_const(&node.inputs()[1], "indices")?.clone();
     let axis = axis_of(node.attrs.i("axis").unwrap_or(0), xs.len() as i64)?;
-    if indices.len() != 1 || indices.shape.len() > 1 {
+    let dim = xs[axis] as i64;
+    let picked = indices
+        .ints()
+        .iter()
+        .map(|&i| {
+            let i = if i < 0 { i + dim } else { i };
+            (0..dim)
+                .contains(&i)
+                .then_some(i as usize)
+                .ok_or_else(|| format!("index {i} is out of range for an axis of {dim}"))
+        })
+        .collect::<Result<Vec<usize>, String>>()?;
+    let (start, count) = (picked.first().copied(), picked.len());
+    let step = match picked.get(1).zip(start) {
+        Some((&second, start)) if second > start => second - start,
+        None => 1,
+        _ => 0,
+    };
+    let Some(start) = start.filter(|&start| {
+        step > 0
+            && picked
+                .iter()
+                .enumerate()
+                .all(|(k, &i)| i == start + k * step)
+    }) else {
         return Err(format!(
-            "a Gather from the image's activations with indices of shape {:?}; only a single \
-             index is supported",
+            "a Gather from the image's activations with indices of shape {:?} that do not \
+             step evenly; only evenly spaced, increasing indices are supported",
             indices.shape
         ));
-    }
-    let dim = xs[axis] as i64;
-    let i = indices.ints()[0];
-    let i = if i < 0 { i + dim } else { i };
-    if !(0..dim).contains(&i) {
-        return Err(format!("index {i} is out of range for an axis of {dim}"));
-    }
+    };
     let mut sliced = xs.clone();
-    sliced[axis] = 1;
-    let target = match indices.shape.len() {
-        0 => format!("{out}.slice"),
-        _ => out.clone(),
+    sliced[axis] = count;
+    let mut shape = xs[..axis].to_vec();
+    shape.extend(&indices.shape);
+    shape.extend(&xs[axis + 1..]);
+    let target = if shape == sliced {
+        out.clone()
+    } else {
+        format!("{out}.slice")
     };
-    let start = i as usize;
-    let op = Op::Slice {
-        axis,
-        start,
-        end: start + 1,
-        step: 1,
-    };
-    im.add(node.name, op, vec![x], &target, sliced.clone());
-    if indices.shape.is_empty() {
-        sliced.remove(axis);
-        im.add(node.name, Op::Reshape, vec![target], &out, sliced);
+    if count == xs[axis] {
+        im.alias.insert(target.clone(), x);
+    } else {
+        let op = Op::Slice {
+            axis,
+            start,
+            end: start + (count - 1) * step + 1,
+            step,
+        };
+        im.add(node.name, op, vec![x], &target, sliced.clone());
+    }
+    if shape != sliced {
+        im.add(node.name, Op::Reshape, vec![target], &out, shape);
     }
     Ok(())
 }

@@ -19,13 +19,14 @@ pub(super) const OPS: &[&str] = &[
     "Mod",
     "Range",
     "ScatterND",
+    "GatherND",
 ];
 
 /// How many inputs `op` requires (ONNX's operator specs); the rest are optional.
 pub(super) fn required_inputs(op: &str, _opset: i64) -> usize {
     match op {
         "Constant" => 0,
-        "Equal" | "Mod" => 2,
+        "Equal" | "Mod" | "GatherND" => 2,
         "Where" | "Range" | "ScatterND" => 3,
         _ => 1,
     }
@@ -56,7 +57,7 @@ pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, Stri
                 .collect();
             Tensor::new(vec![dims.len()], dims)
         }
-        "Equal" | "Not" | "Where" | "Mod" | "Range" | "ScatterND" => {
+        "Equal" | "Not" | "Where" | "Mod" | "Range" | "ScatterND" | "GatherND" => {
             let values = constant_inputs(im, node)?;
             let scalar = |t: &Tensor| match t.len() {
                 1 => Ok(t.data[0]),
@@ -68,6 +69,13 @@ pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, Stri
                 "Where" => fold::select(values[0], values[1], values[2])?,
                 "Mod" => fold::modulo(values[0], values[1], attrs.i("fmod") == Some(1))?,
                 "Range" => fold::range(scalar(values[0])?, scalar(values[1])?, scalar(values[2])?)?,
+                // The dynamo exporter's indexing of LeViT's attention-bias table.
+                "GatherND" => {
+                    if attrs.i("batch_dims").unwrap_or(0) != 0 {
+                        return Err("GatherND with batch_dims is not supported".into());
+                    }
+                    fold::gather_nd(values[0], values[1])?
+                }
                 _ => fold::scatter_nd(values[0], values[1], values[2])?,
             }
         }

@@ -268,25 +268,8 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
     let mut failed = Vec::new();
     for name in names {
         let dir = std::path::Path::new(&dir);
-        let text = std::fs::read_to_string(dir.join(format!("{name}.ref.json"))).expect("ref");
-        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
-        let want: Vec<Vec<f32>> = json["output"]
-            .as_array()
-            .expect("output")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .expect("row")
-                    .iter()
-                    .map(|v| v.as_f64().expect("number") as f32)
-                    .collect()
-            })
-            .collect();
-        let bytes = std::fs::read(dir.join(format!("{name}.input.bin"))).expect("input");
-        let input: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .collect();
+        let (json, want) = common::reference_json(&dir.join(format!("{name}.ref.json")));
+        let input = common::read_f32(&dir.join(format!("{name}.input.bin")));
         // PyTorch's own fp16 error on the GPU for this input: our fp16 engine may be off by
         // as much as three times that (rounding differs; neither is exact).
         let torch_fp16 = json["torch_fp16_max_abs_diff"].as_f64().unwrap_or(0.0) as f32;
@@ -339,21 +322,8 @@ fn vision_transformers_agree_with_onnxruntime() {
     }
     let input = common::transformer_input();
     for &name in common::TRANSFORMERS {
-        let text = std::fs::read_to_string(common::model(&format!("transformers/{name}.ref.json")))
-            .expect("reference");
-        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
-        let want: Vec<Vec<f32>> = json["output"]
-            .as_array()
-            .expect("output")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .expect("row")
-                    .iter()
-                    .map(|v| v.as_f64().expect("number") as f32)
-                    .collect()
-            })
-            .collect();
+        let reference = common::model(&format!("transformers/{name}.ref.json"));
+        let (_, want) = common::reference_json(reference.as_ref());
         let model = common::model(&format!("transformers/{name}.onnx"));
         for (precision, abs, rel) in [(Precision::Fp32, 1e-4, 1e-3), (Precision::Fp16, 1e-2, 5e-2)]
         {

@@ -100,25 +100,19 @@ fn vision_transformers_run_on_the_cpu_as_onnxruntime_does() {
     common::init();
     let input = common::transformer_input();
     for &name in common::TRANSFORMERS {
-        let text = std::fs::read_to_string(common::model(&format!("transformers/{name}.ref.json")))
-            .unwrap();
-        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let reference = common::model(&format!("transformers/{name}.ref.json"));
+        let (_, wanted) = common::reference_json(reference.as_ref());
         let mut engine =
             CpuEngine::build(&options(&format!("transformers/{name}.onnx"), 2)).unwrap();
         let scores = engine.infer(&input, 2).unwrap();
-        for (frame, (got, want)) in scores
-            .iter()
-            .zip(json["output"].as_array().unwrap())
-            .enumerate()
-        {
-            let want: Vec<f32> = want
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-                .collect();
+        assert_eq!(
+            scores.len(),
+            wanted.len(),
+            "{name}: one score vector per frame"
+        );
+        for (frame, (got, want)) in scores.iter().zip(&wanted).enumerate() {
             assert_eq!(got.len(), want.len(), "{name}: one score per class");
-            for (c, (g, w)) in got.iter().zip(&want).enumerate() {
+            for (c, (g, w)) in got.iter().zip(want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-4,
                     "{name}: frame {frame} class {c}: cpu {g} vs onnxruntime {w}"
@@ -418,25 +412,8 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
     assert!(!names.is_empty(), "no *.ref.json in {}", dir.display());
     let mut failed = Vec::new();
     for name in &names {
-        let text = std::fs::read_to_string(dir.join(format!("{name}.ref.json"))).expect("ref");
-        let json: serde_json::Value = serde_json::from_str(&text).expect("json");
-        let want: Vec<Vec<f32>> = json["output"]
-            .as_array()
-            .expect("output")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .expect("row")
-                    .iter()
-                    .map(|v| v.as_f64().expect("number") as f32)
-                    .collect()
-            })
-            .collect();
-        let input: Vec<f32> = std::fs::read(dir.join(format!("{name}.input.bin")))
-            .expect("input")
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .collect();
+        let (_, want) = common::reference_json(&dir.join(format!("{name}.ref.json")));
+        let input = common::read_f32(&dir.join(format!("{name}.input.bin")));
         let mut opts = options("colors.onnx", 1);
         opts.model = dir.join(format!("{name}.onnx"));
         let mut engine = match CpuEngine::build(&opts) {

@@ -48,6 +48,37 @@ pub fn transformer_input() -> Vec<f32> {
         .collect()
 }
 
+/// An onnxruntime reference file (`NAME.ref.json`, from `models/transformers/export.py` or
+/// `bench/gpu/torch_models.py export`): the whole document, and its `output` rows, one score
+/// vector per frame.
+pub fn reference_json(path: &std::path::Path) -> (serde_json::Value, Vec<Vec<f32>>) {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reference {}: {e}", path.display()));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let rows = json["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .map(|row| {
+            row.as_array()
+                .expect("row")
+                .iter()
+                .map(|v| v.as_f64().expect("number") as f32)
+                .collect()
+        })
+        .collect();
+    (json, rows)
+}
+
+/// A file of little-endian f32 values (an export's `NAME.input.bin`).
+pub fn read_f32(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect()
+}
+
 pub fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {

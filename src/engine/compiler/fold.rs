@@ -114,6 +114,38 @@ pub(super) fn range(start: f32, limit: f32, delta: f32) -> Result<Tensor, String
     Ok(Tensor::new(vec![data.len()], data))
 }
 
+/// The slices of `data` that the index tuples of `indices` (its last axis, as ScatterND and
+/// GatherND read them) name: each slice's first element and the slice's length. `op` names
+/// the operator in errors.
+fn nd_slices(data: &Tensor, indices: &Tensor, op: &str) -> Result<(Vec<usize>, usize), String> {
+    let depth = *indices
+        .shape
+        .last()
+        .ok_or(format!("{op} indices of rank 0"))?;
+    if depth == 0 || depth > data.shape.len() {
+        return Err(format!(
+            "{op} indices of depth {depth} into a tensor of rank {}",
+            data.shape.len()
+        ));
+    }
+    let data_strides = strides(&data.shape);
+    let starts = (indices.ints().chunks(depth))
+        .map(|index| {
+            let mut start = 0;
+            for (axis, &i) in index.iter().enumerate() {
+                let dim = data.shape[axis] as i64;
+                let i = if i < 0 { i + dim } else { i };
+                if !(0..dim).contains(&i) {
+                    return Err(format!("{op} index {i} out of range for an axis of {dim}"));
+                }
+                start += i as usize * data_strides[axis];
+            }
+            Ok(start)
+        })
+        .collect::<Result<_, String>>()?;
+    Ok((starts, data.shape[depth..].iter().product()))
+}
+
 /// ONNX ScatterND (reduction none): `data` with the slices that `indices` name replaced by
 /// `updates`.
 pub(super) fn scatter_nd(
@@ -121,35 +153,16 @@ pub(super) fn scatter_nd(
     indices: &Tensor,
     updates: &Tensor,
 ) -> Result<Tensor, String> {
-    let depth = *indices.shape.last().ok_or("ScatterND indices of rank 0")?;
-    if depth == 0 || depth > data.shape.len() {
-        return Err(format!(
-            "ScatterND indices of depth {depth} into a tensor of rank {}",
-            data.shape.len()
-        ));
-    }
-    let slice: usize = data.shape[depth..].iter().product();
-    let count = indices.len() / depth;
+    let (starts, slice) = nd_slices(data, indices, "ScatterND")?;
+    let count = starts.len();
     if updates.len() != count * slice {
         return Err(format!(
             "ScatterND of {count} slices of {slice} values with {} updates",
             updates.len()
         ));
     }
-    let data_strides = strides(&data.shape);
     let mut out = data.data.to_vec();
-    for (k, index) in indices.ints().chunks(depth).enumerate() {
-        let mut start = 0;
-        for (axis, &i) in index.iter().enumerate() {
-            let dim = data.shape[axis] as i64;
-            let i = if i < 0 { i + dim } else { i };
-            if !(0..dim).contains(&i) {
-                return Err(format!(
-                    "ScatterND index {i} out of range for an axis of {dim}"
-                ));
-            }
-            start += i as usize * data_strides[axis];
-        }
+    for (k, start) in starts.into_iter().enumerate() {
         out[start..start + slice].copy_from_slice(&updates.data[k * slice..(k + 1) * slice]);
     }
     Ok(Tensor::new(data.shape.clone(), out))
@@ -158,32 +171,15 @@ pub(super) fn scatter_nd(
 /// ONNX GatherND with `batch_dims` 0: each index tuple (the last axis of `indices`) picks a
 /// slice of `data`.
 pub(super) fn gather_nd(data: &Tensor, indices: &Tensor) -> Result<Tensor, String> {
-    let depth = *indices.shape.last().ok_or("GatherND indices of rank 0")?;
-    if depth == 0 || depth > data.shape.len() {
-        return Err(format!(
-            "GatherND indices of depth {depth} into a tensor of rank {}",
-            data.shape.len()
-        ));
-    }
-    let slice: usize = data.shape[depth..].iter().product();
-    let data_strides = strides(&data.shape);
-    let mut out = Vec::with_capacity(indices.len() / depth * slice);
-    for index in indices.ints().chunks(depth) {
-        let mut start = 0;
-        for (axis, &i) in index.iter().enumerate() {
-            let dim = data.shape[axis] as i64;
-            let i = if i < 0 { i + dim } else { i };
-            if !(0..dim).contains(&i) {
-                return Err(format!(
-                    "GatherND index {i} out of range for an axis of {dim}"
-                ));
-            }
-            start += i as usize * data_strides[axis];
-        }
+    let (starts, slice) = nd_slices(data, indices, "GatherND")?;
+    let mut out = Vec::with_capacity(starts.len() * slice);
+    for start in starts {
         out.extend_from_slice(&data.data[start..start + slice]);
     }
-    let mut shape = indices.shape[..indices.shape.len() - 1].to_vec();
-    shape.extend(&data.shape[depth..]);
+    // [indices' axes but the last, the slice's axes]; nd_slices checked the tuples' depth.
+    let (tuple_axes, depth) = indices.shape.split_at(indices.shape.len() - 1);
+    let mut shape = tuple_axes.to_vec();
+    shape.extend(&data.shape[depth[0]..]);
     Ok(Tensor::new(shape, out))
 }
 

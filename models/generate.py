@@ -11,6 +11,10 @@ the folder of this script):
     cnn.onnx            small random-weight CNN (ResNet / MobileNet style layers)
     ops.onnx            random-weight op-coverage CNN: the ops of PyTorch exports of the
                         common CNN classifiers (opset 17), ends in Softmax
+    big_activations.onnx  a small CNN whose activations overflow fp16 on any frame (the GPU
+                        engine must build it in fp32 when asked for fp16)
+    big_logits.onnx     a small CNN whose logits alone pass fp16's range (its last product
+                        writes the scores in f32, so the GPU engine stays in fp16)
     *_reference.json    onnxruntime outputs for fixed random inputs
     bad/*               broken or unsupported models for the error-handling tests
 
@@ -69,6 +73,12 @@ SEED_EFFICIENTNET = 7
 SEED_OPS_WEIGHTS = 6
 SEED_OPS_REFERENCE = 7
 SEED_OPS_CALIBRATION = 8
+SEED_BIG_WEIGHTS = 9
+SEED_BIG_REFERENCE = 10
+BIG_GAIN = 1e5  # the first convolution's outputs reach ~1e5-1e6: past fp16's 65504
+SEED_BIG_LOGITS_WEIGHTS = 11
+SEED_BIG_LOGITS_REFERENCE = 12
+BIG_LOGITS_GAIN = 2e4  # the classifier's weights: logits of ~1e5, each weight within fp16
 
 # Concrete sizes substituted for symbolic dims when the models are run.
 CONCRETE_DIMS = {"N": 2, "H": 24, "W": 20}
@@ -238,6 +248,35 @@ def build_cnn():
     x = b.op("Flatten", [x], axis=1)
     b.gemm(x, 32, 10, output=OUTPUT)
     return b.model("cnn", [float_input(["N", 3, 32, 32])], [float_output(["N", 10])])
+
+
+def build_big_activations():
+    """A classifier whose activations overflow fp16 on any frame: Conv 3x3 with weights
+    BIG_GAIN times He-normal -> ReLU -> GlobalAveragePool -> Gemm with weights 1/BIG_GAIN as
+    large, so that its scores are ordinary logits; [N,3,16,16] -> [N,4].
+    fp32 holds it: built for fp16, the GPU engine must notice and build it in fp32."""
+    b = GraphBuilder(np.random.default_rng(SEED_BIG_WEIGHTS))
+    x = b.op("Relu", [b.conv(INPUT, 3, 8, 3, bias=True, gain=BIG_GAIN)])
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    w = (b.rng.normal(0.0, 1.0, (4, 8)) / BIG_GAIN).astype(np.float32)
+    bias = b.rng.normal(0.0, 0.1, 4).astype(np.float32)
+    b.op("Gemm", [x, b.const("fc_w", w), b.const("fc_b", bias)], output=OUTPUT, transB=1)
+    return b.model("big_activations", [float_input(["N", 3, 16, 16])], [float_output(["N", 4])])
+
+
+def build_big_logits():
+    """A classifier whose logits, and only they, pass fp16's range: Conv 3x3 -> ReLU ->
+    GlobalAveragePool -> Gemm with weights BIG_LOGITS_GAIN times normal; [N,3,16,16] -> [N,4]
+    logits of about 1e5. In fp16 only its last product overflows, and that product writes the
+    scores in f32: the GPU engine keeps it in fp16."""
+    b = GraphBuilder(np.random.default_rng(SEED_BIG_LOGITS_WEIGHTS))
+    x = b.op("Relu", [b.conv(INPUT, 3, 8, 3, bias=True, gain=4.0)])
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    w = (b.rng.normal(0.0, 1.0, (4, 8)) * BIG_LOGITS_GAIN).astype(np.float32)
+    assert np.abs(w).max() < 65504, "every weight within fp16"
+    bias = b.rng.normal(0.0, 0.1, 4).astype(np.float32)
+    b.op("Gemm", [x, b.const("fc_w", w), b.const("fc_b", bias)], output=OUTPUT, transB=1)
+    return b.model("big_logits", [float_input(["N", 3, 16, 16])], [float_output(["N", 4])])
 
 
 # --------------------------------------------------------------------------
@@ -779,6 +818,8 @@ def main():
         "colors_logits.onnx": build_colors(softmax=False),
         "cnn.onnx": build_cnn(),
         "ops.onnx": build_ops(),
+        "big_activations.onnx": build_big_activations(),
+        "big_logits.onnx": build_big_logits(),
     }
     if args.bench:
         valid_models["mobilenet_v2_224.onnx"] = build_mobilenet_v2()
@@ -797,6 +838,12 @@ def main():
     save_reference(out / "cnn.onnx", out / "cnn_reference.json", (3, 3, 32, 32), SEED_CNN_REFERENCE)
     save_reference(out / "colors.onnx", out / "colors_reference.json", (2, 3, 16, 16), SEED_COLORS_REFERENCE)
     save_reference(out / "ops.onnx", out / "ops_reference.json", (3, 3, 32, 32), SEED_OPS_REFERENCE)
+    save_reference(
+        out / "big_activations.onnx", out / "big_activations_reference.json", (2, 3, 16, 16), SEED_BIG_REFERENCE
+    )
+    save_reference(
+        out / "big_logits.onnx", out / "big_logits_reference.json", (2, 3, 16, 16), SEED_BIG_LOGITS_REFERENCE
+    )
 
     # Bad models: the first three are valid ONNX, just not something the element accepts.
     save_model(build_two_inputs(), bad / "two_inputs.onnx")

@@ -147,6 +147,129 @@ fn check_model(model: &str, reference: &str, precision: Precision, abs: f32, rel
     }
 }
 
+/// A model whose activations overflow fp16 on any frame, asked for in fp16, is built in
+/// fp32, says so (naming the node), gives onnxruntime's scores, and keeps that in its engine
+/// file; asked for in fp32 it says nothing.
+#[test]
+fn fp16_that_overflows_is_built_in_fp32() {
+    if !gpu("fp16_that_overflows_is_built_in_fp32") {
+        return;
+    }
+    let path = common::model("big_activations.onnx");
+    let (input, frames) = reference_frames("big_activations_reference.json");
+    let text = std::fs::read_to_string(common::model("big_activations_reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let want: Vec<f32> = json["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let classes = want.len() / frames;
+    let dir = tempfile::tempdir().unwrap();
+    for (round, precision) in [
+        (0, Precision::Fp16),
+        (1, Precision::Fp16),
+        (2, Precision::Fp32),
+    ] {
+        let mut o = options(&path, 2, precision);
+        o.engine_location = Some(dir.path().join(format!("{precision:?}.engine")));
+        let mut gpu = CudaEngine::build(&o).unwrap_or_else(|e| panic!("cuda engine: {e}"));
+        let info = gpu.info().clone();
+        let what = format!("{precision:?}, round {round}");
+        assert_eq!(info.precision, Precision::Fp32, "{what}");
+        match precision {
+            Precision::Fp16 => {
+                let note = info
+                    .precision_note
+                    .clone()
+                    .expect("a note on the precision");
+                assert!(
+                    note.contains("node `conv_0`") && note.contains("runs in fp32"),
+                    "{what}: {note}"
+                );
+                println!("{what}: {note}");
+            }
+            Precision::Fp32 => assert_eq!(info.precision_note, None, "{what}"),
+        }
+        let got = gpu.infer(&input, frames).expect("cuda inference");
+        for (i, g) in got.iter().enumerate() {
+            compare(
+                &format!("{what} frame {i}"),
+                g,
+                &want[i * classes..][..classes],
+                1e-3,
+                1e-3,
+            );
+        }
+    }
+}
+
+/// A model whose logits alone pass fp16's range (about 2e5) stays in fp16: its last product
+/// writes the scores in f32, so nothing overflows and there is no note; the scores are
+/// onnxruntime's to fp16's precision.
+#[test]
+fn fp16_logits_beyond_its_range_stay_fp16() {
+    if !gpu("fp16_logits_beyond_its_range_stay_fp16") {
+        return;
+    }
+    let path = common::model("big_logits.onnx");
+    let (input, frames) = reference_frames("big_logits_reference.json");
+    let text = std::fs::read_to_string(common::model("big_logits_reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let want: Vec<f32> = json["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert!(want.iter().any(|v| v.abs() > 65504.0), "logits past fp16");
+    let classes = want.len() / frames;
+    let mut gpu = CudaEngine::build(&options(&path, 2, Precision::Fp16)).expect("cuda engine");
+    let info = gpu.info().clone();
+    assert_eq!(info.precision, Precision::Fp16, "{:?}", info.precision_note);
+    assert_eq!(info.precision_note, None);
+    let got = gpu.infer(&input, frames).expect("cuda inference");
+    for (i, g) in got.iter().enumerate() {
+        let want = &want[i * classes..][..classes];
+        let largest = g
+            .iter()
+            .zip(want)
+            .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+            .fold(0.0f32, f32::max);
+        println!("big_logits frame {i}: largest relative error {largest:.2e}");
+        assert!(largest < 5e-3, "frame {i}: {g:?} against {want:?}");
+    }
+    assert!(info.non_finite.get().is_none());
+}
+
+/// Scores that come out not finite (frames beyond fp16's range) make the engine look for
+/// where they began, once, and name that step and node for the element's warning.
+#[test]
+fn non_finite_scores_name_the_step_where_they_began() {
+    if !gpu("non_finite_scores_name_the_step_where_they_began") {
+        return;
+    }
+    let path = common::model("colors.onnx");
+    let mut gpu = CudaEngine::build(&options(&path, 2, Precision::Fp16)).expect("cuda engine");
+    let info = gpu.info().clone();
+    assert_eq!(info.precision, Precision::Fp16, "colors.onnx holds in fp16");
+    let frame_len = info.input.frame_len();
+    let fine = gpu.infer(&vec![0.5; frame_len], 1).expect("inference");
+    assert!(fine[0].iter().all(|v| v.is_finite()));
+    assert!(info.non_finite.get().is_none(), "nothing to report yet");
+    // 1e5 is past fp16's 65504: the input's cast to fp16, the plan's first step, gives
+    // infinity.
+    let got = gpu.infer(&vec![1e5; frame_len], 1).expect("inference");
+    assert!(got[0].iter().any(|v| !v.is_finite()), "{:?}", got[0]);
+    let found = info.non_finite.get().expect("the engine looked");
+    assert!(
+        found.contains("node `image` (step 0") && found.contains("infinite or NaN"),
+        "{found}"
+    );
+    println!("{found}");
+}
+
 const MODELS: &[(&str, &str)] = &[
     ("cnn.onnx", "cnn_reference.json"),
     ("colors.onnx", "colors_reference.json"),
@@ -293,6 +416,9 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
                 "{name} {precision:?}: built in {built:.1?}, largest probability error {worst:.2e} \
                  (PyTorch fp16: {torch_fp16:.2e})"
             );
+            if let Some(note) = &gpu.info().precision_note {
+                println!("{name}: {note}");
+            }
             let checked = std::panic::catch_unwind(|| {
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     let what = format!("{name} {precision:?} frame {i}");

@@ -26,7 +26,12 @@ struct Script {
     panic_run: Option<usize>,
     /// From this run on, every score is NaN.
     nan_from_run: Option<usize>,
+    /// Why the engine runs in another precision than the one asked for.
+    precision_note: Option<&'static str>,
 }
+
+/// What the scripted engine says it found where its scores first went NaN.
+const NAN_FOUND: &str = "the first such values came from node `head` (step 3: gemm)";
 
 /// Scores a frame as class `red byte` (one-hot over 256 classes), so that each output buffer
 /// shows whose result it carries: frame `i` is pushed with red = `i`.
@@ -79,6 +84,10 @@ impl Engine for ScriptedEngine {
             panic!("index out of bounds in run");
         }
         let nan = self.script.nan_from_run.is_some_and(|r| self.runs >= r);
+        if nan {
+            // As the cuda engine does: the finding is in the info before the scores leave.
+            let _ = self.info.non_finite.set(NAN_FOUND.into());
+        }
         Ok(pushed
             .into_iter()
             .map(|class| {
@@ -128,7 +137,9 @@ fn setup(script: Script, properties: &str) -> Setup {
                 outputs_probabilities: true,
                 backend: Backend::Cpu,
                 precision: Precision::Fp32,
+                precision_note: script.precision_note.map(String::from),
                 reads_device_frames: false,
+                non_finite: Default::default(),
             },
             script,
             pushes: 0,
@@ -383,9 +394,34 @@ fn scores_that_are_not_finite_are_one_warning_and_every_frame_leaves() {
         text.contains("colors.onnx: the scores of frame 4 are not all finite"),
         "{text}"
     );
+    assert!(text.contains(NAN_FOUND), "the engine's finding: {text}");
     assert!(
         s.bus.pop_filtered(&[gst::MessageType::Warning]).is_none(),
         "one warning, not one per frame"
     );
+    assert_no_more_errors(&s.bus);
+}
+
+#[test]
+fn an_engine_in_another_precision_than_asked_is_a_warning_at_start() {
+    let note =
+        "precision=fp16: node `conv_0` reaches 1.2e5 on sample frames; the engine runs in fp32";
+    let mut s = setup(
+        Script {
+            precision_note: Some(note),
+            ..Default::default()
+        },
+        "batch-size=2 batch-timeout=-1",
+    );
+    for i in 0..2 {
+        assert_eq!(s.h.push(frame(i)), Ok(gst::FlowSuccess::Ok));
+    }
+    assert_eq!(pull_all(&mut s.h), [0, 1], "frames leave as usual");
+    let warning = s
+        .bus
+        .pop_filtered(&[gst::MessageType::Warning])
+        .expect("a warning");
+    let text = common::message_text(&warning);
+    assert!(text.contains(note), "{text}");
     assert_no_more_errors(&s.bus);
 }

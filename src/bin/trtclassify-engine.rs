@@ -13,7 +13,8 @@
 //! replays), images/s (graph replays back to back) and the median `infer()` call (upload,
 //! graph, download). `--check` runs `MODEL.input.bin` (4 float32 NCHW images) at every batch
 //! size and compares with `MODEL.ref.json` (written by `bench/gpu/torch_models.py export`);
-//! `--profile` prints the slowest steps of each plan.
+//! `--profile` prints the GPU time of each plan by kind of step, and its costliest steps (the
+//! same step in every block of a transformer counted together).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -296,10 +297,21 @@ fn print_profile(model: &str, batch: usize, steps: Vec<(String, f64)>) {
     for (kind, (n, ms)) in by_kind {
         println!("  {kind:<12} {n:>4} steps {ms:8.3} ms");
     }
-    let mut slowest = steps;
-    slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
-    for (what, ms) in slowest.iter().take(15) {
-        println!("  {ms:8.4} ms  {what}");
+    // The same step repeats in every block of a transformer: grouped by what it computes
+    // (the description without the node), the costly kinds of step stand out.
+    let mut by_step = std::collections::HashMap::<&str, (usize, f64)>::new();
+    for (what, ms) in &steps {
+        let step = what
+            .rsplit_once(" (")
+            .map_or(what.as_str(), |(step, _)| step);
+        let e = by_step.entry(step).or_default();
+        e.0 += 1;
+        e.1 += ms;
+    }
+    let mut slowest: Vec<_> = by_step.into_iter().collect();
+    slowest.sort_by(|a, b| b.1.1.total_cmp(&a.1.1));
+    for (what, (n, ms)) in slowest.iter().take(15) {
+        println!("  {ms:8.4} ms  {n:>3}x  {what}");
     }
 }
 

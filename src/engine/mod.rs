@@ -144,9 +144,17 @@ pub struct ModelInfo {
     pub backend: Backend,
     /// The precision it runs in: `Fp32` on the CPU, whatever was asked.
     pub precision: Precision,
+    /// Why `precision` is not the one asked for (fp16 overflowed on sample frames), for the
+    /// element to say; `None` where it is.
+    pub precision_note: Option<String>,
     /// Whether `Engine::push_device` reads frames in GPU memory where they are; frames in
     /// CUDA memory are otherwise mapped to system memory (a copy) before `push`.
     pub reads_device_frames: bool,
+    /// Where a run's values first became infinite or NaN (the step and the ONNX node), once
+    /// the engine has looked: the first time its scores were not finite. Shared by every
+    /// copy of this info, and set before those scores leave the engine, so that the element
+    /// can name the node in its warning.
+    pub non_finite: std::sync::Arc<std::sync::OnceLock<String>>,
 }
 
 /// A video frame whose planes are in GPU memory (GStreamer's CUDA memory), mapped as device

@@ -843,6 +843,9 @@ impl TrtClassify {
                 stream.streams() - 1
             ),
         }
+        if let Some(note) = &info.precision_note {
+            gst::element_imp_warning!(self, gst::LibraryError::Settings, ["{location}: {note}"]);
+        }
         Ok(stream)
     }
 
@@ -1163,12 +1166,15 @@ impl TrtClassify {
         if outputs.non_finite > 1 {
             return;
         }
-        let hint = match info.precision {
+        let mut hint = match info.precision {
             Precision::Fp16 if info.backend != Backend::Cpu => {
-                "; with precision=fp16 this is usually a value beyond fp16's range: try precision=fp32"
+                "; with precision=fp16 this is usually a value beyond fp16's range: try precision=fp32".to_owned()
             }
-            _ => "",
+            _ => String::new(),
         };
+        if let Some(found) = info.non_finite.get() {
+            hint = format!("; {found}{hint}");
+        }
         gst::element_imp_warning!(
             self,
             gst::StreamError::Decode,

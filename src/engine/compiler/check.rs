@@ -21,6 +21,13 @@ pub fn check_plan(
     if plan.dtype != dtype {
         return fail("another precision".into());
     }
+    if plan.origins.len() != plan.steps.len() {
+        return fail(format!(
+            "{} steps but {} origins",
+            plan.steps.len(),
+            plan.origins.len()
+        ));
+    }
     if Some(plan.input_len) != batch.checked_mul(frame_len)
         || Some(plan.output_len) != batch.checked_mul(num_classes)
     {
@@ -82,8 +89,9 @@ pub fn check_plan(
 }
 
 /// The frames (f32) are read only by a cast from f32 and the scores (f32) written only by a
-/// cast to f32, where the plan's type is not f32: another step would take their elements for
-/// half as many bytes, and the casts' other side for twice as many.
+/// cast to f32 or by a product that writes f32, where the plan's type is not f32: another
+/// step would take their elements for half as many bytes, and the casts' other side for
+/// twice as many.
 fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
     let ok = match step {
         Step::Ew {
@@ -99,6 +107,11 @@ fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
                 Cast::ToF32 => {
                     output(out.loc) && !output(a.loc) && b.as_ref().is_none_or(|b| !output(b.loc))
                 }
+                Cast::F32 => {
+                    output(out.loc)
+                        && output(a.loc)
+                        && b.as_ref().is_none_or(|b| !input(b.loc) && !output(b.loc))
+                }
                 Cast::None => {
                     dtype == DType::F32
                         || others
@@ -107,6 +120,27 @@ fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
                             .all(|l| !input(l) && !output(l))
                 }
             }
+        }
+        // A product may write the scores in f32 (`lower::scores`), with neither a bias nor a
+        // residual in the plan's type beside them in cuBLASLt's epilogue.
+        Step::Gemm {
+            x,
+            w,
+            bias,
+            residual,
+            y: Loc::Output(_),
+            ..
+        } => {
+            dtype == DType::F32
+                || bias.is_none()
+                    && residual.is_none()
+                    && [x, w]
+                        .into_iter()
+                        .all(|l| !matches!(l, Loc::Input(_) | Loc::Output(_)))
+        }
+        // A softmax of the scores reads and writes them in f32, in place.
+        Step::Softmax { x, y, .. } if [x, y].iter().any(|l| matches!(l, Loc::Output(_))) => {
+            dtype == DType::F32 || matches!((x, y), (Loc::Output(a), Loc::Output(b)) if a == b)
         }
         // Every buffer a step touches has a span (an empty operand touches nothing).
         _ => {

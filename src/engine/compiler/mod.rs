@@ -20,6 +20,7 @@ mod fold;
 pub mod import;
 pub mod ir;
 mod lower;
+pub mod overflow;
 mod passes;
 pub mod plan;
 mod reference;

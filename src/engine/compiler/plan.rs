@@ -97,6 +97,9 @@ pub enum Cast {
     FromF32,
     /// Writes f32 (the scores).
     ToF32,
+    /// Reads and writes f32: the scores, after the product that wrote them in f32 (whose
+    /// bias and activation this step applies; `b` is in the plan's type).
+    F32,
 }
 
 /// A 2-D convolution (cuDNN on the GPU) with its bias, residual and activation.
@@ -201,15 +204,19 @@ pub enum Step {
         k: usize,
         /// Row-major `[batch, rows, k]`.
         x: Loc,
-        /// Row-major `[batch, k, n]`.
+        /// Row-major `[batch, k, n]`, or `[batch, n, k]` where `w_transposed`.
         w: Loc,
+        /// Whether `w` holds the transpose of each matrix the product reads (attention's
+        /// keys, `q · kᵀ`), read in place instead of copied into `[k, n]` order.
+        w_transposed: bool,
         /// `n` values added to every row.
         bias: Option<Loc>,
         /// Row-major `[batch, rows, n]`, added after the scaling by `alpha`.
         residual: Option<Loc>,
         /// Whether ReLU follows; otherwise no activation.
         relu: bool,
-        /// Row-major `[batch, rows, n]`.
+        /// Row-major `[batch, rows, n]`; in f32 where it is the output buffer (the scores
+        /// of an fp16 plan, computed in f32 so that they cannot overflow fp16).
         y: Loc,
     },
     /// NHWC in and out.
@@ -348,16 +355,24 @@ impl Step {
                 k,
                 residual,
                 relu,
+                w_transposed,
+                y,
                 ..
             } => format!(
-                "gemm {batch}x {rows}x{k} · {k}x{n}{}{}{}",
+                "gemm {batch}x {rows}x{k} · {k}x{n}{}{}{}{}{}",
+                if *w_transposed { "ᵀ" } else { "" },
                 if *alpha == 1.0 {
                     String::new()
                 } else {
                     format!(" ×{alpha}")
                 },
                 if *relu { " Relu" } else { "" },
-                if residual.is_some() { " +res" } else { "" }
+                if residual.is_some() { " +res" } else { "" },
+                if matches!(y, Loc::Output(_)) {
+                    " -> f32 scores"
+                } else {
+                    ""
+                }
             ),
             Step::Pool {
                 n,
@@ -478,6 +493,36 @@ impl Step {
         spans
     }
 
+    /// The elements the step writes, as its sizes say; a strided output may leave elements
+    /// inside this span untouched.
+    pub fn written(&self) -> Span {
+        let len = |loc: Loc, dims: &[usize]| Span {
+            loc,
+            start: 0,
+            end: dims.iter().map(|&d| d as i128).product(),
+        };
+        match self {
+            Step::Ew { dims, out, .. } => Span::strided(out, dims),
+            Step::Zero { loc, len: n } => len(*loc, &[*n]),
+            Step::Conv(c) => len(c.y, &[c.n, c.oh, c.ow, c.k]),
+            Step::Gemm {
+                batch, rows, n, y, ..
+            } => len(*y, &[*batch, *rows, *n]),
+            Step::Pool {
+                n, oh, ow, c, y, ..
+            } => len(*y, &[*n, *oh, *ow, *c]),
+            Step::GlobalAvgPool { n, c, y, .. } => len(*y, &[*n, *c]),
+            Step::Softmax {
+                rows, len: l, y, ..
+            }
+            | Step::LayerNorm {
+                rows, len: l, y, ..
+            } => len(*y, &[*rows, *l]),
+            Step::RowMean { rows, y, .. } => len(*y, &[*rows]),
+            Step::Lrn { pixels, c, y, .. } => len(*y, &[*pixels, *c]),
+        }
+    }
+
     /// Every buffer the step reads or writes.
     pub fn locs_mut(&mut self) -> Vec<&mut Loc> {
         match self {
@@ -574,6 +619,9 @@ pub struct Plan {
     pub output_len: usize,
     /// In the order they run.
     pub steps: Vec<Step>,
+    /// The ONNX node each step computes (after the passes, the first node of a fused group),
+    /// parallel to `steps`: what a profile or an overflow report names.
+    pub origins: Vec<String>,
 }
 
 /// Constants in f32, converted to the plan's type when they are uploaded. Shared by the

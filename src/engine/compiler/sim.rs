@@ -48,6 +48,31 @@ pub fn run(plan: &Plan, weights: &Weights, input: &[f32]) -> Vec<f32> {
     m.output
 }
 
+/// Runs `plan` one step at a time over an arena that starts zeroed (as the GPU's does when
+/// it looks for an overflow), and returns where its values first pass `limit`.
+pub fn first_overflow(
+    plan: &Plan,
+    weights: &Weights,
+    input: &[f32],
+    limit: f32,
+) -> Option<super::overflow::Overflow> {
+    let mut m = Memory {
+        arena: vec![0.0; plan.arena_len],
+        weights,
+        input,
+        output: vec![0.0; plan.output_len],
+    };
+    let found = super::overflow::first_overflow(plan, limit, |i| {
+        let step = &plan.steps[i];
+        run_step(&mut m, step);
+        let span = step.written();
+        let start = usize::try_from(span.start).map_err(|_| "a span before its buffer")?;
+        let end = usize::try_from(span.end).map_err(|_| "a negative span")?;
+        Ok::<_, &str>((start..end).map(|j| m.read(span.loc, j)).collect())
+    });
+    found.expect("spans within their buffers")
+}
+
 fn offset(s: &Strided, dims: &[usize], mut i: usize) -> usize {
     let mut o = 0i64;
     for d in (0..dims.len()).rev() {
@@ -127,14 +152,17 @@ fn run_step(m: &mut Memory, step: &Step) {
             residual,
             relu,
             y,
+            w_transposed,
         } => {
+            let (w_row, w_col) = if *w_transposed { (1, *k) } else { (*n, 1) };
             for p in 0..*batch {
                 let (xo, wo, yo) = (p * rows * k, p * k * n, p * rows * n);
                 for r in 0..*rows {
                     for j in 0..*n {
                         let mut dot = 0.0;
                         for i in 0..*k {
-                            dot += m.read(*x, xo + r * k + i) * m.read(*w, wo + i * n + j);
+                            dot +=
+                                m.read(*x, xo + r * k + i) * m.read(*w, wo + i * w_row + j * w_col);
                         }
                         let mut acc = alpha * dot + bias.map_or(0.0, |b| m.read(b, j));
                         if let Some(z) = residual {

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use super::ir::{Act, Graph, Op, Tensor};
-use super::plan::{DType, Weights};
-use super::{import, lower, passes, reference, sim};
+use super::plan::{Cast, DType, Loc, Step, Weights};
+use super::{check, import, lower, passes, reference, sim};
 use crate::engine::OnnxModel;
 
 fn models() -> PathBuf {
@@ -149,9 +149,13 @@ fn check_lowering(model: &str, reference_file: &str) {
         let mut graph = import_model(model, batch);
         let want = reference::run(&graph, &input);
         passes::optimise(&mut graph);
-        let plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
-        let got = sim::run(&plan, &weights, &input.data);
-        assert_close(&got, &want.data, 1e-4);
+        // The simulator computes in f32 either way; the fp16 plan's steps differ at its end
+        // (`lower::scores`).
+        for dtype in [DType::F32, DType::F16] {
+            let plan = lower::lower(&graph, dtype, &mut weights).expect("lowers");
+            let got = sim::run(&plan, &weights, &input.data);
+            assert_close(&got, &want.data, 1e-4);
+        }
     }
     // The plans of both batch sizes share one copy of each weight.
     let mut names = weights.names.clone();
@@ -164,6 +168,106 @@ fn lowered_plans_match_reference() {
     check_lowering("cnn.onnx", "cnn_reference.json");
     check_lowering("colors.onnx", "colors_reference.json");
     check_lowering("ops.onnx", "ops_reference.json");
+    check_lowering("big_activations.onnx", "big_activations_reference.json");
+}
+
+#[test]
+fn the_fp16_scores_come_from_the_last_product_in_f32() {
+    // cnn.onnx ends with a Gemm and its bias; ops.onnx with a Gemm and a softmax.
+    let writes_scores = |step: &Step| matches!(step.written().loc, Loc::Output(_));
+    for (model, softmax) in [("cnn.onnx", false), ("ops.onnx", true)] {
+        let mut graph = import_model(model, 2);
+        passes::optimise(&mut graph);
+        for dtype in [DType::F32, DType::F16] {
+            let mut weights = Weights::default();
+            let mut plan = lower::lower(&graph, dtype, &mut weights).expect("lowers");
+            let writers: Vec<&Step> = plan.steps.iter().filter(|s| writes_scores(s)).collect();
+            let kinds: Vec<String> = writers.iter().map(|s| s.describe()).collect();
+            if dtype == DType::F32 {
+                // The scores are the plan's own type: one copy writes them.
+                assert!(
+                    matches!(
+                        writers[..],
+                        [Step::Ew {
+                            cast: Cast::ToF32,
+                            ..
+                        }]
+                    ),
+                    "{model} {dtype:?}: {kinds:?}"
+                );
+            } else {
+                // The product writes them, its bias is added to them in f32, and the softmax
+                // runs on them in place.
+                let (product, bias, rest) = match &writers[..] {
+                    [product, bias, rest @ ..] => (product, bias, rest),
+                    _ => panic!("{model}: {kinds:?}"),
+                };
+                assert!(
+                    matches!(product, Step::Gemm { bias: None, .. }),
+                    "{kinds:?}"
+                );
+                assert!(
+                    matches!(
+                        bias,
+                        Step::Ew {
+                            cast: Cast::F32,
+                            b: Some(_),
+                            ..
+                        }
+                    ),
+                    "{kinds:?}"
+                );
+                match softmax {
+                    true => assert!(
+                        matches!(
+                            rest,
+                            [Step::Softmax {
+                                x: Loc::Output(0),
+                                ..
+                            }]
+                        ),
+                        "{kinds:?}"
+                    ),
+                    false => assert!(rest.is_empty(), "{kinds:?}"),
+                }
+                assert_eq!(plan.steps.last(), writers.last().copied(), "{kinds:?}");
+                assert_eq!(plan.origins.len(), plan.steps.len());
+            }
+            // The checks that every plan passes before it runs accept the rewritten steps.
+            let weight_len = |i: usize| weights.data.get(i).map(|d| d.len());
+            let (frame_len, classes) = (plan.input_len / 2, plan.output_len / 2);
+            check::check_plan(&mut plan, &weight_len, dtype, frame_len, classes)
+                .unwrap_or_else(|e| panic!("{model} {dtype:?}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn every_step_names_the_node_it_computes() {
+    let graph = import_model("ops.onnx", 2);
+    let mut optimised = graph.clone();
+    passes::optimise(&mut optimised);
+    let plan = lower::lower(&optimised, DType::F16, &mut Weights::default()).expect("lowers");
+    assert_eq!(plan.origins.len(), plan.steps.len());
+    assert_eq!(plan.origins[0], graph.input, "the input's cast");
+    let names: Vec<&str> = graph.nodes.iter().map(|n| n.name.as_str()).collect();
+    for (step, origin) in plan.steps.iter().zip(&plan.origins).skip(1) {
+        assert!(
+            names.contains(&origin.as_str()) || *origin == graph.output,
+            "{} names `{origin}`, not a node of the model",
+            step.describe()
+        );
+    }
+    // Every node of the graph after the passes that computes something has steps.
+    let named: std::collections::HashSet<&String> = plan.origins.iter().collect();
+    let convs = optimised
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Conv(_)))
+        .filter(|n| !named.contains(&n.name))
+        .map(|n| n.name.clone())
+        .collect::<Vec<_>>();
+    assert!(convs.is_empty(), "convolutions without a step: {convs:?}");
 }
 
 /// The input of `models/transformers/export.py`'s references: two frames, each element

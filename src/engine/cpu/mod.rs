@@ -129,7 +129,9 @@ impl CpuEngine {
             outputs_probabilities: model.outputs_probabilities(),
             backend: Backend::Cpu,
             precision: Precision::Fp32,
+            precision_note: None,
             reads_device_frames: false,
+            non_finite: Default::default(),
         };
         gst::info!(
             CAT,

@@ -54,6 +54,7 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
         input_len: input,
         output_len: output,
         steps: vec![step],
+        origins: vec!["step".into()],
     };
     let mut w = Weights::default();
     for (i, data) in weights.into_iter().enumerate() {

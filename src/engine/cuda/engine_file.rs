@@ -108,7 +108,7 @@ pub enum Error {
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 5;
 const CHECKSUM_LEN: usize = 32;
 
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.
@@ -184,6 +184,23 @@ pub struct EngineFile {
     pub plans: Vec<Plan>,
     /// In the plans' type, ready to upload.
     pub weights: Vec<Vec<u8>>,
+    /// Why an engine asked for in fp16 runs in fp32: the sample frames overflowed fp16 (the
+    /// report of `runtime::Runtime::first_overflow`). `None`: it runs in the key's precision.
+    pub fp32_because: Option<String>,
+}
+
+impl EngineFile {
+    /// The type the plans and weights are in.
+    pub fn dtype(&self) -> DType {
+        plans_dtype(&self.key, &self.fp32_because)
+    }
+}
+
+fn plans_dtype(key: &Key, fp32_because: &Option<String>) -> DType {
+    match fp32_because {
+        Some(_) => DType::F32,
+        None => key.precision,
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -193,6 +210,7 @@ struct Header {
     ptx: String,
     plans: Vec<Plan>,
     weight_sizes: Vec<usize>,
+    fp32_because: Option<String>,
 }
 
 /// The per-user engine cache: `$XDG_CACHE_HOME/trtclassify` (usually `~/.cache/trtclassify`).
@@ -317,6 +335,7 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
         &mut header.plans,
         &weights,
         key,
+        plans_dtype(key, &header.fp32_because),
         frame_len,
         header.num_classes,
     )?;
@@ -326,20 +345,21 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
         ptx: header.ptx,
         plans: header.plans,
         weights,
+        fp32_because: header.fp32_because,
     })
 }
 
-/// The plans are those of the key (batch sizes, precision), their input and output buffers
+/// The plans are those of the key (batch sizes) in `dtype`, their input and output buffers
 /// hold the batch's frames and scores, and every step's sizes fit what its kernel takes and
 /// keep it inside the buffers it names.
 fn check_plans(
     plans: &mut [Plan],
     weights: &[Vec<u8>],
     key: &Key,
+    dtype: DType,
     frame_len: usize,
     num_classes: usize,
 ) -> Result<(), Error> {
-    let dtype = key.precision;
     let batches: Vec<usize> = plans.iter().map(|p| p.batch).collect();
     if batches != key.batch_sizes {
         return Err(Error::BatchSizes {
@@ -397,6 +417,7 @@ pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, Error> {
         ptx: engine.ptx.clone(),
         plans: engine.plans.clone(),
         weight_sizes: engine.weights.iter().map(Vec::len).collect(),
+        fp32_because: engine.fp32_because.clone(),
     };
     let header = serde_json::to_vec(&header).map_err(Error::Serialize)?;
     let mut body =
@@ -469,8 +490,10 @@ mod tests {
                 input_len: 12,
                 output_len: 4,
                 steps: vec![step],
+                origins: vec!["copy".into()],
             }],
             weights: vec![vec![1, 2], vec![3; 12]],
+            fp32_because: None,
         }
     }
 
@@ -720,6 +743,7 @@ mod tests {
             ptx: e.ptx.clone(),
             plans: e.plans.clone(),
             weight_sizes: vec![usize::MAX, 15],
+            fp32_because: None,
         };
         let header = serde_json::to_vec(&header).unwrap();
         let mut body = Vec::new();
@@ -781,7 +805,8 @@ mod tests {
     #[test]
     fn the_plans_of_real_models_pass_the_checks() {
         // What the compiler makes of the repository's models, saved and loaded back: the
-        // checks refuse nothing the build writes.
+        // checks refuse nothing the build writes, fp16 plans that overflowed and were built
+        // in fp32 included; fp32 plans under an fp16 key without that reason are refused.
         for name in ["colors.onnx", "cnn.onnx", "ops.onnx"] {
             let path = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("models")
@@ -789,11 +814,17 @@ mod tests {
             let model = crate::engine::OnnxModel::load(&path).unwrap();
             let spec = model.input_spec(None).unwrap();
             let batch_sizes = vec![1, 2, 4];
-            for dtype in [DType::F16, DType::F32] {
+            let cases = [
+                (DType::F16, DType::F16, None, true),
+                (DType::F32, DType::F32, None, true),
+                (DType::F16, DType::F32, Some("overflow".to_string()), true),
+                (DType::F16, DType::F32, None, false),
+            ];
+            for (asked, dtype, fp32_because, loads) in cases {
                 let (plans, weights) =
                     crate::engine::compiler::compile(&model, &batch_sizes, spec, dtype).unwrap();
                 let k = Key {
-                    precision: dtype,
+                    precision: asked,
                     batch_sizes: batch_sizes.clone(),
                     input: (spec.height, spec.width),
                     ..key()
@@ -808,16 +839,21 @@ mod tests {
                         .iter()
                         .map(|w| vec![0; w.len() * dtype.size()])
                         .collect(),
+                    fp32_because,
                 };
+                assert_eq!(e.dtype() == dtype, loads, "{name}: {asked:?} as {dtype:?}");
                 let dir = tempfile::tempdir().unwrap();
                 let file = dir.path().join("e.engine");
                 save(&file, &e).unwrap();
                 let loaded = load(&file, &k, spec.frame_len());
-                assert!(
-                    matches!(loaded, Ok(Some(_))),
-                    "{name} {dtype:?}: {:?}",
-                    loaded.err()
-                );
+                let what = format!("{name} {asked:?} as {dtype:?}");
+                match loads {
+                    true => assert!(matches!(loaded, Ok(Some(_))), "{what}: {:?}", loaded.err()),
+                    false => {
+                        let err = loaded.err().expect("refused").to_string();
+                        assert!(err.contains("another precision"), "{what}: {err}");
+                    }
+                }
             }
         }
     }

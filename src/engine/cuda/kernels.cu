@@ -156,6 +156,10 @@ extern "C" __global__ void ew_from_f32(const Ew p, T *out, const float *a, const
 extern "C" __global__ void ew_to_f32(const Ew p, float *out, const T *a, const T *b) {
     ew_body<float, T>(p, out, a, b, ld_t, st_f32);
 }
+// The scores that a product wrote in f32, with its bias (in T) and activation.
+extern "C" __global__ void ew_f32(const Ew p, float *out, const float *a, const T *b) {
+    ew_body<float, float>(p, out, a, b, ld_f32, st_f32);
+}
 
 // y = act(y + bias[c] + z) over an NHWC tensor with c channels: the epilogue of a
 // convolution that cuDNN's fused call cannot do.
@@ -337,18 +341,31 @@ __device__ __forceinline__ float block_max(float v, float *shared) {
     return m;
 }
 
-// One block per row.
-extern "C" __global__ void softmax_rows(const T *x, T *y, int len) {
+// Loads and stores of either storage type, for the kernels that also run on the f32 scores
+// of an fp16 plan (its softmax after the product that wrote them in f32).
+__device__ __forceinline__ float load(float v) { return v; }
+__device__ __forceinline__ void store(float *p, float v) { *p = v; }
+#ifdef HALF
+__device__ __forceinline__ float load(T v) { return ld(v); }
+__device__ __forceinline__ void store(T *p, float v) { *p = st(v); }
+#endif
+
+// One block per row; in place is safe: each thread writes only the elements it read last.
+template <typename S> __device__ void softmax_rows_body(const S *x, S *y, int len) {
     __shared__ float shared[32];
-    const T *row = x + (long long)blockIdx.x * len;
-    T *out = y + (long long)blockIdx.x * len;
+    const S *row = x + (long long)blockIdx.x * len;
+    S *out = y + (long long)blockIdx.x * len;
     float m = -3.402823466e38f;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) m = fmaxf(m, ld(row[i]));
+    for (int i = threadIdx.x; i < len; i += blockDim.x) m = fmaxf(m, load(row[i]));
     m = block_max(m, shared);
     float s = 0.f;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) s += __expf(ld(row[i]) - m);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) s += __expf(load(row[i]) - m);
     s = block_sum(s, shared);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) out[i] = st(__expf(ld(row[i]) - m) / s);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) store(out + i, __expf(load(row[i]) - m) / s);
+}
+extern "C" __global__ void softmax_rows(const T *x, T *y, int len) { softmax_rows_body(x, y, len); }
+extern "C" __global__ void softmax_rows_f32(const float *x, float *y, int len) {
+    softmax_rows_body(x, y, len);
 }
 
 extern "C" __global__ void layernorm_rows(const T *x, T *y, const T *scale, const T *bias,
@@ -388,18 +405,19 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-extern "C" __global__ void softmax_warp(const T *x, T *y, int rows, int len) {
+// The row is read whole into registers before it is written: in place is safe.
+template <typename S> __device__ void softmax_warp_body(const S *x, S *y, int rows, int len) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
-    const T *in = x + (long long)row * len;
-    T *out = y + (long long)row * len;
+    const S *in = x + (long long)row * len;
+    S *out = y + (long long)row * len;
     float v[WARP_ROW_MAX / 32];
     float m = -3.402823466e38f;
 #pragma unroll
     for (int k = 0; k < WARP_ROW_MAX / 32; ++k) {
         if (k * 32 >= len) break;  // the same for the whole warp
         int i = k * 32 + lane;
-        v[k] = i < len ? ld(in[i]) : -3.402823466e38f;
+        v[k] = i < len ? load(in[i]) : -3.402823466e38f;
         m = fmaxf(m, v[k]);
     }
     m = warp_max(m);
@@ -415,8 +433,14 @@ extern "C" __global__ void softmax_warp(const T *x, T *y, int rows, int len) {
     for (int k = 0; k < WARP_ROW_MAX / 32; ++k) {
         if (k * 32 >= len) break;
         int i = k * 32 + lane;
-        if (i < len) out[i] = st(v[k] * inv);
+        if (i < len) store(out + i, v[k] * inv);
     }
+}
+extern "C" __global__ void softmax_warp(const T *x, T *y, int rows, int len) {
+    softmax_warp_body(x, y, rows, len);
+}
+extern "C" __global__ void softmax_warp_f32(const float *x, float *y, int rows, int len) {
+    softmax_warp_body(x, y, rows, len);
 }
 
 extern "C" __global__ void layernorm_warp(const T *x, T *y, const T *scale, const T *bias,
@@ -453,6 +477,19 @@ extern "C" __global__ void layernorm_warp(const T *x, T *y, const T *scale, cons
             out[i] = st(o);
         }
     }
+}
+
+// Swin v2's cosine attention takes the norm of rows of 32 values (hundreds of thousands of
+// them): a warp per row reads each in one coalesced load, where a block per row would leave
+// 224 of its 256 threads idle.
+extern "C" __global__ void mean_warp(const T *x, T *y, int rows, int len) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const T *in = x + (long long)row * len;
+    float s = 0.f;
+    for (int i = lane; i < len; i += 32) s += ld(in[i]);
+    s = warp_sum(s);
+    if (lane == 0) y[row] = st(s / len);
 }
 
 extern "C" __global__ void mean_rows(const T *x, T *y, int len) {

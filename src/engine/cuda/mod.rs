@@ -12,6 +12,7 @@
 mod abi;
 pub mod engine_file;
 mod error;
+pub mod fp16_range;
 pub(crate) mod frames;
 pub mod runtime;
 
@@ -149,20 +150,49 @@ impl CudaEngine {
                 (file, false)
             }
             None => (
-                build_engine(model, &gpu, key, spec, &mut progress).map_err(fail)?,
+                build_engine(model, &gpu, key.clone(), dtype, spec, &mut progress).map_err(fail)?,
                 true,
             ),
         };
         // Plans without tuned algorithms are tuned here; a loaded file's are used as they are.
-        let runtime = runtime::Runtime::new(
+        let mut runtime = runtime::Runtime::new(
             &gpu,
             &file.ptx,
-            dtype,
+            file.dtype(),
             &file.weights,
             std::mem::take(&mut file.plans),
             &mut progress,
         )
         .map_err(|e| fail(e.to_string()))?;
+        if fresh && dtype == DType::F16 {
+            let samples = fp16_range::sample_frames(spec, &options.preprocess).map_err(fail)?;
+            let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
+                .map_err(|e| fail(e.to_string()))?;
+            if let Some(overflow) = overflow {
+                let because =
+                    format!("{overflow} on sample frames, past fp16's largest value, 65504");
+                gst::warning!(
+                    CAT,
+                    "{}: precision=fp16: {because}; the engine is built in fp32",
+                    model.path.display()
+                );
+                progress(&format!("{because}: building the engine in fp32"));
+                // Its GPU memory goes before the fp32 engine's is taken.
+                drop(runtime);
+                file = build_engine(model, &gpu, key, DType::F32, spec, &mut progress)
+                    .map_err(fail)?;
+                file.fp32_because = Some(because);
+                runtime = runtime::Runtime::new(
+                    &gpu,
+                    &file.ptx,
+                    file.dtype(),
+                    &file.weights,
+                    std::mem::take(&mut file.plans),
+                    &mut progress,
+                )
+                .map_err(|e| fail(e.to_string()))?;
+            }
+        }
         if fresh {
             file.plans = runtime.plans().cloned().collect();
             match engine_file::save(&path, &file) {
@@ -176,12 +206,13 @@ impl CudaEngine {
         let num_classes = file.num_classes;
         gst::info!(
             CAT,
-            "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {dtype:?}",
+            "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {:?}",
             model.path.display(),
             started.elapsed(),
             gpu.name,
             gpu.arch.0,
             gpu.arch.1,
+            file.dtype(),
         );
         let preprocessor = Preprocessor::new(options.preprocess.clone(), spec).map_err(fail)?;
         let frame_pre = frames::FramePreprocess::new(&options.preprocess, spec).map_err(fail)?;
@@ -191,8 +222,15 @@ impl CudaEngine {
             model_batch: runtime.max_batch(),
             outputs_probabilities: model.outputs_probabilities(),
             backend: Backend::Cuda,
-            precision: options.precision,
+            precision: match file.dtype() {
+                DType::F16 => Precision::Fp16,
+                DType::F32 => Precision::Fp32,
+            },
+            precision_note: file
+                .fp32_because
+                .map(|because| format!("precision=fp16: {because}; the engine runs in fp32")),
             reads_device_frames: frame_pre.is_some(),
+            non_finite: Default::default(),
         };
         Ok(CudaEngine {
             info,
@@ -230,14 +268,16 @@ impl CudaEngine {
     }
 }
 
+/// The engine of `model` for `key` with its plans in `dtype` (the key's precision, or fp32
+/// where fp16 overflowed), not tuned yet.
 fn build_engine(
     model: &OnnxModel,
     gpu: &runtime::Gpu,
     key: Key,
+    dtype: DType,
     spec: crate::preprocess::InputSpec,
     progress: &mut dyn FnMut(&str),
 ) -> Result<EngineFile, String> {
-    let dtype = key.precision;
     let (plans, weights) =
         compile(model, &key.batch_sizes, spec, dtype).map_err(|e| e.to_string())?;
     progress(&format!(
@@ -256,6 +296,7 @@ fn build_engine(
             .collect(),
         plans,
         key,
+        fp32_because: None,
     })
 }
 
@@ -322,7 +363,27 @@ impl CudaEngine {
             .run_staged(n)
             .map(|out| out.chunks(classes).map(<[f32]>::to_vec).collect::<Vec<_>>())
             .map_err(inference);
+        if let Ok(scores) = &scores {
+            self.look_for_non_finite(scores, n);
+        }
         self.ran.keep(scores)
+    }
+
+    /// The first time `scores` (of a run of `n` frames, whose input is still in the input
+    /// buffer) hold NaN or infinity, runs those frames again step by step to find the node
+    /// where the values went, and keeps that in the model info for the element's warning.
+    fn look_for_non_finite(&mut self, scores: &[Vec<f32>], n: usize) {
+        let seen = scores.iter().flatten().any(|v| !v.is_finite());
+        if !seen || self.info.non_finite.get().is_some() {
+            return;
+        }
+        let found = match self.runtime.first_overflow(n, f32::MAX) {
+            Ok(Some(overflow)) => format!("the first such values came from {overflow}"),
+            Ok(None) => "run again step by step, the frames gave finite values".into(),
+            Err(e) => format!("looking for the step that made them failed: {e}"),
+        };
+        gst::warning!(CAT, "scores that are not finite: {found}");
+        let _ = self.info.non_finite.set(found);
     }
 }
 
@@ -336,7 +397,9 @@ impl Engine for CudaEngine {
         let classes = self.info.num_classes;
         super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
             let out = self.runtime.run(chunk, frames).map_err(inference)?;
-            Ok(out.chunks(classes).map(<[f32]>::to_vec).collect())
+            let scores: Vec<Vec<f32>> = out.chunks(classes).map(<[f32]>::to_vec).collect();
+            self.look_for_non_finite(&scores, frames);
+            Ok(scores)
         })
     }
 

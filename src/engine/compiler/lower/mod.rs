@@ -8,13 +8,15 @@
 //! This file keeps the values, their layouts and the element-wise step everything else is
 //! built from; each kind of operator is lowered in a file of its own: `products` (Conv,
 //! Gemm, MatMul), `pooling` (pools, LRN), `elementwise` (unary, binary, Concat, Pad), `rows`
-//! (Softmax, LayerNorm, ReduceMean) and `views` (Slice, Transpose, Reshape).
+//! (Softmax, LayerNorm, ReduceMean) and `views` (Slice, Transpose, Reshape); `scores` lets
+//! an fp16 plan's last product write the scores in f32.
 
 mod arena;
 mod elementwise;
 mod pooling;
 mod products;
 mod rows;
+mod scores;
 mod views;
 
 use std::collections::HashMap;
@@ -102,6 +104,7 @@ pub(super) fn lower(
     };
     let input = (l.copy(&staged, &perm, Cast::FromF32)).map_err(CompileError::Model)?;
     l.values.insert(graph.input.clone(), input);
+    let mut origins = vec![graph.input.clone(); l.steps.len()];
 
     for node in &graph.nodes {
         l.node(node).map_err(|problem| CompileError::Node {
@@ -109,13 +112,16 @@ pub(super) fn lower(
             op: node.op.name().to_owned(),
             problem,
         })?;
+        origins.resize(l.steps.len(), node.name.clone());
     }
 
     l.output(&graph.output, output_shape.len())
         .map_err(CompileError::Model)?;
+    origins.resize(l.steps.len(), graph.output.clone());
 
     let (arena_len, offsets) = place(&l.storages);
-    let steps = l.steps.into_iter().map(|s| resolve(s, &offsets)).collect();
+    let mut steps = l.steps.into_iter().map(|s| resolve(s, &offsets)).collect();
+    scores::in_f32(dtype, &mut steps, &mut origins);
     Ok(Plan {
         batch,
         dtype,
@@ -123,6 +129,7 @@ pub(super) fn lower(
         input_len: input_shape.iter().product(),
         output_len: output_shape.iter().product(),
         steps,
+        origins,
     })
 }
 

@@ -74,6 +74,7 @@ impl Lowering<'_> {
                     k: ci,
                     x: x.loc,
                     w: weight.loc,
+                    w_transposed: false,
                     bias: Some(bias.loc),
                     residual: residual.map(|z| z.loc),
                     relu: c.act == Act::Relu,
@@ -133,6 +134,7 @@ impl Lowering<'_> {
                 k,
                 x: x.loc,
                 w: w.loc,
+                w_transposed: false,
                 bias,
                 residual: None,
                 relu,
@@ -155,7 +157,18 @@ impl Lowering<'_> {
         let a = self.get(&node.inputs[0])?;
         let a = self.require(&a, &identity(rank))?;
         let b = self.get(&node.inputs[1])?;
-        let b = self.require(&b, &identity(rank))?;
+        // A right operand whose summed axis lies innermost (attention's keys after a
+        // Transpose, which only changes the layout) is read transposed: in place where it
+        // is laid out so, else copied with that axis kept innermost, a copy that moves whole
+        // rows instead of scattering single values.
+        let mut swapped = identity(rank);
+        swapped.swap(rank - 2, rank - 1);
+        let innermost = b.perm.iter().rev().find(|&&axis| b.shape[axis] != 1);
+        let w_transposed = !b.is_laid_out_as(&identity(rank)) && innermost == Some(&(rank - 2));
+        let b = match w_transposed {
+            true => self.require(&b, &swapped)?,
+            false => self.require(&b, &identity(rank))?,
+        };
         let (m, k, n) = (a.shape[rank - 2], a.shape[rank - 1], b.shape[rank - 1]);
         let y = self.alloc(shape, identity(rank));
         self.push(
@@ -167,6 +180,7 @@ impl Lowering<'_> {
                 k,
                 x: a.loc,
                 w: b.loc,
+                w_transposed,
                 bias: None,
                 residual: None,
                 relu: false,

@@ -222,6 +222,7 @@ pub(super) fn conv_gemm(
                         x: if pointwise { lhs.add(start * c.c) } else { lhs },
                         x_stride: lhs_stride,
                         w,
+                        w_strides: (c.k, 1),
                         y: yb.add(start * c.k),
                         y_stride: c.k,
                         alpha: 1.0,

@@ -196,8 +196,11 @@ fn run_with<const FMA: bool>(
             residual,
             relu,
             y,
+            w_transposed,
         } => {
             let (x, w, y) = (buf.at(*x), buf.at(*w), buf.at_mut(*y));
+            // Strides of `w` along k and along n.
+            let w_strides = if *w_transposed { (1, *k) } else { (*n, 1) };
             let act = match packed {
                 Packed::Activated(act) => *act,
                 _ if *relu => Act::Relu,
@@ -213,6 +216,7 @@ fn run_with<const FMA: bool>(
                         x: x.add(p * rows * k),
                         x_stride: *k,
                         w: w.add(p * k * n),
+                        w_strides,
                         y: y.add(p * rows * n),
                         y_stride: *n,
                         alpha: *alpha,

@@ -68,6 +68,9 @@ pub(super) struct Product {
     pub(super) x: *const f32,
     pub(super) x_stride: usize,
     pub(super) w: *const f32,
+    /// Elements between consecutive values of `w` along k and along n: `(n, 1)` for a
+    /// row-major `k × n`, `(1, k)` for one stored transposed.
+    pub(super) w_strides: (usize, usize),
     pub(super) y: *mut f32,
     pub(super) y_stride: usize,
     pub(super) alpha: f32,
@@ -123,7 +126,7 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
         if in_place {
             epilogue_init(p.y, p.rows, n, p.y_stride, p.bias, Some(p.y));
         }
-        if p.rows == 1 {
+        if p.rows == 1 && p.w_strides.1 == 1 {
             // A vector times a matrix (squeeze-and-excitation, a classifier at batch 1):
             // rows of `w` added up along `n`, where `gemm` spends more on setting up than on
             // the arithmetic.
@@ -149,8 +152,8 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
                 1,
                 p.x_stride as isize,
                 p.w,
-                1,
-                n as isize,
+                p.w_strides.1 as isize,
+                p.w_strides.0 as isize,
                 1.0,
                 p.alpha,
                 false,

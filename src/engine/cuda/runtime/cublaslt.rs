@@ -121,12 +121,15 @@ pub(super) struct GemmDescs {
     pub(super) algo: lt::cublasLtMatmulAlgo_t,
 }
 
-/// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n].
+/// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n],
+/// `w` stored as `[n, k]` where `w_transposed`, `y` in f32 where `y_f32` (the scores).
 pub(super) struct GemmShape {
     pub(super) batch: usize,
     pub(super) rows: usize,
     pub(super) n: usize,
     pub(super) k: usize,
+    pub(super) w_transposed: bool,
+    pub(super) y_f32: bool,
 }
 
 impl GemmDescs {
@@ -141,7 +144,14 @@ impl GemmDescs {
         relu: bool,
         workspace: usize,
     ) -> Result<Self> {
-        let GemmShape { batch, rows, n, k } = *shape;
+        let GemmShape {
+            batch,
+            rows,
+            n,
+            k,
+            w_transposed,
+            y_f32,
+        } = *shape;
         let ty = match dtype {
             DType::F16 => lt::cudaDataType_t::CUDA_R_16F,
             DType::F32 => lt::cudaDataType_t::CUDA_R_32F,
@@ -155,9 +165,18 @@ impl GemmDescs {
         )
         .map(MatmulDesc)
         .map_err(Error::cublas("descriptor"))?;
-        let a = MatrixLayout::new(ty, n, k, n)?;
+        // A `w` stored as row-major [n, k] is, column-major, k×n (ld k): A is its transpose.
+        let a = match w_transposed {
+            false => MatrixLayout::new(ty, n, k, n)?,
+            true => MatrixLayout::new(ty, k, n, k)?,
+        };
         let b = MatrixLayout::new(ty, k, rows, k)?;
-        let c = MatrixLayout::new(ty, n, rows, n)?;
+        // fp16 operands with an f32 result is one of cuBLASLt's documented combinations.
+        let c_ty = match y_f32 {
+            true => lt::cudaDataType_t::CUDA_R_32F,
+            false => ty,
+        };
+        let c = MatrixLayout::new(c_ty, n, rows, n)?;
         if batch > 1 {
             // One product per consecutive matrix of each operand.
             let count = i32::try_from(batch).map_err(|_| Error::TooManyProducts(batch))?;
@@ -180,6 +199,18 @@ impl GemmDescs {
                 std::mem::size_of_val(&epilogue),
             )
             .map_err(Error::cublas("epilogue"))?;
+            if w_transposed {
+                // cublasOperation_t's CUBLAS_OP_T (cuBLAS's enum, not in cudarc's cuBLASLt
+                // bindings): an int32 attribute.
+                let op: i32 = 1;
+                ltr::set_matmul_desc_attribute(
+                    desc.0,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &op as *const _ as *const c_void,
+                    std::mem::size_of_val(&op),
+                )
+                .map_err(Error::cublas("transpose"))?;
+            }
             if let Some(ptr) = bias {
                 ltr::set_matmul_desc_attribute(
                     desc.0,

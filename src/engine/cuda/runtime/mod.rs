@@ -12,6 +12,7 @@
 //! - `tuning`: each step's descriptors, and the convolution algorithms timed;
 //! - `steps`: launching one step of a plan; `capture`: a plan as a CUDA graph;
 //! - `staging`: frames into the model input (uploaded, copied, preprocessed on the GPU);
+//! - `overflow`: a plan run step by step to find where its values leave fp16's range;
 //! - `timing`: graph replays, latencies and step profiles, for the bench binary.
 
 mod capture;
@@ -19,6 +20,7 @@ mod cublaslt;
 mod cudnn;
 mod device;
 mod kernels;
+mod overflow;
 mod staging;
 mod steps;
 mod timing;

@@ -112,6 +112,7 @@ impl Runtime {
             Cast::None => (&self.kernels.ew, p.n as usize),
             Cast::FromF32 => (&self.kernels.ew_from_f32, p.n as usize),
             Cast::ToF32 => (&self.kernels.ew_to_f32, p.n as usize),
+            Cast::F32 => (&self.kernels.ew_f32, p.n as usize),
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(p).arg(&o).arg(&x).arg(&y);
@@ -324,18 +325,32 @@ impl Runtime {
 
     /// Softmax along rows of `len`: a warp a row where it fits in registers, else a block.
     fn softmax(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
+        // On the scores, in place, the softmax reads and writes f32 (`lower::scores`).
+        let k = &self.kernels;
+        let (warp, block) = match y {
+            Loc::Output(_) => (&k.softmax_warp_f32, &k.softmax_f32),
+            _ => (&k.softmax_warp, &k.softmax),
+        };
         if len <= WARP_ROW_MAX {
             let (xp, yp) = (self.ptr(x), self.ptr(y));
             let (rowsi, leni) = (rows as i32, len as i32);
-            let mut l = self.stream.launch_builder(&self.kernels.softmax_warp);
+            let mut l = self.stream.launch_builder(warp);
             l.arg(&xp).arg(&yp).arg(&rowsi).arg(&leni);
             return launch(l, warp_rows(rows));
         }
-        self.block_per_row(&self.kernels.softmax, rows, len, x, y)
+        self.block_per_row(block, rows, len, x, y)
     }
 
-    /// The mean of each row of `len`.
+    /// The mean of each row of `len`: a warp a row for rows as short as those `softmax` gives
+    /// a warp, else a block.
     fn row_mean(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
+        if len <= WARP_ROW_MAX {
+            let (xp, yp) = (self.ptr(x), self.ptr(y));
+            let (rowsi, leni) = (rows as i32, len as i32);
+            let mut l = self.stream.launch_builder(&self.kernels.mean_warp);
+            l.arg(&xp).arg(&yp).arg(&rowsi).arg(&leni);
+            return launch(l, warp_rows(rows));
+        }
         self.block_per_row(&self.kernels.mean, rows, len, x, y)
     }
 

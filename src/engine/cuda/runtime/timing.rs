@@ -51,7 +51,8 @@ impl Runtime {
             .collect()
     }
 
-    /// GPU milliseconds of each step of the plan of `batch`, timed with events around each
+    /// Each step of the plan of `batch` (described, with its ONNX node) and its GPU
+    /// milliseconds, timed with events around each
     /// step (outside the graph, so launch gaps are not counted); a median of `runs`.
     pub fn profile(&self, batch: usize, runs: usize) -> Result<Vec<(String, f64)>> {
         let bp = &self.plans[self.plan_index(batch)?];
@@ -81,10 +82,11 @@ impl Runtime {
             .plan
             .steps
             .iter()
+            .zip(&bp.plan.origins)
             .zip(times)
-            .map(|(step, mut t)| {
+            .map(|((step, node), mut t)| {
                 t.sort_by(f64::total_cmp);
-                (step.describe(), t[t.len() / 2])
+                (format!("{} ({node})", step.describe()), t[t.len() / 2])
             })
             .collect())
     }

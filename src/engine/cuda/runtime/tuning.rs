@@ -11,7 +11,7 @@ use super::cublaslt::{GemmDescs, GemmShape};
 use super::cudnn::{self, ConvDescs};
 use super::{BatchPlan, Prepared, Runtime};
 use crate::engine::compiler::ir::Act;
-use crate::engine::compiler::plan::{ConvStep, Plan, Step, Tuned};
+use crate::engine::compiler::plan::{ConvStep, Loc, Plan, Step, Tuned};
 use crate::engine::cuda::error::{Error, Result};
 
 impl Runtime {
@@ -34,6 +34,8 @@ impl Runtime {
                     k,
                     bias,
                     relu,
+                    w_transposed,
+                    y,
                     ..
                 } => {
                     let shape = GemmShape {
@@ -41,6 +43,8 @@ impl Runtime {
                         rows: *rows,
                         n: *n,
                         k: *k,
+                        w_transposed: *w_transposed,
+                        y_f32: matches!(y, Loc::Output(_)),
                     };
                     let bias = bias.map(|b| self.ptr(b));
                     Prepared::Gemm(Box::new(GemmDescs::new(

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Whether fp16 holds a model's values. Before a freshly built fp16 engine is trusted, it
+//! runs sample frames (noise, white, black, saturated colours, gradients, each normalised as
+//! the element will normalise frames) step by step; where a step's values go past `LIMIT`,
+//! fp16's largest value, the engine is built in fp32 instead and says which node went past
+//! it. Without this, a model whose activations overflow fp16 gives infinite scores, and top-k
+//! nothing.
+
+use super::error::Result;
+use super::runtime::Runtime;
+use crate::engine::compiler::overflow::Overflow;
+use crate::preprocess::{InputSpec, Layout, PreprocessOptions};
+
+/// fp16's largest finite value. The samples hold the extremes of every channel, so no
+/// headroom is kept beyond them: on the GPU host, half of it made fp32 engines of models
+/// whose values reach 42,400 and 63,680 on the samples (LeViT's attention logits, RegNet's
+/// scores), which fp16 holds. Frames that go further are caught at run time, where the
+/// warning names the node.
+pub const LIMIT: f32 = 65504.0;
+
+/// How many sample frames `sample_frames` makes.
+pub const SAMPLES: usize = 5;
+
+/// The first step of `runtime`'s smallest plan whose values pass `LIMIT` on `frames` (the
+/// `sample_frames`, of `frame_len` values each), if any.
+pub(crate) fn check(
+    runtime: &mut Runtime,
+    frames: &[f32],
+    frame_len: usize,
+) -> Result<Option<Overflow>> {
+    let batch = runtime.plans().map(|p| p.batch).min().unwrap_or(1);
+    // Each run fills its plan's batch, the samples repeated where they do not.
+    let runs = SAMPLES.div_ceil(batch);
+    for run in 0..runs {
+        let input: Vec<f32> = (0..batch)
+            .flat_map(|slot| {
+                let k = (run * batch + slot) % SAMPLES;
+                frames[k * frame_len..(k + 1) * frame_len].iter().copied()
+            })
+            .collect();
+        runtime.upload(&input)?;
+        if let Some(overflow) = runtime.first_overflow(batch, LIMIT)? {
+            return Ok(Some(overflow));
+        }
+    }
+    Ok(None)
+}
+
+/// `SAMPLES` frames in the model's input layout, normalised by `options`: noise, white,
+/// black, a checkerboard of saturated colours, and gradients, so that the extremes of every
+/// channel are among them.
+pub fn sample_frames(spec: InputSpec, options: &PreprocessOptions) -> Result<Vec<f32>, String> {
+    let (mean, std) = options.per_channel(spec.channels)?;
+    let (h, w, channels) = (spec.height, spec.width, spec.channels);
+    let mut noise = 0x2545_f491_4f6c_dd1du64;
+    let mut pixel = |k: usize, c: usize, y: usize, x: usize| -> u8 {
+        match k {
+            0 => {
+                // xorshift64: the same noise on every machine.
+                noise ^= noise << 13;
+                noise ^= noise >> 7;
+                noise ^= noise << 17;
+                (noise >> 56) as u8
+            }
+            1 => 255,
+            2 => 0,
+            3 => [0, 255][(x / 8 + y / 8 + c) % 2],
+            _ => {
+                let ramp = |i: usize, n: usize| (i * 255 / n.saturating_sub(1).max(1)) as u8;
+                match c % 3 {
+                    0 => ramp(x, w),
+                    1 => ramp(y, h),
+                    _ => ramp(x + y, w + h - 1),
+                }
+            }
+        }
+    };
+    let mut out = Vec::with_capacity(SAMPLES * spec.frame_len());
+    for k in 0..SAMPLES {
+        let value = |p: u8, c: usize| (f32::from(p) * options.scale - mean[c]) / std[c];
+        match spec.layout {
+            Layout::Nchw => {
+                for c in 0..channels {
+                    for y in 0..h {
+                        for x in 0..w {
+                            let p = pixel(k, c, y, x);
+                            out.push(value(p, c));
+                        }
+                    }
+                }
+            }
+            Layout::Nhwc => {
+                for y in 0..h {
+                    for x in 0..w {
+                        for c in 0..channels {
+                            let p = pixel(k, c, y, x);
+                            out.push(value(p, c));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    use crate::engine::OnnxModel;
+    use crate::engine::compiler::plan::DType;
+    use crate::engine::compiler::{compile, sim};
+
+    #[test]
+    fn the_samples_find_the_node_that_overflows() {
+        // big_activations.onnx's first convolution reaches about 1e5 on any frame; the
+        // other models stay well within fp16's headroom on every sample.
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        for (model, want) in [
+            ("big_activations.onnx", Some("conv_0")),
+            // Logits of about 2e5, which the last product writes in f32 (`lower::scores`).
+            ("big_logits.onnx", None),
+            ("cnn.onnx", None),
+            ("ops.onnx", None),
+            ("colors.onnx", None),
+        ] {
+            let onnx = OnnxModel::load(&models.join(model)).unwrap();
+            let spec = onnx.input_spec(None).unwrap();
+            let (plans, weights) = compile(&onnx, &[1], spec, DType::F16).unwrap();
+            let frames = sample_frames(spec, &PreprocessOptions::default()).unwrap();
+            let found = frames
+                .chunks_exact(spec.frame_len())
+                .find_map(|frame| sim::first_overflow(&plans[0], &weights, frame, LIMIT));
+            match want {
+                Some(node) => {
+                    let o = found.unwrap_or_else(|| panic!("{model}: no overflow found"));
+                    assert_eq!(o.node, node, "{model}: {o}");
+                    assert!(o.kind.starts_with("conv"), "{model}: {o}");
+                    assert!(o.largest > LIMIT && o.largest.is_finite(), "{model}: {o}");
+                    let said = o.to_string();
+                    assert!(
+                        said.contains("node `conv_0`") && said.contains("reaches"),
+                        "{said}"
+                    );
+                }
+                None => assert!(found.is_none(), "{model}: {found:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_samples_reach_both_ends_of_every_channel() {
+        let options = PreprocessOptions::default();
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let spec = InputSpec {
+                layout,
+                channels: 3,
+                height: 20,
+                width: 30,
+            };
+            let frames = sample_frames(spec, &options).unwrap();
+            assert_eq!(frames.len(), SAMPLES * spec.frame_len());
+            let (mean, std) = options.per_channel(3).unwrap();
+            let channel_of = |i: usize| match layout {
+                Layout::Nchw => (i % spec.frame_len()) / (20 * 30),
+                Layout::Nhwc => i % 3,
+            };
+            for c in 0..3 {
+                let values: Vec<f32> = frames
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| channel_of(*i) == c)
+                    .map(|(_, v)| *v)
+                    .collect();
+                let (lo, hi) = values
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                assert!(
+                    (lo - (0.0 - mean[c]) / std[c]).abs() < 1e-6,
+                    "{layout:?} {c}: {lo}"
+                );
+                assert!(
+                    (hi - (1.0 - mean[c]) / std[c]).abs() < 1e-6,
+                    "{layout:?} {c}: {hi}"
+                );
+            }
+            // The white frame (the second) is the top of the range everywhere.
+            let white = &frames[spec.frame_len()..2 * spec.frame_len()];
+            for (i, v) in white.iter().enumerate() {
+                let c = channel_of(i);
+                assert!((v - (1.0 - mean[c]) / std[c]).abs() < 1e-6);
+            }
+        }
+        // A one-channel model gets the grey of the three means.
+        let grey = InputSpec {
+            layout: Layout::Nchw,
+            channels: 1,
+            height: 4,
+            width: 4,
+        };
+        let frames = sample_frames(grey, &options).unwrap();
+        assert_eq!(frames.len(), SAMPLES * 16);
+        let bad = PreprocessOptions {
+            mean: vec![0.1, 0.2],
+            ..options
+        };
+        assert!(
+            sample_frames(grey, &bad)
+                .unwrap_err()
+                .contains("mean has 2 values")
+        );
+    }
+}

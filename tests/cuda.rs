@@ -106,16 +106,28 @@ fn compare(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) -> f32 {
 }
 
 fn reference_frames(name: &str) -> (Vec<f32>, usize) {
+    let json = reference_file(name);
+    let frames = json["input_shape"][0].as_u64().expect("shape") as usize;
+    (floats(&json, "input"), frames)
+}
+
+/// onnxruntime's scores in a reference file of `models/`, frame after frame.
+fn reference_scores(name: &str) -> Vec<f32> {
+    floats(&reference_file(name), "output")
+}
+
+fn reference_file(name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(common::model(name)).expect("reference");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("json");
-    let input: Vec<f32> = json["input"]
+    serde_json::from_str(&text).expect("json")
+}
+
+fn floats(json: &serde_json::Value, key: &str) -> Vec<f32> {
+    json[key]
         .as_array()
-        .expect("input")
+        .unwrap_or_else(|| panic!("no `{key}` array"))
         .iter()
         .map(|v| v.as_f64().expect("number") as f32)
-        .collect();
-    let frames = json["input_shape"][0].as_u64().expect("shape") as usize;
-    (input, frames)
+        .collect()
 }
 
 /// Runs `frames` of `input` (repeated cyclically to `count`) through both engines.
@@ -157,14 +169,7 @@ fn fp16_that_overflows_is_built_in_fp32() {
     }
     let path = common::model("big_activations.onnx");
     let (input, frames) = reference_frames("big_activations_reference.json");
-    let text = std::fs::read_to_string(common::model("big_activations_reference.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let want: Vec<f32> = json["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap() as f32)
-        .collect();
+    let want = reference_scores("big_activations_reference.json");
     let classes = want.len() / frames;
     let dir = tempfile::tempdir().unwrap();
     for (round, precision) in [
@@ -215,14 +220,7 @@ fn fp16_logits_beyond_its_range_stay_fp16() {
     }
     let path = common::model("big_logits.onnx");
     let (input, frames) = reference_frames("big_logits_reference.json");
-    let text = std::fs::read_to_string(common::model("big_logits_reference.json")).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let want: Vec<f32> = json["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap() as f32)
-        .collect();
+    let want = reference_scores("big_logits_reference.json");
     assert!(want.iter().any(|v| v.abs() > 65504.0), "logits past fp16");
     let classes = want.len() / frames;
     let mut gpu = CudaEngine::build(&options(&path, 2, Precision::Fp16)).expect("cuda engine");

@@ -155,22 +155,28 @@ impl CudaEngine {
             ),
         };
         // Plans without tuned algorithms are tuned here; a loaded file's are used as they are.
-        let mut runtime = runtime::Runtime::new(
-            &gpu,
-            &file.ptx,
-            file.dtype(),
-            &file.weights,
-            std::mem::take(&mut file.plans),
-            &mut progress,
-        )
-        .map_err(|e| fail(e.to_string()))?;
+        let open = |file: &mut EngineFile, progress: &mut dyn FnMut(&str)| {
+            let plans = std::mem::take(&mut file.plans);
+            runtime::Runtime::new(
+                &gpu,
+                &file.ptx,
+                file.dtype(),
+                &file.weights,
+                plans,
+                progress,
+            )
+            .map_err(|e| fail(e.to_string()))
+        };
+        let mut runtime = open(&mut file, &mut progress)?;
         if fresh && dtype == DType::F16 {
             let samples = fp16_range::sample_frames(spec, &options.preprocess).map_err(fail)?;
             let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
                 .map_err(|e| fail(e.to_string()))?;
             if let Some(overflow) = overflow {
-                let because =
-                    format!("{overflow} on sample frames, past fp16's largest value, 65504");
+                let because = format!(
+                    "{overflow} on sample frames, past fp16's largest value, {}",
+                    fp16_range::LIMIT
+                );
                 gst::warning!(
                     CAT,
                     "{}: precision=fp16: {because}; the engine is built in fp32",
@@ -182,15 +188,7 @@ impl CudaEngine {
                 file = build_engine(model, &gpu, key, DType::F32, spec, &mut progress)
                     .map_err(fail)?;
                 file.fp32_because = Some(because);
-                runtime = runtime::Runtime::new(
-                    &gpu,
-                    &file.ptx,
-                    file.dtype(),
-                    &file.weights,
-                    std::mem::take(&mut file.plans),
-                    &mut progress,
-                )
-                .map_err(|e| fail(e.to_string()))?;
+                runtime = open(&mut file, &mut progress)?;
             }
         }
         if fresh {

@@ -4,7 +4,7 @@
 //! a plan may come from an engine file on disk, so nothing runs one that has not passed here.
 
 use super::CompileError;
-use super::plan::{Cast, DType, Loc, MAX_RANK, MAX_WORKSPACE, Plan, Step};
+use super::plan::{Cast, DType, Loc, MAX_RANK, MAX_WORKSPACE, Plan, Step, attention_takes};
 
 /// One plan holds the batch's frames and scores in its input and output buffers, and every
 /// step's sizes fit what its kernel takes and keep it inside the buffers it names
@@ -57,6 +57,9 @@ pub fn check_plan(
                 problem,
             })
         };
+        if matches!(step, Step::Attention(_)) && dtype != DType::F16 {
+            return fail("fused attention in an fp32 plan: its kernel runs fp16 only".into());
+        }
         if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
             return fail(what);
         }
@@ -233,6 +236,16 @@ fn check_sizes(step: &Step) -> Result<(), String> {
         Step::Lrn {
             pixels, c, size, ..
         } => [*pixels, *c, *size].into_iter().all(positive),
+        // One block per matrix and 64 queries: the matrices count in 31 bits (the grid's x).
+        Step::Attention(a) => {
+            a.batch
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d).filter(|&n| int(n)))
+                .is_some()
+                && a.batch.into_iter().all(positive)
+                && [a.queries, a.keys].into_iter().all(positive)
+                && attention_takes(a.dk, a.dv)
+        }
     };
     match ok {
         true => Ok(()),

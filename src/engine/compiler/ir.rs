@@ -203,6 +203,13 @@ pub(super) enum Op {
     MatMul {
         alpha: f32,
     },
+    /// `softmax(alpha · q · kᵀ + bias) · v` over the last axis, from `passes::fuse_attention`
+    /// (fp16 plans). Inputs: q `[..., S, D]`, kᵀ `[..., D, T]`, v `[..., T, Dv]` and
+    /// optionally a constant bias `[..., S, T]` of the same rank, 1 along the axes it
+    /// broadcasts over.
+    Attention {
+        alpha: f32,
+    },
     Pool(Pool2d),
     /// Mean over the spatial axes of an NCHW tensor, kept as [N, C, 1, 1].
     GlobalAvgPool,
@@ -265,7 +272,7 @@ impl Op {
             Op::Conv(c) => act(&c.act),
             Op::Gemm { act: a } | Op::Unary(a) | Op::Binary { act: a, .. } => act(a),
             Op::BatchNorm { epsilon } | Op::LayerNorm { epsilon, .. } => vec![*epsilon],
-            Op::MatMul { alpha } => vec![*alpha],
+            Op::MatMul { alpha } | Op::Attention { alpha } => vec![*alpha],
             Op::Pad { value, .. } => vec![*value],
             Op::Lrn {
                 alpha, beta, bias, ..
@@ -280,6 +287,7 @@ impl Op {
             Op::BatchNorm { .. } => "BatchNormalization",
             Op::Gemm { .. } => "Gemm",
             Op::MatMul { .. } => "MatMul",
+            Op::Attention { .. } => "Attention",
             Op::Pool(p) if p.kind == PoolKind::Max => "MaxPool",
             Op::Pool(_) => "AveragePool",
             Op::GlobalAvgPool => "GlobalAveragePool",

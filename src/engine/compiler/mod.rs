@@ -105,6 +105,11 @@ pub fn compile(
         crate::engine::class_count(graph.shape(&graph.output), batch)
             .map_err(CompileError::Model)?;
         passes::optimise(&mut graph);
+        // The fused attention kernel runs on fp16's tensor cores; fp32 plans (and the CPU
+        // runner) keep the products and the softmax.
+        if dtype == DType::F16 {
+            passes::fuse_attention(&mut graph);
+        }
         plans.push(lower::lower(&graph, dtype, &mut weights)?);
     }
     Ok((plans, weights))

@@ -6,6 +6,7 @@
 use std::f32::consts::{FRAC_1_SQRT_2, SQRT_2};
 
 use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
+use super::plan::attention_takes;
 
 /// All passes, in the order that lets each find its patterns.
 pub(super) fn optimise(graph: &mut Graph) {
@@ -321,6 +322,238 @@ pub(super) fn fold_matmul_scale(graph: &mut Graph) {
         }
     }
     remove_dead(graph);
+}
+
+/// `MatMul(Softmax(MatMul(q, kᵀ)), v)`, with scalings, constant additions (position biases,
+/// masks) and reshapes of the leading axes (Swin's shifted windows) between the first product
+/// and the softmax, becomes one `Attention` where the kernel takes its head sizes: the fp16
+/// plan runs it as one kernel that keeps the scores in registers instead of writing and
+/// reading them four times. The additions become one constant bias, their sum over the
+/// scores' last two axes; where reshapes split the leading axes (images and windows), the
+/// attention runs over the finest split, between reshapes of its operands and its output.
+pub(super) fn fuse_attention(graph: &mut Graph) {
+    let mut i = 0;
+    while i < graph.nodes.len() {
+        let found = (graph.nodes[i].op == Op::MatMul { alpha: 1.0 })
+            .then(|| attention_at(graph, i))
+            .flatten();
+        let Some(found) = found else {
+            i += 1;
+            continue;
+        };
+        let node = graph.nodes[i].clone();
+        let lead = found.lead.clone();
+        // An operand seen with the attention's leading axes: itself, or a reshape.
+        let mut added = Vec::new();
+        let mut view = |graph: &mut Graph, value: &str, what: &str| {
+            let shape = graph.shape(value);
+            let want = [lead.clone(), shape[shape.len() - 2..].to_vec()].concat();
+            if shape == want.as_slice() {
+                return value.to_owned();
+            }
+            let name = format!("{}.{what}", node.name);
+            graph.shapes.insert(name.clone(), want);
+            added.push(Node {
+                name: name.clone(),
+                op: Op::Reshape,
+                inputs: vec![value.to_owned()],
+                output: name.clone(),
+            });
+            name
+        };
+        let mut inputs = vec![
+            view(graph, &found.q, "q"),
+            view(graph, &found.kt, "kt"),
+            view(graph, &node.inputs[1], "v"),
+        ];
+        if !found.biases.is_empty() {
+            let name = format!("{}.attention_bias", node.name);
+            let scores = graph.shape(&node.inputs[0]);
+            let queries_keys = &scores[scores.len() - 2..];
+            let bias = attention_bias(graph, &found.biases, &lead, queries_keys);
+            graph.consts.insert(name.clone(), bias);
+            inputs.push(name);
+        }
+        let out_shape = graph.shape(&node.output).to_vec();
+        let fused_shape = [lead.clone(), out_shape[out_shape.len() - 2..].to_vec()].concat();
+        let mut attention = Node {
+            op: Op::Attention { alpha: found.alpha },
+            inputs,
+            ..node.clone()
+        };
+        if fused_shape != out_shape {
+            attention.output = format!("{}.attention", node.name);
+            graph.shapes.insert(attention.output.clone(), fused_shape);
+            graph.nodes[i] = Node {
+                name: format!("{}.merge", node.name),
+                op: Op::Reshape,
+                inputs: vec![attention.output.clone()],
+                output: node.output.clone(),
+            };
+            added.push(attention);
+        } else {
+            graph.nodes[i] = attention;
+        }
+        let n = added.len();
+        graph.nodes.splice(i..i, added);
+        i += n + 1;
+    }
+    remove_dead(graph);
+    graph.prune_consts();
+}
+
+/// What `fuse_attention` finds before the product with the values.
+struct AttentionParts {
+    q: String,
+    kt: String,
+    alpha: f32,
+    /// The leading axes the attention runs over: the finest split of every view of them.
+    lead: Vec<usize>,
+    /// Constants added to the scores, each with the factor the scalings after it apply and
+    /// the leading axes of the scores where it is added.
+    biases: Vec<(String, f32, Vec<usize>)>,
+}
+
+/// The attention whose product with the values is node `i`, walking back from its softmax
+/// to the product of query and keys.
+fn attention_at(graph: &Graph, i: usize) -> Option<AttentionParts> {
+    let weights = &graph.nodes[i].inputs[0];
+    let rank = graph.shape(weights).len();
+    let softmax = sole_producer(graph, weights)?;
+    if graph.nodes[softmax].op != (Op::Softmax { axis: rank - 1 }) {
+        return None;
+    }
+    let queries_keys = graph.shape(weights)[rank - 2..].to_vec();
+    let lead = |value: &str| -> Option<Vec<usize>> {
+        let shape = graph.shape(value);
+        (shape.len() >= 2 && shape[shape.len() - 2..] == queries_keys)
+            .then(|| shape[..shape.len() - 2].to_vec())
+    };
+    let mut views = vec![lead(weights)?];
+    let mut value = graph.nodes[softmax].inputs[0].clone();
+    let (mut scale, mut biases) = (1.0f32, Vec::new());
+    loop {
+        let here = lead(&value)?;
+        views.push(here.clone());
+        let n = &graph.nodes[sole_producer(graph, &value)?];
+        match n.op {
+            Op::MatMul { alpha } => {
+                let (q, kt, v) = (&n.inputs[0], &n.inputs[1], &graph.nodes[i].inputs[1]);
+                let (dk, dv) = (*graph.shape(q).last()?, *graph.shape(v).last()?);
+                let alpha = alpha * scale;
+                let lead = refinement(&views)?;
+                return (attention_takes(dk, dv) && alpha.is_finite()).then(|| AttentionParts {
+                    q: q.clone(),
+                    kt: kt.clone(),
+                    alpha,
+                    lead,
+                    biases,
+                });
+            }
+            Op::Reshape => {
+                value = n.inputs[0].clone();
+                continue;
+            }
+            Op::Binary { op, act: Act::None } => {
+                // One computed operand with the scores' shape, one constant.
+                let (x, c) = [(0, 1), (1, 0)].into_iter().find_map(|(x, c)| {
+                    let t = graph.consts.get(&n.inputs[c])?;
+                    (!graph.is_const(&n.inputs[x]))
+                        .then_some((n.inputs[x].clone(), (&n.inputs[c], t)))
+                })?;
+                if graph.shape(&x) != graph.shape(&value) {
+                    return None;
+                }
+                let scalar = (c.1.len() == 1).then(|| c.1.data[0]);
+                match (op, scalar) {
+                    (BinOp::Add, _) if c.1.shape.len() <= here.len() + 2 => {
+                        biases.push((c.0.clone(), scale, here))
+                    }
+                    (BinOp::Mul, Some(f)) => scale *= f,
+                    (BinOp::Div, Some(f)) if n.inputs[1] == *c.0 => scale /= f,
+                    _ => return None,
+                }
+                value = x;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// The finest shape that each of `views` (shapes of as many elements) is a merge of, if
+/// there is one: `[8, 3]` and `[2, 4, 3]` give `[2, 4, 3]`; `[4, 6]` and `[6, 4]` none.
+fn refinement(views: &[Vec<usize>]) -> Option<Vec<usize>> {
+    let mut cuts = std::collections::BTreeSet::new();
+    for view in views {
+        let mut product = 1;
+        for &d in view {
+            product *= d;
+            cuts.insert(product);
+        }
+    }
+    let mut out = Vec::new();
+    let mut previous = 1;
+    for cut in cuts {
+        if cut % previous != 0 {
+            return None;
+        }
+        if cut != previous {
+            out.push(cut / previous);
+        }
+        previous = cut;
+    }
+    Some(out)
+}
+
+/// `shape` (a bias over the leading axes `view`, then queries and keys) over the finer
+/// leading axes `lead`: each axis of `view` splits into the axes of `lead` it covers, or into
+/// axes of 1 where the bias broadcasts along it.
+fn split_bias_shape(shape: &[usize], view: &[usize], lead: &[usize]) -> Vec<usize> {
+    let shape = [vec![1; view.len() + 2 - shape.len()], shape.to_vec()].concat();
+    let mut out = Vec::new();
+    let mut l = 0;
+    for (a, &d) in view.iter().enumerate() {
+        let mut covered = 1;
+        while covered < d {
+            covered *= lead[l];
+            out.push(if shape[a] == 1 { 1 } else { lead[l] });
+            l += 1;
+        }
+    }
+    // Axes of 1 in `lead` that no view axis covered.
+    out.extend(std::iter::repeat_n(1, lead.len() - out.len()));
+    out.extend(&shape[view.len()..]);
+    out
+}
+
+/// The sum of `biases` (each times its factor) broadcast to `queries_keys` over the leading
+/// axes `lead`, which stay 1 where every bias broadcasts along them.
+fn attention_bias(
+    graph: &Graph,
+    biases: &[(String, f32, Vec<usize>)],
+    lead: &[usize],
+    queries_keys: &[usize],
+) -> Tensor {
+    let shapes: Vec<Vec<usize>> = biases
+        .iter()
+        .map(|(name, _, view)| split_bias_shape(graph.shape(name), view, lead))
+        .collect();
+    let mut shape = vec![1; lead.len() + 2];
+    for s in &shapes {
+        for (o, &d) in shape.iter_mut().zip(s) {
+            *o = (*o).max(d);
+        }
+    }
+    shape[lead.len()..].copy_from_slice(queries_keys);
+    let mut data = vec![0.0; shape.iter().product()];
+    for ((name, factor, _), bias_shape) in biases.iter().zip(&shapes) {
+        let t = &graph.consts[name];
+        let index = super::reference::broadcast_index(bias_shape, &shape);
+        for (j, v) in data.iter_mut().enumerate() {
+            *v += factor * t.data[index(j)];
+        }
+    }
+    Tensor::new(shape, data)
 }
 
 /// `Add(Gemm(x), bias)` with a bias along the last axis becomes the Gemm's own bias, which

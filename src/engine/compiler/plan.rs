@@ -158,6 +158,130 @@ pub struct Tuned {
     pub fused: bool,
 }
 
+/// The head sizes (query/key and value) the fused attention kernel is built for: `dk ≤ dv`,
+/// both from this list (kernels.cu's `ATTENTION` instantiations).
+pub const ATTENTION_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Whether the fused attention kernel takes heads of `dk` query/key and `dv` value elements.
+pub fn attention_takes(dk: usize, dv: usize) -> bool {
+    dk <= dv && ATTENTION_HEAD_DIMS.contains(&dk) && ATTENTION_HEAD_DIMS.contains(&dv)
+}
+
+/// Rows of a matrix operand of `AttentionStep`, one matrix per batch index: the elements of a
+/// row are contiguous, rows and matrices lie at any stride.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Rows {
+    /// Row 0 of matrix 0.
+    pub loc: Loc,
+    /// The stride of each of the three batch axes, in elements; 0 broadcasts.
+    pub batch: [usize; 3],
+    /// From one row to the next, in elements; 0 broadcasts.
+    pub row: usize,
+}
+
+impl Rows {
+    /// What `rows × width` matrices over the batch `axes` touch.
+    fn span(&self, axes: [usize; 3], rows: usize, width: usize) -> Span {
+        let reach = |n: usize, stride: usize| (n.max(1) as i128 - 1) * stride as i128;
+        let end = 1
+            + axes
+                .iter()
+                .zip(self.batch)
+                .map(|(&n, s)| reach(n, s))
+                .sum::<i128>()
+            + reach(rows, self.row)
+            + width as i128
+            - 1;
+        Span {
+            loc: self.loc,
+            start: 0,
+            end: if axes.contains(&0) || rows * width == 0 {
+                0
+            } else {
+                end
+            },
+        }
+    }
+}
+
+/// Scaled dot-product attention, fused: for each batch index, `y = softmax(alpha·q·kᵀ +
+/// bias)·v` over rows of keys, in f32 inside the kernel; the scores are never written. On the
+/// GPU it runs on tensor cores (fp16 plans only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionStep {
+    /// The batch index as three axes, outermost first (1 where unused): heads, windows,
+    /// images.
+    pub batch: [usize; 3],
+    /// Query rows per matrix (S).
+    pub queries: usize,
+    /// Key and value rows per matrix (T).
+    pub keys: usize,
+    /// Elements of a query or key row.
+    pub dk: usize,
+    /// Elements of a value row, and of an output row.
+    pub dv: usize,
+    /// Scales `q·kᵀ`, not the bias.
+    pub alpha: f32,
+    /// `[queries, dk]` per batch index.
+    pub q: Rows,
+    /// `[keys, dk]` per batch index.
+    pub k: Rows,
+    /// `[keys, dv]` per batch index.
+    pub v: Rows,
+    /// `[queries, keys]` added to the scaled scores (position biases, window masks).
+    pub bias: Option<Rows>,
+    /// `[queries, dv]` per batch index.
+    pub y: Rows,
+}
+
+impl AttentionStep {
+    /// Every operand, with its rows and row width.
+    fn operands(&self) -> Vec<(Rows, usize, usize)> {
+        let mut all = vec![
+            (self.q, self.queries, self.dk),
+            (self.k, self.keys, self.dk),
+            (self.v, self.keys, self.dv),
+            (self.y, self.queries, self.dv),
+        ];
+        all.extend(self.bias.map(|b| (b, self.queries, self.keys)));
+        all
+    }
+
+    /// The step computed on the CPU in f32, reading through `read`: the values to write and
+    /// where (the simulator's and the CPU runner's attention).
+    pub fn run(&self, read: impl Fn(Loc) -> f32) -> Vec<(Loc, f32)> {
+        let at = |r: &Rows, i: [usize; 3], row: usize, col: usize| {
+            let matrix: usize = i.iter().zip(r.batch).map(|(i, s)| i * s).sum();
+            r.loc.offset(matrix + row * r.row + col)
+        };
+        let [b0, b1, b2] = self.batch;
+        let mut out = Vec::with_capacity(b0 * b1 * b2 * self.queries * self.dv);
+        for i in (0..b0).flat_map(|a| (0..b1).flat_map(move |b| (0..b2).map(move |c| [a, b, c]))) {
+            for s in 0..self.queries {
+                let scores: Vec<f32> = (0..self.keys)
+                    .map(|t| {
+                        let dot: f32 = (0..self.dk)
+                            .map(|d| read(at(&self.q, i, s, d)) * read(at(&self.k, i, t, d)))
+                            .sum();
+                        let bias = self.bias.map_or(0.0, |b| read(at(&b, i, s, t)));
+                        self.alpha * dot + bias
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|v| (v - max).exp()).collect();
+                let sum: f32 = weights.iter().sum();
+                for d in 0..self.dv {
+                    let acc: f32 = (0..self.keys)
+                        .map(|t| weights[t] * read(at(&self.v, i, t, d)))
+                        .sum();
+                    out.push((at(&self.y, i, s, d), acc / sum));
+                }
+            }
+        }
+        out
+    }
+}
+
 /// One kernel launch or library call of a plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Step {
@@ -300,6 +424,8 @@ pub enum Step {
         /// The output, `[rows]`.
         y: Loc,
     },
+    /// Fused attention, see `AttentionStep`.
+    Attention(AttentionStep),
     /// Across the channels of an NHWC tensor.
     Lrn {
         /// Positions normalised independently: N × H × W.
@@ -392,6 +518,17 @@ impl Step {
             Step::LayerNorm { rows, len, .. } => format!("layernorm {rows}x{len}"),
             Step::RowMean { rows, len, .. } => format!("mean {rows}x{len}"),
             Step::Lrn { pixels, c, .. } => format!("lrn {pixels}x{c}"),
+            Step::Attention(a) => format!(
+                "attention {:?} {}x{} · {}x{}ᵀ · {}x{}{}",
+                a.batch,
+                a.queries,
+                a.dk,
+                a.keys,
+                a.dk,
+                a.keys,
+                a.dv,
+                if a.bias.is_some() { " +bias" } else { "" }
+            ),
         }
     }
 
@@ -487,6 +624,11 @@ impl Step {
             } => {
                 vec![len(*x, &[*pixels, *c]), len(*y, &[*pixels, *c])]
             }
+            Step::Attention(a) => a
+                .operands()
+                .into_iter()
+                .map(|(r, rows, width)| r.span(a.batch, rows, width))
+                .collect(),
         };
         // An empty operand touches nothing, wherever it points.
         spans.retain(|s| s.end > s.start);
@@ -520,6 +662,7 @@ impl Step {
             } => len(*y, &[*rows, *l]),
             Step::RowMean { rows, y, .. } => len(*y, &[*rows]),
             Step::Lrn { pixels, c, y, .. } => len(*y, &[*pixels, *c]),
+            Step::Attention(a) => a.y.span(a.batch, a.queries, a.dv),
         }
     }
 
@@ -562,6 +705,11 @@ impl Step {
             | Step::Softmax { x, y, .. }
             | Step::RowMean { x, y, .. }
             | Step::Lrn { x, y, .. } => vec![x, y],
+            Step::Attention(a) => {
+                let mut locs = vec![&mut a.q.loc, &mut a.k.loc, &mut a.v.loc, &mut a.y.loc];
+                locs.extend(a.bias.as_mut().map(|b| &mut b.loc));
+                locs
+            }
         }
     }
 }

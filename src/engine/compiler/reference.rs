@@ -88,6 +88,27 @@ pub(super) fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tens
             }
             out
         }
+        Op::Attention { alpha } => {
+            // The operators it fuses, one after the other.
+            let step = |op: Op, inputs: &[&Tensor], shape: &[usize]| {
+                let node = Node { op, ..node.clone() };
+                eval(&node, inputs, shape)
+            };
+            let (q, kt) = (inputs[0], inputs[1]);
+            let r = q.shape.len();
+            let mut scores_shape = q.shape.clone();
+            scores_shape[r - 1] = kt.shape[r - 1];
+            let mut scores = step(Op::MatMul { alpha: *alpha }, &[q, kt], &scores_shape);
+            if let Some(bias) = inputs.get(3) {
+                let add = Op::Binary {
+                    op: super::ir::BinOp::Add,
+                    act: super::ir::Act::None,
+                };
+                scores = step(add, &[&scores, bias], &scores_shape);
+            }
+            let weights = step(Op::Softmax { axis: r - 1 }, &[&scores], &scores_shape);
+            return step(Op::MatMul { alpha: 1.0 }, &[&weights, inputs[2]], out_shape);
+        }
         Op::Pool(p) => {
             let x = inputs[0];
             let [n, c, h, w] = dims4(&x.shape);
@@ -319,7 +340,7 @@ fn dims4(shape: &[usize]) -> [usize; 4] {
 }
 
 /// Maps a flat index of `out` to the flat index of an input broadcast to it.
-fn broadcast_index(shape: &[usize], out: &[usize]) -> impl Fn(usize) -> usize {
+pub(super) fn broadcast_index(shape: &[usize], out: &[usize]) -> impl Fn(usize) -> usize {
     debug_assert_eq!(broadcast(shape, out).as_deref(), Some(out));
     let pad = out.len() - shape.len();
     let in_strides = strides(shape);

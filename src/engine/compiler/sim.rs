@@ -270,6 +270,11 @@ fn run_step(m: &mut Memory, step: &Step) {
                 m.write(*y, r, sum / *len as f32);
             }
         }
+        Step::Attention(a) => {
+            for (loc, v) in a.run(|loc| m.read(loc, 0)) {
+                m.write(loc, 0, v);
+            }
+        }
         Step::Lrn {
             pixels,
             c,

@@ -307,16 +307,20 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
     // The hybrid's GELU is the tanh form, which stays element-wise; Swin v2's cosine
     // attention scales per head; MaxViT scales its keys before the transpose that its Einsum
     // becomes, and the hybrid scales after its Einsum.
+    // The last number: attentions fused in fp16, Swin's shifted windows (whose mask is added
+    // to the scores split by image and window) among them. Swin's heads of 8 values (the
+    // kernel takes 16 to 128), Swin v2's scaling per head, and MaxViT's and the hybrid's
+    // softmax reshaped before the product with the values stay products and a softmax.
     let expected = [
-        ("vit", true, true),
-        ("swin", true, true),
-        ("swin_v2", true, false),
-        ("maxvit", true, false),
-        ("hybrid", false, false),
-        ("hybrid.dynamo", false, false),
-        ("swin.dynamo", true, true),
+        ("vit", true, true, 2),
+        ("swin", true, true, 4),
+        ("swin_v2", true, false, 0),
+        ("maxvit", true, false, 0),
+        ("hybrid", false, false, 0),
+        ("hybrid.dynamo", false, false, 0),
+        ("swin.dynamo", true, true, 4),
     ];
-    for (name, gelu, scaled) in expected {
+    for (name, gelu, scaled, attentions) in expected {
         let want = transformer_reference(name);
         let model = OnnxModel::load(&models().join(format!("transformers/{name}.onnx")))
             .expect("model loads");
@@ -352,26 +356,38 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
         let plan = lower::lower(&graph, DType::F32, &mut weights)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
+        // fp16 plans fuse attention where the kernel takes the head sizes: the graph and
+        // its plan (whose attention steps the simulator runs in f32) still give
+        // onnxruntime's answer.
+        passes::fuse_attention(&mut graph);
+        let fused = |op: &Op| matches!(op, Op::Attention { .. });
+        assert_eq!(count(&graph, fused), attentions, "{name}: fused attentions");
+        assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
+        let plan = lower::lower(&graph, DType::F16, &mut weights)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
     }
-    // At batch 4 the tiny ViT's key and value start 256-byte aligned in its projection
-    // (at batch 2 only the query does), and are read in place rather than copied: two steps
-    // fewer, and the same frames twice give the same answers.
+    // The tiny ViT at batch 4 (the same frames twice gives the same answers twice): in fp16,
+    // each block's attention is one step that reads the heads where the projection wrote them
+    // and writes its output where the heads merge, instead of three head copies, two products,
+    // a softmax and a merge copy: six steps fewer per block.
     let model = OnnxModel::load(&models().join("transformers/vit.onnx")).expect("model loads");
     let mut graph = import::import(&model, 4, 224, 224).expect("imports");
     passes::optimise(&mut graph);
     let mut weights = Weights::default();
-    let plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
+    let f32_plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
+    passes::fuse_attention(&mut graph);
+    let f16_plan = lower::lower(&graph, DType::F16, &mut weights).expect("lowers");
+    assert_eq!(f16_plan.steps.len() + 2 * 6, f32_plan.steps.len());
     let twice = [input.data.as_slice(), input.data.as_slice()].concat();
-    let mut g2 = import::import(&model, 2, 224, 224).expect("imports");
-    passes::optimise(&mut g2);
-    let p2 = lower::lower(&g2, DType::F32, &mut Weights::default()).expect("lowers");
-    assert_eq!(plan.steps.len() + 2, p2.steps.len());
     let want = transformer_reference("vit");
-    assert_close(
-        &sim::run(&plan, &weights, &twice),
-        &[want.as_slice(), want.as_slice()].concat(),
-        1e-4,
-    );
+    for plan in [f32_plan, f16_plan] {
+        assert_close(
+            &sim::run(&plan, &weights, &twice),
+            &[want.as_slice(), want.as_slice()].concat(),
+            1e-4,
+        );
+    }
 }
 
 #[test]

@@ -89,6 +89,41 @@ impl EwParams {
     }
 }
 
+/// The fused attention kernels' parameters: kernels.cu's `struct Attn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AttnParams {
+    pub batch: [i32; 3],
+    pub queries: i32,
+    pub keys: i32,
+    pub dk: i32,
+    pub dv: i32,
+    /// 1 where every row of q, k and v starts 16-byte aligned.
+    pub vec: i32,
+    pub alpha: f32,
+    pub pad: i32,
+    /// Strides of the three batch axes, then of the rows, per operand.
+    pub q: [i64; 4],
+    pub k: [i64; 4],
+    pub v: [i64; 4],
+    pub bias: [i64; 4],
+    pub y: [i64; 4],
+}
+// SAFETY: plain old data laid out as the kernels' `struct Attn` (asserted below).
+unsafe impl DeviceRepr for AttnParams {}
+const _: () = assert!(
+    size_of::<AttnParams>() == 200
+        && align_of::<AttnParams>() == 8
+        && offset_of!(AttnParams, batch) == 0
+        && offset_of!(AttnParams, queries) == 12
+        && offset_of!(AttnParams, dv) == 24
+        && offset_of!(AttnParams, vec) == 28
+        && offset_of!(AttnParams, alpha) == 32
+        && offset_of!(AttnParams, q) == 40
+        && offset_of!(AttnParams, bias) == 136
+        && offset_of!(AttnParams, y) == 168
+);
+
 /// The pooling kernels' parameters: kernels.cu's `struct Pool`, sixteen ints in the order
 /// n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr, max, include_pad.
 #[repr(C)]

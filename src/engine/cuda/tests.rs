@@ -120,6 +120,19 @@ fn kernels_compile_with_nvrtc() {
                 "{kernel} missing"
             );
         }
+        // Fused attention is fp16's only; its tensor-core kernels hold mma.sync from sm_80 on.
+        let attention = [".entry attention_rows(", ".entry attention_64_64("];
+        let mma = ptx.contains("mma.sync.aligned.m16n8k16");
+        assert_eq!(
+            attention.map(|a| ptx.contains(a)),
+            [dtype == DType::F16; 2],
+            "{dtype:?}"
+        );
+        assert_eq!(
+            mma,
+            dtype == DType::F16 && arch.0 >= 8,
+            "{dtype:?} {arch:?}"
+        );
     }
     // Shown in CI's log, beside the test counts.
     use std::io::Write;

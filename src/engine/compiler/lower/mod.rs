@@ -8,10 +8,12 @@
 //! This file keeps the values, their layouts and the element-wise step everything else is
 //! built from; each kind of operator is lowered in a file of its own: `products` (Conv,
 //! Gemm, MatMul), `pooling` (pools, LRN), `elementwise` (unary, binary, Concat, Pad), `rows`
-//! (Softmax, LayerNorm, ReduceMean) and `views` (Slice, Transpose, Reshape); `scores` lets
+//! (Softmax, LayerNorm, ReduceMean), `views` (Slice, Transpose, Reshape) and `attention`
+//! (the fused attention of fp16 plans); `scores` lets
 //! an fp16 plan's last product write the scores in f32.
 
 mod arena;
+mod attention;
 mod elementwise;
 mod pooling;
 mod products;
@@ -301,6 +303,7 @@ impl Lowering<'_> {
             Op::Conv(c) => self.conv(node, c, &shape)?,
             Op::Gemm { act } => self.gemm(node, *act, &shape)?,
             Op::MatMul { alpha } => self.matmul(node, *alpha, &shape)?,
+            Op::Attention { alpha } => self.attention(node, *alpha, &shape)?,
             Op::Pool(p) => self.pool(node, p, &shape)?,
             Op::GlobalAvgPool => self.global_avg_pool(node, &shape)?,
             Op::Lrn {

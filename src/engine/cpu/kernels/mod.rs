@@ -282,6 +282,14 @@ fn run_with<const FMA: bool>(
                 unsafe { *y.add(r) = mean };
             }
         }
+        // Fused attention comes in fp16 plans only (`check_plan` refuses it in the f32 plans
+        // this runner takes); computed plainly all the same.
+        Step::Attention(a) => {
+            // SAFETY: checked spans.
+            for (loc, v) in a.run(|loc| unsafe { *buf.at(loc) }) {
+                unsafe { *buf.at_mut(loc) = v };
+            }
+        }
         Step::Lrn {
             pixels,
             c,

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 
-use crate::engine::compiler::plan::DType;
+use crate::engine::compiler::plan::{ATTENTION_HEAD_DIMS, DType, attention_takes};
 use crate::engine::cuda::error::{Error, Result};
 
 /// The kernels' source, compiled by NVRTC for the GPU at hand.
@@ -50,15 +51,47 @@ pub(super) struct Kernels {
     pub(super) lrn: CudaFunction,
     pub(super) preprocess_rows: CudaFunction,
     pub(super) preprocess_cols: CudaFunction,
+    /// Fused attention (fp16 only): on tensor cores by head sizes (dk, dv) from sm_80 on,
+    /// else a warp per query.
+    pub(super) attention: Attention,
+}
+
+/// The fused attention kernels a context has.
+pub(super) enum Attention {
+    /// fp32 kernels: none (`check_plan` keeps attention steps out of fp32 plans).
+    None,
+    /// A GPU without mma.sync's fp16 m16n8k16 (before sm_80).
+    Rows(CudaFunction),
+    /// Tensor-core kernels by (dk, dv), and the row kernel.
+    TensorCores(Vec<((usize, usize), CudaFunction)>),
 }
 
 impl Kernels {
     /// Loads the compiled kernels `ptx` into `ctx`.
-    pub(super) fn load(ctx: &Arc<CudaContext>, ptx: &str) -> Result<Self> {
+    pub(super) fn load(ctx: &Arc<CudaContext>, ptx: &str, dtype: DType) -> Result<Self> {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(Error::driver("module load"))?;
         let f = |name: &str| module.load_function(name).map_err(Error::driver("kernel"));
+        let major = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .map_err(Error::driver("attribute"))?;
+        let attention = match (dtype, major >= 8) {
+            (DType::F32, _) => Attention::None,
+            (DType::F16, false) => Attention::Rows(f("attention_rows")?),
+            (DType::F16, true) => {
+                let dims = ATTENTION_HEAD_DIMS;
+                let pairs = dims
+                    .iter()
+                    .flat_map(|&dk| dims.iter().map(move |&dv| (dk, dv)))
+                    .filter(|&(dk, dv)| attention_takes(dk, dv));
+                Attention::TensorCores(
+                    pairs
+                        .map(|(dk, dv)| Ok(((dk, dv), f(&format!("attention_{dk}_{dv}"))?)))
+                        .collect::<Result<_>>()?,
+                )
+            }
+        };
         Ok(Kernels {
             ew: f("ew")?,
             ew_from_f32: f("ew_from_f32")?,
@@ -81,6 +114,7 @@ impl Kernels {
             lrn: f("lrn_nhwc")?,
             preprocess_rows: f("preprocess_rows")?,
             preprocess_cols: f("preprocess_cols")?,
+            attention,
         })
     }
 }

@@ -115,7 +115,7 @@ impl Runtime {
         // SAFETY: no other stream touches these buffers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(Error::driver("stream"))?;
-        let kernels = Kernels::load(&ctx, ptx)?;
+        let kernels = Kernels::load(&ctx, ptx, dtype)?;
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(Error::driver("attribute"))? as u32;

@@ -818,34 +818,26 @@ __device__ __forceinline__ void attn_rows_in(T *dst, const T *src, long long str
     }
 }
 
-// 64 rows of WIDTH values transposed into shared memory: row d holds value d of each key,
-// so that the product with the weights reads pairs of keys as one register.
-template <int WIDTH>
-__device__ __forceinline__ void attn_cols_in(T *dst, const T *src, long long stride, int valid, bool vec) {
-    const int pitch = ATTN_KEYS + 8;
-    if (vec) {
-        for (int i = threadIdx.x; i < 64 * WIDTH / 8; i += blockDim.x) {
-            int r = i / (WIDTH / 8), c = i % (WIDTH / 8) * 8;
-            uint4 x = make_uint4(0, 0, 0, 0);
-            if (r < valid) x = *(const uint4 *)(src + r * stride + c);
-            const T *h = (const T *)&x;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) dst[(c + j) * pitch + r] = h[j];
-        }
-        return;
-    }
-    for (int i = threadIdx.x; i < 64 * WIDTH; i += blockDim.x) {
-        int r = i / WIDTH, c = i % WIDTH;
-        dst[c * pitch + r] = r < valid ? src[r * stride + c] : (T)0;
-    }
+// The B fragment of m16n8k16 for 16 rows (k) × 8 columns (n) of a row-major matrix in
+// shared memory, `row0` pointing at its first element: ldmatrix's transposing load, each
+// lane naming one of the 16 rows.
+__device__ __forceinline__ void ldmatrix_b_trans(unsigned &b0, unsigned &b1, const T *row0, int pitch) {
+#if __CUDA_ARCH__ >= 800
+    const T *row = row0 + (threadIdx.x % 16) * pitch;
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(b0), "=r"(b1)
+                 : "r"(addr));
+#endif
 }
 
 template <int DK, int DV>
 __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v, const T *bias, T *y) {
 #if __CUDA_ARCH__ >= 800
-    // The queries, then each tile of keys in turn; the tile of values, transposed.
+    // The queries, then each tile of keys in turn; the tile of values.
     __shared__ __align__(16) T qk[ATTN_ROWS * (DK + 8)];
-    __shared__ __align__(16) T vt[DV * (ATTN_KEYS + 8)];
+    __shared__ __align__(16) T vs[ATTN_KEYS * (DV + 8)];
     const int m = blockIdx.x, q0 = blockIdx.y * ATTN_ROWS;
     q += batch_offset(p, p.q, m);
     k += batch_offset(p, p.k, m);
@@ -880,7 +872,7 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
         const int valid = min(ATTN_KEYS, p.keys - t0);
         __syncthreads();  // every warp is done with the last tile (or the queries)
         attn_rows_in<DK>(qk, k + t0 * p.k[3], p.k[3], valid, vec);
-        attn_cols_in<DV>(vt, v + t0 * p.v[3], p.v[3], valid, vec);
+        attn_rows_in<DV>(vs, v + t0 * p.v[3], p.v[3], valid, vec);
         __syncthreads();
 
         float s[ATTN_KEYS / 8][4];
@@ -944,8 +936,9 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
             };
 #pragma unroll
             for (int dn = 0; dn < DV / 8; ++dn) {
-                const T *vr = vt + (dn * 8 + g) * (ATTN_KEYS + 8) + kk * 16 + tg * 2;
-                mma_16816(o[dn], pa, *(const unsigned *)vr, *(const unsigned *)(vr + 8));
+                unsigned b0, b1;
+                ldmatrix_b_trans(b0, b1, vs + kk * 16 * (DV + 8) + dn * 8, DV + 8);
+                mma_16816(o[dn], pa, b0, b1);
             }
         }
     }

@@ -88,17 +88,4 @@ impl Lowering<'_> {
         self.push(step, &reads);
         Ok(y)
     }
-
-    /// `v` with `axis` innermost in memory and its other axes in their order: itself where
-    /// it already is, else a copy.
-    fn innermost(&mut self, v: &Val, axis: usize) -> Result<Val, String> {
-        let perm: Vec<usize> = v
-            .perm
-            .iter()
-            .copied()
-            .filter(|&a| a != axis)
-            .chain([axis])
-            .collect();
-        self.require(v, &perm)
-    }
 }

@@ -211,6 +211,19 @@ impl Lowering<'_> {
         self.copy(v, perm, Cast::None)
     }
 
+    /// `v` with `axis` innermost in memory and its other axes in their order: itself where
+    /// it already is, else a copy.
+    fn innermost(&mut self, v: &Val, axis: usize) -> Result<Val, String> {
+        let perm: Vec<usize> = v
+            .perm
+            .iter()
+            .copied()
+            .filter(|&a| a != axis)
+            .chain([axis])
+            .collect();
+        self.require(v, &perm)
+    }
+
     fn copy(&mut self, v: &Val, perm: &[usize], cast: Cast) -> Result<Val, String> {
         let out = self.alloc(&v.shape, perm.to_vec());
         let out_strides = out.strides();

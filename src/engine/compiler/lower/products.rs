@@ -115,14 +115,17 @@ impl Lowering<'_> {
     }
 
     pub(super) fn gemm(&mut self, node: &Node, act: Act, shape: &[usize]) -> Result<Val, String> {
+        // The product takes rows in any order, as long as each row is contiguous: the output
+        // keeps the input's order (attention blocks that transpose between batch-first and
+        // sequence-first then copy nothing).
         let x = self.get(&node.inputs[0])?;
-        let x = self.require(&x, &identity(x.shape.len()))?;
+        let x = self.innermost(&x, x.shape.len() - 1)?;
         let w = self.get(&node.inputs[1])?;
         let bias = match node.inputs.get(2) {
             Some(b) => Some(self.get(b)?.loc),
             None => None,
         };
-        let y = self.alloc(shape, identity(shape.len()));
+        let y = self.alloc(shape, x.perm.clone());
         let (k, n) = (w.shape[0], w.shape[1]);
         let relu = act == Act::Relu;
         self.push(

@@ -14,12 +14,10 @@ impl Lowering<'_> {
         shape: &[usize],
     ) -> Result<Val, String> {
         let x = self.get(&node.inputs[0])?;
-        // Rows along the last memory axis: move the reduced axis last.
-        let perm: Vec<usize> = (0..shape.len())
-            .filter(|&a| a != axis)
-            .chain([axis])
-            .collect();
-        let x = self.require(&x, &perm)?;
+        // Rows along the last memory axis: the reduced axis innermost, the others in their
+        // order in memory.
+        let x = self.innermost(&x, axis)?;
+        let perm = x.perm.clone();
         let len = shape[axis];
         let rows = x.len() / len;
         let y = self.alloc(shape, perm);
@@ -41,8 +39,15 @@ impl Lowering<'_> {
         epsilon: f32,
         shape: &[usize],
     ) -> Result<Val, String> {
+        // The normalised axes innermost in their logical order, the rows in any order.
         let x = self.get(&node.inputs[0])?;
-        let perm = identity(shape.len());
+        let perm: Vec<usize> = x
+            .perm
+            .iter()
+            .copied()
+            .filter(|&a| a < axis)
+            .chain(axis..shape.len())
+            .collect();
         let x = self.require(&x, &perm)?;
         let len: usize = shape[axis..].iter().product();
         let rows = x.len() / len;

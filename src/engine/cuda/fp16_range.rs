@@ -75,28 +75,18 @@ pub fn sample_frames(spec: InputSpec, options: &PreprocessOptions) -> Result<Vec
             }
         }
     };
-    let mut out = Vec::with_capacity(SAMPLES * spec.frame_len());
-    for k in 0..SAMPLES {
+    let frame_len = spec.frame_len();
+    let mut out = vec![0.0; SAMPLES * frame_len];
+    for (k, frame) in out.chunks_exact_mut(frame_len).enumerate() {
         let value = |p: u8, c: usize| (f32::from(p) * options.scale - mean[c]) / std[c];
-        match spec.layout {
-            Layout::Nchw => {
-                for c in 0..channels {
-                    for y in 0..h {
-                        for x in 0..w {
-                            let p = pixel(k, c, y, x);
-                            out.push(value(p, c));
-                        }
-                    }
-                }
-            }
-            Layout::Nhwc => {
-                for y in 0..h {
-                    for x in 0..w {
-                        for c in 0..channels {
-                            let p = pixel(k, c, y, x);
-                            out.push(value(p, c));
-                        }
-                    }
+        for c in 0..channels {
+            for y in 0..h {
+                for x in 0..w {
+                    let at = match spec.layout {
+                        Layout::Nchw => (c * h + y) * w + x,
+                        Layout::Nhwc => (y * w + x) * channels + c,
+                    };
+                    frame[at] = value(pixel(k, c, y, x), c);
                 }
             }
         }

@@ -111,11 +111,19 @@ fn print_scores(model: &str) {
     }
 }
 
-/// PROFILE=1: the steps that take the most time, summed by kind, to stderr.
+/// PROFILE=1: the steps that take the most time, summed by kind, to stderr; PROFILE=steps
+/// also each step, the median of 15 runs.
 fn print_profile(engine: &CpuEngine, input: &[f32]) {
     let Some(steps) = engine.profile(input) else {
         return;
     };
+    if std::env::var("PROFILE").as_deref() == Ok("steps") {
+        let runs: Vec<_> = (0..15).map(|_| engine.profile(input).unwrap()).collect();
+        for (i, (step, _)) in steps.iter().enumerate() {
+            let ms = median(runs.iter().map(|r| r[i].1.as_secs_f64() * 1e3).collect());
+            eprintln!("STEP {i:3} {ms:8.3} {step}");
+        }
+    }
     let mut total = std::collections::BTreeMap::<String, (f64, usize)>::new();
     for (step, time) in steps {
         // "conv 1x32x112x112 k3x3 s1 g32 -> 32 ..." summed as "conv k3x3 s1 g32".

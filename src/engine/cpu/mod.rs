@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The embedded CPU backend, pure Rust, nothing to install: the model compiler's plan (the
-//! one the CUDA engine runs too, here in fp32), run by our own kernels on the `gemm` crate
-//! (`plan_runner`), for every model the compiler takes; tract (`tract`) for the others.
+//! one the CUDA engine runs too, here in fp32), run by our own kernels (`plan_runner`), for
+//! every model the compiler takes; tract (`tract`) for the others.
 
 mod kernels;
 mod plan_runner;

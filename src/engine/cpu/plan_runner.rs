@@ -13,7 +13,8 @@ use rayon::prelude::*;
 
 use super::kernels::{self, Buffers, Packed, Threads};
 use crate::engine::OnnxModel;
-use crate::engine::compiler::{self, CompileError, check::check_plan, plan::DType, plan::Plan};
+use crate::engine::compiler::plan::{DType, Loc, Plan};
+use crate::engine::compiler::{self, CompileError, check::check_plan};
 use crate::preprocess::InputSpec;
 
 /// One pool of worker threads, as many as the machine has cores, for every CPU engine of the
@@ -80,6 +81,24 @@ impl PlanRunner {
             .map(|s| kernels::pack(s, &weights))
             .collect();
         kernels::fuse_activations(&plan.steps, &mut packed);
+        // The steps read packed weights from their copy: a constant no step reads any more
+        // is let go, so that packing does not double the model's memory.
+        let mut read = vec![false; weights.len()];
+        for (step, packed) in plan.steps.iter_mut().zip(&packed) {
+            let copied = kernels::packed_weight(step, packed);
+            for loc in step.locs_mut() {
+                if let Loc::Weight { index, .. } = *loc
+                    && Some(*loc) != copied
+                {
+                    read[index] = true;
+                }
+            }
+        }
+        let weights = weights
+            .into_iter()
+            .zip(read)
+            .map(|(w, read)| if read { w } else { Arc::new(Vec::new()) })
+            .collect();
         Ok(PlanRunner {
             weights,
             packed,

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The CPU kernels against `compiler::sim`, the plain step-by-step run of a plan that the lowering
 //! tests trust: random convolutions (depthwise with channel counts off the vector width,
-//! grouped, strided, dilated, padded, with residuals and every fused activation), pooling,
-//! and element-wise steps with broadcast and transposed operands, on one and on two threads.
+//! grouped, strided, dilated, padded, with residuals and every fused activation), matrix
+//! products on packed and on computed weights, pooling, and element-wise steps with broadcast and transposed operands, on one and on two threads.
 
 use std::sync::Arc;
 
@@ -276,6 +276,81 @@ fn elementwise_steps_agree_with_the_plain_run() {
             .iter_mut()
             .for_each(|v| *v = v.signum() * (v.abs() + 0.5));
         let (plan, weights) = one_step(step, input.len(), total, vec![]);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+/// Matrix products: constant weights (packed in panels) or computed ones (read in place,
+/// transposed or not), sizes across the blocks of the panel kernel (rows past 120, k past
+/// 256, columns past 128 and off the panel width), bias, residual, scaling, and an
+/// activation step after the product that the product takes over.
+#[test]
+fn products_agree_with_the_plain_run() {
+    for seed in 0..60 {
+        let mut rng = Rng(seed);
+        let size = |rng: &mut Rng, big: usize| match rng.below(3) {
+            0 => 1 + rng.below(8),
+            1 => 1 + rng.below(40),
+            _ => big + rng.below(big),
+        };
+        let (rows, k, n) = (
+            size(&mut rng, 130),
+            size(&mut rng, 270),
+            size(&mut rng, 140),
+        );
+        let constant = rng.below(3) > 0;
+        let batch = if constant { 1 } else { 1 + rng.below(2) };
+        let (bias, residual, transposed) =
+            (rng.below(2) == 0, rng.below(2) == 0, rng.below(2) == 0);
+        let alpha = [1.0, 0.125][rng.below(2)];
+        let act = ACTS[rng.below(ACTS.len())];
+        let (x_len, w_len, y_len) = (batch * rows * k, batch * k * n, batch * rows * n);
+        let mut weights = vec![rng.values(n)];
+        let w = if constant {
+            weights.push(rng.values(w_len));
+            Loc::Weight {
+                index: 1,
+                offset: 0,
+            }
+        } else {
+            Loc::Input(x_len)
+        };
+        let z = x_len + if constant { 0 } else { w_len };
+        let gemm = Step::Gemm {
+            batch,
+            alpha,
+            rows,
+            n,
+            k,
+            x: Loc::Input(0),
+            w,
+            w_transposed: transposed,
+            bias: bias.then_some(Loc::Weight {
+                index: 0,
+                offset: 0,
+            }),
+            residual: residual.then_some(Loc::Input(z)),
+            relu: act == Act::Relu,
+            y: Loc::Output(0),
+        };
+        let what = format!("seed {seed}: {} then {act:?}", gemm.describe());
+        let whole = Strided {
+            loc: Loc::Output(0),
+            strides: vec![1],
+        };
+        let activation = Step::Ew {
+            op: None,
+            act,
+            cast: Cast::None,
+            dims: vec![y_len],
+            out: whole.clone(),
+            a: whole,
+            b: None,
+        };
+        let input = rng.values(z + if residual { y_len } else { 0 });
+        let (mut plan, weights) = one_step(gemm, input.len(), y_len, weights);
+        plan.steps.push(activation);
+        plan.origins.push("activation".into());
         agree(plan, &weights, &input, &what);
     }
 }

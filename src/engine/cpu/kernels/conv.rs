@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use super::product::{Product, epilogue_init};
+use super::panels::Panels;
+use super::product::{Product, Weights, epilogue_init};
 use super::{Buffers, Packed, Threads, fma};
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 use crate::engine::cpu::vector::activate;
@@ -40,6 +41,12 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
     }
     let (cg, kg) = (c.c / c.group, c.k / c.group);
     let rows = taps * cg;
+    if c.group == 1 {
+        return Packed::Panels(
+            Panels::pack(rows, c.k, 1.0, |i, j| krsc[j * rows + i]),
+            None,
+        );
+    }
     let mut packed = vec![0.0; c.group * rows * kg];
     for g in 0..c.group {
         for kk in 0..kg {
@@ -183,7 +190,7 @@ unsafe fn accumulate_avx2(
 pub(super) fn conv_gemm(
     buf: &Buffers,
     c: &ConvStep,
-    w: *const f32,
+    w: Weights,
     col: &mut Vec<f32>,
     threads: Threads,
 ) {
@@ -199,11 +206,13 @@ pub(super) fn conv_gemm(
             .residual
             .map(|z| unsafe { buf.at(z).add(n * pixels * c.k) });
         if c.group == 1 {
-            // Unfolded in blocks of pixels of about 4 MB, which bounds `col`; smaller
-            // blocks, to keep them in the cache, measured slower (more calls, each packing).
+            // Unfolded in blocks of pixels of about 256 KB, which stay in the L2 cache for
+            // the product (the weights are packed once, so more calls cost nothing); at
+            // least 120 rows, so that the weights read for a block serve enough of them.
+            // Several threads take the whole image, which the product shares out.
             let block = match (pointwise, threads.0) {
                 (true, _) | (_, 2..) => pixels,
-                _ => (1 << 20) / rows.max(1),
+                _ => ((1 << 16) / rows.max(1)).max(120),
             };
             for start in (0..pixels).step_by(block.max(1)) {
                 let count = block.min(pixels - start);
@@ -222,7 +231,6 @@ pub(super) fn conv_gemm(
                         x: if pointwise { lhs.add(start * c.c) } else { lhs },
                         x_stride: lhs_stride,
                         w,
-                        w_strides: (c.k, 1),
                         y: yb.add(start * c.k),
                         y_stride: c.k,
                         alpha: 1.0,
@@ -235,6 +243,9 @@ pub(super) fn conv_gemm(
             }
             continue;
         }
+        let Weights::Strided { ptr: w, .. } = w else {
+            unreachable!("grouped convolutions keep their weights per group (`pack`)");
+        };
         epilogue_init(yb, pixels, c.k, c.k, Some(buf.at(c.bias)), residual);
         for g in 0..c.group {
             let (lhs, lhs_rs) = if pointwise {
@@ -282,23 +293,40 @@ fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col
     let rows = c.kernel[0] * c.kernel[1] * cg;
     col.resize(count * rows, 0.0);
     let mut dst = 0;
+    // Where the taps of a kernel row are neighbours in the input (no dilation along the
+    // row, one group), the row's patch is one run of `kernel[1] × c` values: one copy
+    // instead of a copy per tap (three values each for an RGB input).
+    let runs = c.group == 1 && c.dilations[1] == 1;
+    let row_len = c.kernel[1] * cg;
     for pixel in start..start + count {
         let (oy, ox) = (pixel / c.ow, pixel % c.ow);
-        {
-            for r in 0..c.kernel[0] {
-                let iy = (oy * c.strides[0] + r * c.dilations[0]) as isize - c.pads[0] as isize;
-                for s in 0..c.kernel[1] {
-                    let ix = (ox * c.strides[1] + s * c.dilations[1]) as isize - c.pads[1] as isize;
-                    let out = &mut col[dst..dst + cg];
-                    if iy < 0 || ix < 0 || iy >= c.h as isize || ix >= c.w as isize {
-                        out.fill(0.0);
-                    } else {
-                        let at = (iy as usize * c.w + ix as usize) * c.c + g * cg;
-                        // SAFETY: inside the checked input span.
-                        out.copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), cg) });
-                    }
-                    dst += cg;
+        for r in 0..c.kernel[0] {
+            let iy = (oy * c.strides[0] + r * c.dilations[0]) as isize - c.pads[0] as isize;
+            let ix0 = (ox * c.strides[1]) as isize - c.pads[1] as isize;
+            if iy < 0 || iy >= c.h as isize {
+                col[dst..dst + row_len].fill(0.0);
+                dst += row_len;
+                continue;
+            }
+            if runs && ix0 >= 0 && ix0 as usize + c.kernel[1] <= c.w {
+                let at = (iy as usize * c.w + ix0 as usize) * c.c;
+                // SAFETY: inside the checked input span (the run ends inside the row).
+                col[dst..dst + row_len]
+                    .copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), row_len) });
+                dst += row_len;
+                continue;
+            }
+            for s in 0..c.kernel[1] {
+                let ix = ix0 + (s * c.dilations[1]) as isize;
+                let out = &mut col[dst..dst + cg];
+                if ix < 0 || ix >= c.w as isize {
+                    out.fill(0.0);
+                } else {
+                    let at = (iy as usize * c.w + ix as usize) * c.c + g * cg;
+                    // SAFETY: inside the checked input span.
+                    out.copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), cg) });
                 }
+                dst += cg;
             }
         }
     }

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The steps of a plan (`compiler::plan`, lowered in f32) run on the CPU: matrix products and
-//! convolutions through the `gemm` crate, which picks AVX2/AVX-512/NEON kernels at run time,
-//! and the rest (depthwise convolution, pooling, element-wise steps) as loops over NHWC
-//! channels that the compiler vectorises.
+//! The steps of a plan (`compiler::plan`, lowered in f32) run on the CPU: convolutions and
+//! matrix products with constant weights on weights packed once (`panels`: AVX2/FMA or NEON
+//! tiles), products of computed matrices (attention) and grouped convolutions through the
+//! `gemm` crate, and the rest (depthwise convolution, pooling, element-wise steps) as loops
+//! over NHWC channels that the compiler vectorises.
 //!
 //! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,
-//! `product` and `elementwise` hold the rest.
+//! `product`, `panels` and `elementwise` hold the rest.
 //!
 //! Steps read and write through raw pointers: the plan places several tensors in one arena,
 //! and an element-wise step may write where it reads. `Plan` checks (`check_plan` in
@@ -54,9 +55,14 @@ pub enum Packed {
     /// Depthwise: `[kernel positions][channels]`, so that the channel loop reads both
     /// operands in order.
     Depthwise(Vec<f32>),
-    /// Per group, `[kernel positions × input channels of the group][output channels of
-    /// the group]`: the right-hand matrix of the product with the unfolded input.
+    /// A grouped convolution's, per group, `[kernel positions × input channels of the
+    /// group][output channels of the group]`: the right-hand matrix of the product with the
+    /// unfolded input.
     Gemm(Vec<f32>),
+    /// The constant right-hand matrix of a product (a convolution's `[kernel positions ×
+    /// input channels][output channels]`) in panels, and the activation of a following step
+    /// where the product does it.
+    Panels(Panels, Option<Act>),
     /// A product whose output the next step activates in place: done here, on data still
     /// in the cache, and that step skipped.
     Activated(Act),
@@ -98,9 +104,9 @@ unsafe impl Sync for Buffers<'_> {}
 /// NEON and FMA). Code that threads run (closures) does not inherit the features of the
 /// function it is written in, so each row of a parallel kernel dispatches for itself.
 macro_rules! wide {
-    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),*) => $imp:ident) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) => $imp:ident) => {
         $(#[$m])*
-        fn $name($($arg: $ty),*) {
+        $vis fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
@@ -122,13 +128,56 @@ macro_rules! wide {
 // After `wide!`, which they use.
 mod conv;
 mod elementwise;
+mod panels;
 mod product;
 
-pub use conv::pack;
 use conv::{conv_gemm, depthwise};
 use elementwise::elementwise;
-use product::Product;
+use panels::Panels;
 pub use product::fuse_activations;
+use product::{Product, Weights};
+
+/// The weights of `step` rearranged for its kernel, once, when the plan is loaded: those of
+/// convolutions and of products whose weights are constants (up to `PACKED_MAX` values: a
+/// larger matrix, a fully connected layer of hundreds of MB, is read once per product
+/// anyway, and copying it would double the memory it takes).
+pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
+    const PACKED_MAX: usize = 1 << 24;
+    match step {
+        Step::Conv(_) => conv::pack(step, weights),
+        &Step::Gemm {
+            batch: 1,
+            alpha,
+            n,
+            k,
+            w: Loc::Weight { index, offset },
+            w_transposed,
+            ..
+        } if k * n <= PACKED_MAX => {
+            let w = &weights[index][offset..];
+            let at = |i, j| {
+                if w_transposed {
+                    w[j * k + i]
+                } else {
+                    w[i * n + j]
+                }
+            };
+            Packed::Panels(Panels::pack(k, n, alpha, at), None)
+        }
+        _ => Packed::None,
+    }
+}
+
+/// The weight that `packed` holds a rearranged copy of, which `step` then does not read.
+pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
+    match (step, packed) {
+        (Step::Conv(c), Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..)) => {
+            Some(c.weight)
+        }
+        (Step::Gemm { w, .. }, Packed::Panels(..)) => Some(*w),
+        _ => None,
+    }
+}
 
 /// Runs `step`, picking the widest SIMD the CPU has for the loops written here.
 pub fn run(step: &Step, packed: &Packed, buf: &Buffers, col: &mut Vec<f32>, threads: Threads) {
@@ -173,13 +222,17 @@ fn run_with<const FMA: bool>(
         }
         Step::Conv(c) => match packed {
             Packed::Depthwise(w) => depthwise(buf, c, w, threads),
-            Packed::Gemm(w) => conv_gemm(buf, c, w.as_ptr(), col, threads),
+            Packed::Gemm(w) => conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads),
+            Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
             _ => {
                 // Weights computed by the plan: packed on the fly.
                 let weights = krsc_of(buf, c);
                 match pack(&Step::Conv(c.clone()), &[Arc::new(weights)]) {
                     Packed::Depthwise(w) => depthwise(buf, c, &w, threads),
-                    Packed::Gemm(w) => conv_gemm(buf, c, w.as_ptr(), col, threads),
+                    Packed::Gemm(w) => {
+                        conv_gemm(buf, c, Weights::strided(&w, c.k / c.group), col, threads)
+                    }
+                    Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(&w), col, threads),
                     _ => unreachable!("a convolution's weight packs"),
                 }
             }
@@ -199,10 +252,8 @@ fn run_with<const FMA: bool>(
             w_transposed,
         } => {
             let (x, w, y) = (buf.at(*x), buf.at(*w), buf.at_mut(*y));
-            // Strides of `w` along k and along n.
-            let w_strides = if *w_transposed { (1, *k) } else { (*n, 1) };
             let act = match packed {
-                Packed::Activated(act) => *act,
+                Packed::Activated(act) | Packed::Panels(_, Some(act)) => *act,
                 _ if *relu => Act::Relu,
                 _ => Act::None,
             };
@@ -215,11 +266,22 @@ fn run_with<const FMA: bool>(
                         k: *k,
                         x: x.add(p * rows * k),
                         x_stride: *k,
-                        w: w.add(p * k * n),
-                        w_strides,
+                        w: match packed {
+                            Packed::Panels(panels, _) => Weights::Panels(panels),
+                            // Strides along k and along n.
+                            _ => Weights::Strided {
+                                ptr: w.add(p * k * n),
+                                strides: if *w_transposed { (1, *k) } else { (*n, 1) },
+                            },
+                        },
                         y: y.add(p * rows * n),
                         y_stride: *n,
-                        alpha: *alpha,
+                        // Packed weights hold alpha.
+                        alpha: if matches!(packed, Packed::Panels(..)) {
+                            1.0
+                        } else {
+                            *alpha
+                        },
                         bias: bias.map(|b| buf.at(b)),
                         residual: residual.map(|z| buf.at(z).add(p * rows * n)),
                         act,

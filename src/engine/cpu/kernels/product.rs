@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Matrix products through the `gemm` crate, with the epilogue (bias, residual, activation)
-//! in one pass over the output, and the fusion of a following activation into it.
+//! Matrix products: on packed weights (`panels`), or through the `gemm` crate with the
+//! epilogue (bias, residual, activation) in one pass over the output; their threads; and the
+//! fusion of a following activation into them.
 
+use super::panels::{self, Panels, run_panels};
 use super::{Packed, Threads};
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{Cast, Step};
@@ -29,13 +31,15 @@ pub fn fuse_activations(steps: &[Step], packed: &mut [Packed]) {
             continue;
         };
         let in_place = out == a && out.loc == *y;
-        if in_place
-            && covers_once(dims, &out.strides, batch * rows * n)
-            && matches!(packed[i - 1], Packed::None)
-        {
-            packed[i - 1] = Packed::Activated(*act);
-            packed[i] = Packed::Skip;
+        if !in_place || !covers_once(dims, &out.strides, batch * rows * n) {
+            continue;
         }
+        match &mut packed[i - 1] {
+            Packed::None => packed[i - 1] = Packed::Activated(*act),
+            Packed::Panels(_, fused @ None) => *fused = Some(*act),
+            _ => continue,
+        }
+        packed[i] = Packed::Skip;
     }
 }
 
@@ -67,10 +71,7 @@ pub(super) struct Product {
     pub(super) k: usize,
     pub(super) x: *const f32,
     pub(super) x_stride: usize,
-    pub(super) w: *const f32,
-    /// Elements between consecutive values of `w` along k and along n: `(n, 1)` for a
-    /// row-major `k × n`, `(1, k)` for one stored transposed.
-    pub(super) w_strides: (usize, usize),
+    pub(super) w: Weights,
     pub(super) y: *mut f32,
     pub(super) y_stride: usize,
     pub(super) alpha: f32,
@@ -79,17 +80,53 @@ pub(super) struct Product {
     pub(super) act: Act,
 }
 
+/// The right-hand matrix of a product.
+#[derive(Clone, Copy)]
+pub(super) enum Weights {
+    /// Constant weights packed once, when the plan was loaded (`alpha` in them).
+    Panels(*const Panels),
+    /// Read as it lies: `ptr` with the elements between consecutive values along k and
+    /// along n, `(n, 1)` for a row-major `k × n`, `(1, k)` for one stored transposed.
+    Strided {
+        ptr: *const f32,
+        strides: (usize, usize),
+    },
+}
+
+impl Weights {
+    /// A row-major `k × n` matrix.
+    pub(super) fn strided(w: &[f32], n: usize) -> Weights {
+        Weights::Strided {
+            ptr: w.as_ptr(),
+            strides: (n, 1),
+        }
+    }
+}
+
 // SAFETY: the pointers are into buffers checked for the whole product; the threads of
-// `run` each write their own rows of the output.
+// `run` each write their own rows (or columns) of the output.
 unsafe impl Sync for Product {}
 
 impl Product {
-    /// With several threads and enough rows, each thread takes a share of the rows (the
-    /// weights are packed by each): `gemm`'s own split leaves the small products of a
-    /// network's late layers on one thread.
+    /// With several threads, each takes a share of the rows, or, with packed weights larger
+    /// than the activations (a network's late layers: 49 rows, 2048 columns), a share of
+    /// the columns, so that each reads only its part of the weights. (`gemm`'s own split
+    /// leaves those small products on one thread.)
     pub(super) fn run(&self, threads: Threads) {
         let t = threads.0;
-        if t < 2 || self.rows < 64 {
+        if let Weights::Panels(panels) = self.w {
+            // SAFETY: the panels outlive the run (the runner holds them).
+            let panels = unsafe { &*panels };
+            if t < 2 {
+                return run_panels(self, panels, 0..self.n);
+            }
+            if self.n > self.rows {
+                let shares = panels::column_shares(self.n, t);
+                return threads.for_each(shares.len(), |i| {
+                    run_panels(self, panels, shares[i].clone())
+                });
+            }
+        } else if t < 2 || self.rows < 64 {
             return run_product(self, threads);
         }
         let share = self.rows.div_ceil(t);
@@ -117,6 +154,11 @@ wide! {
 
 #[inline(always)]
 fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
+    let (w, strides) = match p.w {
+        // SAFETY: the panels outlive the run (the runner holds them).
+        Weights::Panels(panels) => return panels::run::<FMA>(p, unsafe { &*panels }, 0..p.n),
+        Weights::Strided { ptr, strides } => (ptr, strides),
+    };
     let n = p.n;
     // A residual that is the output itself is added before the product, which then adds to
     // it; otherwise the product writes and the epilogue adds.
@@ -126,7 +168,7 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
         if in_place {
             epilogue_init(p.y, p.rows, n, p.y_stride, p.bias, Some(p.y));
         }
-        if p.rows == 1 && p.w_strides.1 == 1 {
+        if p.rows == 1 && strides.1 == 1 {
             // A vector times a matrix (squeeze-and-excitation, a classifier at batch 1):
             // rows of `w` added up along `n`, where `gemm` spends more on setting up than on
             // the arithmetic.
@@ -136,7 +178,7 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
             }
             for i in 0..p.k {
                 let xi = p.alpha * *p.x.add(i);
-                let w = std::slice::from_raw_parts(p.w.add(i * n), n);
+                let w = std::slice::from_raw_parts(w.add(i * n), n);
                 out.iter_mut().zip(w).for_each(|(o, &w)| *o += xi * w);
             }
         } else {
@@ -151,9 +193,9 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
                 p.x,
                 1,
                 p.x_stride as isize,
-                p.w,
-                p.w_strides.1 as isize,
-                p.w_strides.0 as isize,
+                w,
+                strides.1 as isize,
+                strides.0 as isize,
                 1.0,
                 p.alpha,
                 false,

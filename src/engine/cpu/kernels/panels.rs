@@ -1,0 +1,431 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Matrix products with constant weights, packed once when the plan is loaded: columns in
+//! panels of 16 (a tile of 6 rows × 16 columns keeps its sums in twelve 8-wide registers,
+//! two loads of the panel per step along k), the activations read where they lie (NHWC rows
+//! are the left-hand matrix as they are), and the epilogue (bias, residual, activation)
+//! applied to each tile while it is in registers or in the cache.
+//!
+//! The `gemm` crate packs both operands on every call: on the late layers of a network
+//! (49 rows, weights of 512 × 2048) that packing cost more than the arithmetic, and its
+//! epilogue had to be a pass of its own over the whole output. onnxruntime's MLAS packs the
+//! weights once the same way; this is that scheme: a tile in AVX2/FMA registers on x86_64,
+//! its inner loop in NEON registers on aarch64 (the compiler does not keep a tile's sums in
+//! registers on its own), plain loops elsewhere.
+
+use std::ops::Range;
+
+use super::fma;
+use super::product::Product;
+use crate::engine::compiler::ir::Act;
+use crate::engine::cpu::vector::activate;
+
+/// Columns of a panel; a last panel of 8 where no more than 8 columns remain.
+const WIDTH: usize = 16;
+/// Rows of a tile.
+const ROWS: usize = 6;
+/// Steps along k per block: a panel's block (16 KB) stays in the L1 cache while the rows
+/// of the block pass through it.
+const KC: usize = 256;
+/// Rows per block: their `KC` values (about 120 KB) stay in the L2 cache across panels.
+const MC: usize = 120;
+/// Columns per block: the part of the output that an activation the tile cannot apply in
+/// registers revisits in the L2 cache.
+const NC: usize = 128;
+
+/// A `k × n` weight matrix in column panels (16 columns, the last 8 where 8 or fewer
+/// remain), each panel `k` rows of its columns, zeros past column `n`.
+pub struct Panels {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl Panels {
+    /// Packs `alpha · w`, `w[i][j]` being `at(i, j)` for `i < k`, `j < n`.
+    pub fn pack(k: usize, n: usize, alpha: f32, at: impl Fn(usize, usize) -> f32) -> Panels {
+        let mut data = Vec::with_capacity(k * n.next_multiple_of(8));
+        for (col, width) in spans(n, 0..n) {
+            for i in 0..k {
+                data.extend((col..col + width).map(|j| if j < n { alpha * at(i, j) } else { 0.0 }));
+            }
+        }
+        Panels { data, k, n }
+    }
+}
+
+/// The panels `(first column, width)` of an `n`-column matrix that lie in `cols` (whose
+/// ends are panel boundaries, or `n`).
+fn spans(n: usize, cols: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
+    (cols.start..cols.end)
+        .step_by(WIDTH)
+        .map(move |col| (col, if n - col <= 8 { 8 } else { WIDTH }))
+}
+
+/// Splits the columns `0..n` into about `parts` ranges that start on panel boundaries.
+pub(super) fn column_shares(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let panels = n.div_ceil(WIDTH);
+    let per = panels.div_ceil(parts.max(1)) * WIDTH;
+    (0..n).step_by(per).map(|c| c..(c + per).min(n)).collect()
+}
+
+wide! {
+    /// `y = act(x·w + bias + residual)` for the columns `cols` of `p` (its `w` being
+    /// `panels`).
+    pub(super) fn run_panels(product: &Product, panels: &Panels, cols: Range<usize>) => run
+}
+
+#[inline(always)]
+pub(super) fn run<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
+    debug_assert_eq!((panels.k, panels.n), (p.k, p.n));
+    // ReLU and clipping happen in the registers; other activations over each block of the
+    // output once its sums are complete, while it is still in the cache.
+    let (clamp, pass) = match p.act {
+        Act::None => (None, false),
+        Act::Relu => (Some((0.0, f32::INFINITY)), false),
+        Act::Clip(lo, hi) => (Some((lo, hi)), false),
+        _ => (None, true),
+    };
+    for r0 in (0..p.rows).step_by(MC) {
+        let r1 = (r0 + MC).min(p.rows);
+        for c0 in (cols.start..cols.end).step_by(NC) {
+            let c1 = (c0 + NC).min(cols.end);
+            for k0 in (0..p.k).step_by(KC) {
+                let ks = k0..(k0 + KC).min(p.k);
+                let clamp = clamp.filter(|_| ks.end == p.k);
+                for (col, width) in spans(panels.n, c0..c1) {
+                    // SAFETY: the panel's block lies inside `data` (`pack` wrote k rows of
+                    // `width` for each panel, in order).
+                    let b = unsafe { panels.data.as_ptr().add(col * p.k + ks.start * width) };
+                    let tile = Tile {
+                        col,
+                        cols: width.min(p.n - col),
+                        ks: ks.clone(),
+                        b,
+                        clamp,
+                    };
+                    let mut r = r0;
+                    while r < r1 {
+                        let rows = (r1 - r).min(ROWS);
+                        tile.run::<FMA>(p, r, rows, width);
+                        r += rows;
+                    }
+                }
+            }
+            if pass {
+                for r in r0..r1 {
+                    // SAFETY: row `r` of the output, columns `c0..c1`, inside the
+                    // caller's checked span.
+                    let out = unsafe {
+                        std::slice::from_raw_parts_mut(p.y.add(r * p.y_stride + c0), c1 - c0)
+                    };
+                    activate(p.act, out);
+                }
+            }
+        }
+    }
+}
+
+/// One panel's block of k, to run over the rows of a block.
+struct Tile {
+    col: usize,
+    /// Columns of the panel inside the matrix (the rest is padding).
+    cols: usize,
+    ks: Range<usize>,
+    /// The panel's first value at `ks.start`.
+    b: *const f32,
+    /// The clamp of the block's results: ReLU or clipping, on the last block of k.
+    clamp: Option<(f32, f32)>,
+}
+
+impl Tile {
+    #[inline(always)]
+    fn run<const FMA: bool>(&self, p: &Product, row: usize, rows: usize, width: usize) {
+        macro_rules! dispatch {
+            ($($r:literal)*) => {
+                match (rows, width) {
+                    $(($r, 8) => self.sums::<$r, 8, FMA>(p, row),
+                      ($r, _) => self.sums::<$r, 16, FMA>(p, row),)*
+                    _ => unreachable!("tiles of 1 to {ROWS} rows"),
+                }
+            };
+        }
+        dispatch!(1 2 3 4 5 6)
+    }
+
+    /// Rows `row..row + R` times the panel (width `W`) over the block's k: the sums start
+    /// from the bias and residual on the first block and from the output on the others.
+    #[inline(always)]
+    fn sums<const R: usize, const W: usize, const FMA: bool>(&self, p: &Product, row: usize) {
+        // SAFETY (all of it): rows `row..row + R` and columns `col..col + cols` of `x`,
+        // `y` and the residual lie in the caller's checked spans, the bias holds `n` values,
+        // and the panel `ks.len()` rows of `W`.
+        unsafe {
+            let at = Operands {
+                k: self.ks.len(),
+                x: p.x.add(row * p.x_stride + self.ks.start),
+                x_stride: p.x_stride,
+                b: self.b,
+                y: p.y.add(row * p.y_stride + self.col),
+                y_stride: p.y_stride,
+                cols: self.cols,
+                start: if self.ks.start > 0 {
+                    Start::Output
+                } else {
+                    Start::Epilogue {
+                        bias: p.bias.map(|b| b.add(self.col)),
+                        residual: p.residual.map(|z| z.add(row * p.y_stride + self.col)),
+                    }
+                },
+                clamp: self.clamp,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if FMA {
+                return tile_avx2::<R, W>(&at);
+            }
+            tile::<R, W, FMA>(&at)
+        }
+    }
+}
+
+/// A tile's operands: `R` rows of `x` from its block of k, the panel's block, the output.
+struct Operands {
+    k: usize,
+    x: *const f32,
+    x_stride: usize,
+    b: *const f32,
+    y: *mut f32,
+    y_stride: usize,
+    /// Columns of the output the tile writes (the panel's others are padding).
+    cols: usize,
+    start: Start,
+    clamp: Option<(f32, f32)>,
+}
+
+/// What a tile's sums start from.
+enum Start {
+    /// The output: the sums of the previous blocks of k.
+    Output,
+    /// The bias and the residual (which may be the output itself, read before it is
+    /// written), or zeros.
+    Epilogue {
+        bias: Option<*const f32>,
+        residual: Option<*const f32>,
+    },
+}
+
+/// A tile in plain loops over arrays (NEON's inner loop on aarch64).
+///
+/// # Safety
+/// As `Tile::sums`.
+#[inline(always)]
+unsafe fn tile<const R: usize, const W: usize, const FMA: bool>(at: &Operands) {
+    let mut acc = [[0.0f32; W]; R];
+    let cols = at.cols;
+    // SAFETY: the caller's.
+    unsafe {
+        match at.start {
+            Start::Output => {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    load(acc, at.y.add(r * at.y_stride), cols);
+                }
+            }
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let mut b = [0.0; W];
+                    load(&mut b, bias, cols);
+                    acc.iter_mut().for_each(|a| *a = b);
+                }
+                if let Some(z) = residual {
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let mut v = [0.0; W];
+                        load(&mut v, z.add(r * at.y_stride), cols);
+                        acc.iter_mut().zip(v).for_each(|(a, v)| *a += v);
+                    }
+                }
+            }
+        }
+        accumulate::<R, W, FMA>(&mut acc, at.k, at.x, at.x_stride, at.b);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            if let Some((lo, hi)) = at.clamp {
+                acc.iter_mut().for_each(|s| *s = s.max(lo).min(hi));
+            }
+            store(acc, at.y.add(r * at.y_stride), cols);
+        }
+    }
+}
+
+/// A tile in 8-wide registers, start to end: `R` × `W / 8` sums (up to twelve), the
+/// panel's row in one or two, a broadcast of `x`; the bias, residual and clamp on the sums
+/// in registers; masked loads and stores where the panel runs past the output's columns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
+    use std::arch::x86_64::*;
+    let v = W / 8;
+    let full = at.cols == W;
+    // SAFETY: the caller's (`Tile::sums`): masked loads and stores touch the first `cols`
+    // columns only.
+    unsafe {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = |j: usize| {
+            let valid = at.cols.saturating_sub(8 * j) as i32;
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lanes)
+        };
+        let masks = [mask(0), mask(1)];
+        let get = |p: *const f32, j: usize| {
+            if full {
+                _mm256_loadu_ps(p.add(8 * j))
+            } else {
+                _mm256_maskload_ps(p.add(8 * j), masks[j])
+            }
+        };
+        let mut s = [[_mm256_setzero_ps(); 2]; R];
+        match at.start {
+            Start::Output => {
+                for (r, row) in s.iter_mut().enumerate() {
+                    for (j, x) in row.iter_mut().take(v).enumerate() {
+                        *x = get(at.y.add(r * at.y_stride), j);
+                    }
+                }
+            }
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let b = [get(bias, 0), get(bias, v - 1)];
+                    for row in s.iter_mut() {
+                        *row = b;
+                    }
+                }
+                if let Some(z) = residual {
+                    for (r, row) in s.iter_mut().enumerate() {
+                        for (j, x) in row.iter_mut().take(v).enumerate() {
+                            *x = _mm256_add_ps(*x, get(z.add(r * at.y_stride), j));
+                        }
+                    }
+                }
+            }
+        }
+        for i in 0..at.k {
+            let bi = at.b.add(i * W);
+            let w = [_mm256_loadu_ps(bi), _mm256_loadu_ps(bi.add(8 * (v - 1)))];
+            for (r, row) in s.iter_mut().enumerate() {
+                let a = _mm256_broadcast_ss(&*at.x.add(r * at.x_stride + i));
+                for (x, &w) in row.iter_mut().zip(&w).take(v) {
+                    *x = _mm256_fmadd_ps(a, w, *x);
+                }
+            }
+        }
+        if let Some((lo, hi)) = at.clamp {
+            let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+            for row in s.iter_mut() {
+                for x in row.iter_mut().take(v) {
+                    *x = _mm256_min_ps(_mm256_max_ps(*x, lo), hi);
+                }
+            }
+        }
+        for (r, row) in s.iter().enumerate() {
+            let y = at.y.add(r * at.y_stride);
+            for (j, &x) in row.iter().take(v).enumerate() {
+                if full {
+                    _mm256_storeu_ps(y.add(8 * j), x);
+                } else {
+                    _mm256_maskstore_ps(y.add(8 * j), masks[j], x);
+                }
+            }
+        }
+    }
+}
+
+/// `acc[r] += Σ_i x[r][i] · b[i]` over `i < k`, `x`'s rows `x_stride` apart, `b` `k` rows
+/// of `W` values: the tile's inner loop, in NEON registers on aarch64.
+///
+/// # Safety
+/// `R` rows of `k` readable values at `x`, `k × W` at `b`.
+#[inline(always)]
+unsafe fn accumulate<const R: usize, const W: usize, const FMA: bool>(
+    acc: &mut [[f32; W]; R],
+    k: usize,
+    x: *const f32,
+    x_stride: usize,
+    b: *const f32,
+) {
+    // SAFETY: the caller's.
+    unsafe {
+        #[cfg(target_arch = "aarch64")]
+        return accumulate_neon(acc, k, x, x_stride, b);
+        #[allow(unreachable_code)]
+        for i in 0..k {
+            let b = &*(b.add(i * W) as *const [f32; W]);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = *x.add(r * x_stride + i);
+                for (s, &b) in acc.iter_mut().zip(b) {
+                    *s = fma::<FMA>(a, b, *s);
+                }
+            }
+        }
+    }
+}
+
+/// `accumulate` in 4-wide registers: up to 24 sums, the panel's row in four.
+#[cfg(target_arch = "aarch64")]
+unsafe fn accumulate_neon<const R: usize, const W: usize>(
+    acc: &mut [[f32; W]; R],
+    k: usize,
+    x: *const f32,
+    x_stride: usize,
+    b: *const f32,
+) {
+    use std::arch::aarch64::*;
+    let v = W / 4;
+    // SAFETY: the caller's.
+    unsafe {
+        let mut s = [[vdupq_n_f32(0.0); 4]; R];
+        for (row, acc) in s.iter_mut().zip(acc.iter()) {
+            for (j, x) in row.iter_mut().take(v).enumerate() {
+                *x = vld1q_f32(acc.as_ptr().add(4 * j));
+            }
+        }
+        for i in 0..k {
+            let bi = b.add(i * W);
+            let mut w = [vdupq_n_f32(0.0); 4];
+            for (j, w) in w.iter_mut().take(v).enumerate() {
+                *w = vld1q_f32(bi.add(4 * j));
+            }
+            for (r, row) in s.iter_mut().enumerate() {
+                let a = vdupq_n_f32(*x.add(r * x_stride + i));
+                for (x, &w) in row.iter_mut().zip(&w).take(v) {
+                    *x = vfmaq_f32(*x, a, w);
+                }
+            }
+        }
+        for (row, acc) in s.iter().zip(acc.iter_mut()) {
+            for (j, &x) in row.iter().take(v).enumerate() {
+                vst1q_f32(acc.as_mut_ptr().add(4 * j), x);
+            }
+        }
+    }
+}
+
+/// The first `cols` values at `src` into `dst` (all of it in one go when full).
+#[inline(always)]
+unsafe fn load<const W: usize>(dst: &mut [f32; W], src: *const f32, cols: usize) {
+    // SAFETY: the caller's: `cols` readable values at `src`.
+    unsafe {
+        if cols == W {
+            *dst = std::ptr::read_unaligned(src as *const [f32; W]);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), cols);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn store<const W: usize>(src: &[f32; W], dst: *mut f32, cols: usize) {
+    // SAFETY: the caller's: `cols` writable values at `dst`.
+    unsafe {
+        if cols == W {
+            std::ptr::write_unaligned(dst as *mut [f32; W], *src);
+        } else {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, cols);
+        }
+    }
+}

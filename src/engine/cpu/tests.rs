@@ -280,6 +280,27 @@ fn elementwise_steps_agree_with_the_plain_run() {
     }
 }
 
+/// Convolutions whose weights the plan computes (read from the input here) are packed when
+/// they run, and agree as those with constant weights do.
+#[test]
+fn convolutions_of_computed_weights_agree_with_the_plain_run() {
+    for seed in 0..60 {
+        let (mut plan, weights, mut input, what) = random_conv(&mut Rng(seed));
+        let Step::Conv(c) = &mut plan.steps[0] else {
+            unreachable!("one convolution");
+        };
+        c.weight = Loc::Input(input.len());
+        input.extend(weights.data[0].iter());
+        plan.input_len = input.len();
+        agree(
+            plan,
+            &weights,
+            &input,
+            &format!("seed {seed}, computed weights: {what}"),
+        );
+    }
+}
+
 /// Matrix products: constant weights (packed in panels) or computed ones (read in place,
 /// transposed or not), sizes across the blocks of the panel kernel (rows past 120, k past
 /// 256, columns past 128 and off the panel width), bias, residual, scaling, and an

@@ -220,23 +220,33 @@ fn run_with<const FMA: bool>(
             // SAFETY: checked span.
             unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*loc), *len) }.fill(0.0)
         }
-        Step::Conv(c) => match packed {
-            Packed::Depthwise(w) => depthwise(buf, c, w, threads),
-            Packed::Gemm(w) => conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads),
-            Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
-            _ => {
-                // Weights computed by the plan: packed on the fly.
-                let weights = krsc_of(buf, c);
-                match pack(&Step::Conv(c.clone()), &[Arc::new(weights)]) {
-                    Packed::Depthwise(w) => depthwise(buf, c, &w, threads),
-                    Packed::Gemm(w) => {
-                        conv_gemm(buf, c, Weights::strided(&w, c.k / c.group), col, threads)
-                    }
-                    Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(&w), col, threads),
-                    _ => unreachable!("a convolution's weight packs"),
+        Step::Conv(c) => {
+            // Weights computed by the plan are packed on the fly, from a copy.
+            let on_the_fly;
+            let packed = match packed {
+                Packed::None => {
+                    let weight = Loc::Weight {
+                        index: 0,
+                        offset: 0,
+                    };
+                    let step = Step::Conv(ConvStep {
+                        weight,
+                        ..c.clone()
+                    });
+                    on_the_fly = pack(&step, &[Arc::new(krsc_of(buf, c))]);
+                    &on_the_fly
                 }
+                packed => packed,
+            };
+            match packed {
+                Packed::Depthwise(w) => depthwise(buf, c, w, threads),
+                Packed::Gemm(w) => {
+                    conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads)
+                }
+                Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
+                _ => unreachable!("a convolution's weight packs"),
             }
-        },
+        }
         Step::Gemm {
             batch,
             alpha,

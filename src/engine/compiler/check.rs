@@ -4,6 +4,7 @@
 //! a plan may come from an engine file on disk, so nothing runs one that has not passed here.
 
 use super::CompileError;
+use super::ir::Act;
 use super::plan::{Cast, DType, Loc, MAX_RANK, MAX_WORKSPACE, Plan, Step, attention_takes};
 
 /// One plan holds the batch's frames and scores in its input and output buffers, and every
@@ -59,6 +60,18 @@ pub fn check_plan(
         };
         if matches!(step, Step::Attention(_)) && dtype != DType::F16 {
             return fail("fused attention in an fp32 plan: its kernel runs fp16 only".into());
+        }
+        if let Step::Gemm { act, .. } = step {
+            let epilogue = match act {
+                Act::None | Act::Relu => true,
+                Act::Gelu => dtype == DType::F16,
+                _ => false,
+            };
+            if !epilogue {
+                return fail(format!(
+                    "{act:?} in a matrix product's epilogue in {dtype:?}"
+                ));
+            }
         }
         if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
             return fail(what);

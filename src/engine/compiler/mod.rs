@@ -16,6 +16,7 @@
 //! op's shape rule, its evaluation in `reference` and its lowering in `lower/`.
 
 pub mod check;
+mod column_split;
 mod fold;
 pub mod import;
 pub mod ir;

@@ -15,6 +15,7 @@ pub(super) fn optimise(graph: &mut Graph) {
     fuse_gelu(graph);
     fold_matmul_scale(graph);
     fuse_gemm_bias(graph);
+    super::column_split::split_products(graph);
     fuse_residual(graph);
     fuse_activation(graph);
     remove_dead(graph);
@@ -590,8 +591,12 @@ pub(super) fn fuse_gemm_bias(graph: &mut Graph) {
     }
 }
 
-/// `Add(Conv(x), z)` becomes a convolution that adds `z` itself (cuDNN's fused residual).
-/// The fused node takes the Add's place, where `z` is known to be computed.
+/// `Add(Conv(x), z)` becomes a convolution that adds `z` itself (cuDNN's fused residual),
+/// and `Add(Gemm(x), z)` a product that adds it (cuBLASLt's C operand), also where reshapes
+/// and transposes lie between the product and the Add (a transformer's output projection,
+/// whose rows go back to the residual stream's order): `z` then goes through the inverse
+/// views to the product's shape, and the views follow the product. The fused node takes the
+/// Add's place, where `z` is known to be computed.
 pub(super) fn fuse_residual(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
@@ -611,8 +616,104 @@ pub(super) fn fuse_residual(graph: &mut Graph) {
             graph.shapes.remove(&y);
             continue;
         }
+        if fuse_gemm_residual(graph, i) {
+            continue;
+        }
         i += 1;
     }
+}
+
+/// The rewrite of `fuse_residual` for a product behind views, at Add node `i`; whether it
+/// applied (node `i` then holds the next node to look at).
+fn fuse_gemm_residual(graph: &mut Graph, i: usize) -> bool {
+    let add = &graph.nodes[i];
+    if add.op
+        != (Op::Binary {
+            op: BinOp::Add,
+            act: Act::None,
+        })
+    {
+        return false;
+    }
+    let found = [(0, 1), (1, 0)].into_iter().find_map(|(a, b)| {
+        let (y, z) = (&add.inputs[a], &add.inputs[b]);
+        if graph.is_const(z) || y == z || graph.shape(z) != graph.shape(&add.output) {
+            return None;
+        }
+        // Back from the Add through views each read only by the next, to the product.
+        let mut views = Vec::new();
+        let mut value = y.as_str();
+        loop {
+            let p = sole_producer(graph, value)?;
+            match &graph.nodes[p].op {
+                Op::Reshape | Op::Transpose { .. } => {
+                    views.push(p);
+                    value = &graph.nodes[p].inputs[0];
+                }
+                Op::Gemm { act: Act::None } if graph.nodes[p].inputs.len() <= 3 => {
+                    return Some((p, views, y.clone(), z.clone()));
+                }
+                _ => return None,
+            }
+        }
+    });
+    let Some((p, views, y, z)) = found else {
+        return false;
+    };
+    let add = graph.nodes[i].clone();
+    let mut product = graph.nodes[p].clone();
+    let product_shape = graph.shape(&product.output).to_vec();
+    // The residual seen as the product's output: the views undone, last first.
+    let mut moved = Vec::new();
+    let mut residual = z;
+    for &v in &views {
+        let view = &graph.nodes[v];
+        let undone = format!("{}.residual", view.output);
+        let op = match &view.op {
+            Op::Transpose { perm } => {
+                let mut inverse = vec![0; perm.len()];
+                for (j, &a) in perm.iter().enumerate() {
+                    inverse[a] = j;
+                }
+                Op::Transpose { perm: inverse }
+            }
+            _ => Op::Reshape,
+        };
+        let shape = graph.shape(&view.inputs[0]).to_vec();
+        graph.shapes.insert(undone.clone(), shape);
+        moved.push(Node {
+            name: format!("{}.residual", view.name),
+            op,
+            inputs: vec![residual],
+            output: undone.clone(),
+        });
+        residual = undone;
+    }
+    debug_assert_eq!(graph.shape(&residual), product_shape.as_slice());
+    if product.inputs.len() == 2 {
+        // cuBLASLt's residual comes with a bias: a zero one costs nothing.
+        let name = format!("{}.zero_bias", product.name);
+        let n = *product_shape.last().unwrap_or(&1);
+        graph
+            .consts
+            .insert(name.clone(), Tensor::new(vec![n], vec![0.0; n]));
+        product.inputs.push(name);
+    }
+    product.inputs.push(residual);
+    moved.push(product);
+    // Then the views, first to last, the last one writing the Add's output.
+    for &v in views.iter().rev() {
+        moved.push(graph.nodes[v].clone());
+    }
+    moved.last_mut().expect("the product at least").output = add.output.clone();
+    graph.shapes.remove(&y);
+    let mut gone: Vec<usize> = views.iter().copied().chain([p]).collect();
+    gone.sort_unstable();
+    graph.nodes.splice(i..=i, moved);
+    for &g in gone.iter().rev() {
+        graph.nodes.remove(g);
+    }
+    true
 }
 
 /// An activation after a convolution, a matrix product or an element-wise operation runs in

@@ -311,8 +311,9 @@ pub enum Step {
     },
     /// A convolution, see `ConvStep`.
     Conv(ConvStep),
-    /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias + residual)`, act being None or Relu
-    /// (cuBLASLt's epilogue). Also runs 1×1 convolutions, NHWC being `[pixels, channels]`.
+    /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias + residual)`, act being None, Relu or,
+    /// in fp16 plans, Gelu (cuBLASLt's epilogue). Also runs 1×1 convolutions, NHWC being
+    /// `[pixels, channels]`.
     /// With `batch` above 1, that many products of consecutive `x`, `w` and `y` matrices
     /// (attention, where `w` is computed too).
     Gemm {
@@ -337,8 +338,11 @@ pub enum Step {
         bias: Option<Loc>,
         /// Row-major `[batch, rows, n]`, added after the scaling by `alpha`.
         residual: Option<Loc>,
-        /// Whether ReLU follows; otherwise no activation.
-        relu: bool,
+        /// The activation that follows: `Act::None`, `Act::Relu`, or `Act::Gelu` in fp16
+        /// plans, which the GPU applies in cuBLASLt's tanh form: it differs from the erf form
+        /// by at most 4.7e-4 (at x ≈ 2.7, where fp16's step is 2e-3), so that the fp16 results
+        /// differ by one step at most.
+        act: Act,
         /// Row-major `[batch, rows, n]`; in f32 where it is the output buffer (the scores
         /// of an fp16 plan, computed in f32 so that they cannot overflow fp16).
         y: Loc,
@@ -480,7 +484,7 @@ impl Step {
                 n,
                 k,
                 residual,
-                relu,
+                act,
                 w_transposed,
                 y,
                 ..
@@ -492,7 +496,10 @@ impl Step {
                 } else {
                     format!(" ×{alpha}")
                 },
-                if *relu { " Relu" } else { "" },
+                match act {
+                    Act::None => String::new(),
+                    act => format!(" {act:?}"),
+                },
                 if residual.is_some() { " +res" } else { "" },
                 if matches!(y, Loc::Output(_)) {
                     " -> f32 scores"

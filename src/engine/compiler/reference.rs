@@ -65,6 +65,10 @@ pub(super) fn eval(node: &Node, inputs: &[&Tensor], out_shape: &[usize]) -> Tens
                     for i in 0..k {
                         acc += x.data[r * k + i] * w.data[i * n + j];
                     }
+                    // A residual fused by `passes::fuse_residual`, before the activation.
+                    if let Some(z) = inputs.get(3) {
+                        acc += z.data[r * n + j];
+                    }
                     out[r * n + j] = act.apply(acc);
                 }
             }

@@ -3,7 +3,6 @@
 //! layouts and strides. A lowering bug (a wrong stride, two live buffers sharing memory)
 //! shows here as a result that differs from `reference`.
 
-use super::ir::Act;
 use super::plan::{Loc, Plan, Step, Strided, Weights};
 
 struct Memory<'a> {
@@ -150,7 +149,7 @@ fn run_step(m: &mut Memory, step: &Step) {
             w,
             bias,
             residual,
-            relu,
+            act,
             y,
             w_transposed,
         } => {
@@ -168,7 +167,6 @@ fn run_step(m: &mut Memory, step: &Step) {
                         if let Some(z) = residual {
                             acc += m.read(*z, yo + r * n + j);
                         }
-                        let act = if *relu { Act::Relu } else { Act::None };
                         m.write(*y, yo + r * n + j, act.apply(acc));
                     }
                 }

@@ -367,18 +367,36 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
     }
-    // The tiny ViT at batch 4 (the same frames twice gives the same answers twice): in fp16,
-    // each block's attention is one step that reads the heads where the projection wrote them
-    // and writes its output where the heads merge, instead of three head copies, two products,
-    // a softmax and a merge copy: six steps fewer per block.
+    // The tiny ViT at batch 4 (the same frames twice gives the same answers twice): both
+    // residual adds of each block are the products' (the attention's output projection adds
+    // its residual through the reshapes and transposes that lie between it and the Add). In
+    // fp16, each block's attention is one step that reads the heads where the projection
+    // wrote them and writes its output where the heads merge, instead of three head copies,
+    // two products, a softmax and a merge copy, and GELU is the MLP product's epilogue: seven
+    // steps fewer per block.
     let model = OnnxModel::load(&models().join("transformers/vit.onnx")).expect("model loads");
     let mut graph = import::import(&model, 4, 224, 224).expect("imports");
     passes::optimise(&mut graph);
+    let with_residual = graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Gemm { .. }) && n.inputs.len() == 4)
+        .count();
+    assert_eq!(with_residual, 2 * 2, "products that add the residual");
+    // Query, key and value are products of their own (`column_split`), not slices copied
+    // out of one projection: the one slice left picks the class token.
+    let slices: Vec<&str> = graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Slice { .. }))
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(slices, ["/0/Gather_4"], "slices left");
     let mut weights = Weights::default();
     let f32_plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
     passes::fuse_attention(&mut graph);
     let f16_plan = lower::lower(&graph, DType::F16, &mut weights).expect("lowers");
-    assert_eq!(f16_plan.steps.len() + 2 * 6, f32_plan.steps.len());
+    assert_eq!(f16_plan.steps.len() + 2 * 7, f32_plan.steps.len());
     let twice = [input.data.as_slice(), input.data.as_slice()].concat();
     let want = transformer_reference("vit");
     for plan in [f32_plan, f16_plan] {

@@ -351,7 +351,7 @@ fn products_agree_with_the_plain_run() {
                 offset: 0,
             }),
             residual: residual.then_some(Loc::Input(z)),
-            relu: act == Act::Relu,
+            act: if act == Act::Relu { act } else { Act::None },
             y: Loc::Output(0),
         };
         let what = format!("seed {seed}: {} then {act:?}", gemm.describe());

@@ -479,6 +479,68 @@ extern "C" __global__ void layernorm_warp(const T *x, T *y, const T *scale, cons
     }
 }
 
+// `layernorm_warp` with 16-byte loads and stores, VEC consecutive values of the row per lane
+// and load (three loads a lane for ViT's 768 fp16 channels, where 2-byte loads took 24 and
+// reached a third of the memory's bandwidth). The host checked that len is a multiple of VEC
+// and that x, y, scale and bias are 16-byte aligned, so that every row is.
+extern "C" __global__ void layernorm_warp_vec(const T *x, T *y, const T *scale, const T *bias,
+                                              int rows, int len, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const Vec16 *in = reinterpret_cast<const Vec16 *>(x + (long long)row * len);
+    Vec16 *out = reinterpret_cast<Vec16 *>(y + (long long)row * len);
+    const Vec16 *sv = reinterpret_cast<const Vec16 *>(scale);
+    const Vec16 *bv = reinterpret_cast<const Vec16 *>(bias);
+    const int chunks = len / VEC;
+    // Chunk k * 32 + lane of the row in v[k * VEC ...]; zeros past the row's end.
+    float v[WARP_ROW_MAX / 32];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / 32 / VEC; ++k) {
+        if (k * 32 >= chunks) break;  // the same for the whole warp
+        const int c = k * 32 + lane;
+        Vec16 raw = {0, 0, 0, 0};
+        if (c < chunks) raw = in[c];
+        const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            v[k * VEC + j] = ld(e[j]);
+            s += v[k * VEC + j];
+        }
+    }
+    const float mean = warp_sum(s) / len;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / 32 / VEC; ++k) {
+        if (k * 32 >= chunks) break;
+        if (k * 32 + lane >= chunks) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const float d = v[k * VEC + j] - mean;
+            q += d * d;
+        }
+    }
+    const float inv = rsqrtf(warp_sum(q) / len + eps);
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / 32 / VEC; ++k) {
+        if (k * 32 >= chunks) break;
+        const int c = k * 32 + lane;
+        if (c >= chunks) continue;
+        const Vec16 rs = sv[c];
+        Vec16 rb = {0, 0, 0, 0};
+        if (bias) rb = bv[c];
+        const T *es = reinterpret_cast<const T *>(&rs);
+        const T *eb = reinterpret_cast<const T *>(&rb);
+        Vec16 o;
+        T *eo = reinterpret_cast<T *>(&o);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            eo[j] = st((v[k * VEC + j] - mean) * inv * ld(es[j]) + ld(eb[j]));
+        }
+        out[c] = o;
+    }
+}
+
 // Swin v2's cosine attention takes the norm of rows of 32 values (hundreds of thousands of
 // them): a warp per row reads each in one coalesced load, where a block per row would leave
 // 224 of its 256 threads idle.
@@ -818,6 +880,52 @@ __device__ __forceinline__ void attn_rows_in(T *dst, const T *src, long long str
     }
 }
 
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
+// on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
+__device__ __forceinline__ void cp_async16(T *dst, const T *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(addr), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+
+// Waits until at most N of this thread's committed groups of copies are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" : : "n"(N));
+#endif
+}
+
+// One tile of keys and of values (rows t0 .. t0 + 64, zeros past the last key) into shared
+// memory: as one group of asynchronous copies where rows are 16-byte aligned, so that the
+// next tile arrives while this one is used; else by plain loads.
+template <int DK, int DV>
+__device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *v, const Attn &p,
+                                             int t0, bool vec) {
+    const int valid = min(ATTN_KEYS, p.keys - t0);
+    k += t0 * p.k[3];
+    v += t0 * p.v[3];
+    if (!vec) {
+        attn_rows_in<DK>(kd, k, p.k[3], valid, false);
+        attn_rows_in<DV>(vd, v, p.v[3], valid, false);
+        return;
+    }
+    for (int i = threadIdx.x; i < ATTN_KEYS * DK / 8; i += blockDim.x) {
+        int r = i / (DK / 8), c = i % (DK / 8) * 8;
+        cp_async16(kd + r * (DK + 8) + c, r < valid ? k + r * p.k[3] + c : k, r < valid);
+    }
+    for (int i = threadIdx.x; i < ATTN_KEYS * DV / 8; i += blockDim.x) {
+        int r = i / (DV / 8), c = i % (DV / 8) * 8;
+        cp_async16(vd + r * (DV + 8) + c, r < valid ? v + r * p.v[3] + c : v, r < valid);
+    }
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
 // The B fragment of m16n8k16 for 16 rows (k) × 8 columns (n) of a row-major matrix in
 // shared memory, `row0` pointing at its first element: ldmatrix's transposing load, each
 // lane naming one of the 16 rows.
@@ -835,9 +943,12 @@ __device__ __forceinline__ void ldmatrix_b_trans(unsigned &b0, unsigned &b1, con
 template <int DK, int DV>
 __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v, const T *bias, T *y) {
 #if __CUDA_ARCH__ >= 800
-    // The queries, then each tile of keys in turn; the tile of values.
-    __shared__ __align__(16) T qk[ATTN_ROWS * (DK + 8)];
-    __shared__ __align__(16) T vs[ATTN_KEYS * (DV + 8)];
+    // Tiles of keys and values, two of each where they fit in static shared memory (48 KB):
+    // one in use while the next arrives. The queries pass through the last key tile first.
+    constexpr int STAGES = DK + DV <= 128 ? 2 : 1;
+    __shared__ __align__(16) T ks[STAGES][ATTN_KEYS * (DK + 8)];
+    __shared__ __align__(16) T vs[STAGES][ATTN_KEYS * (DV + 8)];
+    static_assert(ATTN_ROWS == ATTN_KEYS, "the queries pass through a key tile");
     const int m = blockIdx.x, q0 = blockIdx.y * ATTN_ROWS;
     q += batch_offset(p, p.q, m);
     k += batch_offset(p, p.k, m);
@@ -847,11 +958,13 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
     const bool vec = p.vec;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
 
-    attn_rows_in<DK>(qk, q + q0 * p.q[3], p.q[3], p.queries - q0, vec);
+    const int tiles = (p.keys + ATTN_KEYS - 1) / ATTN_KEYS;
+    if (STAGES == 2) attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, 0, vec);
+    attn_rows_in<DK>(ks[STAGES - 1], q + q0 * p.q[3], p.q[3], p.queries - q0, vec);
     __syncthreads();
     // This warp's 16 queries as the A fragments of m16n8k16, kept for every tile.
     unsigned qa[DK / 16][4];
-    const T *qw = qk + warp * 16 * (DK + 8);
+    const T *qw = ks[STAGES - 1] + warp * 16 * (DK + 8);
 #pragma unroll
     for (int kk = 0; kk < DK / 16; ++kk) {
         const T *r0 = qw + g * (DK + 8) + kk * 16 + tg * 2, *r1 = r0 + 8 * (DK + 8);
@@ -868,12 +981,21 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
     const int row0 = q0 + warp * 16 + g;
     const float scale = p.alpha * LOG2E;
 
-    for (int t0 = 0; t0 < p.keys; t0 += ATTN_KEYS) {
-        const int valid = min(ATTN_KEYS, p.keys - t0);
-        __syncthreads();  // every warp is done with the last tile (or the queries)
-        attn_rows_in<DK>(qk, k + t0 * p.k[3], p.k[3], valid, vec);
-        attn_rows_in<DV>(vs, v + t0 * p.v[3], p.v[3], valid, vec);
+    for (int t = 0; t < tiles; ++t) {
+        const int t0 = t * ATTN_KEYS, stage = STAGES == 2 ? t & 1 : 0;
+        // Every warp is done with the stage about to be filled (tile t - 1, or the queries).
         __syncthreads();
+        if (STAGES == 1) {
+            attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, t0, vec);
+            cp_async_wait<0>();
+        } else if (t + 1 < tiles) {
+            attn_tile_in<DK, DV>(ks[stage ^ 1], vs[stage ^ 1], k, v, p, t0 + ATTN_KEYS, vec);
+            cp_async_wait<1>();  // tile t is in, tile t + 1 may still be on its way
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T *kt = ks[stage], *vt = vs[stage];
 
         float s[ATTN_KEYS / 8][4];
 #pragma unroll
@@ -881,7 +1003,7 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < DK / 16; ++kk) {
-                const T *kr = qk + (nt * 8 + g) * (DK + 8) + kk * 16 + tg * 2;
+                const T *kr = kt + (nt * 8 + g) * (DK + 8) + kk * 16 + tg * 2;
                 mma_16816(s[nt], qa[kk], *(const unsigned *)kr, *(const unsigned *)(kr + 8));
             }
         }
@@ -937,7 +1059,7 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
 #pragma unroll
             for (int dn = 0; dn < DV / 8; ++dn) {
                 unsigned b0, b1;
-                ldmatrix_b_trans(b0, b1, vs + kk * 16 * (DV + 8) + dn * 8, DV + 8);
+                ldmatrix_b_trans(b0, b1, vt + kk * 16 * (DV + 8) + dn * 8, DV + 8);
                 mma_16816(o[dn], pa, b0, b1);
             }
         }

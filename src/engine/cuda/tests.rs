@@ -112,6 +112,7 @@ fn kernels_compile_with_nvrtc() {
             "softmax_rows",
             "softmax_warp",
             "layernorm_warp",
+            "layernorm_warp_vec",
             "preprocess_rows",
             "preprocess_cols",
         ] {

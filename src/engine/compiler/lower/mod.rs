@@ -66,6 +66,7 @@ impl Val {
 
 struct Lowering<'a> {
     graph: &'a Graph,
+    dtype: DType,
     weights: &'a mut Weights,
     steps: Vec<Step>,
     storages: Vec<Storage>,
@@ -87,6 +88,7 @@ pub(super) fn lower(
     let batch = input_shape[0];
     let mut l = Lowering {
         graph,
+        dtype,
         weights,
         steps: Vec::new(),
         storages: Vec::new(),

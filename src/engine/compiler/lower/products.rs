@@ -4,7 +4,7 @@
 
 use super::{Lowering, NHWC, Val, dims4, identity};
 use crate::engine::compiler::ir::{Act, Conv2d, Node, Tensor};
-use crate::engine::compiler::plan::{Cast, ConvStep, Loc, Step};
+use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Step};
 
 impl Lowering<'_> {
     pub(super) fn conv(&mut self, node: &Node, c: &Conv2d, shape: &[usize]) -> Result<Val, String> {
@@ -77,7 +77,7 @@ impl Lowering<'_> {
                     w_transposed: false,
                     bias: Some(bias.loc),
                     residual: residual.map(|z| z.loc),
-                    relu: c.act == Act::Relu,
+                    act: self.epilogue(c.act),
                     y: y.loc,
                 },
                 &reads,
@@ -125,9 +125,17 @@ impl Lowering<'_> {
             Some(b) => Some(self.get(b)?.loc),
             None => None,
         };
+        // A residual (`passes::fuse_residual`) is read in the output's layout.
+        let residual = match node.inputs.get(3) {
+            Some(z) => {
+                let z = self.get(z)?;
+                Some(self.require(&z, &x.perm)?.loc)
+            }
+            None => None,
+        };
         let y = self.alloc(shape, x.perm.clone());
         let (k, n) = (w.shape[0], w.shape[1]);
-        let relu = act == Act::Relu;
+        let reads: Vec<Loc> = [x.loc, y.loc].into_iter().chain(residual).collect();
         self.push(
             Step::Gemm {
                 batch: 1,
@@ -139,11 +147,11 @@ impl Lowering<'_> {
                 w: w.loc,
                 w_transposed: false,
                 bias,
-                residual: None,
-                relu,
+                residual,
+                act: self.epilogue(act),
                 y: y.loc,
             },
-            &[x.loc, y.loc],
+            &reads,
         );
         self.gemm_activation(act, &y)?;
         Ok(y)
@@ -186,7 +194,7 @@ impl Lowering<'_> {
                 w_transposed,
                 bias: None,
                 residual: None,
-                relu: false,
+                act: Act::None,
                 y: y.loc,
             },
             &[a.loc, b.loc, y.loc],
@@ -194,10 +202,21 @@ impl Lowering<'_> {
         Ok(y)
     }
 
-    /// The activation a matrix product's epilogue cannot apply (anything but ReLU), as an
-    /// element-wise pass over its output `y`, in place.
+    /// The part of `act` that a matrix product's epilogue applies: ReLU, and GELU in fp16
+    /// plans (cuBLASLt's tanh form, within one fp16 step of the erf form: see `Step::Gemm`),
+    /// which saves a pass over a transformer's widest activations.
+    fn epilogue(&self, act: Act) -> Act {
+        match act {
+            Act::Relu => act,
+            Act::Gelu if self.dtype == DType::F16 => act,
+            _ => Act::None,
+        }
+    }
+
+    /// The activation a matrix product's epilogue cannot apply, as an element-wise pass over
+    /// its output `y`, in place.
     fn gemm_activation(&mut self, act: Act, y: &Val) -> Result<(), String> {
-        if matches!(act, Act::None | Act::Relu) {
+        if self.epilogue(act) == act {
             return Ok(());
         }
         let strides = y.strides();

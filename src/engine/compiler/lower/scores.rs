@@ -25,13 +25,13 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
     };
     let scores = out.loc;
     let Step::Gemm {
-        n, bias, relu, y, ..
+        n, bias, act, y, ..
     } = &mut steps[product]
     else {
         return;
     };
     *y = scores;
-    let (n, bias, relu) = (*n, bias.take(), std::mem::take(relu));
+    let (n, bias, act) = (*n, bias.take(), std::mem::replace(act, Act::None));
     let len = steps[product].written().end as usize;
     steps.truncate(copy);
     origins.truncate(copy);
@@ -41,7 +41,7 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
         };
         (*x, *y) = (scores, scores);
     }
-    if bias.is_some() || relu {
+    if bias.is_some() || act != Act::None {
         // One row of `n` scores per product row; the bias the same for every row.
         let rows_of = |loc| Strided {
             loc,
@@ -49,7 +49,7 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
         };
         let epilogue = Step::Ew {
             op: bias.map(|_| BinOp::Add),
-            act: if relu { Act::Relu } else { Act::None },
+            act,
             cast: Cast::F32,
             dims: vec![len / n, n],
             out: rows_of(scores),

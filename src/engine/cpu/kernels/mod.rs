@@ -257,15 +257,14 @@ fn run_with<const FMA: bool>(
             w,
             bias,
             residual,
-            relu,
+            act,
             y,
             w_transposed,
         } => {
             let (x, w, y) = (buf.at(*x), buf.at(*w), buf.at_mut(*y));
             let act = match packed {
                 Packed::Activated(act) | Packed::Panels(_, Some(act)) => *act,
-                _ if *relu => Act::Relu,
-                _ => Act::None,
+                _ => *act,
             };
             for p in 0..*batch {
                 // SAFETY: checked spans of `batch` matrices each.

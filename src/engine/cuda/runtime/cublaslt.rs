@@ -13,6 +13,7 @@ use std::ffi::c_void;
 
 use cudarc::cublaslt::{result as ltr, sys as lt};
 
+use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::DType;
 use crate::engine::cuda::error::{Error, Result};
 
@@ -119,6 +120,9 @@ pub(super) struct GemmDescs {
     pub(super) b: MatrixLayout,
     pub(super) c: MatrixLayout,
     pub(super) algo: lt::cublasLtMatmulAlgo_t,
+    /// The activation left for an element-wise pass after the product: GELU where no
+    /// algorithm of cuBLASLt takes it in the epilogue for this shape.
+    pub(super) act_after: Act,
 }
 
 /// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n],
@@ -134,14 +138,35 @@ pub(super) struct GemmShape {
 
 impl GemmDescs {
     /// The descriptors of `shape` in `dtype`, with the bias at device address `bias` and
-    /// ReLU in the epilogue, and the algorithm cuBLASLt's heuristic picks for a workspace of
-    /// `workspace` bytes.
+    /// `act` (None, ReLU or GELU) in the epilogue, and the algorithm cuBLASLt's heuristic
+    /// picks for a workspace of `workspace` bytes. Where no algorithm takes GELU in its
+    /// epilogue, the product is planned without it and GELU left to `act_after`.
     pub(super) fn new(
         handle: &Handle,
         dtype: DType,
         shape: &GemmShape,
         bias: Option<u64>,
-        relu: bool,
+        act: Act,
+        workspace: usize,
+    ) -> Result<Self> {
+        match Self::with_epilogue(handle, dtype, shape, bias, act, workspace) {
+            Err(Error::NoGemmAlgorithm { .. }) if act == Act::Gelu => {
+                let descs = Self::with_epilogue(handle, dtype, shape, bias, Act::None, workspace)?;
+                Ok(GemmDescs {
+                    act_after: Act::Gelu,
+                    ..descs
+                })
+            }
+            descs => descs,
+        }
+    }
+
+    fn with_epilogue(
+        handle: &Handle,
+        dtype: DType,
+        shape: &GemmShape,
+        bias: Option<u64>,
+        act: Act,
         workspace: usize,
     ) -> Result<Self> {
         let GemmShape {
@@ -184,11 +209,19 @@ impl GemmDescs {
                 layout.set_batch(count, stride as i64)?;
             }
         }
-        let epilogue = match (bias.is_some(), relu) {
-            (true, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
-            (true, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
-            (false, true) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU,
-            (false, false) => lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+        use lt::cublasLtEpilogue_t as E;
+        let epilogue = match (bias.is_some(), act) {
+            (true, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (false, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU,
+            (true, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
+            (false, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU,
+            (true, Act::None) => E::CUBLASLT_EPILOGUE_BIAS,
+            (false, Act::None) => E::CUBLASLT_EPILOGUE_DEFAULT,
+            _ => {
+                return Err(Error::Plan(
+                    "a matrix product with an activation its epilogue lacks",
+                ));
+            }
         };
         // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors.
         let algo = unsafe {
@@ -241,6 +274,7 @@ impl GemmDescs {
             b,
             c,
             algo,
+            act_after: Act::None,
         })
     }
 }

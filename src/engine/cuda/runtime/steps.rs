@@ -11,6 +11,7 @@ use super::cublaslt::GemmDescs;
 use super::cudnn::{self, ConvDescs};
 use super::kernels::{Attention, block_rows, grid, warp_rows};
 use super::{Prepared, Runtime};
+use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{
     AttentionStep, Cast, ConvStep, Loc, Rows, Step, Strided, Tuned,
 };
@@ -60,7 +61,10 @@ impl Runtime {
             }
             (
                 Step::Gemm {
+                    batch,
                     alpha,
+                    rows,
+                    n,
                     x,
                     w,
                     residual,
@@ -68,7 +72,20 @@ impl Runtime {
                     ..
                 },
                 Prepared::Gemm(g),
-            ) => self.gemm(g, *alpha, *x, *w, *residual, *y),
+            ) => {
+                self.gemm(g, *alpha, *x, *w, *residual, *y)?;
+                if g.act_after == Act::None {
+                    return Ok(());
+                }
+                // The activation cuBLASLt could not take, over the whole output in place.
+                let dims = [batch * rows * n];
+                let whole = Strided {
+                    loc: *y,
+                    strides: vec![1],
+                };
+                let p = EwParams::new(None, g.act_after, self.dtype, &dims, &whole, &whole, None);
+                self.elementwise(&p, Cast::None, &dims, &whole, &whole, None)
+            }
             (Step::Pool { .. }, _) => self.pool(step),
             (Step::GlobalAvgPool { n, hw, c, x, y }, _) => {
                 self.global_avg_pool(*n, *hw, *c, *x, *y)
@@ -220,7 +237,7 @@ impl Runtime {
         launch(b, self.launch_cfg(threads))
     }
 
-    /// `y = alpha·w·x (+ residual)`, bias and ReLU in cuBLASLt's epilogue (`g`).
+    /// `y = alpha·w·x (+ residual)`, bias and activation in cuBLASLt's epilogue (`g`).
     fn gemm(
         &self,
         g: &GemmDescs,
@@ -390,7 +407,15 @@ impl Runtime {
         let bp = bias.map_or(0, |b| self.ptr(b));
         let (rowsi, leni) = (*rows as i32, *len as i32);
         if *len <= WARP_ROW_MAX {
-            let mut l = self.stream.launch_builder(&self.kernels.layernorm_warp);
+            // 16-byte loads where every row and the scale and bias start 16-byte aligned.
+            let vec = 16 / self.dtype.size();
+            let aligned =
+                len.is_multiple_of(vec) && [xp, yp, sp, bp].iter().all(|p| p.is_multiple_of(16));
+            let kernel = match aligned {
+                true => &self.kernels.layernorm_warp_vec,
+                false => &self.kernels.layernorm_warp,
+            };
+            let mut l = self.stream.launch_builder(kernel);
             l.arg(&xp)
                 .arg(&yp)
                 .arg(&sp)

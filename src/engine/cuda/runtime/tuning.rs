@@ -33,7 +33,7 @@ impl Runtime {
                     n,
                     k,
                     bias,
-                    relu,
+                    act,
                     w_transposed,
                     y,
                     ..
@@ -52,7 +52,7 @@ impl Runtime {
                         self.dtype,
                         &shape,
                         bias,
-                        *relu,
+                        *act,
                         self.lt_workspace.len(),
                     )?))
                 }

@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A product whose columns are only ever read in groups, one group per Slice (attention's
+//! query, key and value, projected together and picked apart), becomes one product per group.
+//! The projection `[rows, 3·E]` is otherwise written once and then copied out group by group,
+//! each copy strided; a product per group writes each one compact where the attention reads it.
+//!
+//! The groups are found through the views between the product and the slices: a reshape that
+//! splits the product's last axis into `[groups, columns]`, then transposes and reshapes that
+//! only move that axis or add and remove axes of 1 (PyTorch's `unflatten(-1, (3, E))`,
+//! `unsqueeze(0).transpose(0, -2).squeeze(-2)` and `proj[i]`). Each slice then holds its group's
+//! product, reshaped.
+
+use super::ir::{Graph, Node, Op, Tensor};
+
+/// Where an axis of a view of the product's output comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Axis {
+    /// Axis `i` of the product's output, before its last.
+    Lead(usize),
+    /// The product's last axis, not yet split.
+    Columns,
+    /// Which group of columns.
+    Group,
+    /// The columns within a group.
+    InGroup,
+    /// An axis of 1 added on the way.
+    Unit,
+}
+
+/// Splits every product that fits (see the module's comment).
+pub(super) fn split_products(graph: &mut Graph) {
+    let mut p = 0;
+    while p < graph.nodes.len() {
+        match plan_split(graph, p) {
+            Some(split) => apply(graph, p, split),
+            None => p += 1,
+        }
+    }
+}
+
+/// The rewrite of product `p`: the view nodes between it and the slices, and each slice's
+/// index with its group.
+struct Split {
+    views: Vec<usize>,
+    slices: Vec<(usize, usize)>,
+    groups: usize,
+}
+
+fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
+    let product = &graph.nodes[p];
+    if !matches!(product.op, Op::Gemm { .. }) || product.inputs.len() > 3 {
+        return None;
+    }
+    // Constant weights (and bias) to cut into groups.
+    if !product.inputs[1..].iter().all(|w| graph.is_const(w)) {
+        return None;
+    }
+    let shape = graph.shape(&product.output);
+    let lead = shape.len() - 1;
+    let mut axes: Vec<Axis> = (0..lead).map(Axis::Lead).chain([Axis::Columns]).collect();
+    let mut views = Vec::new();
+    let mut value = product.output.clone();
+    let mut groups = None;
+    // Down the chain of views, each the only reader of the one before.
+    loop {
+        let readers: Vec<usize> = (0..graph.nodes.len())
+            .filter(|&i| graph.nodes[i].inputs.contains(&value))
+            .collect();
+        let &[r] = readers.as_slice() else { break };
+        let node = &graph.nodes[r];
+        let out_shape = graph.shape(&node.output);
+        axes = match &node.op {
+            Op::Transpose { perm } => perm.iter().map(|&a| axes[a]).collect(),
+            Op::Reshape => {
+                let (next, split) = reshaped(graph.shape(&value), &axes, out_shape)?;
+                if split.is_some() {
+                    groups = split;
+                }
+                next
+            }
+            _ => break,
+        };
+        views.push(r);
+        value = node.output.clone();
+    }
+    let groups = groups?;
+    let group_axis = axes.iter().position(|&a| a == Axis::Group)?;
+    // Every reader a slice of one group; apart from that axis, the other axes in the
+    // product's order, so that a group's product only needs a reshape.
+    let in_order: Vec<Axis> = axes
+        .iter()
+        .copied()
+        .filter(|a| !matches!(a, Axis::Group | Axis::Unit))
+        .collect();
+    let expected: Vec<Axis> = (0..lead)
+        .map(Axis::Lead)
+        .chain([Axis::InGroup])
+        .filter(|a| !matches!(a, Axis::Lead(i) if shape[*i] == 1))
+        .collect();
+    if in_order != expected {
+        return None;
+    }
+    let slices: Vec<(usize, usize)> = (0..graph.nodes.len())
+        .filter(|&i| graph.nodes[i].inputs.contains(&value))
+        .map(|i| match graph.nodes[i].op {
+            Op::Slice {
+                axis, start, end, ..
+            } if axis == group_axis && end == start + 1 => Some((i, start)),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    if slices.is_empty() || value == graph.output {
+        return None;
+    }
+    Some(Split {
+        views,
+        slices,
+        groups,
+    })
+}
+
+/// The tags of a reshape's output axes, and the number of groups where it is the reshape that
+/// splits the product's columns; `None` where it moves anything else.
+fn reshaped(from: &[usize], axes: &[Axis], to: &[usize]) -> Option<(Vec<Axis>, Option<usize>)> {
+    // The axes past 1, with their sizes and tags.
+    let old: Vec<(usize, Axis)> = (0..from.len())
+        .filter(|&a| from[a] != 1)
+        .map(|a| (from[a], axes[a]))
+        .collect();
+    let new: Vec<usize> = to.iter().copied().filter(|&d| d != 1).collect();
+    if old.iter().map(|&(d, _)| d).eq(new.iter().copied()) {
+        // Only axes of 1 come or go.
+        return Some((with_units(to, old.iter().map(|&(_, t)| t)), None));
+    }
+    // The split: the last axis, the product's columns, into [groups, columns per group].
+    let (&(columns, tag), rest) = old.split_last()?;
+    if tag != Axis::Columns || new.len() != old.len() + 1 {
+        return None;
+    }
+    let (groups, per_group) = (new[new.len() - 2], new[new.len() - 1]);
+    let rest_kept = rest
+        .iter()
+        .map(|&(d, _)| d)
+        .eq(new[..rest.len()].iter().copied());
+    if groups < 2 || groups * per_group != columns || !rest_kept {
+        return None;
+    }
+    let tags = rest
+        .iter()
+        .map(|&(_, t)| t)
+        .chain([Axis::Group, Axis::InGroup]);
+    Some((with_units(to, tags), Some(groups)))
+}
+
+/// The tags of the axes of `shape` past 1 in order, `Unit` for the others.
+fn with_units(shape: &[usize], tags: impl Iterator<Item = Axis>) -> Vec<Axis> {
+    let mut tags = tags;
+    shape
+        .iter()
+        .map(|&d| match d {
+            1 => Axis::Unit,
+            _ => tags.next().expect("one tag for each axis past 1"),
+        })
+        .collect()
+}
+
+/// Replaces product `p` and its views by one product per slice, each reshaped to its slice's
+/// output.
+fn apply(graph: &mut Graph, p: usize, split: Split) {
+    let product = graph.nodes[p].clone();
+    let (k, n) = {
+        let w = &graph.consts[&product.inputs[1]];
+        (w.shape[0], w.shape[1])
+    };
+    let per_group = n / split.groups;
+    let mut out_shape = graph.shape(&product.output).to_vec();
+    *out_shape.last_mut().expect("a matrix") = per_group;
+    let mut replaced = Vec::new();
+    for &(s, group) in &split.slices {
+        let slice = graph.nodes[s].clone();
+        let columns = group * per_group..(group + 1) * per_group;
+        let name = format!("{}.group{group}", product.name);
+        let w = &graph.consts[&product.inputs[1]];
+        let w_group: Vec<f32> = (0..k)
+            .flat_map(|r| {
+                w.data[r * n + columns.start..r * n + columns.end]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        let mut inputs = vec![product.inputs[0].clone()];
+        let weight = format!("{name}.weight");
+        graph
+            .consts
+            .insert(weight.clone(), Tensor::new(vec![k, per_group], w_group));
+        inputs.push(weight);
+        if let Some(b) = product.inputs.get(2) {
+            let bias = format!("{name}.bias");
+            let data = graph.consts[b].data[columns].to_vec();
+            graph
+                .consts
+                .insert(bias.clone(), Tensor::new(vec![per_group], data));
+            inputs.push(bias);
+        }
+        let output = format!("{name}.output");
+        graph.shapes.insert(output.clone(), out_shape.clone());
+        let group_product = Node {
+            name: name.clone(),
+            op: product.op.clone(),
+            inputs,
+            output: output.clone(),
+        };
+        let reshape = Node {
+            name: slice.name.clone(),
+            op: Op::Reshape,
+            inputs: vec![output],
+            output: slice.output.clone(),
+        };
+        replaced.push((s, [group_product, reshape]));
+    }
+    // Later nodes first, so that the earlier indices hold.
+    let mut gone: Vec<usize> = split.views.iter().copied().chain([p]).collect();
+    for node in split.views.iter().map(|&v| graph.nodes[v].output.clone()) {
+        graph.shapes.remove(&node);
+    }
+    graph.shapes.remove(&product.output);
+    replaced.sort_by_key(|&(s, _)| std::cmp::Reverse(s));
+    for (s, nodes) in replaced {
+        graph.nodes.splice(s..=s, nodes);
+    }
+    gone.sort_unstable();
+    for &g in gone.iter().rev() {
+        graph.nodes.remove(g);
+    }
+}

@@ -220,10 +220,10 @@ fn apply(graph: &mut Graph, p: usize, split: Split) {
     }
     // Later nodes first, so that the earlier indices hold.
     let mut gone: Vec<usize> = split.views.iter().copied().chain([p]).collect();
-    for node in split.views.iter().map(|&v| graph.nodes[v].output.clone()) {
-        graph.shapes.remove(&node);
+    for &g in &gone {
+        let output = graph.nodes[g].output.clone();
+        graph.shapes.remove(&output);
     }
-    graph.shapes.remove(&product.output);
     replaced.sort_by_key(|&(s, _)| std::cmp::Reverse(s));
     for (s, nodes) in replaced {
         graph.nodes.splice(s..=s, nodes);

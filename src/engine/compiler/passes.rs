@@ -623,43 +623,39 @@ pub(super) fn fuse_residual(graph: &mut Graph) {
     }
 }
 
+/// The product (without an activation or a residual yet) that `value` is a view of, through
+/// reshapes and transposes each read only by the next, and those views, nearest first.
+fn product_behind_views(graph: &Graph, value: &str) -> Option<(usize, Vec<usize>)> {
+    let mut views = Vec::new();
+    let mut value = value;
+    loop {
+        let p = sole_producer(graph, value)?;
+        match &graph.nodes[p].op {
+            Op::Reshape | Op::Transpose { .. } => {
+                views.push(p);
+                value = &graph.nodes[p].inputs[0];
+            }
+            Op::Gemm { act: Act::None } if graph.nodes[p].inputs.len() <= 3 => {
+                return Some((p, views));
+            }
+            _ => return None,
+        }
+    }
+}
+
 /// The rewrite of `fuse_residual` for a product behind views, at Add node `i`; whether it
 /// applied (node `i` then holds the next node to look at).
 fn fuse_gemm_residual(graph: &mut Graph, i: usize) -> bool {
-    let add = &graph.nodes[i];
-    if add.op
-        != (Op::Binary {
-            op: BinOp::Add,
-            act: Act::None,
-        })
-    {
-        return false;
-    }
-    let found = [(0, 1), (1, 0)].into_iter().find_map(|(a, b)| {
-        let (y, z) = (&add.inputs[a], &add.inputs[b]);
-        if graph.is_const(z) || y == z || graph.shape(z) != graph.shape(&add.output) {
-            return None;
-        }
-        // Back from the Add through views each read only by the next, to the product.
-        let mut views = Vec::new();
-        let mut value = y.as_str();
-        loop {
-            let p = sole_producer(graph, value)?;
-            match &graph.nodes[p].op {
-                Op::Reshape | Op::Transpose { .. } => {
-                    views.push(p);
-                    value = &graph.nodes[p].inputs[0];
-                }
-                Op::Gemm { act: Act::None } if graph.nodes[p].inputs.len() <= 3 => {
-                    return Some((p, views, y.clone(), z.clone()));
-                }
-                _ => return None,
-            }
-        }
+    let found = operand_from(graph, i, BinOp::Add, |_, y, z| {
+        !graph.is_const(z)
+            && y != z
+            && graph.shape(z) == graph.shape(y)
+            && product_behind_views(graph, y).is_some()
     });
-    let Some((p, views, y, z)) = found else {
+    let Some((_, y, z)) = found else {
         return false;
     };
+    let (p, views) = product_behind_views(graph, &y).expect("found above");
     let add = graph.nodes[i].clone();
     let mut product = graph.nodes[p].clone();
     let product_shape = graph.shape(&product.output).to_vec();

@@ -242,6 +242,31 @@ impl Lowering<'_> {
         Ok(out)
     }
 
+    /// Copies `dims` elements from `src` to `out`, each given as a buffer and the element
+    /// stride of each of `dims` in it (a slice's elements, or patches unfolded from an image).
+    fn strided_copy(&mut self, dims: &[usize], out: (Loc, &[usize]), src: (Loc, &[usize])) {
+        let strides = |s: &[usize]| s.iter().map(|&v| v as i64).collect::<Vec<_>>();
+        let (dims, all) = merge_dims(dims.to_vec(), vec![strides(out.1), strides(src.1)]);
+        self.push(
+            Step::Ew {
+                op: None,
+                act: Act::None,
+                cast: Cast::None,
+                dims,
+                out: Strided {
+                    loc: out.0,
+                    strides: all[0].clone(),
+                },
+                a: Strided {
+                    loc: src.0,
+                    strides: all[1].clone(),
+                },
+                b: None,
+            },
+            &[src.0, out.0],
+        );
+    }
+
     /// Adds an element-wise step over `shape`, iterated in the memory order `order` of the
     /// output. Inputs broadcast to `shape` by NumPy's rules.
     #[allow(clippy::too_many_arguments)]

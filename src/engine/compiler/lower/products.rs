@@ -2,9 +2,9 @@
 //! Convolutions and matrix products: cuDNN convolutions, and cuBLASLt products (Gemm,
 //! MatMul, and 1×1 convolutions over NHWC) with their epilogues.
 
-use super::{Lowering, NHWC, Val, dims4, identity, merge_dims};
+use super::{Lowering, NHWC, Val, dims4, identity};
 use crate::engine::compiler::ir::{Act, Conv2d, Node, Tensor};
-use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Step, Strided};
+use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Step};
 
 impl Lowering<'_> {
     pub(super) fn conv(&mut self, node: &Node, c: &Conv2d, shape: &[usize]) -> Result<Val, String> {
@@ -53,74 +53,37 @@ impl Lowering<'_> {
             None => None,
         };
         let y = self.alloc(shape, NHWC.to_vec());
-        let reads: Vec<Loc> = [x.loc, y.loc]
-            .into_iter()
-            .chain(residual.as_ref().map(|z| z.loc))
-            .collect();
-        // A 1×1 convolution over NHWC is a matrix product [pixels, c] · [c, k]: run by
-        // cuBLASLt, whose tensor-core kernels are much faster at small batches than cuDNN's
-        // convolutions of that shape.
-        let pointwise = c.kernel == [1, 1] && c.strides == [1, 1] && pads == [0, 0];
-        if pointwise && c.group == 1 {
-            let [k, _, _, _] = dims4(&krsc.shape);
-            let ck = transpose2(&krsc.data, k, ci);
-            let weight = self.constant(&format!("{}.ck", node.inputs[1]), &ck);
-            self.push(
-                Step::Gemm {
-                    batch: 1,
-                    alpha: 1.0,
-                    rows: n * h * w,
-                    n: k,
-                    k: ci,
-                    x: x.loc,
-                    w: weight.loc,
-                    w_transposed: false,
-                    bias: Some(bias.loc),
-                    residual: residual.map(|z| z.loc),
-                    act: self.epilogue(c.act),
-                    y: y.loc,
-                },
-                &reads,
-            );
-            self.gemm_activation(c.act, &y)?;
-            return Ok(y);
-        }
-        // Patches that neither overlap nor leave gaps (a ViT's 16×16, Swin's and ConvNeXt's 4×4
-        // stem, ConvNeXt's 2×2 downsampling): unfolding them is a copy, and the convolution a
-        // matrix product [patches, kh·kw·c] · [kh·kw·c, k], which cuBLASLt runs many times
-        // faster than cuDNN runs this convolution (0.52 ms for ViT-B/16's at batch 64).
+        // A convolution whose patches neither overlap nor leave gaps is a matrix product
+        // [patches, kh·kw·c] · [kh·kw·c, k], which cuBLASLt runs many times faster than cuDNN
+        // runs the convolution: a 1×1 one over NHWC as it lies ([pixels, c]), a larger one (a
+        // ViT's 16×16 patches, Swin's and ConvNeXt's 4×4 stems, ConvNeXt's 2×2 downsampling:
+        // 0.52 ms for ViT-B/16's at batch 64) after a copy that unfolds its patches.
         let [_, k, oh, ow] = dims4(shape);
-        if c.kernel == c.strides && c.dilations == [1, 1] && pads == [0, 0] && c.group == 1 {
-            let [kh, kw] = c.kernel;
-            let patches = self.alloc(&[n, oh, ow, kh, kw, ci], identity(6));
-            let xs = x.strides();
-            let (sh, sw) = (xs[2], xs[3]);
-            let from = [xs[0], kh * sh, kw * sw, sh, sw, xs[1]];
-            let dims = vec![n, oh, ow, kh, kw, ci];
-            let strides = |s: &[usize]| s.iter().map(|&v| v as i64).collect::<Vec<_>>();
-            let (dims, all) = merge_dims(dims, vec![strides(&patches.strides()), strides(&from)]);
-            self.push(
-                Step::Ew {
-                    op: None,
-                    act: Act::None,
-                    cast: Cast::None,
-                    dims,
-                    out: Strided {
-                        loc: patches.loc,
-                        strides: all[0].clone(),
-                    },
-                    a: Strided {
-                        loc: x.loc,
-                        strides: all[1].clone(),
-                    },
-                    b: None,
-                },
-                &[x.loc, patches.loc],
-            );
+        let [kh, kw] = c.kernel;
+        let tiled = c.kernel == c.strides
+            && pads == [0, 0]
+            && c.group == 1
+            && (c.kernel == [1, 1] || c.dilations == [1, 1]);
+        if tiled {
+            let matrix = match c.kernel {
+                [1, 1] => x.loc,
+                _ => {
+                    let patches = self.alloc(&[n, oh, ow, kh, kw, ci], identity(6));
+                    let xs = x.strides();
+                    let (sh, sw) = (xs[2], xs[3]);
+                    let from = [xs[0], kh * sh, kw * sw, sh, sw, xs[1]];
+                    self.strided_copy(
+                        &[n, oh, ow, kh, kw, ci],
+                        (patches.loc, &patches.strides()),
+                        (x.loc, &from),
+                    );
+                    patches.loc
+                }
+            };
             let depth = kh * kw * ci;
             let weight = transpose2(&krsc.data, k, depth);
-            let weight = self.constant(&format!("{}.patches", node.inputs[1]), &weight);
-            let reads: Vec<Loc> = [patches.loc, y.loc]
+            let weight = self.constant(&format!("{}.ck", node.inputs[1]), &weight);
+            let reads: Vec<Loc> = [matrix, y.loc]
                 .into_iter()
                 .chain(residual.as_ref().map(|z| z.loc))
                 .collect();
@@ -131,7 +94,7 @@ impl Lowering<'_> {
                     rows: n * oh * ow,
                     n: k,
                     k: depth,
-                    x: patches.loc,
+                    x: matrix,
                     w: weight.loc,
                     w_transposed: false,
                     bias: Some(bias.loc),
@@ -145,6 +108,10 @@ impl Lowering<'_> {
             return Ok(y);
         }
         let weight = self.constant(&format!("{}.krsc", node.inputs[1]), &krsc);
+        let reads: Vec<Loc> = [x.loc, y.loc]
+            .into_iter()
+            .chain(residual.as_ref().map(|z| z.loc))
+            .collect();
         self.push(
             Step::Conv(ConvStep {
                 n,

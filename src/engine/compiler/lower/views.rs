@@ -4,9 +4,9 @@
 //! in place where it can be.
 
 use super::arena::ALIGN;
-use super::{Lowering, Val, identity, merge_dims};
-use crate::engine::compiler::ir::{Act, Node};
-use crate::engine::compiler::plan::{Cast, Loc, Step, Strided};
+use super::{Lowering, Val, identity};
+use crate::engine::compiler::ir::Node;
+use crate::engine::compiler::plan::Loc;
 
 impl Lowering<'_> {
     pub(super) fn slice(
@@ -40,36 +40,18 @@ impl Lowering<'_> {
         // through explicit strides.
         let y = self.alloc(shape, x.perm.clone());
         let ys = y.strides();
-        let order: Vec<usize> = x.perm.clone();
-        let in_strides: Vec<i64> = order
+        let order = &x.perm;
+        let in_strides: Vec<usize> = order
             .iter()
             .map(|&a| match (shape[a], a == axis) {
                 (1, _) => 0,
-                (_, true) => (xs[a] * step) as i64,
-                _ => xs[a] as i64,
+                (_, true) => xs[a] * step,
+                _ => xs[a],
             })
             .collect();
-        let out_strides: Vec<i64> = order.iter().map(|&a| ys[a] as i64).collect();
+        let out_strides: Vec<usize> = order.iter().map(|&a| ys[a]).collect();
         let dims: Vec<usize> = order.iter().map(|&a| shape[a]).collect();
-        let (dims, all) = merge_dims(dims, vec![out_strides, in_strides]);
-        self.push(
-            Step::Ew {
-                op: None,
-                act: Act::None,
-                cast: Cast::None,
-                dims,
-                out: Strided {
-                    loc: y.loc,
-                    strides: all[0].clone(),
-                },
-                a: Strided {
-                    loc: src.loc,
-                    strides: all[1].clone(),
-                },
-                b: None,
-            },
-            &[x.loc, y.loc],
-        );
+        self.strided_copy(&dims, (y.loc, &out_strides), (src.loc, &in_strides));
         Ok(y)
     }
 

@@ -5,10 +5,13 @@
 //! each copy strided; a product per group writes each one compact where the attention reads it.
 //!
 //! The groups are found through the views between the product and the slices: a reshape that
-//! splits the product's last axis into `[groups, columns]`, then transposes and reshapes that
-//! only move that axis or add and remove axes of 1 (PyTorch's `unflatten(-1, (3, E))`,
-//! `unsqueeze(0).transpose(0, -2).squeeze(-2)` and `proj[i]`). Each slice then holds its group's
-//! product, reshaped.
+//! splits the product's last axis into `[groups, columns…]`, then transposes, and reshapes that
+//! only add and remove axes of 1. torchvision's ViT: `unflatten(-1, (3, E))`,
+//! `unsqueeze(0).transpose(0, -2).squeeze(-2)` and `proj[i]`; Swin and timm's models:
+//! `reshape(B, N, 3, heads, head_size).permute(2, 0, 3, 1, 4)` and `qkv[i]` or `unbind(0)`.
+//! Each slice then holds its group's product seen through the same views (a reshape, and the
+//! transpose of the axes the permutation moved), which cost no copy. Slices straight across
+//! the columns, all as wide (MaxViT's `chunk(3, dim=-1)`), are groups too.
 
 use super::ir::{Graph, Node, Op, Tensor};
 
@@ -21,8 +24,9 @@ enum Axis {
     Columns,
     /// Which group of columns.
     Group,
-    /// The columns within a group.
-    InGroup,
+    /// An axis of the columns within a group, which the split may cut into several (the
+    /// heads and the values of a head).
+    InGroup(usize),
     /// An axis of 1 added on the way.
     Unit,
 }
@@ -44,6 +48,11 @@ struct Split {
     views: Vec<usize>,
     slices: Vec<(usize, usize)>,
     groups: usize,
+    /// The shape of one group's product seen as the slices' axes before they are
+    /// transposed: the product's leading axes past 1, then the group's columns as split.
+    grouped: Vec<usize>,
+    /// Where the slices have those axes: axis `i` of a slice is axis `perm[i]` of `grouped`.
+    perm: Vec<usize>,
 }
 
 fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
@@ -60,7 +69,7 @@ fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
     let mut axes: Vec<Axis> = (0..lead).map(Axis::Lead).chain([Axis::Columns]).collect();
     let mut views = Vec::new();
     let mut value = product.output.clone();
-    let mut groups = None;
+    let mut split = None;
     // Down the chain of views, each the only reader of the one before.
     loop {
         let readers: Vec<usize> = (0..graph.nodes.len())
@@ -72,9 +81,9 @@ fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
         axes = match &node.op {
             Op::Transpose { perm } => perm.iter().map(|&a| axes[a]).collect(),
             Op::Reshape => {
-                let (next, split) = reshaped(graph.shape(&value), &axes, out_shape)?;
-                if split.is_some() {
-                    groups = split;
+                let (next, columns) = reshaped(graph.shape(&value), &axes, out_shape)?;
+                if columns.is_some() {
+                    split = columns;
                 }
                 next
             }
@@ -83,32 +92,82 @@ fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
         views.push(r);
         value = node.output.clone();
     }
-    let groups = groups?;
-    let group_axis = axes.iter().position(|&a| a == Axis::Group)?;
-    // Every reader a slice of one group; apart from that axis, the other axes in the
-    // product's order, so that a group's product only needs a reshape.
-    let in_order: Vec<Axis> = axes
-        .iter()
-        .copied()
-        .filter(|a| !matches!(a, Axis::Group | Axis::Unit))
+    let readers: Vec<(usize, &Op)> = (0..graph.nodes.len())
+        .filter(|&i| graph.nodes[i].inputs.contains(&value))
+        .map(|i| (i, &graph.nodes[i].op))
         .collect();
-    let expected: Vec<Axis> = (0..lead)
+    let (groups, columns, slices) = match split {
+        // Each reader a slice of one group.
+        Some((groups, columns)) => {
+            let group_axis = axes.iter().position(|&a| a == Axis::Group)?;
+            let slices = readers
+                .iter()
+                .map(|&(i, op)| match *op {
+                    Op::Slice {
+                        axis, start, end, ..
+                    } if axis == group_axis && end == start + 1 => Some((i, start)),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?;
+            (groups, columns, slices)
+        }
+        // No split: each reader a slice of the columns themselves, all as wide, each one
+        // group (MaxViT's `chunk(3, dim=-1)`).
+        None => {
+            let columns_axis = axes.iter().position(|&a| a == Axis::Columns)?;
+            let n = shape[lead];
+            let &(_, &Op::Slice { start, end, .. }) = readers.first()? else {
+                return None;
+            };
+            let width = end.checked_sub(start).filter(|&w| w > 0)?;
+            let slices = readers
+                .iter()
+                .map(|&(i, op)| match *op {
+                    Op::Slice {
+                        axis,
+                        start,
+                        end,
+                        step: 1,
+                    } if axis == columns_axis
+                        && end.checked_sub(start) == Some(width)
+                        && start.is_multiple_of(width) =>
+                    {
+                        Some((i, start / width))
+                    }
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?;
+            if !n.is_multiple_of(width) || n / width < 2 {
+                return None;
+            }
+            axes[columns_axis] = Axis::InGroup(0);
+            (n / width, vec![width], slices)
+        }
+    };
+    // Apart from the group axis, a slice's axes are the product's leading axes and the
+    // group's columns as split, in an order that a transpose of the group's product gives.
+    let grouped_axes: Vec<Axis> = (0..lead)
+        .filter(|&i| shape[i] != 1)
         .map(Axis::Lead)
-        .chain([Axis::InGroup])
-        .filter(|a| !matches!(a, Axis::Lead(i) if shape[*i] == 1))
+        .chain((0..columns.len()).map(Axis::InGroup))
         .collect();
-    if in_order != expected {
+    let perm: Vec<usize> = axes
+        .iter()
+        .filter(|a| match a {
+            Axis::Group | Axis::Unit => false,
+            Axis::Lead(i) => shape[*i] != 1,
+            _ => true,
+        })
+        .map(|a| grouped_axes.iter().position(|g| g == a))
+        .collect::<Option<_>>()?;
+    if perm.len() != grouped_axes.len() {
         return None;
     }
-    let slices: Vec<(usize, usize)> = (0..graph.nodes.len())
-        .filter(|&i| graph.nodes[i].inputs.contains(&value))
-        .map(|i| match graph.nodes[i].op {
-            Op::Slice {
-                axis, start, end, ..
-            } if axis == group_axis && end == start + 1 => Some((i, start)),
-            _ => None,
-        })
-        .collect::<Option<_>>()?;
+    let grouped = (0..lead)
+        .map(|i| shape[i])
+        .filter(|&d| d != 1)
+        .chain(columns)
+        .collect();
     if slices.is_empty() || value == graph.output {
         return None;
     }
@@ -116,12 +175,23 @@ fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
         views,
         slices,
         groups,
+        grouped,
+        perm,
     })
 }
 
-/// The tags of a reshape's output axes, and the number of groups where it is the reshape that
-/// splits the product's columns; `None` where it moves anything else.
-fn reshaped(from: &[usize], axes: &[Axis], to: &[usize]) -> Option<(Vec<Axis>, Option<usize>)> {
+/// How a reshape cuts the product's columns: into how many groups, and the sizes (past 1)
+/// of the axes that a group's columns become.
+type ColumnsCut = (usize, Vec<usize>);
+
+/// The tags of a reshape's output axes and, where it is the reshape that splits the product's
+/// columns, the number of groups and the sizes (past 1) that a group's columns are cut into;
+/// `None` where it moves anything else.
+fn reshaped(
+    from: &[usize],
+    axes: &[Axis],
+    to: &[usize],
+) -> Option<(Vec<Axis>, Option<ColumnsCut>)> {
     // The axes past 1, with their sizes and tags.
     let old: Vec<(usize, Axis)> = (0..from.len())
         .filter(|&a| from[a] != 1)
@@ -132,24 +202,23 @@ fn reshaped(from: &[usize], axes: &[Axis], to: &[usize]) -> Option<(Vec<Axis>, O
         // Only axes of 1 come or go.
         return Some((with_units(to, old.iter().map(|&(_, t)| t)), None));
     }
-    // The split: the last axis, the product's columns, into [groups, columns per group].
+    // The split: the last axis, the product's columns, into [groups, columns per group…].
     let (&(columns, tag), rest) = old.split_last()?;
-    if tag != Axis::Columns || new.len() != old.len() + 1 {
+    if tag != Axis::Columns || new.len() < old.len() + 1 {
         return None;
     }
-    let (groups, per_group) = (new[new.len() - 2], new[new.len() - 1]);
-    let rest_kept = rest
-        .iter()
-        .map(|&(d, _)| d)
-        .eq(new[..rest.len()].iter().copied());
-    if groups < 2 || groups * per_group != columns || !rest_kept {
+    let (kept, split) = new.split_at(rest.len());
+    let (&groups, per_group) = split.split_first()?;
+    let rest_kept = rest.iter().map(|&(d, _)| d).eq(kept.iter().copied());
+    if groups < 2 || groups * per_group.iter().product::<usize>() != columns || !rest_kept {
         return None;
     }
     let tags = rest
         .iter()
         .map(|&(_, t)| t)
-        .chain([Axis::Group, Axis::InGroup]);
-    Some((with_units(to, tags), Some(groups)))
+        .chain([Axis::Group])
+        .chain((0..per_group.len()).map(Axis::InGroup));
+    Some((with_units(to, tags), Some((groups, per_group.to_vec()))))
 }
 
 /// The tags of the axes of `shape` past 1 in order, `Unit` for the others.
@@ -164,8 +233,8 @@ fn with_units(shape: &[usize], tags: impl Iterator<Item = Axis>) -> Vec<Axis> {
         .collect()
 }
 
-/// Replaces product `p` and its views by one product per slice, each reshaped to its slice's
-/// output.
+/// Replaces product `p` and its views by one product per slice, each seen as its slice's
+/// output through a reshape (and where the views moved its axes, a transpose and a reshape).
 fn apply(graph: &mut Graph, p: usize, split: Split) {
     let product = graph.nodes[p].clone();
     let (k, n) = {
@@ -204,19 +273,41 @@ fn apply(graph: &mut Graph, p: usize, split: Split) {
         }
         let output = format!("{name}.output");
         graph.shapes.insert(output.clone(), out_shape.clone());
-        let group_product = Node {
+        let mut nodes = vec![Node {
             name: name.clone(),
             op: product.op.clone(),
             inputs,
             output: output.clone(),
-        };
-        let reshape = Node {
+        }];
+        let mut value = output;
+        if split.perm.iter().enumerate().any(|(i, &p)| i != p) {
+            let mut view = |op: Op, shape: Vec<usize>, what: &str| {
+                let output = format!("{name}.{what}");
+                graph.shapes.insert(output.clone(), shape);
+                nodes.push(Node {
+                    name: output.clone(),
+                    op,
+                    inputs: vec![std::mem::replace(&mut value, output.clone())],
+                    output,
+                });
+            };
+            view(Op::Reshape, split.grouped.clone(), "split");
+            let moved = split.perm.iter().map(|&a| split.grouped[a]).collect();
+            view(
+                Op::Transpose {
+                    perm: split.perm.clone(),
+                },
+                moved,
+                "moved",
+            );
+        }
+        nodes.push(Node {
             name: slice.name.clone(),
             op: Op::Reshape,
-            inputs: vec![output],
+            inputs: vec![value],
             output: slice.output.clone(),
-        };
-        replaced.push((s, [group_product, reshape]));
+        });
+        replaced.push((s, nodes));
     }
     // Later nodes first, so that the earlier indices hold.
     let mut gone: Vec<usize> = split.views.iter().copied().chain([p]).collect();

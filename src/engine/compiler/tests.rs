@@ -311,16 +311,17 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
     // to the scores split by image and window) among them. Swin's heads of 8 values (the
     // kernel takes 16 to 128), Swin v2's scaling per head, and MaxViT's and the hybrid's
     // softmax reshaped before the product with the values stay products and a softmax.
+    // Then whether query, key and value are projected by products of their own.
     let expected = [
-        ("vit", true, true, 2),
-        ("swin", true, true, 4),
-        ("swin_v2", true, false, 0),
-        ("maxvit", true, false, 0),
-        ("hybrid", false, false, 0),
-        ("hybrid.dynamo", false, false, 0),
-        ("swin.dynamo", true, true, 4),
+        ("vit", true, true, 2, true),
+        ("swin", true, true, 4, true),
+        ("swin_v2", true, false, 0, true),
+        ("maxvit", true, false, 0, true),
+        ("hybrid", false, false, 0, false),
+        ("hybrid.dynamo", false, false, 0, false),
+        ("swin.dynamo", true, true, 4, true),
     ];
-    for (name, gelu, scaled, attentions) in expected {
+    for (name, gelu, scaled, attentions, split) in expected {
         let want = transformer_reference(name);
         let model = OnnxModel::load(&models().join(format!("transformers/{name}.onnx")))
             .expect("model loads");
@@ -334,6 +335,22 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
         assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
         passes::optimise(&mut graph);
         assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
+        // Each attention's query, key and value are products of their own (`column_split`),
+        // whether the exporter slices them out of one projection through a reshape and a
+        // permutation (Swin), through a reshape (ViT) or straight across its columns
+        // (MaxViT); the hybrid's come from a convolution.
+        let split_products = (graph.nodes.iter())
+            .filter(|n| matches!(n.op, Op::Gemm { .. }) && n.name.contains(".group"))
+            .count();
+        // Every softmax but the scores' is an attention's.
+        let layers = (graph.nodes.iter())
+            .filter(|n| matches!(n.op, Op::Softmax { .. }) && n.output != graph.output)
+            .count();
+        assert_eq!(
+            split_products,
+            if split { 3 * layers } else { 0 },
+            "{name}: query, key and value products ({layers} attentions)"
+        );
         // GELU's five exported nodes (or its one dynamo node) became the MLP's first
         // product's activation.
         let ops: Vec<&Op> = graph.nodes.iter().map(|n| &n.op).collect();

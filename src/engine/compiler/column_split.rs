@@ -70,9 +70,11 @@ fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
     let mut views = Vec::new();
     let mut value = product.output.clone();
     let mut split = None;
-    // Down the chain of views, each the only reader of the one before.
+    // Down the chain of views, each the only reader of the one before; `readers` ends
+    // holding the readers of the last.
+    let mut readers: Vec<usize>;
     loop {
-        let readers: Vec<usize> = (0..graph.nodes.len())
+        readers = (0..graph.nodes.len())
             .filter(|&i| graph.nodes[i].inputs.contains(&value))
             .collect();
         let &[r] = readers.as_slice() else { break };
@@ -92,58 +94,49 @@ fn plan_split(graph: &Graph, p: usize) -> Option<Split> {
         views.push(r);
         value = node.output.clone();
     }
-    let readers: Vec<(usize, &Op)> = (0..graph.nodes.len())
-        .filter(|&i| graph.nodes[i].inputs.contains(&value))
-        .map(|i| (i, &graph.nodes[i].op))
-        .collect();
-    let (groups, columns, slices) = match split {
-        // Each reader a slice of one group.
+    // A reader's slice: its axis, start, width and step.
+    let slice_of = |i: usize| match graph.nodes[i].op {
+        Op::Slice {
+            axis,
+            start,
+            end,
+            step,
+        } => Some((
+            axis,
+            start,
+            end.checked_sub(start).filter(|&w| w > 0)?,
+            step,
+        )),
+        _ => None,
+    };
+    // Each reader is a slice of one group: one element of the group axis where a reshape
+    // cut the columns into groups; else a run of the columns themselves, all as wide (MaxViT's
+    // `chunk(3, dim=-1)`), after which that axis holds one group's columns.
+    let (axis, width, groups, columns) = match split {
         Some((groups, columns)) => {
-            let group_axis = axes.iter().position(|&a| a == Axis::Group)?;
-            let slices = readers
-                .iter()
-                .map(|&(i, op)| match *op {
-                    Op::Slice {
-                        axis, start, end, ..
-                    } if axis == group_axis && end == start + 1 => Some((i, start)),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()?;
-            (groups, columns, slices)
+            let axis = axes.iter().position(|&a| a == Axis::Group)?;
+            (axis, 1, groups, columns)
         }
-        // No split: each reader a slice of the columns themselves, all as wide, each one
-        // group (MaxViT's `chunk(3, dim=-1)`).
         None => {
-            let columns_axis = axes.iter().position(|&a| a == Axis::Columns)?;
+            let axis = axes.iter().position(|&a| a == Axis::Columns)?;
+            let (_, _, width, _) = slice_of(*readers.first()?)?;
             let n = shape[lead];
-            let &(_, &Op::Slice { start, end, .. }) = readers.first()? else {
-                return None;
-            };
-            let width = end.checked_sub(start).filter(|&w| w > 0)?;
-            let slices = readers
-                .iter()
-                .map(|&(i, op)| match *op {
-                    Op::Slice {
-                        axis,
-                        start,
-                        end,
-                        step: 1,
-                    } if axis == columns_axis
-                        && end.checked_sub(start) == Some(width)
-                        && start.is_multiple_of(width) =>
-                    {
-                        Some((i, start / width))
-                    }
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()?;
             if !n.is_multiple_of(width) || n / width < 2 {
                 return None;
             }
-            axes[columns_axis] = Axis::InGroup(0);
-            (n / width, vec![width], slices)
+            axes[axis] = Axis::InGroup(0);
+            (axis, width, n / width, vec![width])
         }
     };
+    let slices = readers
+        .iter()
+        .map(|&i| {
+            let (a, start, w, step) = slice_of(i)?;
+            // The step of a slice one element wide reads nothing else.
+            let fits = a == axis && w == width && start.is_multiple_of(width);
+            (fits && (w == 1 || step == 1)).then_some((i, start / width))
+        })
+        .collect::<Option<Vec<_>>>()?;
     // Apart from the group axis, a slice's axes are the product's leading axes and the
     // group's columns as split, in an order that a transpose of the group's product gives.
     let grouped_axes: Vec<Axis> = (0..lead)

@@ -15,6 +15,8 @@ the folder of this script):
                         engine must build it in fp32 when asked for fp16)
     big_logits.onnx     a small CNN whose logits alone pass fp16's range (its last product
                         writes the scores in f32, so the GPU engine stays in fp16)
+    big_middle.onnx     a small CNN whose first two convolutions' values pass fp16's range
+                        and the rest stays within it (the GPU engine keeps those two in f32)
     *_reference.json    onnxruntime outputs for fixed random inputs
     bad/*               broken or unsupported models for the error-handling tests
 
@@ -78,6 +80,8 @@ SEED_BIG_REFERENCE = 10
 BIG_GAIN = 1e5  # the first convolution's outputs reach ~1e5-1e6: past fp16's 65504
 SEED_BIG_LOGITS_WEIGHTS = 11
 SEED_BIG_LOGITS_REFERENCE = 12
+SEED_BIG_MIDDLE_WEIGHTS = 13
+SEED_BIG_MIDDLE_REFERENCE = 14
 BIG_LOGITS_GAIN = 2e4  # the classifier's weights: logits of ~1e5, each weight within fp16
 
 # Concrete sizes substituted for symbolic dims when the models are run.
@@ -277,6 +281,23 @@ def build_big_logits():
     bias = b.rng.normal(0.0, 0.1, 4).astype(np.float32)
     b.op("Gemm", [x, b.const("fc_w", w), b.const("fc_b", bias)], output=OUTPUT, transB=1)
     return b.model("big_logits", [float_input(["N", 3, 16, 16])], [float_output(["N", 4])])
+
+
+def build_big_middle():
+    """A classifier whose values pass fp16's range in its first layers only: Conv 3x3 with
+    weights BIG_GAIN times He-normal -> ReLU -> Conv 1x1 with weights 1/BIG_GAIN as large ->
+    ReLU -> Conv 3x3 -> ReLU -> GlobalAveragePool -> Gemm; [N,3,16,16] -> [N,4]. Built for
+    fp16, the GPU engine keeps the first convolution (past the range) and the second (which
+    reads its values) in f32 and the rest in fp16."""
+    b = GraphBuilder(np.random.default_rng(SEED_BIG_MIDDLE_WEIGHTS))
+    x = b.op("Relu", [b.conv(INPUT, 3, 8, 3, bias=True, gain=BIG_GAIN)])
+    x = b.op("Relu", [b.conv(x, 8, 16, 1, bias=True, gain=1.0 / BIG_GAIN)])
+    x = b.op("Relu", [b.conv(x, 16, 16, 3, bias=True)])
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])], axis=1)
+    w = b.rng.normal(0.0, 1.0, (4, 16)).astype(np.float32)
+    bias = b.rng.normal(0.0, 0.1, 4).astype(np.float32)
+    b.op("Gemm", [x, b.const("fc_w", w), b.const("fc_b", bias)], output=OUTPUT, transB=1)
+    return b.model("big_middle", [float_input(["N", 3, 16, 16])], [float_output(["N", 4])])
 
 
 # --------------------------------------------------------------------------
@@ -820,6 +841,7 @@ def main():
         "ops.onnx": build_ops(),
         "big_activations.onnx": build_big_activations(),
         "big_logits.onnx": build_big_logits(),
+        "big_middle.onnx": build_big_middle(),
     }
     if args.bench:
         valid_models["mobilenet_v2_224.onnx"] = build_mobilenet_v2()
@@ -843,6 +865,9 @@ def main():
     )
     save_reference(
         out / "big_logits.onnx", out / "big_logits_reference.json", (2, 3, 16, 16), SEED_BIG_LOGITS_REFERENCE
+    )
+    save_reference(
+        out / "big_middle.onnx", out / "big_middle_reference.json", (2, 3, 16, 16), SEED_BIG_MIDDLE_REFERENCE
     )
 
     # Bad models: the first three are valid ONNX, just not something the element accepts.

@@ -44,7 +44,7 @@ if has tests; then
     "$t" --nocapture --test-threads=1 >"$out/cuda-test.txt" 2>"$out/cuda-test.log"
     echo "cuda tests: exit $?"
   done
-  grep -E "^test |largest|cached start|formats tested|decoders tested|runs in fp32|came from|failed|panicked|SKIPPED" \
+  grep -E "^test |largest|cached start|formats tested|decoders tested|runs in fp32|run in f32|came from|failed|panicked|SKIPPED" \
     "$out/cuda-test.txt" "$out/cuda-test.log" | cut -c1-300 | head -60
   # The element's own tests on the GPU path: every element in them runs backend=cuda.
   for name in element pipeline scenarios; do

@@ -166,6 +166,9 @@ fn build(args: &Args) -> Result<(), String> {
             info.input.height,
             info.input.width
         );
+        if let Some(note) = &info.precision_note {
+            println!("  {note}");
+        }
     }
     Ok(())
 }

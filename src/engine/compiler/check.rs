@@ -9,10 +9,11 @@ use super::plan::{Cast, DType, Loc, MAX_RANK, MAX_WORKSPACE, Plan, Step, attenti
 
 /// One plan holds the batch's frames and scores in its input and output buffers, and every
 /// step's sizes fit what its kernel takes and keep it inside the buffers it names
-/// (`weight_len`: the values of each weight). The CPU backend checks its plans with it too.
+/// (`weight`: the number of values of each weight and their type). The CPU backend checks
+/// its plans with it too.
 pub fn check_plan(
     plan: &mut Plan,
-    weight_len: &dyn Fn(usize) -> Option<usize>,
+    weight: &dyn Fn(usize) -> Option<(usize, DType)>,
     dtype: DType,
     frame_len: usize,
     num_classes: usize,
@@ -37,9 +38,14 @@ pub fn check_plan(
             plan.input_len, plan.output_len
         ));
     }
+    if plan.wide_len > 0 && dtype != DType::F16 {
+        return fail("an f32 arena apart in an fp32 plan".into());
+    }
+    let weight_len = |index| weight(index).map(|(len, _)| len);
     let buffer_len = |loc: Loc| -> Option<i128> {
         let len = match loc {
             Loc::Arena(_) => plan.arena_len,
+            Loc::Wide(_) => plan.wide_len,
             Loc::Input(_) => plan.input_len,
             Loc::Output(_) => plan.output_len,
             Loc::Weight { index, .. } => weight_len(index)?,
@@ -61,10 +67,11 @@ pub fn check_plan(
         if matches!(step, Step::Attention(_)) && dtype != DType::F16 {
             return fail("fused attention in an fp32 plan: its kernel runs fp16 only".into());
         }
+        let wide = step.is_wide();
         if let Step::Gemm { act, .. } = step {
             let epilogue = match act {
                 Act::None | Act::Relu => true,
-                Act::Gelu => dtype == DType::F16,
+                Act::Gelu => dtype == DType::F16 && !wide,
                 _ => false,
             };
             if !epilogue {
@@ -73,12 +80,18 @@ pub fn check_plan(
                 ));
             }
         }
-        if let Err(what) = check_sizes(step).and_then(|()| check_io(step, dtype)) {
+        // f32 apart from the plan's type: the frames, the scores, values kept in f32.
+        let is_f32 = |loc: Loc| match loc {
+            Loc::Weight { index, .. } => weight(index).is_some_and(|(_, t)| t != dtype),
+            Loc::Arena(_) | Loc::Temp { .. } => false,
+            Loc::Input(_) | Loc::Output(_) | Loc::Wide(_) => true,
+        };
+        if let Err(what) = check_sizes(step).and_then(|()| check_types(step, dtype, &is_f32)) {
             return fail(what);
         }
         for span in step.spans() {
             let (offset, buffer) = match span.loc {
-                Loc::Arena(o) | Loc::Input(o) | Loc::Output(o) => (o, "buffer"),
+                Loc::Arena(o) | Loc::Input(o) | Loc::Output(o) | Loc::Wide(o) => (o, "buffer"),
                 Loc::Weight { index, offset } if weight_len(index).is_some() => (offset, "weight"),
                 Loc::Weight { index, offset } => {
                     return fail(format!("names weight {index} at {offset}, not in the file"));
@@ -104,37 +117,26 @@ pub fn check_plan(
     Ok(())
 }
 
-/// The frames (f32) are read only by a cast from f32 and the scores (f32) written only by a
-/// cast to f32 or by a product that writes f32, where the plan's type is not f32: another
-/// step would take their elements for half as many bytes, and the casts' other side for
-/// twice as many.
-fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
+/// Every step reads and writes one type, the plan's or, for a node kept in f32, f32
+/// (`is_f32`: the frames, the scores and the values and weights kept in f32), except the
+/// casts between them and the scores, which a product may write in f32 from operands of
+/// the plan's type: a step that took a buffer's elements for the other type would read
+/// half or twice as many bytes as it holds. In an fp32 plan every type is f32, and only the
+/// casts of the frames and the scores are held to their buffers.
+fn check_types(step: &Step, dtype: DType, is_f32: &dyn Fn(Loc) -> bool) -> Result<(), String> {
+    let all = |want: bool, locs: &[Loc]| locs.iter().all(|&l| is_f32(l) == want);
+    let plain = dtype == DType::F32;
     let ok = match step {
         Step::Ew {
             cast, out, a, b, ..
         } => {
-            let input = |l: Loc| matches!(l, Loc::Input(_));
-            let output = |l: Loc| matches!(l, Loc::Output(_));
-            let others = [Some(out.loc), Some(a.loc), b.as_ref().map(|b| b.loc)];
+            let b_is = |want: bool| b.as_ref().is_none_or(|b| is_f32(b.loc) == want);
             match cast {
-                Cast::FromF32 => {
-                    input(a.loc) && !input(out.loc) && b.as_ref().is_none_or(|b| !input(b.loc))
-                }
-                Cast::ToF32 => {
-                    output(out.loc) && !output(a.loc) && b.as_ref().is_none_or(|b| !output(b.loc))
-                }
-                Cast::F32 => {
-                    output(out.loc)
-                        && output(a.loc)
-                        && b.as_ref().is_none_or(|b| !input(b.loc) && !output(b.loc))
-                }
-                Cast::None => {
-                    dtype == DType::F32
-                        || others
-                            .into_iter()
-                            .flatten()
-                            .all(|l| !input(l) && !output(l))
-                }
+                Cast::None => plain || all(false, &[out.loc, a.loc]) && b_is(false),
+                Cast::Wide => all(true, &[out.loc, a.loc]) && b_is(true),
+                Cast::FromF32 => is_f32(a.loc) && !is_f32(out.loc) && b_is(false),
+                Cast::ToF32 => is_f32(out.loc) && !is_f32(a.loc) && b_is(false),
+                Cast::F32 => all(true, &[out.loc, a.loc]) && b_is(false),
             }
         }
         // A product may write the scores in f32 (`lower::scores`), with neither a bias nor a
@@ -142,34 +144,33 @@ fn check_io(step: &Step, dtype: DType) -> Result<(), String> {
         Step::Gemm {
             x,
             w,
-            bias,
-            residual,
-            y: Loc::Output(_),
+            bias: None,
+            residual: None,
+            y: y @ Loc::Output(_),
             ..
-        } => {
-            dtype == DType::F32
-                || bias.is_none()
-                    && residual.is_none()
-                    && [x, w]
-                        .into_iter()
-                        .all(|l| !matches!(l, Loc::Input(_) | Loc::Output(_)))
-        }
+        } if !plain && !is_f32(*x) => all(false, &[*x, *w]) && is_f32(*y),
         // A softmax of the scores reads and writes them in f32, in place.
         Step::Softmax { x, y, .. } if [x, y].iter().any(|l| matches!(l, Loc::Output(_))) => {
-            dtype == DType::F32 || matches!((x, y), (Loc::Output(a), Loc::Output(b)) if a == b)
+            plain || matches!((x, y), (Loc::Output(a), Loc::Output(b)) if a == b)
         }
+        // The fused attention runs in fp16 only.
+        Step::Attention(_) => all(
+            false,
+            &step.spans().iter().map(|s| s.loc).collect::<Vec<_>>(),
+        ),
         // Every buffer a step touches has a span (an empty operand touches nothing).
         _ => {
-            dtype == DType::F32
-                || step
-                    .spans()
-                    .iter()
-                    .all(|s| !matches!(s.loc, Loc::Input(_) | Loc::Output(_)))
+            let locs: Vec<Loc> = step.spans().iter().map(|s| s.loc).collect();
+            plain || all(step.is_wide(), &locs) && locs.iter().all(|l| !matches!(l, Loc::Input(_)))
         }
     };
     match ok {
         true => Ok(()),
-        false => Err("reads the frames or writes the scores in the wrong type".into()),
+        false => Err(
+            "reads or writes a buffer in the wrong type (the frames, the scores, \
+                      or a value kept in f32)"
+                .into(),
+        ),
     }
 }
 

@@ -98,6 +98,19 @@ pub fn compile(
     spec: crate::preprocess::InputSpec,
     dtype: DType,
 ) -> Result<(Vec<Plan>, Weights), CompileError> {
+    compile_mixed(model, batch_sizes, spec, dtype, &[])
+}
+
+/// `compile`, with the nodes named in `kept` (by `Plan::origins`: values past fp16's range)
+/// and the nodes that read their values computed in f32 in an fp16 plan, the rest in fp16.
+/// The plans say which steps run in f32 (`Step::is_wide`).
+pub fn compile_mixed(
+    model: &OnnxModel,
+    batch_sizes: &[usize],
+    spec: crate::preprocess::InputSpec,
+    dtype: DType,
+    kept: &[String],
+) -> Result<(Vec<Plan>, Weights), CompileError> {
     let mut weights = Weights::default();
     let mut plans = Vec::new();
     let initializers = import::initializers(model)?;
@@ -106,12 +119,16 @@ pub fn compile(
         crate::engine::class_count(graph.shape(&graph.output), batch)
             .map_err(CompileError::Model)?;
         passes::optimise(&mut graph);
+        let kept = match dtype {
+            DType::F16 => passes::kept_in_f32(&graph, kept),
+            DType::F32 => Default::default(),
+        };
         // The fused attention kernel runs on fp16's tensor cores; fp32 plans (and the CPU
         // runner) keep the products and the softmax.
         if dtype == DType::F16 {
-            passes::fuse_attention(&mut graph);
+            passes::fuse_attention(&mut graph, &kept);
         }
-        plans.push(lower::lower(&graph, dtype, &mut weights)?);
+        plans.push(lower::lower(&graph, dtype, &kept, &mut weights)?);
     }
     Ok((plans, weights))
 }

@@ -47,9 +47,10 @@ pub fn first_overflow<E>(
             .iter()
             .map(|v| if v.is_nan() { f32::INFINITY } else { v.abs() })
             .fold(0.0f32, f32::max);
-        // The scores are f32 whatever the plan's type: only what f32 cannot hold overflows.
+        // The scores, and the values of nodes kept in f32, are f32 whatever the plan's type:
+        // only what f32 cannot hold overflows there.
         let limit = match step.written().loc {
-            Loc::Output(_) => f32::MAX,
+            Loc::Output(_) | Loc::Wide(_) => f32::MAX,
             _ => limit,
         };
         if largest > limit {

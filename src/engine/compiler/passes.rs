@@ -3,6 +3,7 @@
 //! the tests with `reference`): batch norms folded into convolution weights, activations,
 //! residual adds and biases fused into the operator before them.
 
+use std::collections::HashSet;
 use std::f32::consts::{FRAC_1_SQRT_2, SQRT_2};
 
 use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
@@ -20,6 +21,31 @@ pub(super) fn optimise(graph: &mut Graph) {
     fuse_activation(graph);
     remove_dead(graph);
     graph.prune_consts();
+}
+
+/// The nodes of `graph` an fp16 plan keeps in f32: those named in `names` (whose values
+/// passed fp16's range) and the nodes that read their values, through views, which would
+/// otherwise read them cast to fp16. Names not in the graph are left out.
+pub(super) fn kept_in_f32(graph: &Graph, names: &[String]) -> HashSet<String> {
+    let mut kept = HashSet::new();
+    let mut values: Vec<String> = Vec::new();
+    for node in graph.nodes.iter().filter(|n| names.contains(&n.name)) {
+        kept.insert(node.name.clone());
+        values.push(node.output.clone());
+    }
+    while let Some(value) = values.pop() {
+        for reader in graph.nodes.iter().filter(|n| n.inputs.contains(&value)) {
+            if kept.insert(reader.name.clone())
+                && matches!(
+                    reader.op,
+                    Op::Reshape | Op::Transpose { .. } | Op::Slice { .. }
+                )
+            {
+                values.push(reader.output.clone());
+            }
+        }
+    }
+    kept
 }
 
 /// The node producing `value` when only one node reads it.
@@ -332,12 +358,15 @@ pub(super) fn fold_matmul_scale(graph: &mut Graph) {
 /// reading them four times. The additions become one constant bias, their sum over the
 /// scores' last two axes; where reshapes split the leading axes (images and windows), the
 /// attention runs over the finest split, between reshapes of its operands and its output.
-pub(super) fn fuse_attention(graph: &mut Graph) {
+/// An attention whose product with the values is named in `kept` (kept in f32, because its
+/// output passed fp16's range) stays unfused: the fused kernel runs in fp16 only.
+pub(super) fn fuse_attention(graph: &mut Graph, kept: &HashSet<String>) {
     let mut i = 0;
     while i < graph.nodes.len() {
-        let found = (graph.nodes[i].op == Op::MatMul { alpha: 1.0 })
-            .then(|| attention_at(graph, i))
-            .flatten();
+        let found = (graph.nodes[i].op == Op::MatMul { alpha: 1.0 }
+            && !kept.contains(&graph.nodes[i].name))
+        .then(|| attention_at(graph, i))
+        .flatten();
         let Some(found) = found else {
             i += 1;
             continue;

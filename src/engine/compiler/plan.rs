@@ -50,6 +50,9 @@ pub enum Loc {
     Input(usize),
     /// The scores, f32.
     Output(usize),
+    /// An offset into the f32 arena of a mixed-precision plan, in f32 elements: the values
+    /// of the nodes an fp16 plan keeps in f32 because fp16 cannot hold them (`Plan::wide_len`).
+    Wide(usize),
     /// A buffer not placed in the arena yet; only during lowering.
     Temp {
         /// The lowering's buffer number, which arena placement turns into an offset.
@@ -70,6 +73,7 @@ impl Loc {
             },
             Loc::Input(o) => Loc::Input(o + elements),
             Loc::Output(o) => Loc::Output(o + elements),
+            Loc::Wide(o) => Loc::Wide(o + elements),
             Loc::Temp { id, offset } => Loc::Temp {
                 id,
                 offset: offset + elements,
@@ -100,6 +104,8 @@ pub enum Cast {
     /// Reads and writes f32: the scores, after the product that wrote them in f32 (whose
     /// bias and activation this step applies; `b` is in the plan's type).
     F32,
+    /// Reads and writes f32 only, `b` too: a step of a node kept in f32 in an fp16 plan.
+    Wide,
 }
 
 /// A 2-D convolution (cuDNN on the GPU) with its bias, residual and activation.
@@ -452,6 +458,16 @@ pub enum Step {
 }
 
 impl Step {
+    /// Whether the step computes in f32 in an fp16 plan: a step of a node kept in f32, which
+    /// reads and writes the f32 arena (`Loc::Wide`) and f32 weights. Element-wise steps say
+    /// so by their cast (a cast writes the f32 arena without being one).
+    pub fn is_wide(&self) -> bool {
+        match self {
+            Step::Ew { cast, .. } => *cast == Cast::Wide,
+            step => matches!(step.written().loc, Loc::Wide(_)),
+        }
+    }
+
     /// A one-line summary, for profiles.
     pub fn describe(&self) -> String {
         match self {
@@ -764,10 +780,14 @@ impl Span {
 pub struct Plan {
     /// Frames per run: every size in the plan is for exactly this many.
     pub batch: usize,
-    /// The type of the arena and the weights; the input and output buffers stay f32.
+    /// The type of the arena and the weights; the input and output buffers stay f32, and so
+    /// do the values and weights of the nodes an fp16 plan keeps in f32 (`wide_len`).
     pub dtype: DType,
     /// Elements of `dtype`.
     pub arena_len: usize,
+    /// f32 elements of the arena of the nodes kept in f32 (`Loc::Wide`); 0 in a plan wholly
+    /// of one type.
+    pub wide_len: usize,
     /// f32 elements of the input buffer for the whole batch.
     pub input_len: usize,
     /// f32 elements of the output buffer for the whole batch.
@@ -779,27 +799,56 @@ pub struct Plan {
     pub origins: Vec<String>,
 }
 
+impl Plan {
+    /// The nodes whose steps run in f32 in an fp16 plan (`Step::is_wide`), in plan order;
+    /// the copy into the scores is no node's.
+    pub fn wide_nodes(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = Vec::new();
+        for (step, origin) in self.steps.iter().zip(&self.origins) {
+            let scores = matches!(step.written().loc, Loc::Output(_));
+            if step.is_wide() && !scores && !nodes.contains(origin) {
+                nodes.push(origin.clone());
+            }
+        }
+        nodes
+    }
+}
+
 /// Constants in f32, converted to the plan's type when they are uploaded. Shared by the
 /// plans of all batch sizes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Weights {
     /// Each constant's name (the ONNX initializer's, or the folded node's), by index.
     pub names: Vec<String>,
+    /// Whether each constant is read by a node kept in f32, and so stays in f32 on the device
+    /// in an fp16 plan; parallel to `names`.
+    pub wide: Vec<bool>,
     /// The values, parallel to `names`; not serialised: the engine file stores them converted.
     #[serde(skip)]
     pub data: Vec<std::sync::Arc<Vec<f32>>>,
 }
 
 impl Weights {
-    /// The index of the constant `name`, added if new.
-    pub fn add(&mut self, name: &str, data: &std::sync::Arc<Vec<f32>>) -> usize {
+    /// The index of the constant `name` with `data`, added if it is not there yet; `wide`
+    /// for one that a node kept in f32 reads (a constant read by both is stored twice).
+    pub fn add(&mut self, name: &str, data: &std::sync::Arc<Vec<f32>>, wide: bool) -> usize {
         // A constant folded per batch size can have other values under the same name.
-        let same = |(n, d): (&String, &std::sync::Arc<Vec<f32>>)| n == name && **d == **data;
-        if let Some(i) = self.names.iter().zip(&self.data).position(same) {
+        let same =
+            |i: &usize| self.names[*i] == name && self.wide[*i] == wide && *self.data[*i] == **data;
+        if let Some(i) = (0..self.names.len()).find(same) {
             return i;
         }
         self.names.push(name.to_owned());
+        self.wide.push(wide);
         self.data.push(data.clone());
         self.names.len() - 1
+    }
+
+    /// The type constant `index` has on the device in a plan of `dtype`.
+    pub fn dtype(&self, index: usize, dtype: DType) -> DType {
+        match self.wide.get(index) {
+            Some(true) => DType::F32,
+            _ => dtype,
+        }
     }
 }

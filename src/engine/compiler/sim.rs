@@ -7,6 +7,7 @@ use super::plan::{Loc, Plan, Step, Strided, Weights};
 
 struct Memory<'a> {
     arena: Vec<f32>,
+    wide: Vec<f32>,
     weights: &'a Weights,
     input: &'a [f32],
     output: Vec<f32>,
@@ -16,6 +17,7 @@ impl Memory<'_> {
     fn read(&self, loc: Loc, i: usize) -> f32 {
         match loc {
             Loc::Arena(o) => self.arena[o + i],
+            Loc::Wide(o) => self.wide[o + i],
             Loc::Weight { index, offset } => self.weights.data[index][offset + i],
             Loc::Input(o) => self.input[o + i],
             Loc::Output(o) => self.output[o + i],
@@ -26,6 +28,7 @@ impl Memory<'_> {
     fn write(&mut self, loc: Loc, i: usize, v: f32) {
         match loc {
             Loc::Arena(o) => self.arena[o + i] = v,
+            Loc::Wide(o) => self.wide[o + i] = v,
             Loc::Output(o) => self.output[o + i] = v,
             other => panic!("a write to {other:?}"),
         }
@@ -37,6 +40,7 @@ pub fn run(plan: &Plan, weights: &Weights, input: &[f32]) -> Vec<f32> {
     let mut m = Memory {
         // NaN marks memory no step has written: reading it shows in the result.
         arena: vec![f32::NAN; plan.arena_len],
+        wide: vec![f32::NAN; plan.wide_len],
         weights,
         input,
         output: vec![f32::NAN; plan.output_len],
@@ -57,6 +61,7 @@ pub fn first_overflow(
 ) -> Option<super::overflow::Overflow> {
     let mut m = Memory {
         arena: vec![0.0; plan.arena_len],
+        wide: vec![0.0; plan.wide_len],
         weights,
         input,
         output: vec![0.0; plan.output_len],

@@ -152,7 +152,8 @@ fn check_lowering(model: &str, reference_file: &str) {
         // The simulator computes in f32 either way; the fp16 plan's steps differ at its end
         // (`lower::scores`).
         for dtype in [DType::F32, DType::F16] {
-            let plan = lower::lower(&graph, dtype, &mut weights).expect("lowers");
+            let plan =
+                lower::lower(&graph, dtype, &Default::default(), &mut weights).expect("lowers");
             let got = sim::run(&plan, &weights, &input.data);
             assert_close(&got, &want.data, 1e-4);
         }
@@ -180,7 +181,8 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
         passes::optimise(&mut graph);
         for dtype in [DType::F32, DType::F16] {
             let mut weights = Weights::default();
-            let mut plan = lower::lower(&graph, dtype, &mut weights).expect("lowers");
+            let mut plan =
+                lower::lower(&graph, dtype, &Default::default(), &mut weights).expect("lowers");
             let writers: Vec<&Step> = plan.steps.iter().filter(|s| writes_scores(s)).collect();
             let kinds: Vec<String> = writers.iter().map(|s| s.describe()).collect();
             if dtype == DType::F32 {
@@ -234,9 +236,14 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
                 assert_eq!(plan.origins.len(), plan.steps.len());
             }
             // The checks that every plan passes before it runs accept the rewritten steps.
-            let weight_len = |i: usize| weights.data.get(i).map(|d| d.len());
+            let weight = |i: usize| {
+                weights
+                    .data
+                    .get(i)
+                    .map(|d| (d.len(), weights.dtype(i, dtype)))
+            };
             let (frame_len, classes) = (plan.input_len / 2, plan.output_len / 2);
-            check::check_plan(&mut plan, &weight_len, dtype, frame_len, classes)
+            check::check_plan(&mut plan, &weight, dtype, frame_len, classes)
                 .unwrap_or_else(|e| panic!("{model} {dtype:?}: {e}"));
         }
     }
@@ -247,7 +254,13 @@ fn every_step_names_the_node_it_computes() {
     let graph = import_model("ops.onnx", 2);
     let mut optimised = graph.clone();
     passes::optimise(&mut optimised);
-    let plan = lower::lower(&optimised, DType::F16, &mut Weights::default()).expect("lowers");
+    let plan = lower::lower(
+        &optimised,
+        DType::F16,
+        &Default::default(),
+        &mut Weights::default(),
+    )
+    .expect("lowers");
     assert_eq!(plan.origins.len(), plan.steps.len());
     assert_eq!(plan.origins[0], graph.input, "the input's cast");
     let names: Vec<&str> = graph.nodes.iter().map(|n| n.name.as_str()).collect();
@@ -370,17 +383,17 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
             "{name}: scaled attention products"
         );
         let mut weights = Weights::default();
-        let plan = lower::lower(&graph, DType::F32, &mut weights)
+        let plan = lower::lower(&graph, DType::F32, &Default::default(), &mut weights)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
         // fp16 plans fuse attention where the kernel takes the head sizes: the graph and
         // its plan (whose attention steps the simulator runs in f32) still give
         // onnxruntime's answer.
-        passes::fuse_attention(&mut graph);
+        passes::fuse_attention(&mut graph, &Default::default());
         let fused = |op: &Op| matches!(op, Op::Attention { .. });
         assert_eq!(count(&graph, fused), attentions, "{name}: fused attentions");
         assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
-        let plan = lower::lower(&graph, DType::F16, &mut weights)
+        let plan = lower::lower(&graph, DType::F16, &Default::default(), &mut weights)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
     }
@@ -410,9 +423,11 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
         .collect();
     assert_eq!(slices, ["/0/Gather_4"], "slices left");
     let mut weights = Weights::default();
-    let f32_plan = lower::lower(&graph, DType::F32, &mut weights).expect("lowers");
-    passes::fuse_attention(&mut graph);
-    let f16_plan = lower::lower(&graph, DType::F16, &mut weights).expect("lowers");
+    let f32_plan =
+        lower::lower(&graph, DType::F32, &Default::default(), &mut weights).expect("lowers");
+    passes::fuse_attention(&mut graph, &Default::default());
+    let f16_plan =
+        lower::lower(&graph, DType::F16, &Default::default(), &mut weights).expect("lowers");
     assert_eq!(f16_plan.steps.len() + 2 * 7, f32_plan.steps.len());
     let twice = [input.data.as_slice(), input.data.as_slice()].concat();
     let want = transformer_reference("vit");
@@ -528,7 +543,7 @@ fn torchvision_models_import_and_lower() {
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             passes::optimise(&mut graph);
             assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 0);
-            let plan = lower::lower(&graph, DType::F16, &mut weights)
+            let plan = lower::lower(&graph, DType::F16, &Default::default(), &mut weights)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(plan.output_len, batch * 1000);
             println!(
@@ -689,4 +704,135 @@ proptest::proptest! {
 fn skipped(why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+}
+
+/// Mixed precision: whatever nodes an fp16 plan keeps in f32, the plan passes its checks and,
+/// run step by step, gives the graph's answer; the kept nodes' steps write only the f32
+/// arena and read f32 weights, the others never touch either, and a value crosses between
+/// the two by a cast. Kept sets: every third node (three ways), which puts kept and fp16
+/// nodes next to each other everywhere, through views, residual adds, attention and the
+/// scores.
+#[test]
+fn any_nodes_kept_in_f32_give_the_same_answers() {
+    let transformer = transformer_input();
+    let cases = [
+        ("cnn.onnx", None),
+        ("ops.onnx", None),
+        ("big_activations.onnx", None),
+        ("transformers/vit.onnx", Some("vit")),
+        ("transformers/swin.onnx", Some("swin")),
+    ];
+    for (file, transformer_name) in cases {
+        let model = OnnxModel::load(&models().join(file)).expect("model loads");
+        let spec = model.input_spec(None).expect("fixed input size");
+        let (input, want) = match transformer_name {
+            Some(name) => (transformer.data.to_vec(), transformer_reference(name)),
+            None => {
+                let r = load_reference(&file.replace(".onnx", "_reference.json"));
+                (r.input.data[..2 * spec.frame_len()].to_vec(), r.output)
+            }
+        };
+        let (plans, _) = super::compile(&model, &[2], spec, DType::F16).expect("compiles");
+        let mut nodes: Vec<String> = Vec::new();
+        for origin in &plans[0].origins {
+            if !nodes.contains(origin) {
+                nodes.push(origin.clone());
+            }
+        }
+        for phase in 0..3 {
+            let kept: Vec<String> = nodes.iter().skip(phase).step_by(3).cloned().collect();
+            let (mut plans, weights) =
+                super::compile_mixed(&model, &[2], spec, DType::F16, &kept).expect("compiles");
+            let plan = &mut plans[0];
+            let what = format!("{file}, every third node from {phase}");
+            assert!(plan.wide_len > 0, "{what}: nothing kept in f32");
+            let weight =
+                |i: usize| (weights.data.get(i)).map(|d| (d.len(), weights.dtype(i, DType::F16)));
+            let (frame_len, classes) = (plan.input_len / 2, plan.output_len / 2);
+            check::check_plan(plan, &weight, DType::F16, frame_len, classes)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let mut casts = 0;
+            for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
+                let wide = step.is_wide();
+                if let Step::Ew { cast, .. } = step {
+                    casts += usize::from(matches!(cast, Cast::ToF32 | Cast::FromF32));
+                }
+                for loc in step.locs_mut() {
+                    match *loc {
+                        Loc::Wide(_) => {}
+                        Loc::Weight { index, .. } => assert_eq!(
+                            weights.wide[index], wide,
+                            "{what}: a weight of {origin} in the other type"
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+            assert!(casts > 1, "{what}: {casts} casts");
+            assert!(
+                plan.steps.iter().any(|s| !s.is_wide()
+                    && !matches!(
+                        s,
+                        Step::Ew {
+                            cast: Cast::ToF32 | Cast::FromF32 | Cast::F32,
+                            ..
+                        }
+                    )),
+                "{what}: nothing left in fp16"
+            );
+            let got = sim::run(plan, &weights, &input);
+            assert_close(&got, &want[..got.len()], 1e-4);
+        }
+    }
+}
+
+/// The checks refuse a step that reads a value kept in f32 as if it were fp16, or writes one
+/// without being a step of a kept node: either would read or write half or twice the bytes.
+#[test]
+fn the_checks_hold_each_buffer_to_its_type() {
+    let model = OnnxModel::load(&models().join("big_activations.onnx")).expect("model loads");
+    let spec = model.input_spec(None).expect("fixed input size");
+    let kept = ["conv_0".to_owned()];
+    let (plans, weights) =
+        super::compile_mixed(&model, &[1], spec, DType::F16, &kept).expect("compiles");
+    let weight = |i: usize| (weights.data.get(i)).map(|d| (d.len(), weights.dtype(i, DType::F16)));
+    let (frame_len, classes) = (plans[0].input_len, plans[0].output_len);
+    let check = |mut plan: super::plan::Plan| {
+        check::check_plan(&mut plan, &weight, DType::F16, frame_len, classes)
+    };
+    check(plans[0].clone()).expect("the plan as lowered passes");
+    let conv = plans[0]
+        .steps
+        .iter()
+        .position(|s| matches!(s, Step::Conv(_)))
+        .expect("a convolution");
+    assert!(plans[0].steps[conv].is_wide(), "conv_0 is kept in f32");
+    // The convolution writing the fp16 arena while reading f32 ones.
+    let mut plan = plans[0].clone();
+    let Step::Conv(c) = &mut plan.steps[conv] else {
+        unreachable!()
+    };
+    c.y = Loc::Arena(0);
+    let err = check(plan).expect_err("refused").to_string();
+    assert!(err.contains("wrong type"), "{err}");
+    // A plain copy (not a cast) out of the f32 arena into the fp16 one.
+    let mut plan = plans[0].clone();
+    let cast = plan
+        .steps
+        .iter()
+        .position(|s| matches!(s, Step::Ew { cast: Cast::ToF32, out, .. } if matches!(out.loc, Loc::Wide(_))))
+        .expect("the frames cast into the f32 arena");
+    let Step::Ew { cast: c, .. } = &mut plan.steps[cast] else {
+        unreachable!()
+    };
+    *c = Cast::None;
+    let err = check(plan).expect_err("refused").to_string();
+    assert!(err.contains("wrong type"), "{err}");
+    // An f32 arena in an fp32 plan.
+    let (mut plans32, _) = super::compile(&model, &[1], spec, DType::F32).expect("compiles");
+    plans32[0].wide_len = 16;
+    let err = check::check_plan(&mut plans32[0], &weight, DType::F32, frame_len, classes)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("f32 arena"), "{err}");
 }

@@ -73,8 +73,8 @@ impl PlanRunner {
         threads: usize,
     ) -> Result<Self, CompileError> {
         let num_classes = plan.output_len / plan.batch.max(1);
-        let weight_len = |i: usize| weights.get(i).map(|w| w.len());
-        check_plan(&mut plan, &weight_len, DType::F32, frame_len, num_classes)?;
+        let weight = |i: usize| weights.get(i).map(|w| (w.len(), DType::F32));
+        check_plan(&mut plan, &weight, DType::F32, frame_len, num_classes)?;
         let mut packed: Vec<Packed> = plan
             .steps
             .iter()

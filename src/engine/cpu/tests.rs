@@ -51,6 +51,7 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
         batch: 1,
         dtype: DType::F32,
         arena_len: 0,
+        wide_len: 0,
         input_len: input,
         output_len: output,
         steps: vec![step],
@@ -58,7 +59,7 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
     };
     let mut w = Weights::default();
     for (i, data) in weights.into_iter().enumerate() {
-        w.add(&format!("w{i}"), &Arc::new(data));
+        w.add(&format!("w{i}"), &Arc::new(data), false);
     }
     (plan, w)
 }

@@ -108,7 +108,7 @@ pub enum Error {
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 const CHECKSUM_LEN: usize = 32;
 
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.
@@ -187,6 +187,22 @@ pub struct EngineFile {
     /// Why an engine asked for in fp16 runs in fp32: the sample frames overflowed fp16 (the
     /// report of `runtime::Runtime::first_overflow`). `None`: it runs in the key's precision.
     pub fp32_because: Option<String>,
+    /// The nodes of an fp16 engine computed in f32 because fp16 cannot hold their values
+    /// (mixed precision); `None`: every step runs in the plans' type.
+    pub kept_f32: Option<KeptF32>,
+}
+
+/// The part of an fp16 engine kept in f32.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeptF32 {
+    /// What was found on the sample frames: each node whose values passed fp16's range.
+    pub because: Vec<String>,
+    /// The nodes computed in f32 (by `Plan::origins`): those and the nodes reading them.
+    pub nodes: Vec<String>,
+    /// The kernels compiled for f32, which their steps run.
+    pub ptx: String,
+    /// Whether each weight is stored in f32 (read by a node kept in f32), not fp16.
+    pub weights: Vec<bool>,
 }
 
 impl EngineFile {
@@ -211,6 +227,7 @@ struct Header {
     plans: Vec<Plan>,
     weight_sizes: Vec<usize>,
     fp32_because: Option<String>,
+    kept_f32: Option<KeptF32>,
 }
 
 /// The per-user engine cache: `$XDG_CACHE_HOME/trtclassify` (usually `~/.cache/trtclassify`).
@@ -334,6 +351,7 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
     check_plans(
         &mut header.plans,
         &weights,
+        header.kept_f32.as_ref(),
         key,
         plans_dtype(key, &header.fp32_because),
         frame_len,
@@ -346,6 +364,7 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
         plans: header.plans,
         weights,
         fp32_because: header.fp32_because,
+        kept_f32: header.kept_f32,
     })
 }
 
@@ -355,6 +374,7 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
 fn check_plans(
     plans: &mut [Plan],
     weights: &[Vec<u8>],
+    kept_f32: Option<&KeptF32>,
     key: &Key,
     dtype: DType,
     frame_len: usize,
@@ -370,12 +390,29 @@ fn check_plans(
     if !(1..=1 << 24).contains(&num_classes) {
         return Err(Error::Classes(num_classes));
     }
-    if let Some(i) = weights.iter().position(|w| w.len() % dtype.size() != 0) {
+    let weight_type = |index: usize| match kept_f32.and_then(|k| k.weights.get(index)) {
+        Some(true) => DType::F32,
+        _ => dtype,
+    };
+    if let Some(i) =
+        (0..weights.len()).find(|&i| !weights[i].len().is_multiple_of(weight_type(i).size()))
+    {
         return Err(Error::PartialWeight(i));
     }
-    let weight_len = |index: usize| weights.get(index).map(|w| w.len() / dtype.size());
+    if kept_f32.is_some_and(|k| k.weights.len() != weights.len()) {
+        return Err(Error::Plan("a weight type for each weight".into()));
+    }
+    let weight = |index: usize| {
+        let t = weight_type(index);
+        weights.get(index).map(|w| (w.len() / t.size(), t))
+    };
     for plan in plans {
-        check::check_plan(plan, &weight_len, dtype, frame_len, num_classes)
+        if plan.wide_len > 0 && kept_f32.is_none() {
+            return Err(Error::Plan(
+                "values kept in f32 without their kernels".into(),
+            ));
+        }
+        check::check_plan(plan, &weight, dtype, frame_len, num_classes)
             .map_err(|e| Error::Plan(e.to_string()))?;
     }
     Ok(())
@@ -418,6 +455,7 @@ pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, Error> {
         plans: engine.plans.clone(),
         weight_sizes: engine.weights.iter().map(Vec::len).collect(),
         fp32_because: engine.fp32_because.clone(),
+        kept_f32: engine.kept_f32.clone(),
     };
     let header = serde_json::to_vec(&header).map_err(Error::Serialize)?;
     let mut body =
@@ -487,6 +525,7 @@ mod tests {
                 batch: 1,
                 dtype: DType::F16,
                 arena_len: 4,
+                wide_len: 0,
                 input_len: 12,
                 output_len: 4,
                 steps: vec![step],
@@ -494,6 +533,7 @@ mod tests {
             }],
             weights: vec![vec![1, 2], vec![3; 12]],
             fp32_because: None,
+            kept_f32: None,
         }
     }
 
@@ -660,7 +700,7 @@ mod tests {
                     };
                     out.loc = Loc::Output(0);
                 },
-                "reads the frames or writes the scores in the wrong type",
+                "reads or writes a buffer in the wrong type",
             ),
             (
                 |s| {
@@ -670,7 +710,7 @@ mod tests {
                     };
                     *cast = Cast::FromF32;
                 },
-                "reads the frames or writes the scores in the wrong type",
+                "reads or writes a buffer in the wrong type",
             ),
             (
                 |s| {
@@ -744,6 +784,7 @@ mod tests {
             plans: e.plans.clone(),
             weight_sizes: vec![usize::MAX, 15],
             fp32_because: None,
+            kept_f32: None,
         };
         let header = serde_json::to_vec(&header).unwrap();
         let mut body = Vec::new();
@@ -840,6 +881,7 @@ mod tests {
                         .map(|w| vec![0; w.len() * dtype.size()])
                         .collect(),
                     fp32_because,
+                    kept_f32: None,
                 };
                 assert_eq!(e.dtype() == dtype, loads, "{name}: {asked:?} as {dtype:?}");
                 let dir = tempfile::tempdir().unwrap();
@@ -856,6 +898,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn mixed_precision_plans_load_with_their_f32_part() {
+        // big_middle.onnx with its first convolution (and the product reading it) kept in
+        // f32: the file loads with the weights of the kept nodes in f32 and the others in
+        // fp16; without its f32 part, or with a kept weight stored in fp16, it is refused.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/big_middle.onnx");
+        let model = crate::engine::OnnxModel::load(&path).unwrap();
+        let spec = model.input_spec(None).unwrap();
+        let batch_sizes = vec![1, 2];
+        let kept = ["conv_0".to_owned()];
+        let (plans, weights) =
+            crate::engine::compiler::compile_mixed(&model, &batch_sizes, spec, DType::F16, &kept)
+                .unwrap();
+        assert!(plans.iter().all(|p| p.wide_len > 0));
+        assert!(weights.wide.contains(&true) && weights.wide.contains(&false));
+        let k = Key {
+            batch_sizes: batch_sizes.clone(),
+            input: (spec.height, spec.width),
+            ..key()
+        };
+        let bytes = |i: usize, t: DType| vec![0u8; weights.data[i].len() * t.size()];
+        let file = |kept_f32: Option<KeptF32>, half_everywhere: bool| EngineFile {
+            key: k.clone(),
+            num_classes: plans[0].output_len,
+            ptx: String::new(),
+            plans: plans.clone(),
+            weights: (0..weights.data.len())
+                .map(|i| match half_everywhere {
+                    true => bytes(i, DType::F16),
+                    false => bytes(i, weights.dtype(i, DType::F16)),
+                })
+                .collect(),
+            fp32_because: None,
+            kept_f32,
+        };
+        let kept_f32 = KeptF32 {
+            because: vec!["node `conv_0` reaches 6e5".into()],
+            nodes: plans[0].wide_nodes(),
+            ptx: String::new(),
+            weights: weights.wide.clone(),
+        };
+        assert_eq!(kept_f32.nodes, ["conv_0", "conv_1"]);
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("e.engine");
+        let load_back = |e: &EngineFile| {
+            save(&at, e).unwrap();
+            load(&at, &k, spec.frame_len())
+        };
+        let loaded = load_back(&file(Some(kept_f32.clone()), false))
+            .unwrap()
+            .expect("loads");
+        assert_eq!(loaded.kept_f32.as_ref(), Some(&kept_f32));
+        assert_eq!(loaded.plans, plans);
+        let err = load_back(&file(None, false))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("without their kernels"), "{err}");
+        let err = load_back(&file(Some(kept_f32), true))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("touches elements"), "{err}");
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! Whether fp16 holds a model's values. Before a freshly built fp16 engine is trusted, it
 //! runs sample frames (noise, white, black, saturated colours, gradients, each normalised as
 //! the element will normalise frames) step by step; where a step's values go past `LIMIT`,
-//! fp16's largest value, the engine is built in fp32 instead and says which node went past
-//! it. Without this, a model whose activations overflow fp16 gives infinite scores, and top-k
-//! nothing.
+//! fp16's largest value, that node is built again in f32 (with the nodes that read its
+//! values; the rest stays fp16, as TensorRT's mixed precision does), and the samples run
+//! again, a few rounds at most before the whole engine is built in fp32. The engine says
+//! which nodes run in f32 and why. Without this, a model whose activations overflow fp16
+//! gives infinite scores, and top-k nothing.
 
 use super::error::Result;
 use super::runtime::Runtime;
@@ -17,6 +19,11 @@ use crate::preprocess::{InputSpec, Layout, PreprocessOptions};
 /// scores), which fp16 holds. Frames that go further are caught at run time, where the
 /// warning names the node.
 pub const LIMIT: f32 = 65504.0;
+
+/// How many times the build keeps one more node in f32 before it builds the whole engine in
+/// fp32 instead: each round is a build, and a model whose values pass fp16's range at many
+/// places gains little from fp16.
+pub const ROUNDS: usize = 4;
 
 /// How many sample frames `sample_frames` makes.
 pub const SAMPLES: usize = 5;
@@ -100,8 +107,8 @@ mod tests {
     use std::path::Path;
 
     use crate::engine::OnnxModel;
-    use crate::engine::compiler::plan::DType;
-    use crate::engine::compiler::{compile, sim};
+    use crate::engine::compiler::plan::{DType, Step};
+    use crate::engine::compiler::{compile, compile_mixed, sim};
 
     #[test]
     fn the_samples_find_the_node_that_overflows() {
@@ -112,6 +119,7 @@ mod tests {
             ("big_activations.onnx", Some("conv_0")),
             // Logits of about 2e5, which the last product writes in f32 (`lower::scores`).
             ("big_logits.onnx", None),
+            ("big_middle.onnx", Some("conv_0")),
             ("cnn.onnx", None),
             ("ops.onnx", None),
             ("colors.onnx", None),
@@ -136,6 +144,75 @@ mod tests {
                     );
                 }
                 None => assert!(found.is_none(), "{model}: {found:?}"),
+            }
+        }
+    }
+
+    /// The GPU build's rounds, run on the CPU: the first node past fp16's range on the
+    /// samples is kept in f32 (with the nodes reading its values), until no value of the
+    /// fp16 part passes it; the plan then gives onnxruntime's answer. big_middle.onnx's first
+    /// convolution reaches about 6e5 and its second (a product: 1×1) brings the values back
+    /// to a few units: one round keeps both in f32, the rest stays fp16. big_activations.onnx
+    /// passes the range up to its last product, which the second round keeps too.
+    #[test]
+    fn keeping_the_nodes_past_the_range_in_f32_ends_the_overflow() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        for (model, rounds, in_f32) in [
+            ("big_middle", &["conv_0"][..], &["conv_0", "conv_1"][..]),
+            (
+                "big_activations",
+                &["conv_0", "gemm_0"],
+                &["conv_0", "globalaveragepool_0", "gemm_0"],
+            ),
+        ] {
+            let onnx = OnnxModel::load(&models.join(format!("{model}.onnx"))).unwrap();
+            let spec = onnx.input_spec(None).unwrap();
+            let frames = sample_frames(spec, &PreprocessOptions::default()).unwrap();
+            let mut kept: Vec<String> = Vec::new();
+            let (plans, weights) = loop {
+                let (plans, weights) = compile_mixed(&onnx, &[2], spec, DType::F16, &kept).unwrap();
+                let found = frames
+                    .chunks_exact(2 * spec.frame_len())
+                    .find_map(|two| sim::first_overflow(&plans[0], &weights, two, LIMIT));
+                let Some(o) = found else {
+                    break (plans, weights);
+                };
+                assert!(
+                    !kept.contains(&o.node),
+                    "{model}: {o} again, kept: {kept:?}"
+                );
+                kept.push(o.node);
+                assert!(
+                    kept.len() <= ROUNDS,
+                    "{model}: still past fp16's range: {kept:?}"
+                );
+            };
+            assert_eq!(kept, rounds, "{model}");
+            let plan = &plans[0];
+            let kinds: Vec<String> = plan.steps.iter().map(Step::describe).collect();
+            assert_eq!(plan.wide_nodes(), in_f32, "{model}: {kinds:?}");
+            assert!(
+                (plan.steps.iter())
+                    .any(|s| matches!(s, Step::Conv(_) | Step::Gemm { .. }) && !s.is_wide())
+                    || model == "big_activations",
+                "{model}: {kinds:?}"
+            );
+            let reference = models.join(format!("{model}_reference.json"));
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
+            let floats = |key: &str| -> Vec<f32> {
+                (v[key].as_array().unwrap().iter())
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect()
+            };
+            let (input, want) = (floats("input"), floats("output"));
+            let got = sim::run(plan, &weights, &input[..2 * spec.frame_len()]);
+            assert!(want.len() >= got.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{model}: {got:?} against {want:?}"
+                );
             }
         }
     }

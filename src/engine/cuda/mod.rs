@@ -28,7 +28,7 @@ use gst_video::prelude::*;
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::engine::CAT;
 use crate::engine::compiler::plan::DType;
-use crate::engine::compiler::{batch_sizes, compile, import};
+use crate::engine::compiler::{batch_sizes, compile_mixed, import};
 use crate::preprocess::{Crop, Preprocessor};
 use engine_file::{EngineFile, Key};
 
@@ -150,45 +150,78 @@ impl CudaEngine {
                 (file, false)
             }
             None => (
-                build_engine(model, &gpu, key.clone(), dtype, spec, &mut progress).map_err(fail)?,
+                build_engine(model, &gpu, key.clone(), dtype, spec, &[], &mut progress)
+                    .map_err(fail)?,
                 true,
             ),
         };
         // Plans without tuned algorithms are tuned here; a loaded file's are used as they are.
         let open = |file: &mut EngineFile, progress: &mut dyn FnMut(&str)| {
             let plans = std::mem::take(&mut file.plans);
+            let wide = file.kept_f32.as_ref().map(|k| runtime::Wide {
+                ptx: &k.ptx,
+                weights: &k.weights,
+            });
             runtime::Runtime::new(
                 &gpu,
                 &file.ptx,
                 file.dtype(),
                 &file.weights,
                 plans,
+                wide,
                 progress,
             )
             .map_err(|e| fail(e.to_string()))
         };
         let mut runtime = open(&mut file, &mut progress)?;
         if fresh && dtype == DType::F16 {
+            // Where the sample frames pass fp16's range, the nodes that do (and those reading
+            // their values) are built again in f32, the rest staying fp16, until the samples
+            // fit; a few rounds at most, then the whole engine in fp32.
             let samples = fp16_range::sample_frames(spec, &options.preprocess).map_err(fail)?;
-            let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
-                .map_err(|e| fail(e.to_string()))?;
-            if let Some(overflow) = overflow {
+            let mut found: Vec<String> = Vec::new();
+            let mut kept: Vec<String> = Vec::new();
+            loop {
+                let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
+                    .map_err(|e| fail(e.to_string()))?;
+                let Some(overflow) = overflow else {
+                    break;
+                };
                 let because = format!(
                     "{overflow} on sample frames, past fp16's largest value, {}",
                     fp16_range::LIMIT
                 );
-                gst::warning!(
-                    CAT,
-                    "{}: precision=fp16: {because}; the engine is built in fp32",
-                    model.path.display()
-                );
-                progress(&format!("{because}: building the engine in fp32"));
-                // Its GPU memory goes before the fp32 engine's is taken.
+                // Its GPU memory goes before the next build's is taken.
                 drop(runtime);
-                file = build_engine(model, &gpu, key, DType::F32, spec, &mut progress)
+                if kept.contains(&overflow.node) || found.len() == fp16_range::ROUNDS {
+                    gst::warning!(
+                        CAT,
+                        "{}: precision=fp16: {because}; the engine is built in fp32",
+                        model.path.display()
+                    );
+                    progress(&format!("{because}: building the engine in fp32"));
+                    file = build_engine(model, &gpu, key, DType::F32, spec, &[], &mut progress)
+                        .map_err(fail)?;
+                    file.fp32_because = Some(because);
+                    runtime = open(&mut file, &mut progress)?;
+                    break;
+                }
+                progress(&format!("{because}: building that node in f32"));
+                found.push(because);
+                kept.push(overflow.node);
+                file = build_engine(model, &gpu, key.clone(), dtype, spec, &kept, &mut progress)
                     .map_err(fail)?;
-                file.fp32_because = Some(because);
+                if let Some(k) = &mut file.kept_f32 {
+                    k.because = found.clone();
+                }
                 runtime = open(&mut file, &mut progress)?;
+            }
+            if let Some(k) = file
+                .kept_f32
+                .as_ref()
+                .filter(|_| file.fp32_because.is_none())
+            {
+                gst::warning!(CAT, "{}: {}", model.path.display(), mixed_note(k));
             }
         }
         if fresh {
@@ -224,9 +257,13 @@ impl CudaEngine {
                 DType::F16 => Precision::Fp16,
                 DType::F32 => Precision::Fp32,
             },
-            precision_note: file
-                .fp32_because
-                .map(|because| format!("precision=fp16: {because}; the engine runs in fp32")),
+            precision_note: match (&file.fp32_because, &file.kept_f32) {
+                (Some(because), _) => Some(format!(
+                    "precision=fp16: {because}; the engine runs in fp32"
+                )),
+                (None, Some(kept)) => Some(mixed_note(kept)),
+                (None, None) => None,
+            },
             reads_device_frames: frame_pre.is_some(),
             non_finite: Default::default(),
         };
@@ -268,37 +305,57 @@ impl CudaEngine {
 
 /// The engine of `model` for `key` with its plans in `dtype` (the key's precision, or fp32
 /// where fp16 overflowed), not tuned yet.
+/// What a mixed-precision engine says of itself: why, and which nodes run in f32.
+fn mixed_note(kept: &engine_file::KeptF32) -> String {
+    format!(
+        "precision=fp16: {}; {} node(s) run in f32 ({}), the rest in fp16",
+        kept.because.join("; "),
+        kept.nodes.len(),
+        kept.nodes.join(", ")
+    )
+}
+
+/// Compiles `model` for `key`'s batch sizes in `dtype`, the nodes named in `kept` (and those
+/// reading their values) in f32 where `dtype` is fp16.
 fn build_engine(
     model: &OnnxModel,
     gpu: &runtime::Gpu,
     key: Key,
     dtype: DType,
     spec: crate::preprocess::InputSpec,
+    kept: &[String],
     progress: &mut dyn FnMut(&str),
 ) -> Result<EngineFile, String> {
     let (plans, weights) =
-        compile(model, &key.batch_sizes, spec, dtype).map_err(|e| e.to_string())?;
+        compile_mixed(model, &key.batch_sizes, spec, dtype, kept).map_err(|e| e.to_string())?;
     progress(&format!(
         "imported a graph of {} steps for batch sizes {:?}",
         plans[0].steps.len(),
         key.batch_sizes
     ));
     let ptx = runtime::compile(dtype, gpu.arch).map_err(|e| e.to_string())?;
+    let kept_f32 = match plans.iter().any(|p| p.wide_len > 0) {
+        true => Some(engine_file::KeptF32 {
+            because: Vec::new(),
+            nodes: plans[0].wide_nodes(),
+            ptx: runtime::compile(DType::F32, gpu.arch).map_err(|e| e.to_string())?,
+            weights: weights.wide.clone(),
+        }),
+        false => None,
+    };
     Ok(EngineFile {
         num_classes: plans[0].output_len / plans[0].batch,
         ptx,
-        weights: weights
-            .data
-            .iter()
-            .map(|w| runtime::to_bytes(w, dtype))
+        weights: (0..weights.data.len())
+            .map(|i| runtime::to_bytes(&weights.data[i], weights.dtype(i, dtype)))
             .collect(),
         plans,
         key,
         fp32_because: None,
+        kept_f32,
     })
 }
 
-/// The runtime's error, as the engine reports one on the data path.
 fn inference(e: Error) -> EngineError {
     EngineError::Inference(e.to_string())
 }

@@ -14,6 +14,9 @@ impl Lowering<'_> {
         alpha: f32,
         shape: &[usize],
     ) -> Result<Val, String> {
+        if self.wide {
+            return Err("fused attention kept in f32: its kernel runs fp16 only".into());
+        }
         let rank = shape.len();
         let (s, t) = (rank - 2, rank - 1);
         // The kernel reads rows whose elements are contiguous: the head axis innermost.

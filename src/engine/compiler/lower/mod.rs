@@ -11,6 +11,11 @@
 //! (Softmax, LayerNorm, ReduceMean), `views` (Slice, Transpose, Reshape) and `attention`
 //! (the fused attention of fp16 plans); `scores` lets
 //! an fp16 plan's last product write the scores in f32.
+//!
+//! Mixed precision: the nodes an fp16 plan keeps in f32 (`kept`, those whose values fp16
+//! cannot hold) write buffers of an f32 arena of their own (`Loc::Wide`) and read f32
+//! weights; a value goes from one type to the other by a cast where a node of the other
+//! type reads it. Views (reshapes, transposes, slices) keep their input's type.
 
 mod arena;
 mod attention;
@@ -21,7 +26,7 @@ mod rows;
 mod scores;
 mod views;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::CompileError;
 use super::ir::{Act, Graph, Node, Op, Tensor, strides};
@@ -67,6 +72,11 @@ impl Val {
 struct Lowering<'a> {
     graph: &'a Graph,
     dtype: DType,
+    /// The nodes computed in f32 in an fp16 plan.
+    kept: &'a HashSet<String>,
+    /// Whether the node being lowered is one of them: its buffers, constants and
+    /// element-wise steps are f32.
+    wide: bool,
     weights: &'a mut Weights,
     steps: Vec<Step>,
     storages: Vec<Storage>,
@@ -77,10 +87,12 @@ fn identity(rank: usize) -> Vec<usize> {
     (0..rank).collect()
 }
 
-/// Lowers `graph` for its batch size; the constants go to `weights`.
+/// Lowers `graph` for its batch size, the nodes named in `kept` in f32 where `dtype` is
+/// fp16; the constants go to `weights`.
 pub(super) fn lower(
     graph: &Graph,
     dtype: DType,
+    kept: &HashSet<String>,
     weights: &mut Weights,
 ) -> Result<Plan, CompileError> {
     let input_shape = graph.shape(&graph.input).to_vec();
@@ -89,6 +101,8 @@ pub(super) fn lower(
     let mut l = Lowering {
         graph,
         dtype,
+        kept,
+        wide: false,
         weights,
         steps: Vec::new(),
         storages: Vec::new(),
@@ -111,11 +125,13 @@ pub(super) fn lower(
     let mut origins = vec![graph.input.clone(); l.steps.len()];
 
     for node in &graph.nodes {
-        l.node(node).map_err(|problem| CompileError::Node {
-            node: node.name.clone(),
-            op: node.op.name().to_owned(),
-            problem,
-        })?;
+        l.in_its_type(node)
+            .and_then(|node| l.node(&node))
+            .map_err(|problem| CompileError::Node {
+                node: node.name.clone(),
+                op: node.op.name().to_owned(),
+                problem,
+            })?;
         origins.resize(l.steps.len(), node.name.clone());
     }
 
@@ -123,13 +139,18 @@ pub(super) fn lower(
         .map_err(CompileError::Model)?;
     origins.resize(l.steps.len(), graph.output.clone());
 
-    let (arena_len, offsets) = place(&l.storages);
-    let mut steps = l.steps.into_iter().map(|s| resolve(s, &offsets)).collect();
+    let (arena_len, wide_len, offsets) = place(&l.storages);
+    let mut steps = l
+        .steps
+        .into_iter()
+        .map(|s| resolve(s, &l.storages, &offsets))
+        .collect();
     scores::in_f32(dtype, &mut steps, &mut origins);
     Ok(Plan {
         batch,
         dtype,
         arena_len,
+        wide_len,
         input_len: input_shape.iter().product(),
         output_len: output_shape.iter().product(),
         steps,
@@ -141,11 +162,12 @@ impl Lowering<'_> {
     /// The scores, cast to f32 in their logical layout into the output buffer.
     fn output(&mut self, name: &str, rank: usize) -> Result<(), String> {
         let out = self.get(name)?;
+        self.wide = self.is_wide(out.loc);
         let out = self.require(&out, &identity(rank))?;
         self.ew(
             None,
             Act::None,
-            Cast::ToF32,
+            if self.wide { Cast::Wide } else { Cast::ToF32 },
             &out.shape,
             &identity(out.shape.len()),
             Loc::Output(0),
@@ -169,7 +191,7 @@ impl Lowering<'_> {
     }
 
     fn constant(&mut self, name: &str, t: &Tensor) -> Val {
-        let index = self.weights.add(name, &t.data);
+        let index = self.weights.add(name, &t.data, self.wide);
         Val {
             loc: Loc::Weight { index, offset: 0 },
             perm: identity(t.shape.len()),
@@ -191,6 +213,7 @@ impl Lowering<'_> {
             len,
             first: step,
             last: step,
+            wide: self.wide,
         });
         Val {
             loc: Loc::Temp {
@@ -251,7 +274,7 @@ impl Lowering<'_> {
             Step::Ew {
                 op: None,
                 act: Act::None,
-                cast: Cast::None,
+                cast: self.same_type(),
                 dims,
                 out: Strided {
                     loc: out.0,
@@ -317,6 +340,10 @@ impl Lowering<'_> {
             loc,
             strides: strides.clone(),
         };
+        let cast = match cast {
+            Cast::None => self.same_type(),
+            cast => cast,
+        };
         self.steps.push(Step::Ew {
             op,
             act,
@@ -334,6 +361,60 @@ impl Lowering<'_> {
             self.touch(loc);
         }
         self.steps.push(step);
+    }
+
+    /// The cast of an element-wise step that reads and writes the node's own type.
+    fn same_type(&self) -> Cast {
+        match self.wide {
+            true => Cast::Wide,
+            false => Cast::None,
+        }
+    }
+
+    /// Whether `loc` holds f32 values of a node kept in f32 (an f32 weight among them).
+    fn is_wide(&self, loc: Loc) -> bool {
+        match loc {
+            Loc::Temp { id, .. } => self.storages[id].wide,
+            Loc::Weight { index, .. } => self.weights.wide[index],
+            Loc::Wide(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Sets the type `node` computes in, and returns it reading its computed inputs in that
+    /// type: an input of the other type is cast once (the cast kept for other readers). A
+    /// view computes nothing and keeps its input's type.
+    fn in_its_type(&mut self, node: &Node) -> Result<Node, String> {
+        let view = matches!(
+            node.op,
+            Op::Reshape | Op::Transpose { .. } | Op::Slice { .. }
+        );
+        self.wide = match self.values.get(&node.inputs[0]) {
+            Some(x) if view => self.is_wide(x.loc),
+            _ => self.dtype == DType::F16 && self.kept.contains(&node.name),
+        };
+        let mut node = node.clone();
+        for input in &mut node.inputs {
+            let Some(v) = self.values.get(input.as_str()) else {
+                continue;
+            };
+            if self.is_wide(v.loc) == self.wide {
+                continue;
+            }
+            let name = format!("{input}.{}", if self.wide { "f32" } else { "f16" });
+            if !self.values.contains_key(&name) {
+                let v = self.get(input)?;
+                let cast = if self.wide {
+                    Cast::ToF32
+                } else {
+                    Cast::FromF32
+                };
+                let converted = self.copy(&v, &v.perm, cast)?;
+                self.values.insert(name.clone(), converted);
+            }
+            *input = name;
+        }
+        Ok(node)
     }
 
     /// Lowers one node: a short dispatch to the files that lower each kind of operator.

@@ -233,7 +233,7 @@ impl Lowering<'_> {
     fn epilogue(&self, act: Act) -> Act {
         match act {
             Act::Relu => act,
-            Act::Gelu if self.dtype == DType::F16 => act,
+            Act::Gelu if self.dtype == DType::F16 && !self.wide => act,
             _ => Act::None,
         }
     }

@@ -37,6 +37,7 @@ impl Buffers<'_> {
                 Loc::Output(o) => self.output.add(o),
                 Loc::Weight { index, offset } => self.weights[index].as_ptr().add(offset),
                 Loc::Temp { .. } => unreachable!("checked: plans hold no unplaced buffers"),
+                Loc::Wide(_) => unreachable!("checked: f32 plans keep no f32 arena apart"),
             }
         }
     }

@@ -40,6 +40,15 @@ use kernels::Kernels;
 pub(crate) use kernels::{KERNELS, compile};
 
 /// What a step needs prepared before it runs: its library descriptors.
+/// The part of a mixed-precision engine kept in f32: its kernels (kernels.cu compiled for
+/// f32) and whether each weight is f32.
+pub(crate) struct Wide<'a> {
+    /// PTX of the f32 kernels.
+    pub ptx: &'a str,
+    /// Parallel to the weights: true where a weight was uploaded in f32.
+    pub weights: &'a [bool],
+}
+
 enum Prepared {
     Conv(Box<cudnn::ConvDescs>),
     Gemm(Box<cublaslt::GemmDescs>),
@@ -65,8 +74,14 @@ pub struct Runtime {
     stream: Arc<CudaStream>,
     dtype: DType,
     kernels: Kernels,
+    /// The f32 kernels of a mixed-precision engine, for the nodes kept in f32.
+    wide_kernels: Option<Kernels>,
     arena: CudaSlice<u8>,
+    /// The f32 values of the nodes kept in f32 (`Loc::Wide`).
+    wide_arena: CudaSlice<u8>,
     weights: Vec<CudaSlice<u8>>,
+    /// Each weight's type on the device: the plans' or, read by a node kept in f32, f32.
+    weight_types: Vec<DType>,
     input: CudaSlice<f32>,
     output: CudaSlice<f32>,
     workspace: CudaSlice<u8>,
@@ -107,6 +122,7 @@ impl Runtime {
         dtype: DType,
         weights: &[Vec<u8>],
         plans: Vec<Plan>,
+        wide: Option<Wide>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self> {
         let ctx = gpu.ctx.clone();
@@ -116,6 +132,16 @@ impl Runtime {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(Error::driver("stream"))?;
         let kernels = Kernels::load(&ctx, ptx, dtype)?;
+        let wide_kernels = match &wide {
+            Some(w) => Some(Kernels::load(&ctx, w.ptx, DType::F32)?),
+            None => None,
+        };
+        let weight_types: Vec<DType> = (0..weights.len())
+            .map(|i| match wide.as_ref().and_then(|w| w.weights.get(i)) {
+                Some(true) => DType::F32,
+                _ => dtype,
+            })
+            .collect();
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(Error::driver("attribute"))? as u32;
@@ -145,6 +171,9 @@ impl Runtime {
         let arena = stream
             .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
             .map_err(Error::driver("arena allocation"))?;
+        let wide_arena = stream
+            .alloc_zeros::<u8>(plans.iter().map(|p| p.wide_len).max().unwrap_or(0).max(1) * 4)
+            .map_err(Error::driver("arena allocation"))?;
         let input = stream
             .alloc_zeros::<f32>(max(|p| p.input_len))
             .map_err(Error::driver("input allocation"))?;
@@ -166,8 +195,11 @@ impl Runtime {
             stream: stream.clone(),
             dtype,
             kernels,
+            wide_kernels,
             arena,
+            wide_arena,
             weights,
+            weight_types,
             input,
             output,
             workspace: stream
@@ -237,7 +269,10 @@ impl Runtime {
         let size = self.dtype.size() as u64;
         match loc {
             Loc::Arena(o) => base(&self.arena) + o as u64 * size,
-            Loc::Weight { index, offset } => base(&self.weights[index]) + offset as u64 * size,
+            Loc::Wide(o) => base(&self.wide_arena) + o as u64 * 4,
+            Loc::Weight { index, offset } => {
+                base(&self.weights[index]) + offset as u64 * self.weight_types[index].size() as u64
+            }
             Loc::Input(o) => self.input.device_ptr(&self.stream).0 + o as u64 * 4,
             Loc::Output(o) => self.output.device_ptr(&self.stream).0 + o as u64 * 4,
             Loc::Temp { .. } => unreachable!("plans hold placed buffers only"),

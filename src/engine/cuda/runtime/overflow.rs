@@ -27,6 +27,9 @@ impl Runtime {
         self.stream
             .memset_zeros(&mut self.arena)
             .map_err(Error::driver("memset"))?;
+        self.stream
+            .memset_zeros(&mut self.wide_arena)
+            .map_err(Error::driver("memset"))?;
         let bp = &self.plans[i];
         first_overflow(&bp.plan, limit, |s| {
             let step = &bp.plan.steps[s];
@@ -40,10 +43,12 @@ impl Runtime {
     /// them.
     fn read(&self, loc: Loc, start: i128, end: i128) -> Result<Vec<f32>> {
         let len = usize::try_from(end - start).map_err(|_| Error::Plan("a negative span"))?;
-        let (size, half) = match loc {
-            Loc::Input(_) | Loc::Output(_) => (4, false),
-            _ => (self.dtype.size(), self.dtype == DType::F16),
+        let dtype = match loc {
+            Loc::Input(_) | Loc::Output(_) | Loc::Wide(_) => DType::F32,
+            Loc::Weight { index, .. } => self.weight_types[index],
+            Loc::Arena(_) | Loc::Temp { .. } => self.dtype,
         };
+        let (size, half) = (dtype.size(), dtype == DType::F16);
         let first = self.ptr(loc) as i128 + start * size as i128;
         let first = u64::try_from(first).map_err(|_| Error::Plan("a span before its buffer"))?;
         let mut bytes = vec![0u8; len * size];

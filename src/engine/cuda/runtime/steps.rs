@@ -9,11 +9,11 @@ use cudarc::driver::{CudaFunction, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::cublaslt::GemmDescs;
 use super::cudnn::{self, ConvDescs};
-use super::kernels::{Attention, block_rows, grid, warp_rows};
+use super::kernels::{Attention, Kernels, block_rows, grid, warp_rows};
 use super::{Prepared, Runtime};
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{
-    AttentionStep, Cast, ConvStep, Loc, Rows, Step, Strided, Tuned,
+    AttentionStep, Cast, ConvStep, DType, Loc, Rows, Step, Strided, Tuned,
 };
 use crate::engine::cuda::abi::{AttnParams, EwParams, PoolParams, WARP_ROW_MAX, act_params};
 use crate::engine::cuda::error::{Error, Result};
@@ -51,7 +51,11 @@ impl Runtime {
                 },
                 _,
             ) => {
-                let p = EwParams::new(*op, *act, self.dtype, dims, out, a, b.as_ref());
+                let dtype = match cast {
+                    Cast::Wide => DType::F32,
+                    _ => self.dtype,
+                };
+                let p = EwParams::new(*op, *act, dtype, dims, out, a, b.as_ref());
                 self.elementwise(&p, *cast, dims, out, a, b.as_ref())
             }
             (Step::Zero { loc, len }, _) => self.zero(*loc, *len),
@@ -83,8 +87,12 @@ impl Runtime {
                     loc: *y,
                     strides: vec![1],
                 };
-                let p = EwParams::new(None, g.act_after, self.dtype, &dims, &whole, &whole, None);
-                self.elementwise(&p, Cast::None, &dims, &whole, &whole, None)
+                let (kind, dtype) = match step.is_wide() {
+                    true => (Cast::Wide, DType::F32),
+                    false => (Cast::None, self.dtype),
+                };
+                let p = EwParams::new(None, g.act_after, dtype, &dims, &whole, &whole, None);
+                self.elementwise(&p, kind, &dims, &whole, &whole, None)
             }
             (Step::Pool { .. }, _) => self.pool(step),
             (Step::GlobalAvgPool { n, hw, c, x, y }, _) => {
@@ -97,6 +105,23 @@ impl Runtime {
             (Step::Attention(a), _) => self.attention(a),
             _ => Err(Error::Plan("a step without its prepared descriptors")),
         }
+    }
+
+    /// The kernels and the type of a step that writes `y`: f32 for the values of a node kept
+    /// in f32 (`Loc::Wide`), else the plan's. (The scores, f32 in every plan, are written by
+    /// the casts and kernels of the plan's type made for them.)
+    pub(super) fn writes(&self, y: Loc) -> (Result<&Kernels>, DType) {
+        match y {
+            Loc::Wide(_) => (self.wide_kernels(), DType::F32),
+            _ => (Ok(&self.kernels), self.dtype),
+        }
+    }
+
+    /// The f32 kernels of a mixed-precision engine.
+    fn wide_kernels(&self) -> Result<&Kernels> {
+        self.wide_kernels
+            .as_ref()
+            .ok_or(Error::Plan("values kept in f32 without their kernels"))
     }
 
     /// The threads of a grid-stride launch over `n` elements.
@@ -119,8 +144,12 @@ impl Runtime {
             self.ptr(a.loc),
             b.map_or(0, |b| self.ptr(b.loc)),
         );
-        let vec = 16 / self.dtype.size();
-        let vectorised = cast == Cast::None
+        let (k, dtype) = match cast {
+            Cast::Wide => (self.wide_kernels()?, DType::F32),
+            _ => (&self.kernels, self.dtype),
+        };
+        let vec = 16 / dtype.size();
+        let vectorised = matches!(cast, Cast::None | Cast::Wide)
             && vectorisable(
                 dims,
                 vec,
@@ -128,8 +157,8 @@ impl Runtime {
                 b.map(|b| (&b.strides[..], y)),
             );
         let (func, threads) = match cast {
-            Cast::None if vectorised => (&self.kernels.ew_vec, p.n as usize / vec),
-            Cast::None => (&self.kernels.ew, p.n as usize),
+            Cast::None | Cast::Wide if vectorised => (&k.ew_vec, p.n as usize / vec),
+            Cast::None | Cast::Wide => (&k.ew, p.n as usize),
             Cast::FromF32 => (&self.kernels.ew_from_f32, p.n as usize),
             Cast::ToF32 => (&self.kernels.ew_to_f32, p.n as usize),
             Cast::F32 => (&self.kernels.ew_f32, p.n as usize),
@@ -146,7 +175,7 @@ impl Runtime {
             cudarc::driver::result::memset_d8_async(
                 self.ptr(loc),
                 0,
-                len * self.dtype.size(),
+                len * self.writes(loc).1.size(),
                 self.stream.cu_stream(),
             )
         }
@@ -221,15 +250,16 @@ impl Runtime {
     /// The bias, activation and residual of the convolution `c`, after cuDNN's unfused call.
     fn bias_act(&self, c: &ConvStep) -> Result<()> {
         let n = c.n * c.k * c.oh * c.ow;
-        let (id, p0, p1) = act_params(c.act, self.dtype);
+        let (kernels, dtype) = self.writes(c.y);
+        let (id, p0, p1) = act_params(c.act, dtype);
         let z = c.residual.map_or(0u64, |z| self.ptr(z));
         let (y, bias) = (self.ptr(c.y), self.ptr(c.bias));
         let (len, channels) = (n as i64, c.k as i32);
-        let vec = 16 / self.dtype.size();
+        let vec = 16 / dtype.size();
         let (func, threads) =
             match c.k.is_multiple_of(vec) && [y, bias, z].iter().all(|p| p.is_multiple_of(16)) {
-                true => (&self.kernels.bias_act_vec, n / vec),
-                false => (&self.kernels.bias_act, n),
+                true => (&kernels?.bias_act_vec, n / vec),
+                false => (&kernels?.bias_act, n),
             };
         let mut b = self.stream.launch_builder(func);
         b.arg(&y).arg(&bias).arg(&z).arg(&len).arg(&channels);
@@ -317,12 +347,13 @@ impl Runtime {
             v: v.map(|x| x as i32),
         };
         let (xp, yp) = (self.ptr(x), self.ptr(y));
-        let vec = 16 / self.dtype.size();
+        let (kernels, dtype) = self.writes(y);
+        let vec = 16 / dtype.size();
         let outputs = n * oh * ow * c;
         let (func, threads) =
             match c.is_multiple_of(vec) && xp.is_multiple_of(16) && yp.is_multiple_of(16) {
-                true => (&self.kernels.pool_vec, outputs / vec),
-                false => (&self.kernels.pool, outputs),
+                true => (&kernels?.pool_vec, outputs / vec),
+                false => (&kernels?.pool, outputs),
             };
         let mut l = self.stream.launch_builder(func);
         l.arg(&p).arg(&xp).arg(&yp);
@@ -333,7 +364,7 @@ impl Runtime {
     fn global_avg_pool(&self, n: usize, hw: usize, c: usize, x: Loc, y: Loc) -> Result<()> {
         let (xp, yp) = (self.ptr(x), self.ptr(y));
         let (ni, hwi, ci) = (n as i32, hw as i32, c as i32);
-        let mut l = self.stream.launch_builder(&self.kernels.global_avg);
+        let mut l = self.stream.launch_builder(&self.writes(y).0?.global_avg);
         l.arg(&xp).arg(&yp).arg(&ni).arg(&hwi).arg(&ci);
         let cfg = LaunchConfig {
             grid_dim: ((n * c.div_ceil(32)) as u32, 1, 1),
@@ -346,7 +377,7 @@ impl Runtime {
     /// Softmax along rows of `len`: a warp a row where it fits in registers, else a block.
     fn softmax(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
         // On the scores, in place, the softmax reads and writes f32 (`lower::scores`).
-        let k = &self.kernels;
+        let k = self.writes(y).0?;
         let (warp, block) = match y {
             Loc::Output(_) => (&k.softmax_warp_f32, &k.softmax_f32),
             _ => (&k.softmax_warp, &k.softmax),
@@ -364,14 +395,15 @@ impl Runtime {
     /// The mean of each row of `len`: a warp a row for rows as short as those `softmax` gives
     /// a warp, else a block.
     fn row_mean(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
+        let k = self.writes(y).0?;
         if len <= WARP_ROW_MAX {
             let (xp, yp) = (self.ptr(x), self.ptr(y));
             let (rowsi, leni) = (rows as i32, len as i32);
-            let mut l = self.stream.launch_builder(&self.kernels.mean_warp);
+            let mut l = self.stream.launch_builder(&k.mean_warp);
             l.arg(&xp).arg(&yp).arg(&rowsi).arg(&leni);
             return launch(l, warp_rows(rows));
         }
-        self.block_per_row(&self.kernels.mean, rows, len, x, y)
+        self.block_per_row(&k.mean, rows, len, x, y)
     }
 
     /// A kernel `func(x, y, len)` that takes a block per row.
@@ -406,14 +438,16 @@ impl Runtime {
         let (xp, yp, sp) = (self.ptr(*x), self.ptr(*y), self.ptr(*scale));
         let bp = bias.map_or(0, |b| self.ptr(b));
         let (rowsi, leni) = (*rows as i32, *len as i32);
+        let (k, dtype) = self.writes(*y);
+        let k = k?;
         if *len <= WARP_ROW_MAX {
             // 16-byte loads where every row and the scale and bias start 16-byte aligned.
-            let vec = 16 / self.dtype.size();
+            let vec = 16 / dtype.size();
             let aligned =
                 len.is_multiple_of(vec) && [xp, yp, sp, bp].iter().all(|p| p.is_multiple_of(16));
             let kernel = match aligned {
-                true => &self.kernels.layernorm_warp_vec,
-                false => &self.kernels.layernorm_warp,
+                true => &k.layernorm_warp_vec,
+                false => &k.layernorm_warp,
             };
             let mut l = self.stream.launch_builder(kernel);
             l.arg(&xp)
@@ -425,7 +459,7 @@ impl Runtime {
                 .arg(epsilon);
             return launch(l, warp_rows(*rows));
         }
-        let mut l = self.stream.launch_builder(&self.kernels.layernorm);
+        let mut l = self.stream.launch_builder(&k.layernorm);
         l.arg(&xp)
             .arg(&yp)
             .arg(&sp)
@@ -510,7 +544,7 @@ impl Runtime {
         };
         let (xp, yp) = (self.ptr(*x), self.ptr(*y));
         let (pi, ci, si) = (*pixels as i64, *c as i32, *size as i32);
-        let mut l = self.stream.launch_builder(&self.kernels.lrn);
+        let mut l = self.stream.launch_builder(&self.writes(*y).0?.lrn);
         l.arg(&xp).arg(&yp).arg(&pi).arg(&ci).arg(&si);
         l.arg(alpha).arg(beta).arg(bias);
         launch(l, self.launch_cfg(pixels * c))

@@ -21,7 +21,7 @@ impl Runtime {
         for step in &mut plan.steps {
             prepared.push(match step {
                 Step::Conv(c) => {
-                    let descs = ConvDescs::new(c, self.dtype)?;
+                    let descs = ConvDescs::new(c, self.writes(c.y).1)?;
                     if c.algo.is_none() {
                         c.algo = Some(self.tune(c, &descs)?);
                     }
@@ -49,7 +49,7 @@ impl Runtime {
                     let bias = bias.map(|b| self.ptr(b));
                     Prepared::Gemm(Box::new(GemmDescs::new(
                         &self.cublaslt,
-                        self.dtype,
+                        self.writes(*y).1,
                         &shape,
                         bias,
                         *act,

@@ -281,6 +281,12 @@ impl Op {
         }
     }
 
+    /// Whether the op only views its input another way (a reshape, a transpose, a slice):
+    /// the lowering makes no copy where the layout allows.
+    pub fn is_view(&self) -> bool {
+        matches!(self, Op::Reshape | Op::Transpose { .. } | Op::Slice { .. })
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::Conv(_) => "Conv",

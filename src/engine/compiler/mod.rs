@@ -29,7 +29,7 @@ mod reference;
 #[cfg(test)]
 pub(crate) mod sim;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::engine::OnnxModel;
 use plan::{DType, Plan, Weights};
@@ -119,6 +119,7 @@ pub fn compile_mixed(
         crate::engine::class_count(graph.shape(&graph.output), batch)
             .map_err(CompileError::Model)?;
         passes::optimise(&mut graph);
+        // fp32 plans have nothing to keep apart.
         let kept = match dtype {
             DType::F16 => passes::kept_in_f32(&graph, kept),
             DType::F32 => Default::default(),

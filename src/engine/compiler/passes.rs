@@ -35,12 +35,7 @@ pub(super) fn kept_in_f32(graph: &Graph, names: &[String]) -> HashSet<String> {
     }
     while let Some(value) = values.pop() {
         for reader in graph.nodes.iter().filter(|n| n.inputs.contains(&value)) {
-            if kept.insert(reader.name.clone())
-                && matches!(
-                    reader.op,
-                    Op::Reshape | Op::Transpose { .. } | Op::Slice { .. }
-                )
-            {
+            if kept.insert(reader.name.clone()) && reader.op.is_view() {
                 values.push(reader.output.clone());
             }
         }

@@ -846,9 +846,15 @@ impl Weights {
 
     /// The type constant `index` has on the device in a plan of `dtype`.
     pub fn dtype(&self, index: usize, dtype: DType) -> DType {
-        match self.wide.get(index) {
-            Some(true) => DType::F32,
-            _ => dtype,
-        }
+        weight_type(&self.wide, index, dtype)
+    }
+}
+
+/// The type of weight `index` on the device in a plan of `dtype`, `wide` saying which
+/// weights nodes kept in f32 read (`Weights::wide`, as an engine file stores it).
+pub fn weight_type(wide: &[bool], index: usize, dtype: DType) -> DType {
+    match wide.get(index) {
+        Some(true) => DType::F32,
+        _ => dtype,
     }
 }

@@ -18,6 +18,12 @@ struct Reference {
     output: Vec<f32>,
 }
 
+/// The input frames and onnxruntime's outputs in `models/NAME` (a `_reference.json`).
+pub(crate) fn reference_frames(name: &str) -> (Vec<f32>, Vec<f32>) {
+    let r = load_reference(name);
+    (r.input.data.to_vec(), r.output)
+}
+
 fn load_reference(name: &str) -> Reference {
     let text = std::fs::read_to_string(models().join(name)).expect("reference file");
     let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
@@ -48,7 +54,7 @@ fn import_model(name: &str, batch: usize) -> Graph {
 }
 
 #[track_caller]
-fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
+pub(crate) fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(

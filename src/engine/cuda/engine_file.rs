@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::engine::compiler::check;
-use crate::engine::compiler::plan::{DType, Plan};
+use crate::engine::compiler::plan::{DType, Plan, weight_type};
 
 /// Why an engine file cannot be used, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -390,12 +390,10 @@ fn check_plans(
     if !(1..=1 << 24).contains(&num_classes) {
         return Err(Error::Classes(num_classes));
     }
-    let weight_type = |index: usize| match kept_f32.and_then(|k| k.weights.get(index)) {
-        Some(true) => DType::F32,
-        _ => dtype,
-    };
+    let wide = kept_f32.map_or(&[][..], |k| &k.weights);
+    let type_of = |index: usize| weight_type(wide, index, dtype);
     if let Some(i) =
-        (0..weights.len()).find(|&i| !weights[i].len().is_multiple_of(weight_type(i).size()))
+        (0..weights.len()).find(|&i| !weights[i].len().is_multiple_of(type_of(i).size()))
     {
         return Err(Error::PartialWeight(i));
     }
@@ -403,7 +401,7 @@ fn check_plans(
         return Err(Error::Plan("a weight type for each weight".into()));
     }
     let weight = |index: usize| {
-        let t = weight_type(index);
+        let t = type_of(index);
         weights.get(index).map(|w| (w.len() / t.size(), t))
     };
     for plan in plans {

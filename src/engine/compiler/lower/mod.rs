@@ -87,8 +87,8 @@ fn identity(rank: usize) -> Vec<usize> {
     (0..rank).collect()
 }
 
-/// Lowers `graph` for its batch size, the nodes named in `kept` in f32 where `dtype` is
-/// fp16; the constants go to `weights`.
+/// Lowers `graph` for its batch size, the nodes named in `kept` in f32 (an fp16 plan's:
+/// `compile_mixed` keeps none in fp32 plans); the constants go to `weights`.
 pub(super) fn lower(
     graph: &Graph,
     dtype: DType,
@@ -385,13 +385,9 @@ impl Lowering<'_> {
     /// type: an input of the other type is cast once (the cast kept for other readers). A
     /// view computes nothing and keeps its input's type.
     fn in_its_type(&mut self, node: &Node) -> Result<Node, String> {
-        let view = matches!(
-            node.op,
-            Op::Reshape | Op::Transpose { .. } | Op::Slice { .. }
-        );
         self.wide = match self.values.get(&node.inputs[0]) {
-            Some(x) if view => self.is_wide(x.loc),
-            _ => self.dtype == DType::F16 && self.kept.contains(&node.name),
+            Some(x) if node.op.is_view() => self.is_wide(x.loc),
+            _ => self.kept.contains(&node.name),
         };
         let mut node = node.clone();
         for input in &mut node.inputs {

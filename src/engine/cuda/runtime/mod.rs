@@ -33,7 +33,7 @@ use cudarc::driver::{
 };
 
 use super::error::{Error, Result};
-use crate::engine::compiler::plan::{DType, Loc, MAX_WORKSPACE, Plan, Step};
+use crate::engine::compiler::plan::{DType, Loc, MAX_WORKSPACE, Plan, Step, weight_type};
 pub use device::{Gpu, open_gpu};
 pub(crate) use device::{library_versions, missing_libraries};
 use kernels::Kernels;
@@ -136,11 +136,9 @@ impl Runtime {
             Some(w) => Some(Kernels::load(&ctx, w.ptx, DType::F32)?),
             None => None,
         };
+        let wide_weights = wide.as_ref().map_or(&[][..], |w| w.weights);
         let weight_types: Vec<DType> = (0..weights.len())
-            .map(|i| match wide.as_ref().and_then(|w| w.weights.get(i)) {
-                Some(true) => DType::F32,
-                _ => dtype,
-            })
+            .map(|i| weight_type(wide_weights, i, dtype))
             .collect();
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -172,7 +170,7 @@ impl Runtime {
             .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
             .map_err(Error::driver("arena allocation"))?;
         let wide_arena = stream
-            .alloc_zeros::<u8>(plans.iter().map(|p| p.wide_len).max().unwrap_or(0).max(1) * 4)
+            .alloc_zeros::<u8>(max(|p| p.wide_len) * 4)
             .map_err(Error::driver("arena allocation"))?;
         let input = stream
             .alloc_zeros::<f32>(max(|p| p.input_len))

@@ -222,8 +222,17 @@ fn check_sizes(step: &Step) -> Result<(), String> {
                 && c.algo.is_none_or(|t| t.workspace <= MAX_WORKSPACE)
         }
         Step::Gemm {
-            batch, rows, n, k, ..
-        } => [*batch, *rows, *n, *k].into_iter().all(positive),
+            batch,
+            rows,
+            n,
+            k,
+            y_batch,
+            ..
+        } => {
+            // The products' outputs do not overlap.
+            [*batch, *rows, *n, *k].into_iter().all(positive)
+                && (*batch == 1 || *y_batch >= rows * n)
+        }
         Step::Pool {
             n,
             h,

@@ -15,7 +15,7 @@ pub(super) fn optimise(graph: &mut Graph) {
     fuse_silu(graph);
     fuse_gelu(graph);
     fold_matmul_scale(graph);
-    fuse_gemm_bias(graph);
+    fold_into_gemm(graph);
     super::column_split::split_products(graph);
     fuse_residual(graph);
     fuse_activation(graph);
@@ -581,38 +581,96 @@ fn attention_bias(
     Tensor::new(shape, data)
 }
 
-/// `Add(Gemm(x), bias)` with a bias along the last axis becomes the Gemm's own bias, which
-/// cuBLASLt adds in its epilogue.
-pub(super) fn fuse_gemm_bias(graph: &mut Graph) {
+/// `Add(Gemm(x), c)` and `Mul(Gemm(x), c)`, `c` a constant along the last axis, become the
+/// product's own bias (which cuBLASLt adds in its epilogue) or a scale of its weights' and
+/// bias's columns, also where reshapes that keep the last axis lie between the two (LeViT's
+/// batch norms after its linear layers, over the rows flattened: two element-wise passes
+/// each, 140 of its 240 steps).
+pub(super) fn fold_into_gemm(graph: &mut Graph) {
     let mut i = 0;
     while i < graph.nodes.len() {
-        let out_shape = graph.shapes.get(&graph.nodes[i].output).cloned();
-        let found = operand_from(graph, i, BinOp::Add, |producer, y, bias| {
-            let n = *graph.shape(y).last().unwrap_or(&0);
-            let fits = graph
-                .consts
-                .get(bias)
-                .is_some_and(|t| t.len() == n && t.shape.iter().rev().skip(1).all(|&d| d == 1));
-            matches!(producer.op, Op::Gemm { act: Act::None })
-                && producer.inputs.len() == 2
-                && fits
-                && out_shape.as_deref() == Some(graph.shape(y))
-        });
-        if let Some((p, y, bias)) = found {
-            let t = &graph.consts[&bias];
-            let flat = Tensor::new(vec![t.len()], t.data.to_vec());
-            let name = format!("{}.bias", graph.nodes[p].name);
-            graph.consts.insert(name.clone(), flat);
-            let output = graph.nodes[i].output.clone();
-            let producer = &mut graph.nodes[p];
-            producer.inputs.push(name);
-            producer.output = output;
-            graph.shapes.remove(&y);
-            graph.nodes.remove(i);
+        if !fold_into_gemm_at(graph, i) {
+            i += 1;
+        }
+    }
+}
+
+/// `fold_into_gemm` for node `i`; whether it folded (and removed) it.
+fn fold_into_gemm_at(graph: &mut Graph, i: usize) -> bool {
+    let node = graph.nodes[i].clone();
+    let op = match node.op {
+        Op::Binary {
+            op: op @ (BinOp::Add | BinOp::Mul),
+            act: Act::None,
+        } => op,
+        _ => return false,
+    };
+    let shape = graph.shape(&node.output).to_vec();
+    let n = *shape.last().unwrap_or(&0);
+    for (y, c) in [(0, 1), (1, 0)].map(|(a, b)| (&node.inputs[a], &node.inputs[b])) {
+        let along_last = |t: &Tensor| t.len() == n && t.shape.iter().rev().skip(1).all(|&d| d == 1);
+        if !graph.consts.get(c).is_some_and(along_last) || graph.shape(y) != shape {
             continue;
         }
-        i += 1;
+        // Up from `y` through reshapes that keep the last axis, each read once, to a product.
+        let mut value = y.clone();
+        let mut writer_of_y = None;
+        let product = loop {
+            let Some(p) = sole_producer(graph, &value) else {
+                break None;
+            };
+            writer_of_y.get_or_insert(p);
+            let pn = &graph.nodes[p];
+            match pn.op {
+                Op::Gemm { act: Act::None }
+                    if graph.is_const(&pn.inputs[1]) && pn.inputs.len() <= 3 =>
+                {
+                    break Some(p);
+                }
+                Op::Reshape if graph.shape(&pn.inputs[0]).last() == Some(&n) => {
+                    value = pn.inputs[0].clone();
+                }
+                _ => break None,
+            }
+        };
+        let (Some(p), Some(writer)) = (product, writer_of_y) else {
+            continue;
+        };
+        let c = graph.consts[c].data.clone();
+        let product = graph.nodes[p].clone();
+        let mut bias = match product.inputs.get(2) {
+            Some(b) => graph.consts[b].data.to_vec(),
+            None => vec![0.0; n],
+        };
+        let mut inputs = product.inputs.clone();
+        match op {
+            BinOp::Mul => {
+                let w = &graph.consts[&product.inputs[1]];
+                let scaled = (w.data.iter().enumerate())
+                    .map(|(j, v)| v * c[j % n])
+                    .collect();
+                let w = Tensor::new(w.shape.clone(), scaled);
+                let name = format!("{}.weight", node.output);
+                graph.consts.insert(name.clone(), w);
+                inputs[1] = name;
+                bias.iter_mut().zip(c.iter()).for_each(|(b, s)| *b *= s);
+            }
+            _ => bias.iter_mut().zip(c.iter()).for_each(|(b, s)| *b += s),
+        }
+        let name = format!("{}.bias", node.output);
+        graph
+            .consts
+            .insert(name.clone(), Tensor::new(vec![n], bias));
+        inputs.truncate(2);
+        inputs.push(name);
+        graph.nodes[p].inputs = inputs;
+        // The node's value is now written by the last reshape, or by the product.
+        graph.shapes.remove(y.as_str());
+        graph.nodes[writer].output = node.output.clone();
+        graph.nodes.remove(i);
+        return true;
     }
+    false
 }
 
 /// `Add(Conv(x), z)` becomes a convolution that adds `z` itself (cuDNN's fused residual),

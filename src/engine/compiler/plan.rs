@@ -320,10 +320,11 @@ pub enum Step {
     /// `y[rows, n] = act(x[rows, k] · w[k, n] + bias + residual)`, act being None, Relu or,
     /// in fp16 plans, Gelu (cuBLASLt's epilogue). Also runs 1×1 convolutions, NHWC being
     /// `[pixels, channels]`.
-    /// With `batch` above 1, that many products of consecutive `x`, `w` and `y` matrices
-    /// (attention, where `w` is computed too).
+    /// With `batch` above 1, that many products of consecutive `w` matrices, each with its
+    /// own `x` and `y` (attention, where `w` is computed too) or all of one `x` (the query,
+    /// key and value of one input, `lower::products`).
     Gemm {
-        /// Products of consecutive matrices run; 1 for a single product.
+        /// Products run; 1 for a single product.
         batch: usize,
         /// Scales the product (not the bias or the residual).
         alpha: f32,
@@ -333,25 +334,33 @@ pub enum Step {
         n: usize,
         /// Columns of `x` and rows of `w`: the dimension summed over.
         k: usize,
-        /// Row-major `[batch, rows, k]`.
+        /// Row-major `[rows, k]` matrices, `x_batch` elements apart.
         x: Loc,
+        /// Elements from one product's `x` to the next's: `rows · k`, or 0 where every
+        /// product reads the same `x`.
+        x_batch: usize,
         /// Row-major `[batch, k, n]`, or `[batch, n, k]` where `w_transposed`.
         w: Loc,
         /// Whether `w` holds the transpose of each matrix the product reads (attention's
         /// keys, `q · kᵀ`), read in place instead of copied into `[k, n]` order.
         w_transposed: bool,
-        /// `n` values added to every row.
+        /// `n` values added to every row; with `batch` above 1, `[batch, n]`: each product's
+        /// own.
         bias: Option<Loc>,
-        /// Row-major `[batch, rows, n]`, added after the scaling by `alpha`.
+        /// Laid out as `y`, added after the scaling by `alpha`.
         residual: Option<Loc>,
         /// The activation that follows: `Act::None`, `Act::Relu`, or `Act::Gelu` in fp16
         /// plans, which the GPU applies in cuBLASLt's tanh form: it differs from the erf form
         /// by at most 4.7e-4 (at x ≈ 2.7, where fp16's step is 2e-3), so that the fp16 results
         /// differ by one step at most.
         act: Act,
-        /// Row-major `[batch, rows, n]`; in f32 where it is the output buffer (the scores
-        /// of an fp16 plan, computed in f32 so that they cannot overflow fp16).
+        /// Row-major `[rows, n]` matrices, `y_batch` elements apart; in f32 where it is the
+        /// output buffer (the scores of an fp16 plan, computed in f32 so that they cannot
+        /// overflow fp16).
         y: Loc,
+        /// Elements from one product's `y` to the next's: at least `rows · n` (more where
+        /// each starts aligned as a buffer of its own would).
+        y_batch: usize,
     },
     /// NHWC in and out.
     Pool {
@@ -502,10 +511,16 @@ impl Step {
                 residual,
                 act,
                 w_transposed,
+                x_batch,
                 y,
                 ..
             } => format!(
-                "gemm {batch}x {rows}x{k} · {k}x{n}{}{}{}{}{}",
+                "gemm {batch}x{} {rows}x{k} · {k}x{n}{}{}{}{}{}",
+                if *batch > 1 && *x_batch == 0 {
+                    " of one x"
+                } else {
+                    ""
+                },
                 if *w_transposed { "ᵀ" } else { "" },
                 if *alpha == 1.0 {
                     String::new()
@@ -590,19 +605,21 @@ impl Step {
                 n,
                 k,
                 x,
+                x_batch,
                 w,
                 bias,
                 residual,
                 y,
+                y_batch,
                 ..
             } => {
                 let mut spans = vec![
-                    len(*x, &[*batch, *rows, *k]),
+                    batched(*x, *batch, *x_batch, rows * k),
                     len(*w, &[*batch, *k, *n]),
-                    len(*y, &[*batch, *rows, *n]),
+                    batched(*y, *batch, *y_batch, rows * n),
                 ];
-                spans.extend(bias.map(|b| len(b, &[*n])));
-                spans.extend(residual.map(|r| len(r, &[*batch, *rows, *n])));
+                spans.extend(bias.map(|b| len(b, &[*batch, *n])));
+                spans.extend(residual.map(|r| batched(r, *batch, *y_batch, rows * n)));
                 spans
             }
             Step::Pool {
@@ -671,8 +688,13 @@ impl Step {
             Step::Zero { loc, len: n } => len(*loc, &[*n]),
             Step::Conv(c) => len(c.y, &[c.n, c.oh, c.ow, c.k]),
             Step::Gemm {
-                batch, rows, n, y, ..
-            } => len(*y, &[*batch, *rows, *n]),
+                batch,
+                rows,
+                n,
+                y,
+                y_batch,
+                ..
+            } => batched(*y, *batch, *y_batch, rows * n),
             Step::Pool {
                 n, oh, ow, c, y, ..
             } => len(*y, &[*n, *oh, *ow, *c]),
@@ -773,6 +795,15 @@ impl Span {
             end,
         }
     }
+}
+
+/// What `count` matrices of `len` elements, `stride` apart, touch (a stride of 0: one).
+fn batched(loc: Loc, count: usize, stride: usize, len: usize) -> Span {
+    let end = match (count, len) {
+        (0, _) | (_, 0) => 0,
+        _ => ((count - 1) * stride + len) as i128,
+    };
+    Span { loc, start: 0, end }
 }
 
 /// Everything one batch size runs: its steps, in order, over one arena.

@@ -151,16 +151,18 @@ fn run_step(m: &mut Memory, step: &Step) {
             n,
             k,
             x,
+            x_batch,
             w,
             bias,
             residual,
             act,
             y,
+            y_batch,
             w_transposed,
         } => {
             let (w_row, w_col) = if *w_transposed { (1, *k) } else { (*n, 1) };
             for p in 0..*batch {
-                let (xo, wo, yo) = (p * rows * k, p * k * n, p * rows * n);
+                let (xo, wo, yo) = (p * x_batch, p * k * n, p * y_batch);
                 for r in 0..*rows {
                     for j in 0..*n {
                         let mut dot = 0.0;
@@ -168,7 +170,7 @@ fn run_step(m: &mut Memory, step: &Step) {
                             dot +=
                                 m.read(*x, xo + r * k + i) * m.read(*w, wo + i * w_row + j * w_col);
                         }
-                        let mut acc = alpha * dot + bias.map_or(0.0, |b| m.read(b, j));
+                        let mut acc = alpha * dot + bias.map_or(0.0, |b| m.read(b, p * n + j));
                         if let Some(z) = residual {
                             acc += m.read(*z, yo + r * n + j);
                         }

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::ir::{Act, Graph, Op, Tensor};
-use super::plan::{Cast, DType, Loc, Step, Weights};
+use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
+use super::plan::{Cast, DType, Loc, Plan, Step, Weights};
 use super::{check, import, lower, passes, reference, sim};
 use crate::engine::OnnxModel;
 
@@ -409,7 +409,8 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
     // fp16, each block's attention is one step that reads the heads where the projection
     // wrote them and writes its output where the heads merge, instead of three head copies,
     // two products, a softmax and a merge copy, and GELU is the MLP product's epilogue: seven
-    // steps fewer per block.
+    // steps fewer per block; and query, key and value, each a product of the same input, run
+    // as one batched product: two more.
     let model = OnnxModel::load(&models().join("transformers/vit.onnx")).expect("model loads");
     let mut graph = import::import(&model, 4, 224, 224).expect("imports");
     passes::optimise(&mut graph);
@@ -434,7 +435,23 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
     passes::fuse_attention(&mut graph, &Default::default());
     let f16_plan =
         lower::lower(&graph, DType::F16, &Default::default(), &mut weights).expect("lowers");
-    assert_eq!(f16_plan.steps.len() + 2 * 7, f32_plan.steps.len());
+    assert_eq!(f16_plan.steps.len() + 2 * 9, f32_plan.steps.len());
+    let of_one_x = |plan: &Plan| {
+        (plan.steps.iter())
+            .filter(|s| {
+                matches!(
+                    s,
+                    Step::Gemm {
+                        batch: 3,
+                        x_batch: 0,
+                        bias: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count()
+    };
+    assert_eq!((of_one_x(&f32_plan), of_one_x(&f16_plan)), (0, 2));
     let twice = [input.data.as_slice(), input.data.as_slice()].concat();
     let want = transformer_reference("vit");
     for plan in [f32_plan, f16_plan] {
@@ -841,4 +858,76 @@ fn the_checks_hold_each_buffer_to_its_type() {
         .expect_err("refused")
         .to_string();
     assert!(err.contains("f32 arena"), "{err}");
+}
+
+#[test]
+fn scales_and_shifts_after_a_product_become_its_own() {
+    // LeViT's linear layers: a product, its rows flattened, a batch norm's per-column scale
+    // and shift, the rows unflattened. The scale goes into the weights and bias, the shift
+    // into the bias: one product and the two reshapes are left, with the same answers.
+    let seq = |n: usize, scale: f32| {
+        (0..n)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) * scale)
+            .collect()
+    };
+    let mut graph = Graph {
+        input: "x".into(),
+        output: "y".into(),
+        ..Default::default()
+    };
+    let node = |name: &str, op: Op, inputs: &[&str], output: &str| Node {
+        name: name.into(),
+        op,
+        inputs: inputs.iter().map(|&i| i.into()).collect(),
+        output: output.into(),
+    };
+    graph.nodes = vec![
+        node("gemm", Op::Gemm { act: Act::None }, &["x", "w"], "p"),
+        node("flatten", Op::Reshape, &["p"], "rows"),
+        node(
+            "scale",
+            Op::Binary {
+                op: BinOp::Mul,
+                act: Act::None,
+            },
+            &["rows", "s"],
+            "scaled",
+        ),
+        node(
+            "shift",
+            Op::Binary {
+                op: BinOp::Add,
+                act: Act::None,
+            },
+            &["t", "scaled"],
+            "shifted",
+        ),
+        node("unflatten", Op::Reshape, &["shifted"], "y"),
+    ];
+    for (value, shape) in [
+        ("x", vec![2, 4, 6]),
+        ("p", vec![2, 4, 5]),
+        ("rows", vec![8, 5]),
+        ("scaled", vec![8, 5]),
+        ("shifted", vec![8, 5]),
+        ("y", vec![2, 4, 5]),
+    ] {
+        graph.shapes.insert(value.into(), shape);
+    }
+    graph
+        .consts
+        .insert("w".into(), Tensor::new(vec![6, 5], seq(30, 0.1)));
+    graph
+        .consts
+        .insert("s".into(), Tensor::new(vec![5], seq(5, 0.3)));
+    graph
+        .consts
+        .insert("t".into(), Tensor::new(vec![1, 5], seq(5, 0.7)));
+    let input = Tensor::new(vec![2, 4, 6], seq(48, 0.05));
+    let want = reference::run(&graph, &input);
+    passes::optimise(&mut graph);
+    assert_close(&reference::run(&graph, &input).data, &want.data, 1e-6);
+    let ops: Vec<&str> = graph.nodes.iter().map(|n| n.op.name()).collect();
+    assert_eq!(ops, ["Gemm", "Reshape", "Reshape"]);
+    assert_eq!(graph.nodes[0].inputs.len(), 3, "a bias");
 }

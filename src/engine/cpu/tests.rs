@@ -326,8 +326,12 @@ fn products_agree_with_the_plain_run() {
             (rng.below(2) == 0, rng.below(2) == 0, rng.below(2) == 0);
         let alpha = [1.0, 0.125][rng.below(2)];
         let act = ACTS[rng.below(ACTS.len())];
-        let (x_len, w_len, y_len) = (batch * rows * k, batch * k * n, batch * rows * n);
-        let mut weights = vec![rng.values(n)];
+        // Several products may all read one x, and write outputs with room between them.
+        let x_batch = [rows * k, 0][rng.below(2)];
+        let y_batch = rows * n + 8 * rng.below(3);
+        let x_len = (batch - 1) * x_batch + rows * k;
+        let (w_len, y_len) = (batch * k * n, (batch - 1) * y_batch + rows * n);
+        let mut weights = vec![rng.values(batch * n)];
         let w = if constant {
             weights.push(rng.values(w_len));
             Loc::Weight {
@@ -345,6 +349,7 @@ fn products_agree_with_the_plain_run() {
             n,
             k,
             x: Loc::Input(0),
+            x_batch,
             w,
             w_transposed: transposed,
             bias: bias.then_some(Loc::Weight {
@@ -354,6 +359,7 @@ fn products_agree_with_the_plain_run() {
             residual: residual.then_some(Loc::Input(z)),
             act: if act == Act::Relu { act } else { Act::None },
             y: Loc::Output(0),
+            y_batch,
         };
         let what = format!("seed {seed}: {} then {act:?}", gemm.describe());
         let whole = Strided {
@@ -373,6 +379,16 @@ fn products_agree_with_the_plain_run() {
         let (mut plan, weights) = one_step(gemm, input.len(), y_len, weights);
         plan.steps.push(activation);
         plan.origins.push("activation".into());
+        // What lies between the products' outputs is theirs to leave alone: zeroed first,
+        // both runs then hold the same there.
+        for p in (0..batch - 1).filter(|_| y_batch > rows * n) {
+            let gap = Step::Zero {
+                loc: Loc::Output(p * y_batch + rows * n),
+                len: y_batch - rows * n,
+            };
+            plan.steps.insert(0, gap);
+            plan.origins.insert(0, "gap".into());
+        }
         agree(plan, &weights, &input, &what);
     }
 }

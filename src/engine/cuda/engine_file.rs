@@ -108,7 +108,7 @@ pub enum Error {
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 const CHECKSUM_LEN: usize = 32;
 
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.

@@ -415,6 +415,11 @@ impl Lowering<'_> {
 
     /// Lowers one node: a short dispatch to the files that lower each kind of operator.
     fn node(&mut self, node: &Node) -> Result<(), String> {
+        if self.values.contains_key(&node.output) {
+            // A product computed with an earlier one of the same input
+            // (`Lowering::products_of_one_x`).
+            return Ok(());
+        }
         let shape = self.graph.shape(&node.output).to_vec();
         let out = match &node.op {
             Op::Conv(c) => self.conv(node, c, &shape)?,

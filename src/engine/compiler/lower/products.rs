@@ -2,8 +2,9 @@
 //! Convolutions and matrix products: cuDNN convolutions, and cuBLASLt products (Gemm,
 //! MatMul, and 1×1 convolutions over NHWC) with their epilogues.
 
+use super::arena::ALIGN;
 use super::{Lowering, NHWC, Val, dims4, identity};
-use crate::engine::compiler::ir::{Act, Conv2d, Node, Tensor};
+use crate::engine::compiler::ir::{Act, Conv2d, Node, Op, Tensor};
 use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Step};
 
 impl Lowering<'_> {
@@ -95,12 +96,14 @@ impl Lowering<'_> {
                     n: k,
                     k: depth,
                     x: matrix,
+                    x_batch: n * oh * ow * depth,
                     w: weight.loc,
                     w_transposed: false,
                     bias: Some(bias.loc),
                     residual: residual.map(|z| z.loc),
                     act: self.epilogue(c.act),
                     y: y.loc,
+                    y_batch: y.len(),
                 },
                 &reads,
             );
@@ -145,6 +148,10 @@ impl Lowering<'_> {
         // sequence-first then copy nothing).
         let x = self.get(&node.inputs[0])?;
         let x = self.innermost(&x, x.shape.len() - 1)?;
+        let siblings = self.siblings(node, act);
+        if !siblings.is_empty() {
+            return self.products_of_one_x(node, &siblings, act, shape, x);
+        }
         let w = self.get(&node.inputs[1])?;
         let bias = match node.inputs.get(2) {
             Some(b) => Some(self.get(b)?.loc),
@@ -169,12 +176,14 @@ impl Lowering<'_> {
                 n,
                 k,
                 x: x.loc,
+                x_batch: x.len(),
                 w: w.loc,
                 w_transposed: false,
                 bias,
                 residual,
                 act: self.epilogue(act),
                 y: y.loc,
+                y_batch: y.len(),
             },
             &reads,
         );
@@ -215,16 +224,126 @@ impl Lowering<'_> {
                 n,
                 k,
                 x: a.loc,
+                x_batch: m * k,
                 w: b.loc,
                 w_transposed,
                 bias: None,
                 residual: None,
                 act: Act::None,
                 y: y.loc,
+                y_batch: m * n,
             },
             &[a.loc, b.loc, y.loc],
         );
         Ok(y)
+    }
+
+    /// The products after `node` that run with it as one (`products_of_one_x`): in fp16
+    /// plans, those that read the same input as it, with constant weights of the same shape,
+    /// a bias where it has one, the same activation and the same type. Attention's query,
+    /// key and value (`column_split`) are such products; at batch 1 each is too small to
+    /// fill the GPU, and three launches cost ViT-B/16 about a tenth of its time. fp32 plans
+    /// keep them apart: the CPU packs the weights of single products only.
+    fn siblings(&self, node: &Node, act: Act) -> Vec<usize> {
+        let graph = self.graph;
+        let Some(at) = graph.nodes.iter().position(|n| n.name == node.name) else {
+            return Vec::new();
+        };
+        let first = &graph.nodes[at];
+        let consts = |n: &Node| -> Option<Vec<&[usize]>> {
+            (n.inputs[1..].iter())
+                .map(|i| graph.consts.get(i).map(|t| t.shape.as_slice()))
+                .collect()
+        };
+        let Some(shapes) = consts(first) else {
+            return Vec::new();
+        };
+        if self.dtype != DType::F16 || first.inputs.len() > 3 || shapes[0].len() != 2 {
+            return Vec::new();
+        }
+        let like = |n: &Node| {
+            n.op == (Op::Gemm { act })
+                && n.inputs.len() == first.inputs.len()
+                && n.inputs[0] == first.inputs[0]
+                && consts(n).as_ref() == Some(&shapes)
+                && self.kept.contains(&n.name) == self.kept.contains(&first.name)
+                && !self.values.contains_key(&n.output)
+        };
+        (at + 1..graph.nodes.len())
+            .filter(|&i| like(&graph.nodes[i]))
+            .collect()
+    }
+
+    /// `node` and the products `siblings` as one batched product of their input `x`: their
+    /// weights (and biases) one after the other, and their outputs in one buffer, each
+    /// aligned as a buffer of its own would be. The siblings' values are defined here, and
+    /// `node` returns at once when the lowering reaches them.
+    fn products_of_one_x(
+        &mut self,
+        node: &Node,
+        siblings: &[usize],
+        act: Act,
+        shape: &[usize],
+        x: Val,
+    ) -> Result<Val, String> {
+        let graph = self.graph;
+        let all: Vec<&Node> = std::iter::once(node)
+            .chain(siblings.iter().map(|&i| &graph.nodes[i]))
+            .collect();
+        let joined = |input: usize, shape: Vec<usize>| {
+            let data = all
+                .iter()
+                .flat_map(|m| graph.consts[&m.inputs[input]].data.iter());
+            Tensor::new(shape, data.copied().collect())
+        };
+        let (k, n) = (
+            graph.consts[&node.inputs[1]].shape[0],
+            shape[shape.len() - 1],
+        );
+        let count = all.len();
+        let w = joined(1, vec![count, k, n]);
+        let w = self.constant(&format!("{}.of one x", node.inputs[1]), &w);
+        let bias = match node.inputs.get(2) {
+            Some(b) => {
+                let joined = joined(2, vec![count, n]);
+                Some(self.constant(&format!("{b}.of one x"), &joined).loc)
+            }
+            None => None,
+        };
+        let rows = x.len() / k;
+        let y_batch = (rows * n).div_ceil(ALIGN) * ALIGN;
+        let out = self.alloc(&[count * y_batch], vec![0]);
+        self.push(
+            Step::Gemm {
+                batch: count,
+                alpha: 1.0,
+                rows,
+                n,
+                k,
+                x: x.loc,
+                x_batch: 0,
+                w: w.loc,
+                w_transposed: false,
+                bias,
+                residual: None,
+                act: self.epilogue(act),
+                y: out.loc,
+                y_batch,
+            },
+            &[x.loc, out.loc],
+        );
+        let mut outputs = (0..count).map(|g| Val {
+            loc: out.loc.offset(g * y_batch),
+            shape: shape.to_vec(),
+            perm: x.perm.clone(),
+        });
+        let first = outputs.next().expect("node itself");
+        self.gemm_activation(act, &first)?;
+        for (sibling, y) in all[1..].iter().zip(outputs) {
+            self.gemm_activation(act, &y)?;
+            self.values.insert(sibling.output.clone(), y);
+        }
+        Ok(first)
     }
 
     /// The part of `act` that a matrix product's epilogue applies: ReLU, and GELU in fp16

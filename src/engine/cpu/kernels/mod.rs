@@ -255,11 +255,13 @@ fn run_with<const FMA: bool>(
             n,
             k,
             x,
+            x_batch,
             w,
             bias,
             residual,
             act,
             y,
+            y_batch,
             w_transposed,
         } => {
             let (x, w, y) = (buf.at(*x), buf.at(*w), buf.at_mut(*y));
@@ -274,7 +276,7 @@ fn run_with<const FMA: bool>(
                         rows: *rows,
                         n: *n,
                         k: *k,
-                        x: x.add(p * rows * k),
+                        x: x.add(p * x_batch),
                         x_stride: *k,
                         w: match packed {
                             Packed::Panels(panels, _) => Weights::Panels(panels),
@@ -284,7 +286,7 @@ fn run_with<const FMA: bool>(
                                 strides: if *w_transposed { (1, *k) } else { (*n, 1) },
                             },
                         },
-                        y: y.add(p * rows * n),
+                        y: y.add(p * y_batch),
                         y_stride: *n,
                         // Packed weights hold alpha.
                         alpha: if matches!(packed, Packed::Panels(..)) {
@@ -292,8 +294,8 @@ fn run_with<const FMA: bool>(
                         } else {
                             *alpha
                         },
-                        bias: bias.map(|b| buf.at(b)),
-                        residual: residual.map(|z| buf.at(z).add(p * rows * n)),
+                        bias: bias.map(|b| buf.at(b).add(p * n)),
+                        residual: residual.map(|z| buf.at(z).add(p * y_batch)),
                         act,
                     }
                 };

@@ -126,12 +126,15 @@ pub(super) struct GemmDescs {
 }
 
 /// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n],
-/// `w` stored as `[n, k]` where `w_transposed`, `y` in f32 where `y_f32` (the scores).
+/// `x` and `y` matrices `x_batch` and `y_batch` elements apart (`x_batch` 0: one `x` for
+/// all), `w` stored as `[n, k]` where `w_transposed`, `y` in f32 where `y_f32` (the scores).
 pub(super) struct GemmShape {
     pub(super) batch: usize,
     pub(super) rows: usize,
     pub(super) n: usize,
     pub(super) k: usize,
+    pub(super) x_batch: usize,
+    pub(super) y_batch: usize,
     pub(super) w_transposed: bool,
     pub(super) y_f32: bool,
 }
@@ -174,6 +177,8 @@ impl GemmDescs {
             rows,
             n,
             k,
+            x_batch,
+            y_batch,
             w_transposed,
             y_f32,
         } = *shape;
@@ -203,9 +208,10 @@ impl GemmDescs {
         };
         let c = MatrixLayout::new(c_ty, n, rows, n)?;
         if batch > 1 {
-            // One product per consecutive matrix of each operand.
+            // Consecutive weights; `x` and `y` at their strides (a stride of 0 reads one
+            // matrix for every product, as cuBLASLt allows).
             let count = i32::try_from(batch).map_err(|_| Error::TooManyProducts(batch))?;
-            for (layout, stride) in [(&a, n * k), (&b, k * rows), (&c, n * rows)] {
+            for (layout, stride) in [(&a, n * k), (&b, x_batch), (&c, y_batch)] {
                 layout.set_batch(count, stride as i64)?;
             }
         }
@@ -252,6 +258,15 @@ impl GemmDescs {
                     std::mem::size_of::<u64>(),
                 )
                 .map_err(Error::cublas("bias"))?;
+                // Each product its own bias: `n` values apart.
+                let stride = n as i64;
+                ltr::set_matmul_desc_attribute(
+                    desc.0,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                    &stride as *const i64 as *const c_void,
+                    std::mem::size_of::<i64>(),
+                )
+                .map_err(Error::cublas("bias stride"))?;
             }
             let pref = ltr::create_matmul_pref()
                 .map(MatmulPref)

@@ -73,6 +73,7 @@ impl Runtime {
                     w,
                     residual,
                     y,
+                    y_batch,
                     ..
                 },
                 Prepared::Gemm(g),
@@ -81,11 +82,11 @@ impl Runtime {
                 if g.act_after == Act::None {
                     return Ok(());
                 }
-                // The activation cuBLASLt could not take, over the whole output in place.
-                let dims = [batch * rows * n];
+                // The activation cuBLASLt could not take, over each product's output in place.
+                let dims = [*batch, rows * n];
                 let whole = Strided {
                     loc: *y,
-                    strides: vec![1],
+                    strides: vec![*y_batch as i64, 1],
                 };
                 let (kind, dtype) = match step.is_wide() {
                     true => (Cast::Wide, DType::F32),

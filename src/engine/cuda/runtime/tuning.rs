@@ -32,10 +32,12 @@ impl Runtime {
                     rows,
                     n,
                     k,
+                    x_batch,
                     bias,
                     act,
                     w_transposed,
                     y,
+                    y_batch,
                     ..
                 } => {
                     let shape = GemmShape {
@@ -43,6 +45,8 @@ impl Runtime {
                         rows: *rows,
                         n: *n,
                         k: *k,
+                        x_batch: *x_batch,
+                        y_batch: *y_batch,
                         w_transposed: *w_transposed,
                         y_f32: matches!(y, Loc::Output(_)),
                     };

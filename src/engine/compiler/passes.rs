@@ -612,30 +612,18 @@ fn fold_into_gemm_at(graph: &mut Graph, i: usize) -> bool {
         if !graph.consts.get(c).is_some_and(along_last) || graph.shape(y) != shape {
             continue;
         }
-        // Up from `y` through reshapes that keep the last axis, each read once, to a product.
-        let mut value = y.clone();
-        let mut writer_of_y = None;
-        let product = loop {
-            let Some(p) = sole_producer(graph, &value) else {
-                break None;
-            };
-            writer_of_y.get_or_insert(p);
-            let pn = &graph.nodes[p];
-            match pn.op {
-                Op::Gemm { act: Act::None }
-                    if graph.is_const(&pn.inputs[1]) && pn.inputs.len() <= 3 =>
-                {
-                    break Some(p);
-                }
-                Op::Reshape if graph.shape(&pn.inputs[0]).last() == Some(&n) => {
-                    value = pn.inputs[0].clone();
-                }
-                _ => break None,
-            }
-        };
-        let (Some(p), Some(writer)) = (product, writer_of_y) else {
+        // A product behind reshapes that keep the last axis, each read once.
+        let Some((p, views)) = product_behind_views(graph, y) else {
             continue;
         };
+        let keeps_columns = |v: &usize| {
+            let view = &graph.nodes[*v];
+            view.op == Op::Reshape && graph.shape(&view.inputs[0]).last() == Some(&n)
+        };
+        if !views.iter().all(keeps_columns) || !graph.is_const(&graph.nodes[p].inputs[1]) {
+            continue;
+        }
+        let writer = views.first().copied().unwrap_or(p);
         let c = graph.consts[c].data.clone();
         let product = graph.nodes[p].clone();
         let mut bias = match product.inputs.get(2) {

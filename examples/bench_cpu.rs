@@ -73,7 +73,8 @@ fn main() {
                 for _ in 0..3 {
                     engine.infer(&input, batch).unwrap();
                 }
-                if std::env::var_os("PROFILE").is_some() && threads == 1 && batch == 1 {
+                if std::env::var_os("PROFILE").is_some() && batch == 1 {
+                    eprintln!("{threads} thread(s):");
                     print_profile(&engine, &input);
                 }
                 let times: Vec<f64> = (0..runs)

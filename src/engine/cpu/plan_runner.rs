@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use rayon::prelude::*;
 
-use super::kernels::{self, Buffers, Packed, Threads};
+use super::kernels::{self, Buffers, Packed, Team, Threads};
 use crate::engine::OnnxModel;
 use crate::engine::compiler::plan::{DType, Loc, Plan};
 use crate::engine::compiler::{self, CompileError, check::check_plan};
@@ -46,8 +46,8 @@ pub struct PlanRunner {
 
 #[derive(Default)]
 struct Scratch {
-    arena: Vec<f32>,
-    col: Vec<f32>,
+    arena: kernels::Aligned,
+    kernels: kernels::Scratch,
 }
 
 impl PlanRunner {
@@ -81,6 +81,7 @@ impl PlanRunner {
             .map(|s| kernels::pack(s, &weights))
             .collect();
         kernels::fuse_activations(&plan.steps, &mut packed);
+        kernels::fuse_scales(&plan.steps, &mut packed);
         // The steps read packed weights from their copy: a constant no step reads any more
         // is let go, so that packing does not double the model's memory.
         let mut read = vec![false; weights.len()];
@@ -123,6 +124,13 @@ impl PlanRunner {
         self.plan.steps.len()
     }
 
+    /// The convolutions that scale their input themselves (`kernels::fuse_scales`).
+    #[cfg(test)]
+    pub fn scaled_inputs(&self) -> usize {
+        let scaled = |p: &&Packed| matches!(p, Packed::ScaledInput { .. });
+        self.packed.iter().filter(scaled).count()
+    }
+
     /// The scores of the `n` frames of `input`, one after the other.
     pub fn run(&self, input: &[f32], n: usize) -> Vec<f32> {
         let batch = self.plan.batch;
@@ -144,7 +152,8 @@ impl PlanRunner {
             // One call: its steps spread over the threads.
             let (input, out) = jobs.into_iter().next().expect("one call");
             let mut scratch = self.take_scratch();
-            POOL.install(|| self.run_plan(input, out, &mut scratch, Threads(self.threads), None));
+            let threads = Threads(self.threads);
+            POOL.install(|| Team::run(|| self.run_plan(input, out, &mut scratch, threads, None)));
             self.keep_scratch(scratch);
         } else {
             // Several calls: each worker runs its share one by one, single-threaded.
@@ -168,13 +177,16 @@ impl PlanRunner {
         scores
     }
 
-    /// The time of each step over one run of `input` (one plan batch), single-threaded:
-    /// a profile, for benchmarks.
+    /// The time of each step over one run of `input` (one plan batch), on the runner's
+    /// threads: a profile, for benchmarks.
     pub fn profile(&self, input: &[f32]) -> Vec<(String, std::time::Duration)> {
         let mut scratch = self.take_scratch();
         let mut out = vec![0.0; self.plan.output_len];
         let mut times = Vec::new();
-        self.run_plan(input, &mut out, &mut scratch, Threads(1), Some(&mut times));
+        let threads = Threads(self.threads);
+        POOL.install(|| {
+            Team::run(|| self.run_plan(input, &mut out, &mut scratch, threads, Some(&mut times)))
+        });
         self.keep_scratch(scratch);
         times
     }
@@ -206,16 +218,16 @@ impl PlanRunner {
             padded = full;
             &padded
         };
-        scratch.arena.resize(self.plan.arena_len, 0.0);
+        scratch.arena.resize(self.plan.arena_len);
         let buffers = Buffers {
-            arena: scratch.arena.as_mut_ptr(),
+            arena: scratch.arena.as_mut_slice().as_mut_ptr(),
             input: input.as_ptr(),
             output: out.as_mut_ptr(),
             weights: &self.weights,
         };
         for (step, packed) in self.plan.steps.iter().zip(&self.packed) {
             let started = times.is_some().then(std::time::Instant::now);
-            kernels::run(step, packed, &buffers, &mut scratch.col, threads);
+            kernels::run(step, packed, &buffers, &mut scratch.kernels, threads);
             if let (Some(times), Some(started)) = (times.as_deref_mut(), started) {
                 times.push((step.describe(), started.elapsed()));
             }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::kernels;
 use super::plan_runner::PlanRunner;
 use crate::engine::compiler::ir::{Act, BinOp};
 use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Plan, Step, Strided, Weights};
@@ -64,22 +65,30 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
     (plan, w)
 }
 
-/// Runs the plan with the CPU kernels on `threads` and with `sim`, and compares.
+/// Runs the plan with the CPU kernels on one and two threads, with AVX-512 where the CPU has
+/// it and without, and with `sim`, and compares.
 fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
+    // The kernels' choice of AVX-512 is the process's: one test at a time sets it.
+    static SIMD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _simd = SIMD.lock().unwrap_or_else(|e| e.into_inner());
     let want = sim::run(&plan, weights, input);
-    for threads in [1, 2] {
-        let runner =
-            PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), threads)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let got = runner.run(input, 1);
-        assert_eq!(got.len(), want.len(), "{what}");
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                g == w || (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                "{what}, {threads} thread(s): value {i} is {g}, want {w}"
-            );
+    for avx512 in [true, false] {
+        kernels::allow_avx512(avx512);
+        for threads in [1, 2] {
+            let runner =
+                PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), threads)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = runner.run(input, 1);
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g == w || (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                    "{what}, {threads} thread(s), AVX-512 {avx512}: value {i} is {g}, want {w}"
+                );
+            }
         }
     }
+    kernels::allow_avx512(true);
 }
 
 fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {
@@ -101,7 +110,7 @@ fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {
     };
     let kernel = [[1, 1], [3, 3], [5, 5], [1, 3], [7, 7]][rng.below(5)];
     let strides = [1 + rng.below(2), 1 + rng.below(2)];
-    let dilations = [1 + rng.below(2), 1];
+    let dilations = [1 + rng.below(2), 1 + rng.below(2)];
     let pads = [rng.below(3), rng.below(3)];
     let (n, h, w) = (1 + rng.below(2), 3 + rng.below(9), 3 + rng.below(9));
     let out = |size: usize, d: usize| {
@@ -389,6 +398,101 @@ fn products_agree_with_the_plain_run() {
             plan.steps.insert(0, gap);
             plan.origins.insert(0, "gap".into());
         }
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+/// A per-channel scale before a 1×1 convolution (squeeze-and-excitation's) is folded into
+/// the convolution's weights for the frame where nothing else reads the scaled values, and
+/// left as it is where something does: the outputs are the plain run's either way.
+#[test]
+fn scales_before_a_pointwise_convolution_fold_into_it() {
+    for seed in 0..8 {
+        let mut rng = Rng(seed);
+        let (h, w, c) = (5 + rng.below(4), 6, 1 + rng.below(40));
+        let (pixels, k) = (h * w, 1 + rng.below(29));
+        let read_again = seed % 4 == 3;
+        let x = Strided {
+            loc: Loc::Input(0),
+            strides: vec![c as i64, 1],
+        };
+        let s = Strided {
+            loc: Loc::Input(pixels * c),
+            strides: vec![0, 1],
+        };
+        let (a, b) = if seed % 2 == 0 { (x, s) } else { (s, x) };
+        let scale = Step::Ew {
+            op: Some(BinOp::Mul),
+            act: Act::None,
+            cast: Cast::None,
+            dims: vec![pixels, c],
+            out: Strided {
+                loc: Loc::Arena(0),
+                strides: vec![c as i64, 1],
+            },
+            a,
+            b: Some(b),
+        };
+        // The 1×1 convolution, as the lowering gives it: NHWC pixels times the weights, and
+        // its activation a step of its own, which the product takes over.
+        let conv = Step::Gemm {
+            batch: 1,
+            alpha: 1.0,
+            rows: pixels,
+            n: k,
+            k: c,
+            x: Loc::Arena(0),
+            x_batch: 0,
+            w: Loc::Weight {
+                index: 0,
+                offset: 0,
+            },
+            w_transposed: false,
+            bias: Some(Loc::Weight {
+                index: 1,
+                offset: 0,
+            }),
+            residual: None,
+            act: Act::None,
+            y: Loc::Output(0),
+            y_batch: 0,
+        };
+        let all = |loc| Strided {
+            loc,
+            strides: vec![1],
+        };
+        let silu = Step::Ew {
+            op: None,
+            act: Act::Silu,
+            cast: Cast::None,
+            dims: vec![pixels * k],
+            out: all(Loc::Output(0)),
+            a: all(Loc::Output(0)),
+            b: None,
+        };
+        let input = rng.values(pixels * c + c);
+        let weights = vec![rng.values(k * c), rng.values(k)];
+        let out_len = pixels * k + if read_again { pixels * c } else { 0 };
+        let (mut plan, weights) = one_step(scale, input.len(), out_len, weights);
+        plan.arena_len = pixels * c;
+        plan.steps.extend([conv, silu]);
+        plan.origins.extend(["conv".into(), "silu".into()]);
+        if read_again {
+            plan.steps.push(Step::Ew {
+                op: None,
+                act: Act::None,
+                cast: Cast::None,
+                dims: vec![pixels * c],
+                out: all(Loc::Output(pixels * k)),
+                a: all(Loc::Arena(0)),
+                b: None,
+            });
+            plan.origins.push("copy".into());
+        }
+        let runner = PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), 1)
+            .expect("plan");
+        let what = format!("seed {seed}: {h}x{w}x{c} -> {k}, read again: {read_again}");
+        assert_eq!(runner.scaled_inputs(), usize::from(!read_again), "{what}");
         agree(plan, &weights, &input, &what);
     }
 }

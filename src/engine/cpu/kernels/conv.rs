@@ -2,11 +2,15 @@
 //! Convolutions: depthwise ones as loops along the NHWC channels, the others unfolded
 //! (im2col) into a matrix product, with their weights packed once for each.
 
+use std::ops::Range;
 use std::sync::Arc;
 
+#[cfg(target_arch = "x86_64")]
+use super::has_avx512;
 use super::panels::Panels;
 use super::product::{Product, Weights, epilogue_init};
-use super::{Buffers, Packed, Threads, fma};
+use super::{Aligned, Buffers, Packed, Threads, fma};
+use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 use crate::engine::cpu::vector::activate;
 
@@ -16,7 +20,7 @@ pub(super) fn is_depthwise(c: &ConvStep) -> bool {
 
 /// A 1×1 convolution with stride 1 and no padding reads the NHWC input as a matrix
 /// as it is; the others unfold it first.
-fn is_pointwise(c: &ConvStep) -> bool {
+pub(super) fn is_pointwise(c: &ConvStep) -> bool {
     c.kernel == [1, 1] && c.strides == [1, 1] && c.pads == [0, 0]
 }
 
@@ -37,7 +41,7 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
                 packed[t * c.k + k] = krsc[k * taps + t];
             }
         }
-        return Packed::Depthwise(packed);
+        return Packed::Depthwise(Aligned::from_slice(&packed));
     }
     let (cg, kg) = (c.c / c.group, c.k / c.group);
     let rows = taps * cg;
@@ -62,7 +66,34 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
 /// Depthwise convolution, NHWC: for each output pixel, each tap's channels multiplied and
 /// added along the channel vector.
 pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512F; the weights are the step's, packed by `pack`.
+        return threads.for_each(c.n * c.oh, |row| unsafe {
+            depthwise_row_avx512(buf, c, w, row)
+        });
+    }
     threads.for_each(c.n * c.oh, |row| depthwise_row(buf, c, w, row));
+}
+
+/// The kernel positions along one axis that land inside the input for output position
+/// `o` (a contiguous range, the input position growing with the kernel's).
+#[inline(always)]
+fn taps_inside(
+    o: usize,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    kernel: usize,
+    len: usize,
+) -> Range<usize> {
+    let start = (o * stride) as isize - pad as isize;
+    let at = |t: usize| start + (t * dilation) as isize;
+    let first = (0..kernel).find(|&t| at(t) >= 0).unwrap_or(kernel);
+    let end = (first..kernel)
+        .find(|&t| at(t) >= len as isize)
+        .unwrap_or(kernel);
+    first..end
 }
 
 wide! {
@@ -183,6 +214,163 @@ unsafe fn accumulate_avx2(
         }
     }
     cb
+}
+
+/// One output row of a depthwise convolution in 16-wide registers: for each block of 16
+/// channels, up to 8 neighbouring output pixels whose taps fall alike (all of them, inside
+/// the image) at once, each's sums in a register over all the taps (8 chains of additions
+/// instead of one, whose latency bound a pixel at a time) and stored once; the clamp of ReLU
+/// or clipping on the registers, other activations over the whole row after.
+///
+/// # Safety
+/// The CPU has AVX-512F; `w` holds the packed weights (`[taps][channels]`) of `c`, whose
+/// spans were checked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn depthwise_row_avx512(buf: &Buffers, c: &ConvStep, w: &[f32], row: usize) {
+    let (ch, oh, ow) = (c.k, c.oh, c.ow);
+    let (n, oy) = (row / oh, row % oh);
+    let cols: Vec<Range<usize>> = (0..ow)
+        .map(|ox| {
+            taps_inside(
+                ox,
+                c.strides[1],
+                c.dilations[1],
+                c.pads[1],
+                c.kernel[1],
+                c.w,
+            )
+        })
+        .collect();
+    let o = (n * oh + oy) * ow * ch;
+    // SAFETY: checked spans.
+    let row = unsafe {
+        DepthwiseRow {
+            c,
+            n,
+            oy,
+            rows: taps_inside(
+                oy,
+                c.strides[0],
+                c.dilations[0],
+                c.pads[0],
+                c.kernel[0],
+                c.h,
+            ),
+            x: buf.at(c.x),
+            w: w.as_ptr(),
+            y: buf.at_mut(c.y).add(o),
+            bias: buf.at(c.bias),
+            residual: c.residual.map(|z| buf.at(z).add(o)),
+            clamp: match c.act {
+                Act::Relu => Some((0.0, f32::INFINITY)),
+                Act::Clip(lo, hi) => Some((lo, hi)),
+                _ => None,
+            },
+        }
+    };
+    for cb in (0..ch).step_by(16) {
+        let mut ox = 0;
+        while ox < ow {
+            let same = cols[ox..]
+                .iter()
+                .take(8)
+                .take_while(|&t| *t == cols[ox])
+                .count();
+            // SAFETY: the caller's; `ox..ox + same` are output pixels of the row.
+            unsafe {
+                match same {
+                    8 => row.pixels::<8>(cb, ox, &cols[ox]),
+                    7 => row.pixels::<7>(cb, ox, &cols[ox]),
+                    6 => row.pixels::<6>(cb, ox, &cols[ox]),
+                    5 => row.pixels::<5>(cb, ox, &cols[ox]),
+                    4 => row.pixels::<4>(cb, ox, &cols[ox]),
+                    3 => row.pixels::<3>(cb, ox, &cols[ox]),
+                    2 => row.pixels::<2>(cb, ox, &cols[ox]),
+                    _ => row.pixels::<1>(cb, ox, &cols[ox]),
+                }
+            }
+            ox += same.max(1);
+        }
+    }
+    if row.clamp.is_none() {
+        // SAFETY: the row's outputs, written above.
+        activate(c.act, unsafe {
+            std::slice::from_raw_parts_mut(row.y, ow * ch)
+        });
+    }
+}
+
+/// What the pixels of one output row of a depthwise convolution share.
+#[cfg(target_arch = "x86_64")]
+struct DepthwiseRow<'a> {
+    c: &'a ConvStep,
+    n: usize,
+    oy: usize,
+    /// The kernel rows inside the input.
+    rows: Range<usize>,
+    x: *const f32,
+    w: *const f32,
+    /// The row's first output.
+    y: *mut f32,
+    bias: *const f32,
+    residual: Option<*const f32>,
+    clamp: Option<(f32, f32)>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl DepthwiseRow<'_> {
+    /// Output pixels `ox..ox + P`, channels `cb..cb + 16` (fewer at the end), their taps
+    /// the kernel columns `cols`.
+    ///
+    /// # Safety
+    /// As `depthwise_row_avx512`.
+    #[inline(always)]
+    unsafe fn pixels<const P: usize>(&self, cb: usize, ox: usize, cols: &Range<usize>) {
+        use std::arch::x86_64::*;
+        let c = self.c;
+        let ch = c.k;
+        let mask = ((1u32 << (ch - cb).min(16)) - 1) as __mmask16;
+        // SAFETY: the caller's; every load and store is masked to the channels that exist,
+        // the taps to those inside the input.
+        unsafe {
+            let load = |p: *const f32| _mm512_maskz_loadu_ps(mask, p);
+            let mut acc = [load(self.bias.add(cb)); P];
+            if let Some(z) = self.residual {
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_add_ps(*acc, load(z.add((ox + p) * ch + cb)));
+                }
+            }
+            // A pixel whose taps all fall outside the input (padding wider than the kernel)
+            // is its bias.
+            let ix0 = (ox * c.strides[1] + cols.start * c.dilations[1])
+                .checked_sub(c.pads[1])
+                .filter(|_| !cols.is_empty());
+            if let Some(ix0) = ix0 {
+                for r in self.rows.clone() {
+                    let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
+                    let xs = self.x.add(((self.n * c.h + iy) * c.w + ix0) * ch + cb);
+                    let ws = self.w.add((r * c.kernel[1] + cols.start) * ch + cb);
+                    for s in 0..cols.len() {
+                        let wv = load(ws.add(s * ch));
+                        let xs = xs.add(s * c.dilations[1] * ch);
+                        for (p, acc) in acc.iter_mut().enumerate() {
+                            *acc = _mm512_fmadd_ps(load(xs.add(p * c.strides[1] * ch)), wv, *acc);
+                        }
+                    }
+                }
+            }
+            if let Some((lo, hi)) = self.clamp {
+                let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+                for acc in acc.iter_mut() {
+                    *acc = _mm512_min_ps(_mm512_max_ps(*acc, lo), hi);
+                }
+            }
+            for (p, acc) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(self.y.add((ox + p) * ch + cb), mask, *acc);
+            }
+        }
+    }
 }
 
 /// Any other convolution: the input unfolded (im2col, NHWC patches in `col`) times the

@@ -29,6 +29,17 @@ pub(super) fn elementwise(
     // tensor's channels rather than its width).
     let mut order: Vec<usize> = (0..dims.len()).collect();
     order.sort_by_key(|&d| std::cmp::Reverse(out.strides[d].unsigned_abs()));
+    // Unless that line is short and `a` runs along memory over a long one (NCHW frames to
+    // NHWC: lines of 3 channels, or of a whole plane): then the long one, written strided.
+    if let Some(&inner) = order.last()
+        && dims[inner] < 16
+        && let Some(long) = (0..dims.len())
+            .filter(|&d| a.strides[d].abs() == 1 && dims[d] >= 64)
+            .max_by_key(|&d| dims[d])
+    {
+        order.retain(|&d| d != long);
+        order.push(long);
+    }
     let reorder = |s: &Strided| Strided {
         loc: s.loc,
         strides: order.iter().map(|&d| s.strides[d]).collect(),

@@ -18,6 +18,44 @@ use super::vector::activate;
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 
+/// f32 values that start on a cache line (64 bytes), as AVX-512's 64-byte loads want (one
+/// across two lines costs two): the activation arena, whose buffers the plan places at
+/// multiples of 128 values, and packed weights.
+#[derive(Default)]
+pub struct Aligned {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Aligned {
+    pub fn from_slice(values: &[f32]) -> Aligned {
+        let mut aligned = Aligned::default();
+        aligned.resize(values.len());
+        aligned.as_mut_slice().copy_from_slice(values);
+        aligned
+    }
+
+    /// `len` values, the new ones zero.
+    pub fn resize(&mut self, len: usize) {
+        self.lines.resize(len.div_ceil(16), Line::default());
+        self.len = len;
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: the lines hold at least `len` initialised f32 values, contiguous.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as `as_slice`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast(), self.len) }
+    }
+}
+
 /// Where the plan's buffers are for one run.
 pub struct Buffers<'a> {
     pub arena: *mut f32,
@@ -55,7 +93,7 @@ pub enum Packed {
     None,
     /// Depthwise: `[kernel positions][channels]`, so that the channel loop reads both
     /// operands in order.
-    Depthwise(Vec<f32>),
+    Depthwise(Aligned),
     /// A grouped convolution's, per group, `[kernel positions × input channels of the
     /// group][output channels of the group]`: the right-hand matrix of the product with the
     /// unfolded input.
@@ -64,6 +102,15 @@ pub enum Packed {
     /// input channels][output channels]`) in panels, and the activation of a following step
     /// where the product does it.
     Panels(Panels, Option<Act>),
+    /// A product's panels (and fused activation) whose input the step before scales per
+    /// channel (that step skipped): the panels are scaled for each frame (`scaled_input`),
+    /// and `x`, the unscaled input, read.
+    ScaledInput {
+        panels: Panels,
+        act: Option<Act>,
+        x: Loc,
+        scale: Loc,
+    },
     /// A product whose output the next step activates in place: done here, on data still
     /// in the cache, and that step skipped.
     Activated(Act),
@@ -83,15 +130,20 @@ impl Threads {
         }
     }
 
-    /// Runs `f` on each of `0..n`, spread over the threads.
+    /// Runs `f` on each of `0..n`, spread over the threads: the team's, awake, where the
+    /// run holds it (`Team::run`), else the pool's.
     fn for_each(self, n: usize, f: impl Fn(usize) + Sync + Send) {
         use rayon::prelude::*;
         match self.0 {
             0 | 1 => (0..n).for_each(f),
-            t => (0..n)
-                .into_par_iter()
-                .with_min_len(n.div_ceil(t * 4).max(1))
-                .for_each(f),
+            t => {
+                if Team::for_each(n, t, &f).is_none() {
+                    (0..n)
+                        .into_par_iter()
+                        .with_min_len(n.div_ceil(t * 4).max(1))
+                        .for_each(f)
+                }
+            }
         }
     }
 }
@@ -126,17 +178,53 @@ macro_rules! wide {
     };
 }
 
+/// Whether the kernels that have an AVX-512 form use it: 0 no, 1 yes, else not decided yet.
+#[cfg(target_arch = "x86_64")]
+static AVX512: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+
+/// Whether the kernels that have an AVX-512 form may use it: where the CPU has it, unless
+/// `TRTCLASSIFY_CPU_AVX512=0` keeps them to AVX2 (to compare the two on one machine).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match AVX512.load(Relaxed) {
+        0 => false,
+        1 => true,
+        _ => {
+            let wanted = std::env::var("TRTCLASSIFY_CPU_AVX512").map_or(true, |v| v != "0");
+            let on = wanted && std::arch::is_x86_feature_detected!("avx512f");
+            AVX512.store(on.into(), Relaxed);
+            on
+        }
+    }
+}
+
+/// Keeps the kernels to AVX2 (`false`) or lets them use AVX-512 where the CPU has it, for
+/// the tests to run both on one machine.
+#[cfg(test)]
+pub fn allow_avx512(allow: bool) {
+    #[cfg(target_arch = "x86_64")]
+    AVX512.store(
+        (allow && std::arch::is_x86_feature_detected!("avx512f")).into(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
 // After `wide!`, which they use.
 mod conv;
 mod elementwise;
 mod panels;
 mod product;
+mod scaled_input;
+mod team;
 
 use conv::{conv_gemm, depthwise};
 use elementwise::elementwise;
 use panels::Panels;
 pub use product::fuse_activations;
 use product::{Product, Weights};
+pub use scaled_input::fuse_scales;
+pub use team::Team;
 
 /// The weights of `step` rearranged for its kernel, once, when the plan is loaded: those of
 /// convolutions and of products whose weights are constants (up to `PACKED_MAX` values: a
@@ -175,18 +263,26 @@ pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
         (Step::Conv(c), Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..)) => {
             Some(c.weight)
         }
-        (Step::Gemm { w, .. }, Packed::Panels(..)) => Some(*w),
+        (Step::Gemm { w, .. }, Packed::Panels(..) | Packed::ScaledInput { .. }) => Some(*w),
         _ => None,
     }
 }
 
+/// What a run of the plan's steps keeps between them, to use again: the unfolded input of
+/// a convolution, panels scaled for a frame.
+#[derive(Default)]
+pub struct Scratch {
+    col: Vec<f32>,
+    scaled: Panels,
+}
+
 /// Runs `step`, picking the widest SIMD the CPU has for the loops written here.
-pub fn run(step: &Step, packed: &Packed, buf: &Buffers, col: &mut Vec<f32>, threads: Threads) {
-    run_step(step, packed, buf, col, threads)
+pub fn run(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) {
+    run_step(step, packed, buf, scratch, threads)
 }
 
 wide! {
-    fn run_step(step: &Step, packed: &Packed, buf: &Buffers, col: &mut Vec<f32>, threads: Threads) => run_with
+    fn run_step(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) => run_with
 }
 
 /// `a·b + c`, fused where the CPU does it in one instruction (elsewhere `mul_add` is a
@@ -201,9 +297,10 @@ fn run_with<const FMA: bool>(
     step: &Step,
     packed: &Packed,
     buf: &Buffers,
-    col: &mut Vec<f32>,
+    scratch: &mut Scratch,
     threads: Threads,
 ) {
+    let col = &mut scratch.col;
     if matches!(packed, Packed::Skip) {
         return;
     }
@@ -240,7 +337,7 @@ fn run_with<const FMA: bool>(
                 packed => packed,
             };
             match packed {
-                Packed::Depthwise(w) => depthwise(buf, c, w, threads),
+                Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
                 Packed::Gemm(w) => {
                     conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads)
                 }
@@ -264,11 +361,28 @@ fn run_with<const FMA: bool>(
             y_batch,
             w_transposed,
         } => {
-            let (x, w, y) = (buf.at(*x), buf.at(*w), buf.at_mut(*y));
+            let mut unscaled = *x;
             let act = match packed {
-                Packed::Activated(act) | Packed::Panels(_, Some(act)) => *act,
+                Packed::Activated(act)
+                | Packed::Panels(_, Some(act))
+                | Packed::ScaledInput { act: Some(act), .. } => *act,
                 _ => *act,
             };
+            let panels = match packed {
+                Packed::Panels(panels, _) => Some(panels),
+                Packed::ScaledInput {
+                    panels, x, scale, ..
+                } => {
+                    // SAFETY: checked span: the scaling step's operand, one value per row
+                    // of the weights.
+                    let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *k) };
+                    panels.scale_rows(scale, &mut scratch.scaled);
+                    unscaled = *x;
+                    Some(&scratch.scaled)
+                }
+                _ => None,
+            };
+            let (x, w, y) = (buf.at(unscaled), buf.at(*w), buf.at_mut(*y));
             for p in 0..*batch {
                 // SAFETY: checked spans of `batch` matrices each.
                 let product = unsafe {
@@ -278,10 +392,10 @@ fn run_with<const FMA: bool>(
                         k: *k,
                         x: x.add(p * x_batch),
                         x_stride: *k,
-                        w: match packed {
-                            Packed::Panels(panels, _) => Weights::Panels(panels),
+                        w: match panels {
+                            Some(panels) => Weights::Panels(panels),
                             // Strides along k and along n.
-                            _ => Weights::Strided {
+                            None => Weights::Strided {
                                 ptr: w.add(p * k * n),
                                 strides: if *w_transposed { (1, *k) } else { (*n, 1) },
                             },
@@ -289,11 +403,7 @@ fn run_with<const FMA: bool>(
                         y: y.add(p * y_batch),
                         y_stride: *n,
                         // Packed weights hold alpha.
-                        alpha: if matches!(packed, Packed::Panels(..)) {
-                            1.0
-                        } else {
-                            *alpha
-                        },
+                        alpha: if panels.is_some() { 1.0 } else { *alpha },
                         bias: bias.map(|b| buf.at(b).add(p * n)),
                         residual: residual.map(|z| buf.at(z).add(p * y_batch)),
                         act,
@@ -304,18 +414,24 @@ fn run_with<const FMA: bool>(
         }
         Step::Pool { n, oh, .. } => threads.for_each(n * oh, |row| pool_row(buf, step, row)),
         Step::GlobalAvgPool { n, hw, c, x, y } => {
-            let (x, y) = (buf.at(*x), buf.at_mut(*y));
-            for b in 0..*n {
-                // SAFETY: checked spans.
-                let out = unsafe { std::slice::from_raw_parts_mut(y.add(b * c), *c) };
+            // Each thread its share of the channels (a multiple of 16) of every image.
+            let share = c.div_ceil(threads.0.max(1)).next_multiple_of(16);
+            let parts = c.div_ceil(share);
+            threads.for_each(n * parts, |i| {
+                let (b, start) = (i / parts, i % parts * share);
+                let len = share.min(c - start);
+                let (x, y) = (buf.at(*x), buf.at_mut(*y));
+                let at = |p: usize| (b * hw + p) * c + start;
+                // SAFETY: checked spans; each part writes its own channels.
+                let out = unsafe { std::slice::from_raw_parts_mut(y.add(b * c + start), len) };
                 out.fill(0.0);
                 for p in 0..*hw {
-                    let row = unsafe { std::slice::from_raw_parts(x.add((b * hw + p) * c), *c) };
+                    let row = unsafe { std::slice::from_raw_parts(x.add(at(p)), len) };
                     out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
                 }
                 let scale = 1.0 / *hw as f32;
                 out.iter_mut().for_each(|o| *o *= scale);
-            }
+            });
         }
         Step::Softmax { rows, len, x, y } => {
             for r in 0..*rows {

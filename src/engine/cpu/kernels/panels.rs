@@ -1,30 +1,36 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Matrix products with constant weights, packed once when the plan is loaded: columns in
-//! panels of 16 (a tile of 6 rows × 16 columns keeps its sums in twelve 8-wide registers,
-//! two loads of the panel per step along k), the activations read where they lie (NHWC rows
-//! are the left-hand matrix as they are), and the epilogue (bias, residual, activation)
-//! applied to each tile while it is in registers or in the cache.
+//! panels of 16, the activations read where they lie (NHWC rows are the left-hand matrix as
+//! they are), and the epilogue (bias, residual, activation) applied to each tile while it is
+//! in registers or in the cache.
 //!
 //! The `gemm` crate packs both operands on every call: on the late layers of a network
 //! (49 rows, weights of 512 × 2048) that packing cost more than the arithmetic, and its
 //! epilogue had to be a pass of its own over the whole output. onnxruntime's MLAS packs the
-//! weights once the same way; this is that scheme: a tile in AVX2/FMA registers on x86_64,
-//! its inner loop in NEON registers on aarch64 (the compiler does not keep a tile's sums in
-//! registers on its own), plain loops elsewhere.
+//! weights once the same way; this is that scheme, a tile's sums held in registers (the
+//! compiler does not keep them there on its own):
+//! - AVX-512: 12 rows × two panels (24 of the 32 registers, two loads of the panels and
+//!   twelve broadcasts for 24 products along k);
+//! - AVX2/FMA: 6 rows × one panel (twelve of the 16 registers);
+//! - NEON on aarch64 (the inner loop), plain loops elsewhere.
+//!
+//! The x86 path is chosen at run time, so that one build uses AVX-512 where the CPU has it.
 
 use std::ops::Range;
 
-use super::fma;
+#[cfg(target_arch = "x86_64")]
+use super::has_avx512;
 use super::product::Product;
+use super::{Aligned, fma};
 use crate::engine::compiler::ir::Act;
 use crate::engine::cpu::vector::activate;
 
 /// Columns of a panel; a last panel of 8 where no more than 8 columns remain.
 const WIDTH: usize = 16;
-/// Rows of a tile.
+/// Rows of a tile (AVX2 and the others; AVX-512's have 12).
 const ROWS: usize = 6;
-/// Steps along k per block: a panel's block (16 KB) stays in the L1 cache while the rows
-/// of the block pass through it.
+/// Steps along k per block: a panel's block (16 KB; two, with AVX-512) stays in the L1
+/// cache while the rows of the block pass through it.
 const KC: usize = 256;
 /// Rows per block: their `KC` values (about 120 KB) stay in the L2 cache across panels.
 const MC: usize = 120;
@@ -34,8 +40,9 @@ const NC: usize = 128;
 
 /// A `k × n` weight matrix in column panels (16 columns, the last 8 where 8 or fewer
 /// remain), each panel `k` rows of its columns, zeros past column `n`.
+#[derive(Default)]
 pub struct Panels {
-    data: Vec<f32>,
+    data: Aligned,
     k: usize,
     n: usize,
 }
@@ -49,7 +56,29 @@ impl Panels {
                 data.extend((col..col + width).map(|j| if j < n { alpha * at(i, j) } else { 0.0 }));
             }
         }
-        Panels { data, k, n }
+        Panels {
+            data: Aligned::from_slice(&data),
+            k,
+            n,
+        }
+    }
+}
+
+impl Panels {
+    /// `diag(scale) · w` into `into`: row `i` of the matrix times `scale[i]`.
+    pub fn scale_rows(&self, scale: &[f32], into: &mut Panels) {
+        into.k = self.k;
+        into.n = self.n;
+        into.data.resize(self.data.as_slice().len());
+        let (from, to) = (self.data.as_slice(), into.data.as_mut_slice());
+        let mut at = 0;
+        for (_, width) in spans(self.n, 0..self.n) {
+            for &s in &scale[..self.k] {
+                let (from, to) = (&from[at..at + width], &mut to[at..at + width]);
+                to.iter_mut().zip(from).for_each(|(t, &f)| *t = f * s);
+                at += width;
+            }
+        }
     }
 }
 
@@ -68,14 +97,36 @@ pub(super) fn column_shares(n: usize, parts: usize) -> Vec<Range<usize>> {
     (0..n).step_by(per).map(|c| c..(c + per).min(n)).collect()
 }
 
+/// `y = act(x·w + bias + residual)` for the columns `cols` of `p` (its `w` being `panels`),
+/// with the widest tiles the CPU has.
+pub(super) fn run_panels(p: &Product, panels: &Panels, cols: Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512F.
+        return unsafe { run_avx512(p, panels, cols) };
+    }
+    run_narrow(p, panels, cols)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn run_avx512(p: &Product, panels: &Panels, cols: Range<usize>) {
+    run::<true, true>(p, panels, cols)
+}
+
 wide! {
-    /// `y = act(x·w + bias + residual)` for the columns `cols` of `p` (its `w` being
-    /// `panels`).
-    pub(super) fn run_panels(product: &Product, panels: &Panels, cols: Range<usize>) => run
+    fn run_narrow(product: &Product, panels: &Panels, cols: Range<usize>) => run_avx2
 }
 
 #[inline(always)]
-pub(super) fn run<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
+fn run_avx2<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
+    run::<FMA, false>(p, panels, cols)
+}
+
+/// The product in blocks that fit the caches, each block's panels in tiles: with
+/// `AVX512`, pairs of full panels in tiles of 12 rows.
+#[inline(always)]
+fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
     debug_assert_eq!((panels.k, panels.n), (p.k, p.n));
     // ReLU and clipping happen in the registers; other activations over each block of the
     // output once its sums are complete, while it is still in the cache.
@@ -92,21 +143,40 @@ pub(super) fn run<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usi
             for k0 in (0..p.k).step_by(KC) {
                 let ks = k0..(k0 + KC).min(p.k);
                 let clamp = clamp.filter(|_| ks.end == p.k);
-                for (col, width) in spans(panels.n, c0..c1) {
-                    // SAFETY: the panel's block lies inside `data` (`pack` wrote k rows of
+                let mut spans = spans(panels.n, c0..c1).peekable();
+                while let Some((col, width)) = spans.next() {
+                    // SAFETY: the panels' blocks lie inside `data` (`pack` wrote k rows of
                     // `width` for each panel, in order).
-                    let b = unsafe { panels.data.as_ptr().add(col * p.k + ks.start * width) };
+                    let at = |col: usize, width| unsafe {
+                        panels
+                            .data
+                            .as_slice()
+                            .as_ptr()
+                            .add(col * p.k + ks.start * width)
+                    };
+                    let pair =
+                        AVX512 && width == WIDTH && spans.peek().is_some_and(|s| s.1 == WIDTH);
+                    if pair {
+                        spans.next();
+                    }
+                    let width = if pair { 2 * WIDTH } else { width };
                     let tile = Tile {
                         col,
                         cols: width.min(p.n - col),
                         ks: ks.clone(),
-                        b,
+                        b: at(col, width.min(WIDTH)),
+                        b2: if pair {
+                            at(col + WIDTH, WIDTH)
+                        } else {
+                            std::ptr::null()
+                        },
                         clamp,
                     };
+                    let rows_max = if AVX512 { 2 * ROWS } else { ROWS };
                     let mut r = r0;
                     while r < r1 {
-                        let rows = (r1 - r).min(ROWS);
-                        tile.run::<FMA>(p, r, rows, width);
+                        let rows = (r1 - r).min(rows_max);
+                        tile.run::<FMA, AVX512>(p, r, rows, width);
                         r += rows;
                     }
                 }
@@ -133,29 +203,47 @@ struct Tile {
     ks: Range<usize>,
     /// The panel's first value at `ks.start`.
     b: *const f32,
+    /// The next panel's, where the tile takes two (null otherwise).
+    b2: *const f32,
     /// The clamp of the block's results: ReLU or clipping, on the last block of k.
     clamp: Option<(f32, f32)>,
 }
 
 impl Tile {
     #[inline(always)]
-    fn run<const FMA: bool>(&self, p: &Product, row: usize, rows: usize, width: usize) {
+    fn run<const FMA: bool, const AVX512: bool>(
+        &self,
+        p: &Product,
+        row: usize,
+        rows: usize,
+        width: usize,
+    ) {
         macro_rules! dispatch {
             ($($r:literal)*) => {
                 match (rows, width) {
-                    $(($r, 8) => self.sums::<$r, 8, FMA>(p, row),
-                      ($r, _) => self.sums::<$r, 16, FMA>(p, row),)*
-                    _ => unreachable!("tiles of 1 to {ROWS} rows"),
+                    $(($r, 8) => self.sums::<$r, 8, FMA, AVX512>(p, row),
+                      ($r, 16) => self.sums::<$r, 16, FMA, AVX512>(p, row),
+                      ($r, _) => self.sums::<$r, 32, FMA, AVX512>(p, row),)*
+                    _ => unreachable!("tiles of 1 to {} rows", 2 * ROWS),
                 }
             };
         }
-        dispatch!(1 2 3 4 5 6)
+        if AVX512 {
+            dispatch!(1 2 3 4 5 6 7 8 9 10 11 12)
+        } else {
+            dispatch!(1 2 3 4 5 6)
+        }
     }
 
-    /// Rows `row..row + R` times the panel (width `W`) over the block's k: the sums start
-    /// from the bias and residual on the first block and from the output on the others.
+    /// Rows `row..row + R` times the panel (width `W`; 32 for two) over the block's k: the
+    /// sums start from the bias and residual on the first block and from the output on the
+    /// others.
     #[inline(always)]
-    fn sums<const R: usize, const W: usize, const FMA: bool>(&self, p: &Product, row: usize) {
+    fn sums<const R: usize, const W: usize, const FMA: bool, const AVX512: bool>(
+        &self,
+        p: &Product,
+        row: usize,
+    ) {
         // SAFETY (all of it): rows `row..row + R` and columns `col..col + cols` of `x`,
         // `y` and the residual lie in the caller's checked spans, the bias holds `n` values,
         // and the panel `ks.len()` rows of `W`.
@@ -179,10 +267,20 @@ impl Tile {
                 clamp: self.clamp,
             };
             #[cfg(target_arch = "x86_64")]
-            if FMA {
+            if AVX512 {
+                return match W {
+                    32 => tile_avx512::<R, 2>(&at, self.b2, WIDTH),
+                    _ => tile_avx512::<R, 1>(&at, self.b2, W),
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if FMA && W <= WIDTH {
                 return tile_avx2::<R, W>(&at);
             }
-            tile::<R, W, FMA>(&at)
+            if W <= WIDTH {
+                return tile::<R, W, FMA>(&at);
+            }
+            unreachable!("pairs of panels with AVX-512 only")
         }
     }
 }
@@ -330,6 +428,86 @@ unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
                 } else {
                     _mm256_maskstore_ps(y.add(8 * j), masks[j], x);
                 }
+            }
+        }
+    }
+}
+
+/// A tile in 16-wide registers: `R` × `V` sums (up to 24), one panel's row (`step`
+/// values along k apart) or two panels' (`b` and `b2`, 16 apart) in one or two registers,
+/// broadcasts of `x`; masked loads and stores for the columns past the output's.
+///
+/// # Safety
+/// As `Tile::sums`; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const f32, step: usize) {
+    use std::arch::x86_64::*;
+    let mask = |j: usize| -> __mmask16 {
+        let valid = at.cols.saturating_sub(16 * j).min(16);
+        ((1u32 << valid) - 1) as __mmask16
+    };
+    let masks = [mask(0), mask(1)];
+    // SAFETY: the caller's: masked loads and stores touch the first `cols` columns only.
+    unsafe {
+        let get = |p: *const f32, j: usize| _mm512_maskz_loadu_ps(masks[j], p.add(16 * j));
+        let mut s = [[_mm512_setzero_ps(); V]; R];
+        match at.start {
+            Start::Output => {
+                for (r, row) in s.iter_mut().enumerate() {
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x = get(at.y.add(r * at.y_stride), j);
+                    }
+                }
+            }
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let mut b = [_mm512_setzero_ps(); V];
+                    for (j, b) in b.iter_mut().enumerate() {
+                        *b = get(bias, j);
+                    }
+                    for row in s.iter_mut() {
+                        *row = b;
+                    }
+                }
+                if let Some(z) = residual {
+                    for (r, row) in s.iter_mut().enumerate() {
+                        for (j, x) in row.iter_mut().enumerate() {
+                            *x = _mm512_add_ps(*x, get(z.add(r * at.y_stride), j));
+                        }
+                    }
+                }
+            }
+        }
+        let panels = [at.b, b2];
+        for i in 0..at.k {
+            let mut w = [_mm512_setzero_ps(); V];
+            for (j, w) in w.iter_mut().enumerate() {
+                // A panel of 8 is read with its 8 values only.
+                *w = _mm512_maskz_loadu_ps(
+                    if step < 16 { 0xFF } else { 0xFFFF },
+                    panels[j].add(i * step),
+                );
+            }
+            for (r, row) in s.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*at.x.add(r * at.x_stride + i));
+                for (x, &w) in row.iter_mut().zip(&w) {
+                    *x = _mm512_fmadd_ps(a, w, *x);
+                }
+            }
+        }
+        if let Some((lo, hi)) = at.clamp {
+            let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+            for row in s.iter_mut() {
+                for x in row.iter_mut() {
+                    *x = _mm512_min_ps(_mm512_max_ps(*x, lo), hi);
+                }
+            }
+        }
+        for (r, row) in s.iter().enumerate() {
+            let y = at.y.add(r * at.y_stride);
+            for (j, &x) in row.iter().enumerate() {
+                _mm512_mask_storeu_ps(y.add(16 * j), masks[j], x);
             }
         }
     }

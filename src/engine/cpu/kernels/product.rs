@@ -44,7 +44,7 @@ pub fn fuse_activations(steps: &[Step], packed: &mut [Packed]) {
 }
 
 /// Whether `dims` walked with `strides` touch each of `len` consecutive values once.
-fn covers_once(dims: &[usize], strides: &[i64], len: usize) -> bool {
+pub(super) fn covers_once(dims: &[usize], strides: &[i64], len: usize) -> bool {
     let mut axes: Vec<(i64, usize)> = strides
         .iter()
         .copied()
@@ -113,6 +113,13 @@ impl Product {
     /// the columns, so that each reads only its part of the weights. (`gemm`'s own split
     /// leaves those small products on one thread.)
     pub(super) fn run(&self, threads: Threads) {
+        // Handing out work costs microseconds (tens where the pool's threads sleep): a
+        // product smaller than about that (squeeze-and-excitation's) runs on one.
+        const SHARED_MIN: usize = 1 << 17;
+        let threads = match self.rows * self.k * self.n {
+            ..SHARED_MIN => Threads(1),
+            _ => threads,
+        };
         let t = threads.0;
         if let Weights::Panels(panels) = self.w {
             // SAFETY: the panels outlive the run (the runner holds them).
@@ -156,7 +163,7 @@ wide! {
 fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
     let (w, strides) = match p.w {
         // SAFETY: the panels outlive the run (the runner holds them).
-        Weights::Panels(panels) => return panels::run::<FMA>(p, unsafe { &*panels }, 0..p.n),
+        Weights::Panels(panels) => return run_panels(p, unsafe { &*panels }, 0..p.n),
         Weights::Strided { ptr, strides } => (ptr, strides),
     };
     let n = p.n;

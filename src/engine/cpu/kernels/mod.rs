@@ -414,24 +414,28 @@ fn run_with<const FMA: bool>(
         }
         Step::Pool { n, oh, .. } => threads.for_each(n * oh, |row| pool_row(buf, step, row)),
         Step::GlobalAvgPool { n, hw, c, x, y } => {
-            // Each thread its share of the channels (a multiple of 16) of every image.
-            let share = c.div_ceil(threads.0.max(1)).next_multiple_of(16);
-            let parts = c.div_ceil(share);
-            threads.for_each(n * parts, |i| {
-                let (b, start) = (i / parts, i % parts * share);
-                let len = share.min(c - start);
-                let (x, y) = (buf.at(*x), buf.at_mut(*y));
-                let at = |p: usize| (b * hw + p) * c + start;
-                // SAFETY: checked spans; each part writes its own channels.
-                let out = unsafe { std::slice::from_raw_parts_mut(y.add(b * c + start), len) };
-                out.fill(0.0);
-                for p in 0..*hw {
-                    let row = unsafe { std::slice::from_raw_parts(x.add(at(p)), len) };
-                    out.iter_mut().zip(row).for_each(|(o, &v)| *o += v);
-                }
+            // Each thread sums its share of the pixels, the rows it wrote the step before.
+            let parts = threads.0.clamp(1, (*hw).max(1));
+            for b in 0..*n {
+                let total = std::sync::Mutex::new(vec![0.0f32; *c]);
+                threads.for_each(parts, |part| {
+                    let mut sum = vec![0.0f32; *c];
+                    for p in part * hw / parts..(part + 1) * hw / parts {
+                        // SAFETY: checked span.
+                        let row = unsafe {
+                            std::slice::from_raw_parts(buf.at(*x).add((b * hw + p) * c), *c)
+                        };
+                        sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+                    }
+                    let mut total = total.lock().unwrap_or_else(|e| e.into_inner());
+                    total.iter_mut().zip(&sum).for_each(|(t, &s)| *t += s);
+                });
                 let scale = 1.0 / *hw as f32;
-                out.iter_mut().for_each(|o| *o *= scale);
-            });
+                let total = total.into_inner().unwrap_or_else(|e| e.into_inner());
+                // SAFETY: checked span.
+                let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*y).add(b * c), *c) };
+                out.iter_mut().zip(total).for_each(|(o, t)| *o = t * scale);
+            }
         }
         Step::Softmax { rows, len, x, y } => {
             for r in 0..*rows {

@@ -451,34 +451,23 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const 
     // SAFETY: the caller's: masked loads and stores touch the first `cols` columns only.
     unsafe {
         let get = |p: *const f32, j: usize| _mm512_maskz_loadu_ps(masks[j], p.add(16 * j));
-        let mut s = [[_mm512_setzero_ps(); V]; R];
-        match at.start {
-            Start::Output => {
-                for (r, row) in s.iter_mut().enumerate() {
-                    for (j, x) in row.iter_mut().enumerate() {
-                        *x = get(at.y.add(r * at.y_stride), j);
-                    }
-                }
-            }
-            Start::Epilogue { bias, residual } => {
-                if let Some(bias) = bias {
-                    let mut b = [_mm512_setzero_ps(); V];
-                    for (j, b) in b.iter_mut().enumerate() {
-                        *b = get(bias, j);
-                    }
-                    for row in s.iter_mut() {
-                        *row = b;
-                    }
-                }
-                if let Some(z) = residual {
-                    for (r, row) in s.iter_mut().enumerate() {
-                        for (j, x) in row.iter_mut().enumerate() {
-                            *x = _mm512_add_ps(*x, get(z.add(r * at.y_stride), j));
-                        }
-                    }
+        // The sums start from zero and take what they add to (the output of the previous
+        // blocks of k, or the bias and the residual) after the loop: the rows of those,
+        // asked for here, arrive from memory while the loop runs instead of stalling it.
+        let added = match at.start {
+            Start::Output => Some(at.y as *const f32),
+            Start::Epilogue { residual, .. } => residual,
+        };
+        if let Some(z) = added {
+            for r in 0..R {
+                for j in 0..V {
+                    // A prefetch does not fault; the address may pass the columns.
+                    let line = z.wrapping_add(r * at.y_stride + 16 * j) as *const i8;
+                    _mm_prefetch::<_MM_HINT_T0>(line);
                 }
             }
         }
+        let mut s = [[_mm512_setzero_ps(); V]; R];
         let panels = [at.b, b2];
         for i in 0..at.k {
             let mut w = [_mm512_setzero_ps(); V];
@@ -493,6 +482,35 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const 
                 let a = _mm512_set1_ps(*at.x.add(r * at.x_stride + i));
                 for (x, &w) in row.iter_mut().zip(&w) {
                     *x = _mm512_fmadd_ps(a, w, *x);
+                }
+            }
+        }
+        match at.start {
+            Start::Output => {
+                for (r, row) in s.iter_mut().enumerate() {
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x = _mm512_add_ps(*x, get(at.y.add(r * at.y_stride), j));
+                    }
+                }
+            }
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let mut b = [_mm512_setzero_ps(); V];
+                    for (j, b) in b.iter_mut().enumerate() {
+                        *b = get(bias, j);
+                    }
+                    for row in s.iter_mut() {
+                        for (x, &b) in row.iter_mut().zip(&b) {
+                            *x = _mm512_add_ps(*x, b);
+                        }
+                    }
+                }
+                if let Some(z) = residual {
+                    for (r, row) in s.iter_mut().enumerate() {
+                        for (j, x) in row.iter_mut().enumerate() {
+                            *x = _mm512_add_ps(*x, get(z.add(r * at.y_stride), j));
+                        }
+                    }
                 }
             }
         }

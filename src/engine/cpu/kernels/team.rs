@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::Thread;
 
-/// One step's work: items `0..n`, taken one at a time by whoever is free.
+/// One step's work: items `0..n`, each thread of the run a contiguous share of them, the
+/// same share from step to step (the caller's the first), so that a thread reads the rows
+/// that it wrote the step before, still in its own core's cache.
 struct Job<'a> {
     f: &'a (dyn Fn(usize) + Sync),
     n: usize,
@@ -26,7 +28,6 @@ struct Shared {
     /// Counts the jobs handed out; a helper that sees it change takes part in the new job.
     epoch: AtomicUsize,
     job: AtomicPtr<Job<'static>>,
-    next: AtomicUsize,
     /// Helpers done with the current job: the caller waits for all of them, so that none
     /// still reads a job that is gone.
     checked_in: AtomicUsize,
@@ -102,7 +103,6 @@ impl Team {
             n,
             helpers: threads.saturating_sub(1).min(team.helpers.len()),
         };
-        shared.next.store(0, Ordering::SeqCst);
         shared.checked_in.store(0, Ordering::SeqCst);
         // SAFETY (of the lifetime's extension): the job outlives its use; every helper
         // checks in, done with it, before this returns.
@@ -125,19 +125,15 @@ impl Team {
         let _check_in = CheckIn(team);
         // A job's items run no jobs of their own through the team.
         CURRENT.set(None);
-        take_items(shared, &job);
+        take_items(&job, 0);
         Some(())
     }
 }
 
-fn take_items(shared: &Shared, job: &Job) {
-    loop {
-        let i = shared.next.fetch_add(1, Ordering::SeqCst);
-        if i >= job.n {
-            return;
-        }
-        (job.f)(i);
-    }
+/// The share of thread `part` of the run (0 the caller, 1 + index for a helper).
+fn take_items(job: &Job, part: usize) {
+    let parts = job.helpers + 1;
+    (part * job.n / parts..(part + 1) * job.n / parts).for_each(job.f);
 }
 
 /// A spin, or after a while a yield of the core: a descheduled helper is waited for
@@ -175,7 +171,7 @@ fn help(shared: &Shared, index: usize) {
         if index < job.helpers {
             // A panic in an item is the caller's to see (the item is not done); the helper
             // checks in all the same, and lives on.
-            let items = std::panic::AssertUnwindSafe(|| take_items(shared, job));
+            let items = std::panic::AssertUnwindSafe(|| take_items(job, index + 1));
             let _ = std::panic::catch_unwind(items);
         }
         shared.checked_in.fetch_add(1, Ordering::SeqCst);

@@ -38,6 +38,8 @@ pub struct PlanRunner {
     weights: Vec<Arc<Vec<f32>>>,
     packed: Vec<Packed>,
     threads: usize,
+    /// Whether the kernels may use AVX-512 (where the CPU has it).
+    avx512: bool,
     /// Arenas and unfolding buffers kept between calls, one per thread that ran frames.
     scratch: Mutex<Vec<Scratch>>,
     frame_len: usize,
@@ -104,6 +106,7 @@ impl PlanRunner {
             weights,
             packed,
             threads: threads.clamp(1, cores()),
+            avx512: true,
             scratch: Mutex::new(Vec::new()),
             frame_len,
             num_classes,
@@ -145,14 +148,14 @@ impl PlanRunner {
         if self.threads == 1 {
             let mut scratch = self.take_scratch();
             for (input, out) in jobs {
-                self.run_plan(input, out, &mut scratch, Threads(1), None);
+                self.run_plan(input, out, &mut scratch, self.on(1), None);
             }
             self.keep_scratch(scratch);
         } else if workers == 1 {
             // One call: its steps spread over the threads.
             let (input, out) = jobs.into_iter().next().expect("one call");
             let mut scratch = self.take_scratch();
-            let threads = Threads(self.threads);
+            let threads = self.on(self.threads);
             POOL.install(|| Team::run(|| self.run_plan(input, out, &mut scratch, threads, None)));
             self.keep_scratch(scratch);
         } else {
@@ -167,7 +170,7 @@ impl PlanRunner {
                 shares.into_par_iter().for_each(|share| {
                     let mut scratch = self.take_scratch();
                     for (input, out) in share {
-                        self.run_plan(input, out, &mut scratch, Threads(1), None);
+                        self.run_plan(input, out, &mut scratch, self.on(1), None);
                     }
                     self.keep_scratch(scratch);
                 })
@@ -183,12 +186,24 @@ impl PlanRunner {
         let mut scratch = self.take_scratch();
         let mut out = vec![0.0; self.plan.output_len];
         let mut times = Vec::new();
-        let threads = Threads(self.threads);
+        let threads = self.on(self.threads);
         POOL.install(|| {
             Team::run(|| self.run_plan(input, &mut out, &mut scratch, threads, Some(&mut times)))
         });
         self.keep_scratch(scratch);
         times
+    }
+
+    /// `count` threads, with AVX-512 as the runner allows.
+    fn on(&self, count: usize) -> Threads {
+        Threads::new(count, self.avx512)
+    }
+
+    /// Keeps the kernels to AVX2 (`false`), for the tests to compare both paths on one
+    /// machine.
+    #[cfg(test)]
+    pub fn allow_avx512(&mut self, allow: bool) {
+        self.avx512 = allow;
     }
 
     fn take_scratch(&self) -> Scratch {

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use super::kernels;
 use super::plan_runner::PlanRunner;
 use crate::engine::compiler::ir::{Act, BinOp};
 use crate::engine::compiler::plan::{Cast, ConvStep, DType, Loc, Plan, Step, Strided, Weights};
@@ -68,16 +67,13 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
 /// Runs the plan with the CPU kernels on one and two threads, with AVX-512 where the CPU has
 /// it and without, and with `sim`, and compares.
 fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
-    // The kernels' choice of AVX-512 is the process's: one test at a time sets it.
-    static SIMD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _simd = SIMD.lock().unwrap_or_else(|e| e.into_inner());
     let want = sim::run(&plan, weights, input);
     for avx512 in [true, false] {
-        kernels::allow_avx512(avx512);
         for threads in [1, 2] {
-            let runner =
+            let mut runner =
                 PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), threads)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
+            runner.allow_avx512(avx512);
             let got = runner.run(input, 1);
             assert_eq!(got.len(), want.len(), "{what}");
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -88,7 +84,6 @@ fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
             }
         }
     }
-    kernels::allow_avx512(true);
 }
 
 fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {

@@ -5,8 +5,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-#[cfg(target_arch = "x86_64")]
-use super::has_avx512;
 use super::panels::Panels;
 use super::product::{Product, Weights, epilogue_init};
 use super::{Aligned, Buffers, Packed, Threads, fma};
@@ -67,8 +65,9 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
 /// added along the channel vector.
 pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU has AVX-512F; the weights are the step's, packed by `pack`.
+    if threads.avx512 {
+        // SAFETY: the CPU has AVX-512F (`Threads::new`); the weights are the step's,
+        // packed by `pack`.
         return threads.for_each(c.n * c.oh, |row| unsafe {
             depthwise_row_avx512(buf, c, w, row)
         });
@@ -398,7 +397,7 @@ pub(super) fn conv_gemm(
             // the product (the weights are packed once, so more calls cost nothing); at
             // least 120 rows, so that the weights read for a block serve enough of them.
             // Several threads take the whole image, which the product shares out.
-            let block = match (pointwise, threads.0) {
+            let block = match (pointwise, threads.count) {
                 (true, _) | (_, 2..) => pixels,
                 _ => ((1 << 16) / rows.max(1)).max(120),
             };

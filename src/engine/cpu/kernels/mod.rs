@@ -117,14 +117,31 @@ pub enum Packed {
     Skip,
 }
 
-/// How a step may use threads: `gemm`'s own split over the machine's shared pool, and
-/// rows of the direct kernels spread over it.
+/// How a step may use threads (`gemm`'s own split over the machine's shared pool, and
+/// rows of the direct kernels spread over it), and whether its kernels may use AVX-512.
 #[derive(Clone, Copy)]
-pub struct Threads(pub usize);
+pub struct Threads {
+    pub(super) count: usize,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) avx512: bool,
+}
 
 impl Threads {
+    /// `count` threads; AVX-512 where `avx512` and the CPU has it.
+    pub fn new(count: usize, avx512: bool) -> Threads {
+        Threads {
+            count,
+            avx512: avx512 && avx512_available(),
+        }
+    }
+
+    /// The same, on the calling thread alone.
+    fn single(self) -> Threads {
+        Threads { count: 1, ..self }
+    }
+
     fn gemm(self) -> gemm::Parallelism {
-        match self.0 {
+        match self.count {
             0 | 1 => gemm::Parallelism::None,
             n => gemm::Parallelism::Rayon(n),
         }
@@ -134,7 +151,7 @@ impl Threads {
     /// run holds it (`Team::run`), else the pool's.
     fn for_each(self, n: usize, f: impl Fn(usize) + Sync + Send) {
         use rayon::prelude::*;
-        match self.0 {
+        match self.count {
             0 | 1 => (0..n).for_each(f),
             t => {
                 if Team::for_each(n, t, &f).is_none() {
@@ -178,36 +195,19 @@ macro_rules! wide {
     };
 }
 
-/// Whether the kernels that have an AVX-512 form use it: 0 no, 1 yes, else not decided yet.
-#[cfg(target_arch = "x86_64")]
-static AVX512: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
-
 /// Whether the kernels that have an AVX-512 form may use it: where the CPU has it, unless
 /// `TRTCLASSIFY_CPU_AVX512=0` keeps them to AVX2 (to compare the two on one machine).
-#[cfg(target_arch = "x86_64")]
-fn has_avx512() -> bool {
-    use std::sync::atomic::Ordering::Relaxed;
-    match AVX512.load(Relaxed) {
-        0 => false,
-        1 => true,
-        _ => {
-            let wanted = std::env::var("TRTCLASSIFY_CPU_AVX512").map_or(true, |v| v != "0");
-            let on = wanted && std::arch::is_x86_feature_detected!("avx512f");
-            AVX512.store(on.into(), Relaxed);
-            on
-        }
-    }
-}
-
-/// Keeps the kernels to AVX2 (`false`) or lets them use AVX-512 where the CPU has it, for
-/// the tests to run both on one machine.
-#[cfg(test)]
-pub fn allow_avx512(allow: bool) {
+pub fn avx512_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    AVX512.store(
-        (allow && std::arch::is_x86_feature_detected!("avx512f")).into(),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            std::env::var("TRTCLASSIFY_CPU_AVX512").map_or(true, |v| v != "0")
+                && std::arch::is_x86_feature_detected!("avx512f")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 // After `wide!`, which they use.
@@ -414,27 +414,38 @@ fn run_with<const FMA: bool>(
         }
         Step::Pool { n, oh, .. } => threads.for_each(n * oh, |row| pool_row(buf, step, row)),
         Step::GlobalAvgPool { n, hw, c, x, y } => {
-            // Each thread sums its share of the pixels, the rows it wrote the step before.
-            let parts = threads.0.clamp(1, (*hw).max(1));
+            // Sums over blocks of pixels, added up in order: the same result on any number
+            // of threads, each of which takes a share of the blocks (the rows it wrote the
+            // step before).
+            const BLOCK: usize = 64;
+            let blocks = hw.div_ceil(BLOCK);
+            let parts = threads.count.clamp(1, blocks.max(1));
             for b in 0..*n {
-                let total = std::sync::Mutex::new(vec![0.0f32; *c]);
+                let sums = std::sync::Mutex::new(vec![0.0f32; blocks * c]);
                 threads.for_each(parts, |part| {
-                    let mut sum = vec![0.0f32; *c];
-                    for p in part * hw / parts..(part + 1) * hw / parts {
-                        // SAFETY: checked span.
-                        let row = unsafe {
-                            std::slice::from_raw_parts(buf.at(*x).add((b * hw + p) * c), *c)
-                        };
-                        sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+                    let mine = part * blocks / parts..(part + 1) * blocks / parts;
+                    let mut local = vec![0.0f32; mine.len() * c];
+                    for (block, sum) in mine.clone().zip(local.chunks_mut(*c)) {
+                        for p in block * BLOCK..(block * BLOCK + BLOCK).min(*hw) {
+                            // SAFETY: checked span.
+                            let row = unsafe {
+                                std::slice::from_raw_parts(buf.at(*x).add((b * hw + p) * c), *c)
+                            };
+                            sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+                        }
                     }
-                    let mut total = total.lock().unwrap_or_else(|e| e.into_inner());
-                    total.iter_mut().zip(&sum).for_each(|(t, &s)| *t += s);
+                    let mut sums = sums.lock().unwrap_or_else(|e| e.into_inner());
+                    sums[mine.start * c..mine.end * c].copy_from_slice(&local);
                 });
-                let scale = 1.0 / *hw as f32;
-                let total = total.into_inner().unwrap_or_else(|e| e.into_inner());
+                let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
                 // SAFETY: checked span.
                 let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*y).add(b * c), *c) };
-                out.iter_mut().zip(total).for_each(|(o, t)| *o = t * scale);
+                out.fill(0.0);
+                for sum in sums.chunks(*c) {
+                    out.iter_mut().zip(sum).for_each(|(o, &s)| *o += s);
+                }
+                let scale = 1.0 / *hw as f32;
+                out.iter_mut().for_each(|o| *o *= scale);
             }
         }
         Step::Softmax { rows, len, x, y } => {

@@ -18,10 +18,8 @@
 
 use std::ops::Range;
 
-#[cfg(target_arch = "x86_64")]
-use super::has_avx512;
 use super::product::Product;
-use super::{Aligned, fma};
+use super::{Aligned, Threads, fma};
 use crate::engine::compiler::ir::Act;
 use crate::engine::cpu::vector::activate;
 
@@ -98,13 +96,14 @@ pub(super) fn column_shares(n: usize, parts: usize) -> Vec<Range<usize>> {
 }
 
 /// `y = act(x·w + bias + residual)` for the columns `cols` of `p` (its `w` being `panels`),
-/// with the widest tiles the CPU has.
-pub(super) fn run_panels(p: &Product, panels: &Panels, cols: Range<usize>) {
+/// with the widest tiles the CPU has (AVX-512 where `threads` may use it).
+pub(super) fn run_panels(p: &Product, panels: &Panels, cols: Range<usize>, threads: Threads) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: the CPU has AVX-512F.
+    if threads.avx512 {
+        // SAFETY: the CPU has AVX-512F (`Threads::new`).
         return unsafe { run_avx512(p, panels, cols) };
     }
+    let _ = threads;
     run_narrow(p, panels, cols)
 }
 

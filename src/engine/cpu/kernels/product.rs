@@ -117,20 +117,20 @@ impl Product {
         // product smaller than about that (squeeze-and-excitation's) runs on one.
         const SHARED_MIN: usize = 1 << 17;
         let threads = match self.rows * self.k * self.n {
-            ..SHARED_MIN => Threads(1),
+            ..SHARED_MIN => threads.single(),
             _ => threads,
         };
-        let t = threads.0;
+        let t = threads.count;
         if let Weights::Panels(panels) = self.w {
             // SAFETY: the panels outlive the run (the runner holds them).
             let panels = unsafe { &*panels };
             if t < 2 {
-                return run_panels(self, panels, 0..self.n);
+                return run_panels(self, panels, 0..self.n, threads);
             }
             if self.n > self.rows {
                 let shares = panels::column_shares(self.n, t);
                 return threads.for_each(shares.len(), |i| {
-                    run_panels(self, panels, shares[i].clone())
+                    run_panels(self, panels, shares[i].clone(), threads)
                 });
             }
         } else if t < 2 || self.rows < 64 {
@@ -149,7 +149,7 @@ impl Product {
                     ..*self
                 }
             };
-            run_product(&part, Threads(1));
+            run_product(&part, threads.single());
         });
     }
 }
@@ -163,7 +163,7 @@ wide! {
 fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
     let (w, strides) = match p.w {
         // SAFETY: the panels outlive the run (the runner holds them).
-        Weights::Panels(panels) => return run_panels(p, unsafe { &*panels }, 0..p.n),
+        Weights::Panels(panels) => return run_panels(p, unsafe { &*panels }, 0..p.n, threads),
         Weights::Strided { ptr, strides } => (ptr, strides),
     };
     let n = p.n;

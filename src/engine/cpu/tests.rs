@@ -398,17 +398,39 @@ fn products_agree_with_the_plain_run() {
 }
 
 /// A per-channel scale before a 1×1 convolution (squeeze-and-excitation's) is folded into
-/// the convolution's weights for the frame where nothing else reads the scaled values, and
-/// left as it is where something does: the outputs are the plain run's either way.
+/// the convolution's weights for the frame where nothing else reads the scaled values and
+/// the convolution's output does not overwrite the unscaled ones, and left as it is
+/// otherwise: the outputs are the plain run's either way.
 #[test]
 fn scales_before_a_pointwise_convolution_fold_into_it() {
-    for seed in 0..8 {
+    let all = |loc| Strided {
+        loc,
+        strides: vec![1],
+    };
+    let copy = |from, to, len| Step::Ew {
+        op: None,
+        act: Act::None,
+        cast: Cast::None,
+        dims: vec![len],
+        out: all(to),
+        a: all(from),
+        b: None,
+    };
+    for seed in 0..12 {
         let mut rng = Rng(seed);
         let (h, w, c) = (5 + rng.below(4), 6, 1 + rng.below(40));
         let (pixels, k) = (h * w, 1 + rng.below(29));
-        let read_again = seed % 4 == 3;
+        // The scaled values read again after the product; the product's output placed over
+        // the unscaled input, whose last reader was the scaling (as the arena may place it).
+        let (read_again, over_input) = (seed % 4 == 3, seed % 4 == 1);
+        let (scaled, unscaled) = (Loc::Arena(0), Loc::Arena(pixels * c));
+        let y = if over_input {
+            unscaled
+        } else {
+            Loc::Arena(2 * pixels * c)
+        };
         let x = Strided {
-            loc: Loc::Input(0),
+            loc: unscaled,
             strides: vec![c as i64, 1],
         };
         let s = Strided {
@@ -422,21 +444,21 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             cast: Cast::None,
             dims: vec![pixels, c],
             out: Strided {
-                loc: Loc::Arena(0),
+                loc: scaled,
                 strides: vec![c as i64, 1],
             },
             a,
             b: Some(b),
         };
-        // The 1×1 convolution, as the lowering gives it: NHWC pixels times the weights, and
-        // its activation a step of its own, which the product takes over.
+        // The 1×1 convolution, as the lowering gives it: NHWC pixels times the weights,
+        // and its activation a step of its own, which the product takes over.
         let conv = Step::Gemm {
             batch: 1,
             alpha: 1.0,
             rows: pixels,
             n: k,
             k: c,
-            x: Loc::Arena(0),
+            x: scaled,
             x_batch: 0,
             w: Loc::Weight {
                 index: 0,
@@ -449,45 +471,42 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             }),
             residual: None,
             act: Act::None,
-            y: Loc::Output(0),
+            y,
             y_batch: 0,
-        };
-        let all = |loc| Strided {
-            loc,
-            strides: vec![1],
         };
         let silu = Step::Ew {
             op: None,
             act: Act::Silu,
             cast: Cast::None,
             dims: vec![pixels * k],
-            out: all(Loc::Output(0)),
-            a: all(Loc::Output(0)),
+            out: all(y),
+            a: all(y),
             b: None,
         };
         let input = rng.values(pixels * c + c);
         let weights = vec![rng.values(k * c), rng.values(k)];
         let out_len = pixels * k + if read_again { pixels * c } else { 0 };
-        let (mut plan, weights) = one_step(scale, input.len(), out_len, weights);
-        plan.arena_len = pixels * c;
-        plan.steps.extend([conv, silu]);
-        plan.origins.extend(["conv".into(), "silu".into()]);
+        let (mut plan, weights) = one_step(
+            copy(Loc::Input(0), unscaled, pixels * c),
+            input.len(),
+            out_len,
+            weights,
+        );
+        plan.arena_len = 2 * pixels * c + pixels * k;
+        plan.steps
+            .extend([scale, conv, silu, copy(y, Loc::Output(0), pixels * k)]);
         if read_again {
-            plan.steps.push(Step::Ew {
-                op: None,
-                act: Act::None,
-                cast: Cast::None,
-                dims: vec![pixels * c],
-                out: all(Loc::Output(pixels * k)),
-                a: all(Loc::Arena(0)),
-                b: None,
-            });
-            plan.origins.push("copy".into());
+            plan.steps
+                .push(copy(scaled, Loc::Output(pixels * k), pixels * c));
         }
+        plan.origins = vec!["step".into(); plan.steps.len()];
         let runner = PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), 1)
             .expect("plan");
-        let what = format!("seed {seed}: {h}x{w}x{c} -> {k}, read again: {read_again}");
-        assert_eq!(runner.scaled_inputs(), usize::from(!read_again), "{what}");
+        let what = format!(
+            "seed {seed}: {h}x{w}x{c} -> {k}, read again: {read_again}, over the input: {over_input}"
+        );
+        let folded = !read_again && !over_input;
+        assert_eq!(runner.scaled_inputs(), usize::from(folded), "{what}");
         agree(plan, &weights, &input, &what);
     }
 }

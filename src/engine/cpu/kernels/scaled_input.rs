@@ -53,6 +53,20 @@ pub fn fuse_scales(steps: &[Step], packed: &mut [Packed]) {
         else {
             continue;
         };
+        // The unscaled input must outlive the product, which the arena may have placed
+        // over it (its last reader was the scaling).
+        let unscaled = in_arena(&Span {
+            loc: x.loc,
+            start: 0,
+            end: (rows * k) as i128,
+        });
+        let written = in_arena(&steps[i].written());
+        if let (Some(x), Some(y)) = (unscaled, written)
+            && x.start < y.end
+            && y.start < x.end
+        {
+            continue;
+        }
         if read_from(&steps[i + 1..], steps[i - 1].written()) {
             continue;
         }

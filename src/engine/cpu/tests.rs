@@ -225,8 +225,13 @@ fn elementwise_steps_agree_with_the_plain_run() {
     ];
     for seed in 0..200 {
         let mut rng = Rng(seed);
-        let rank = 1 + rng.below(4);
-        let dims: Vec<usize> = (0..rank).map(|_| 1 + rng.below(6)).collect();
+        let mut rank = 1 + rng.below(4);
+        let mut dims: Vec<usize> = (0..rank).map(|_| 1 + rng.below(6)).collect();
+        // Large enough for the threads to share the rows out.
+        if seed % 8 == 0 {
+            dims = vec![1100 + rng.below(100), 31];
+            rank = 2;
+        }
         let total: usize = dims.iter().product();
         let contiguous = |dims: &[usize]| {
             let mut strides = vec![0i64; dims.len()];

@@ -2,13 +2,17 @@
 //! Element-wise steps: any strides, the innermost loop along memory, with the common
 //! patterns (contiguous, broadcast) written out so that they vectorise.
 
-use super::Buffers;
+use std::ops::Range;
+
+use super::{Buffers, Threads};
 use crate::engine::compiler::ir::{Act, BinOp};
 use crate::engine::compiler::plan::Strided;
 use crate::engine::cpu::vector::activate;
 
 /// `out = act(op(a, b))` over `dims` with each operand's strides: the innermost dimension
-/// runs as a loop over contiguous or broadcast values where it can.
+/// runs as a loop over contiguous or broadcast values where it can, the outermost is shared
+/// out over the threads (each its own rows, as the products before it share them).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn elementwise(
     buf: &Buffers,
@@ -18,9 +22,8 @@ pub(super) fn elementwise(
     out: &Strided,
     a: &Strided,
     b: Option<&Strided>,
+    threads: Threads,
 ) {
-    let (po, pa) = (buf.at_mut(out.loc), buf.at(a.loc));
-    let pb = b.map(|b| buf.at(b.loc));
     if dims.contains(&0) {
         return;
     }
@@ -47,6 +50,38 @@ pub(super) fn elementwise(
     let dims: Vec<usize> = order.iter().map(|&d| dims[d]).collect();
     let (out, a, b) = (&reorder(out), &reorder(a), b.map(reorder));
     let b = b.as_ref();
+    // Sharing out costs microseconds: worth it over tens of thousands of values.
+    let total: usize = dims.iter().product();
+    let parts = match dims.len() {
+        2.. if total >= 1 << 15 => threads.count.min(dims[0]),
+        _ => 1,
+    };
+    if parts < 2 {
+        let all = 0..dims.first().copied().unwrap_or(1);
+        return lines(buf, op, act, &dims, out, a, b, all);
+    }
+    threads.for_each(parts, |p| {
+        let rows = p * dims[0] / parts..(p + 1) * dims[0] / parts;
+        lines(buf, op, act, &dims, out, a, b, rows)
+    });
+}
+
+/// The lines of an element-wise step (after `elementwise`'s reordering) whose outermost
+/// index lies in `first`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn lines(
+    buf: &Buffers,
+    op: Option<BinOp>,
+    act: Act,
+    dims: &[usize],
+    out: &Strided,
+    a: &Strided,
+    b: Option<&Strided>,
+    first: Range<usize>,
+) {
+    let (po, pa) = (buf.at_mut(out.loc), buf.at(a.loc));
+    let pb = b.map(|b| buf.at(b.loc));
     let rank = dims.len();
     let (inner, outer) = match dims.split_last() {
         Some((&inner, outer)) => (inner, outer),
@@ -55,6 +90,12 @@ pub(super) fn elementwise(
     let stride = |s: &Strided| s.strides.last().copied().unwrap_or(0) as isize;
     let (so, sa, sb) = (stride(out), stride(a), b.map_or(0, stride));
     let mut index = vec![0usize; outer.len()];
+    if let Some(i) = index.first_mut() {
+        if first.is_empty() {
+            return;
+        }
+        *i = first.start;
+    }
     loop {
         let base = |s: &Strided| -> isize {
             index
@@ -79,7 +120,8 @@ pub(super) fn elementwise(
                 }
             }
         }
-        // The next index of the outer dimensions, last fastest.
+        // The next index of the outer dimensions, last fastest; the first stops at the end
+        // of `first`.
         let mut d = rank.saturating_sub(1);
         loop {
             if d == 0 {
@@ -87,8 +129,12 @@ pub(super) fn elementwise(
             }
             d -= 1;
             index[d] += 1;
-            if index[d] < outer[d] {
+            let end = if d == 0 { first.end } else { outer[d] };
+            if index[d] < end {
                 break;
+            }
+            if d == 0 {
+                return;
             }
             index[d] = 0;
         }

@@ -313,7 +313,7 @@ fn run_with<const FMA: bool>(
             out,
             a,
             b,
-        } => elementwise(buf, *op, *act, dims, out, a, b.as_ref()),
+        } => elementwise(buf, *op, *act, dims, out, a, b.as_ref(), threads),
         Step::Zero { loc, len } => {
             // SAFETY: checked span.
             unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*loc), *len) }.fill(0.0)

@@ -156,7 +156,11 @@ impl PlanRunner {
             let (input, out) = jobs.into_iter().next().expect("one call");
             let mut scratch = self.take_scratch();
             let threads = self.on(self.threads);
-            POOL.install(|| Team::run(|| self.run_plan(input, out, &mut scratch, threads, None)));
+            POOL.install(|| {
+                Team::run(self.threads, || {
+                    self.run_plan(input, out, &mut scratch, threads, None)
+                })
+            });
             self.keep_scratch(scratch);
         } else {
             // Several calls: each worker runs its share one by one, single-threaded.
@@ -188,7 +192,9 @@ impl PlanRunner {
         let mut times = Vec::new();
         let threads = self.on(self.threads);
         POOL.install(|| {
-            Team::run(|| self.run_plan(input, &mut out, &mut scratch, threads, Some(&mut times)))
+            Team::run(self.threads, || {
+                self.run_plan(input, &mut out, &mut scratch, threads, Some(&mut times))
+            })
         });
         self.keep_scratch(scratch);
         times

@@ -154,7 +154,7 @@ impl Threads {
         match self.count {
             0 | 1 => (0..n).for_each(f),
             t => {
-                if Team::for_each(n, t, &f).is_none() {
+                if Team::for_each(n, &f).is_none() {
                     (0..n)
                         .into_par_iter()
                         .with_min_len(n.div_ceil(t * 4).max(1))

@@ -9,7 +9,7 @@
 //! shared pool instead, so that many elements do not spin against each other.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::Thread;
 
@@ -25,14 +25,22 @@ struct Job<'a> {
 
 #[derive(Default)]
 struct Shared {
+    /// Counts the runs that held the team: a helper that sees it change is part of a new
+    /// run, and takes its jobs from the epoch it finds then.
+    run: AtomicUsize,
+    /// The helpers that take part in the run that holds the team (the first ones); the
+    /// others sleep, so that a run of two threads keeps two cores busy, not all of them.
+    awake: AtomicUsize,
+    /// Helpers of the run that have seen it start.
+    ready: AtomicUsize,
     /// Counts the jobs handed out; a helper that sees it change takes part in the new job.
     epoch: AtomicUsize,
     job: AtomicPtr<Job<'static>>,
     /// Helpers done with the current job: the caller waits for all of them, so that none
     /// still reads a job that is gone.
     checked_in: AtomicUsize,
-    /// Whether a run holds the team (its helpers spin) or not (they sleep).
-    running: AtomicBool,
+    /// A helper's panic in its share of a job, for the caller to raise again.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 pub struct Team {
@@ -71,61 +79,79 @@ impl Team {
         }
     }
 
-    /// Runs `f` with the team awake for the `threads.for_each` calls it makes on this thread,
-    /// or, where another run holds the team, as it is.
-    pub fn run<R>(f: impl FnOnce() -> R) -> R {
+    /// Runs `f` with `threads - 1` of the team's helpers awake for the `threads.for_each`
+    /// calls it makes on this thread, or, where another run holds the team, as it is.
+    pub fn run<R>(threads: usize, f: impl FnOnce() -> R) -> R {
         let team: &'static Team = &TEAM;
         let Ok(_held) = team.held.try_lock() else {
             return f();
         };
-        team.shared.running.store(true, Ordering::SeqCst);
-        team.helpers.iter().for_each(Thread::unpark);
+        let shared = &team.shared;
+        let awake = threads.saturating_sub(1).min(team.helpers.len());
+        shared.ready.store(0, Ordering::SeqCst);
+        shared.run.fetch_add(1, Ordering::SeqCst);
+        shared.awake.store(awake, Ordering::SeqCst);
+        team.helpers[..awake].iter().for_each(Thread::unpark);
+        // No job before every helper of the run knows the epoch it starts from.
+        let mut spins = 0u32;
+        while shared.ready.load(Ordering::SeqCst) < awake {
+            wait(&mut spins);
+        }
         let previous = CURRENT.replace(Some(team));
         // Put back on the way out, a panic included.
         struct Done(&'static Team, Option<&'static Team>);
         impl Drop for Done {
             fn drop(&mut self) {
                 CURRENT.set(self.1);
-                self.0.shared.running.store(false, Ordering::SeqCst);
+                self.0.shared.awake.store(0, Ordering::SeqCst);
             }
         }
         let _done = Done(team, previous);
         f()
     }
 
-    /// Runs `f` on each of `0..n` with `threads - 1` helpers, if a team runs on this thread;
+    /// Runs `f` on each of `0..n` with the run's helpers, if a team runs on this thread;
     /// `None` (and nothing run) otherwise.
-    pub fn for_each(n: usize, threads: usize, f: &(dyn Fn(usize) + Sync)) -> Option<()> {
+    pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) -> Option<()> {
         let team = CURRENT.get()?;
         let shared = &team.shared;
         let job = Job {
             f,
             n,
-            helpers: threads.saturating_sub(1).min(team.helpers.len()),
+            helpers: shared.awake.load(Ordering::SeqCst),
         };
         shared.checked_in.store(0, Ordering::SeqCst);
-        // SAFETY (of the lifetime's extension): the job outlives its use; every helper
-        // checks in, done with it, before this returns.
+        // SAFETY (of the lifetime's extension): the job outlives its use; every helper of
+        // the run checks in, done with it, before this returns.
         let ptr = &job as *const Job as *mut Job<'static>;
         shared.job.store(ptr, Ordering::SeqCst);
         shared.epoch.fetch_add(1, Ordering::SeqCst);
         // Waits for the helpers on the way out, a panic included, since they read `job`.
-        struct CheckIn(&'static Team);
-        impl Drop for CheckIn {
+        struct CheckIn<'a>(&'static Team, &'a Job<'a>);
+        impl Drop for CheckIn<'_> {
             fn drop(&mut self) {
                 let shared = &self.0.shared;
                 let mut spins = 0u32;
-                while shared.checked_in.load(Ordering::SeqCst) < self.0.helpers.len() {
+                while shared.checked_in.load(Ordering::SeqCst) < self.1.helpers {
                     wait(&mut spins);
                 }
                 shared.job.store(std::ptr::null_mut(), Ordering::SeqCst);
                 CURRENT.set(Some(self.0));
             }
         }
-        let _check_in = CheckIn(team);
+        let check_in = CheckIn(team, &job);
         // A job's items run no jobs of their own through the team.
         CURRENT.set(None);
         take_items(&job, 0);
+        drop(check_in);
+        let panic = shared
+            .panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(panic) = panic {
+            std::panic::resume_unwind(panic);
+        }
         Some(())
     }
 }
@@ -147,20 +173,27 @@ fn wait(spins: &mut u32) {
     }
 }
 
-/// A helper: takes part in each job while a run holds the team, sleeps otherwise.
+/// A helper: takes part in each job of a run that wakes it, sleeps otherwise.
 fn help(shared: &Shared, index: usize) {
-    // The team's first epoch: a helper that starts late still takes part in every job.
-    let mut seen = 0;
-    let mut spins = 0u32;
+    let (mut run, mut seen, mut spins) = (0, 0, 0u32);
     loop {
+        if index >= shared.awake.load(Ordering::SeqCst) {
+            spins = 0;
+            std::thread::park();
+            continue;
+        }
+        let current = shared.run.load(Ordering::SeqCst);
+        if current != run {
+            // A new run: its jobs are those after the epoch now (the caller waits for this
+            // before handing out the first).
+            run = current;
+            seen = shared.epoch.load(Ordering::SeqCst);
+            shared.ready.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
         let epoch = shared.epoch.load(Ordering::SeqCst);
         if epoch == seen {
-            if shared.running.load(Ordering::SeqCst) {
-                wait(&mut spins);
-            } else {
-                spins = 0;
-                std::thread::park();
-            }
+            wait(&mut spins);
             continue;
         }
         spins = 0;
@@ -168,11 +201,9 @@ fn help(shared: &Shared, index: usize) {
         // SAFETY: the caller published the job before the epoch, and keeps it until
         // this helper checks in below.
         let job = unsafe { &*shared.job.load(Ordering::SeqCst) };
-        if index < job.helpers {
-            // A panic in an item is the caller's to see (the item is not done); the helper
-            // checks in all the same, and lives on.
-            let items = std::panic::AssertUnwindSafe(|| take_items(job, index + 1));
-            let _ = std::panic::catch_unwind(items);
+        let items = std::panic::AssertUnwindSafe(|| take_items(job, index + 1));
+        if let Err(panic) = std::panic::catch_unwind(items) {
+            *shared.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(panic);
         }
         shared.checked_in.fetch_add(1, Ordering::SeqCst);
     }

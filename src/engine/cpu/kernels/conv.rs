@@ -2,12 +2,14 @@
 //! Convolutions: depthwise ones as loops along the NHWC channels, the others unfolded
 //! (im2col) into a matrix product, with their weights packed once for each.
 
+#[cfg(target_arch = "x86_64")]
 use std::ops::Range;
 use std::sync::Arc;
 
 use super::panels::Panels;
 use super::product::{Product, Weights, epilogue_init};
 use super::{Aligned, Buffers, Packed, Threads, fma};
+#[cfg(target_arch = "x86_64")]
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 use crate::engine::cpu::vector::activate;
@@ -77,6 +79,7 @@ pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads
 
 /// The kernel positions along one axis that land inside the input for output position
 /// `o` (a contiguous range, the input position growing with the kernel's).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn taps_inside(
     o: usize,

@@ -203,6 +203,7 @@ struct Tile {
     /// The panel's first value at `ks.start`.
     b: *const f32,
     /// The next panel's, where the tile takes two (null otherwise).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     b2: *const f32,
     /// The clamp of the block's results: ReLU or clipping, on the last block of k.
     clamp: Option<(f32, f32)>,

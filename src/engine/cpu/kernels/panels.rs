@@ -60,9 +60,7 @@ impl Panels {
             n,
         }
     }
-}
 
-impl Panels {
     /// `diag(scale) · w` into `into`: row `i` of the matrix times `scale[i]`.
     pub fn scale_rows(&self, scale: &[f32], into: &mut Panels) {
         into.k = self.k;
@@ -114,11 +112,12 @@ unsafe fn run_avx512(p: &Product, panels: &Panels, cols: Range<usize>) {
 }
 
 wide! {
-    fn run_narrow(product: &Product, panels: &Panels, cols: Range<usize>) => run_avx2
+    /// Tiles of AVX2 registers, NEON's or plain loops.
+    fn run_narrow(product: &Product, panels: &Panels, cols: Range<usize>) => run_narrow_with
 }
 
 #[inline(always)]
-fn run_avx2<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
+fn run_narrow_with<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
     run::<FMA, false>(p, panels, cols)
 }
 

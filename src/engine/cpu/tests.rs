@@ -423,11 +423,18 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
     };
     for seed in 0..12 {
         let mut rng = Rng(seed);
-        let (h, w, c) = (5 + rng.below(4), 6, 1 + rng.below(40));
-        let (pixels, k) = (h * w, 1 + rng.below(29));
-        // The scaled values read again after the product; the product's output placed over
-        // the unscaled input, whose last reader was the scaling (as the arena may place it).
+        let (h, w, c) = (5 + rng.below(4), 6, 1 + rng.below(20));
+        // The scaled values read again after the product, or by the product as its
+        // residual; the product's output placed over the unscaled input, whose last reader
+        // was the scaling (as the arena may place it).
         let (read_again, over_input) = (seed % 4 == 3, seed % 4 == 1);
+        let residual_scaled = seed % 4 == 2 && seed > 4;
+        let pixels = h * w;
+        let k = if residual_scaled {
+            c
+        } else {
+            1 + rng.below(29)
+        };
         let (scaled, unscaled) = (Loc::Arena(0), Loc::Arena(pixels * c));
         let y = if over_input {
             unscaled
@@ -474,7 +481,7 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
                 index: 1,
                 offset: 0,
             }),
-            residual: None,
+            residual: residual_scaled.then_some(scaled),
             act: Act::None,
             y,
             y_batch: 0,
@@ -508,9 +515,10 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
         let runner = PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), 1)
             .expect("plan");
         let what = format!(
-            "seed {seed}: {h}x{w}x{c} -> {k}, read again: {read_again}, over the input: {over_input}"
+            "seed {seed}: {h}x{w}x{c} -> {k}, read again: {read_again}, over the input: \
+             {over_input}, the residual: {residual_scaled}"
         );
-        let folded = !read_again && !over_input;
+        let folded = !read_again && !over_input && !residual_scaled;
         assert_eq!(runner.scaled_inputs(), usize::from(folded), "{what}");
         agree(plan, &weights, &input, &what);
     }

@@ -141,6 +141,11 @@ impl Threads {
     }
 
     fn gemm(self) -> gemm::Parallelism {
+        // The team's helpers spin through a frame's run: `gemm` sharing its products over
+        // the pool's threads beside them would oversubscribe the cores.
+        if Team::active() {
+            return gemm::Parallelism::None;
+        }
         match self.count {
             0 | 1 => gemm::Parallelism::None,
             n => gemm::Parallelism::Rayon(n),
@@ -204,6 +209,8 @@ pub fn avx512_available() -> bool {
         *AVAILABLE.get_or_init(|| {
             std::env::var("TRTCLASSIFY_CPU_AVX512").map_or(true, |v| v != "0")
                 && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

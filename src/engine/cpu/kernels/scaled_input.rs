@@ -33,6 +33,9 @@ pub fn fuse_scales(steps: &[Step], packed: &mut [Packed]) {
                 n,
                 k,
                 x: product_x,
+                w,
+                bias,
+                residual,
                 ..
             },
         ) = (&steps[i - 1], &steps[i])
@@ -53,21 +56,25 @@ pub fn fuse_scales(steps: &[Step], packed: &mut [Packed]) {
         else {
             continue;
         };
+        let span = |loc, len: usize| Span {
+            loc,
+            start: 0,
+            end: len as i128,
+        };
         // The unscaled input must outlive the product, which the arena may have placed
         // over it (its last reader was the scaling).
-        let unscaled = in_arena(&Span {
-            loc: x.loc,
-            start: 0,
-            end: (rows * k) as i128,
-        });
-        let written = in_arena(&steps[i].written());
-        if let (Some(x), Some(y)) = (unscaled, written)
-            && x.start < y.end
-            && y.start < x.end
-        {
+        if overlap(&span(x.loc, rows * k), &steps[i].written()) {
             continue;
         }
-        if read_from(&steps[i + 1..], steps[i - 1].written()) {
+        // Nothing but the product's `x` may read the scaled values (its residual could).
+        let scaled = steps[i - 1].written();
+        let operands = [
+            Some(span(*w, k * n)),
+            bias.map(|b| span(b, *n)),
+            residual.map(|z| span(z, rows * n)),
+        ];
+        let read = operands.iter().flatten().any(|o| overlap(o, &scaled));
+        if read || read_from(&steps[i + 1..], scaled) {
             continue;
         }
         let Packed::Panels(panels, act) = std::mem::replace(&mut packed[i], Packed::Skip) else {
@@ -121,6 +128,14 @@ fn read_from(steps: &[Step], span: Span) -> bool {
         }
     }
     false
+}
+
+/// Whether two spans share arena elements.
+fn overlap(a: &Span, b: &Span) -> bool {
+    match (in_arena(a), in_arena(b)) {
+        (Some(a), Some(b)) => a.start < b.end && b.start < a.end,
+        _ => false,
+    }
 }
 
 /// The arena elements of `span`, absolutely.

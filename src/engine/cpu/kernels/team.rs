@@ -23,16 +23,14 @@ struct Job<'a> {
     helpers: usize,
 }
 
-#[derive(Default)]
 struct Shared {
-    /// Counts the runs that held the team: a helper that sees it change is part of a new
-    /// run, and takes its jobs from the epoch it finds then.
-    run: AtomicUsize,
-    /// The helpers that take part in the run that holds the team (the first ones); the
-    /// others sleep, so that a run of two threads keeps two cores busy, not all of them.
-    awake: AtomicUsize,
-    /// Helpers of the run that have seen it start.
-    ready: AtomicUsize,
+    /// The run that holds the team and the helpers that take part in it (the first ones;
+    /// the others sleep, so that a run of two threads keeps two cores busy, not all of
+    /// them), one word (`run << 8 | helpers`) so that a helper reads both at once.
+    state: AtomicUsize,
+    /// The run each helper last joined: it records there the run whose jobs it takes part
+    /// in, once it knows the epoch they start after.
+    joined: Box<[AtomicUsize]>,
     /// Counts the jobs handed out; a helper that sees it change takes part in the new job.
     epoch: AtomicUsize,
     job: AtomicPtr<Job<'static>>,
@@ -55,12 +53,25 @@ thread_local! {
     static CURRENT: Cell<Option<&'static Team>> = const { Cell::new(None) };
 }
 
-/// The team: as many helpers as the machine has cores, less the calling thread's.
-static TEAM: LazyLock<Team> = LazyLock::new(|| Team::new(super::super::cores() - 1));
+/// The team: as many helpers as the machine has cores, less the calling thread's (up to
+/// 255, what `Shared::state` holds).
+static TEAM: LazyLock<Team> = LazyLock::new(|| Team::new((super::super::cores() - 1).min(255)));
+
+/// A run and its helpers, from `Shared::state`.
+fn unpack(state: usize) -> (usize, usize) {
+    (state >> 8, state & 0xFF)
+}
 
 impl Team {
     fn new(helpers: usize) -> Team {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            state: AtomicUsize::new(0),
+            joined: (0..helpers).map(|_| AtomicUsize::new(0)).collect(),
+            epoch: AtomicUsize::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            checked_in: AtomicUsize::new(0),
+            panic: Mutex::new(None),
+        });
         let helpers = (0..helpers)
             .map(|index| {
                 let shared = shared.clone();
@@ -88,14 +99,15 @@ impl Team {
         };
         let shared = &team.shared;
         let awake = threads.saturating_sub(1).min(team.helpers.len());
-        shared.ready.store(0, Ordering::SeqCst);
-        shared.run.fetch_add(1, Ordering::SeqCst);
-        shared.awake.store(awake, Ordering::SeqCst);
+        let run = unpack(shared.state.load(Ordering::SeqCst)).0 + 1;
+        shared.state.store(run << 8 | awake, Ordering::SeqCst);
         team.helpers[..awake].iter().for_each(Thread::unpark);
-        // No job before every helper of the run knows the epoch it starts from.
+        // No job before every helper of the run knows the epoch it starts after.
         let mut spins = 0u32;
-        while shared.ready.load(Ordering::SeqCst) < awake {
-            wait(&mut spins);
+        for joined in &shared.joined[..awake] {
+            while joined.load(Ordering::SeqCst) != run {
+                wait(&mut spins);
+            }
         }
         let previous = CURRENT.replace(Some(team));
         // Put back on the way out, a panic included.
@@ -103,11 +115,18 @@ impl Team {
         impl Drop for Done {
             fn drop(&mut self) {
                 CURRENT.set(self.1);
-                self.0.shared.awake.store(0, Ordering::SeqCst);
+                let shared = &self.0.shared;
+                let run = unpack(shared.state.load(Ordering::SeqCst)).0;
+                shared.state.store(run << 8, Ordering::SeqCst);
             }
         }
         let _done = Done(team, previous);
         f()
+    }
+
+    /// Whether a run holds the team on this thread.
+    pub fn active() -> bool {
+        CURRENT.get().is_some()
     }
 
     /// Runs `f` on each of `0..n` with the run's helpers, if a team runs on this thread;
@@ -118,9 +137,15 @@ impl Team {
         let job = Job {
             f,
             n,
-            helpers: shared.awake.load(Ordering::SeqCst),
+            helpers: unpack(shared.state.load(Ordering::SeqCst)).1,
         };
         shared.checked_in.store(0, Ordering::SeqCst);
+        // A panic left by a job whose caller panicked too is not this job's.
+        shared
+            .panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         // SAFETY (of the lifetime's extension): the job outlives its use; every helper of
         // the run checks in, done with it, before this returns.
         let ptr = &job as *const Job as *mut Job<'static>;
@@ -175,25 +200,35 @@ fn wait(spins: &mut u32) {
 
 /// A helper: takes part in each job of a run that wakes it, sleeps otherwise.
 fn help(shared: &Shared, index: usize) {
-    let (mut run, mut seen, mut spins) = (0, 0, 0u32);
+    let (mut mine, mut seen, mut spins) = (0, 0, 0u32);
+    // Whether the run that holds the team is `mine`, and this helper part of it.
+    let in_run = |mine: usize| {
+        let (run, helpers) = unpack(shared.state.load(Ordering::SeqCst));
+        (run == mine && index < helpers, run, helpers)
+    };
     loop {
-        if index >= shared.awake.load(Ordering::SeqCst) {
+        let (_, run, helpers) = in_run(mine);
+        if index >= helpers {
             spins = 0;
             std::thread::park();
             continue;
         }
-        let current = shared.run.load(Ordering::SeqCst);
-        if current != run {
+        if run != mine {
             // A new run: its jobs are those after the epoch now (the caller waits for this
             // before handing out the first).
-            run = current;
+            mine = run;
             seen = shared.epoch.load(Ordering::SeqCst);
-            shared.ready.fetch_add(1, Ordering::SeqCst);
+            shared.joined[index].store(run, Ordering::SeqCst);
             continue;
         }
         let epoch = shared.epoch.load(Ordering::SeqCst);
         if epoch == seen {
             wait(&mut spins);
+            continue;
+        }
+        // A new job, of this helper's run if the run still is (a run publishes its state
+        // before its jobs): else the state is read again from the top.
+        if !in_run(mine).0 {
             continue;
         }
         spins = 0;

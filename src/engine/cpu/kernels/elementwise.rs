@@ -4,10 +4,9 @@
 
 use std::ops::Range;
 
-use super::{Buffers, Threads};
+use super::{Buffers, Threads, activate};
 use crate::engine::compiler::ir::{Act, BinOp};
 use crate::engine::compiler::plan::Strided;
-use crate::engine::cpu::vector::activate;
 
 /// `out = act(op(a, b))` over `dims` with each operand's strides: the innermost dimension
 /// runs as a loop over contiguous or broadcast values where it can, the outermost is shared
@@ -191,6 +190,7 @@ unsafe fn binary(
     // SAFETY: the caller's.
     unsafe {
         match (so, sa, sb) {
+            (1, 1, 1) if fits_slices(n, o, a, b) => contiguous(n, o, a, b, f),
             (1, 1, 1) => (0..n).for_each(|i| *o.add(i) = f(*a.add(i), *b.add(i))),
             (1, 1, 0) => {
                 let b = *b;
@@ -202,6 +202,86 @@ unsafe fn binary(
             }
             _ => (0..n as isize)
                 .for_each(|i| *o.offset(i * so) = f(*a.offset(i * sa), *b.offset(i * sb))),
+        }
+    }
+}
+
+/// Whether `n` values at `o` are `a`'s or `b`'s own (in place) or lie apart from each:
+/// what `contiguous` needs.
+fn fits_slices(n: usize, o: *mut f32, a: *const f32, b: *const f32) -> bool {
+    let apart = |p: *const f32| {
+        let (o, p) = (o as usize, p as usize);
+        o == p || o + 4 * n <= p || p + 4 * n <= o
+    };
+    apart(a) && apart(b)
+}
+
+/// `o[i] = f(a[i], b[i])` over `n` contiguous values, as slices: the compiler vectorises
+/// those without checking at run time that they do not overlap, a check that it gave up on
+/// for raw pointers inside the large function the steps inline into (the loop stayed scalar:
+/// squeeze-and-excitation's scalings at 0.8 ns a value).
+///
+/// # Safety
+/// `n` values at each pointer; `fits_slices`.
+#[inline(always)]
+unsafe fn contiguous(
+    n: usize,
+    o: *mut f32,
+    a: *const f32,
+    b: *const f32,
+    f: impl Fn(f32, f32) -> f32,
+) {
+    // SAFETY: the caller's: the output is an operand itself or apart from it, so that no
+    // shared slice overlaps the mutable one.
+    unsafe {
+        let out = std::slice::from_raw_parts_mut(o, n);
+        let other = |p: *const f32| std::slice::from_raw_parts(p, n);
+        match (std::ptr::eq(o, a), std::ptr::eq(o, b)) {
+            (true, true) => out.iter_mut().for_each(|x| *x = f(*x, *x)),
+            (true, false) => out
+                .iter_mut()
+                .zip(other(b))
+                .for_each(|(x, &y)| *x = f(*x, y)),
+            (false, true) => out
+                .iter_mut()
+                .zip(other(a))
+                .for_each(|(x, &y)| *x = f(y, *x)),
+            (false, false) => out
+                .iter_mut()
+                .zip(other(a).iter().zip(other(b)))
+                .for_each(|(x, (&y, &z))| *x = f(y, z)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Contiguous lines in place over either operand, over both, apart from both, and
+    /// overlapping one partly (which takes the pointer loop, read before written).
+    #[test]
+    fn contiguous_lines_in_place_and_apart() {
+        let n = 37;
+        let start: Vec<f32> = (0..4 * n).map(|i| i as f32 * 0.5 - 20.0).collect();
+        let sub = |x: f32, y: f32| x - y;
+        // (output, a, b) as offsets into one buffer.
+        for (o, a, b) in [
+            (0, 0, n),
+            (n, 0, n),
+            (0, 0, 0),
+            (2 * n, 0, n),
+            (3, 0, 2 * n),
+        ] {
+            let mut v = start.clone();
+            let p = v.as_mut_ptr();
+            // SAFETY: every line lies inside `v`.
+            unsafe { binary(n, p.add(o), 1, p.add(a), 1, p.add(b), 1, sub) };
+            let mut want = start.clone();
+            for i in 0..n {
+                want[o + i] = want[a + i] - want[b + i];
+            }
+            assert_eq!(v, want, "output at {o}, a at {a}, b at {b}");
         }
     }
 }

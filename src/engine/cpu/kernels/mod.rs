@@ -14,7 +14,6 @@
 
 use std::sync::Arc;
 
-use super::vector::activate;
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 
@@ -217,6 +216,14 @@ pub fn avx512_available() -> bool {
     false
 }
 
+wide! {
+    /// `vector::activate` with FMA where the CPU has it, for kernels that are not generic
+    /// over it themselves.
+    fn activate(act: Act, v: &mut [f32]) => activate_with
+}
+
+use super::vector::activate as activate_with;
+
 // After `wide!`, which they use.
 mod conv;
 mod elementwise;
@@ -292,12 +299,7 @@ wide! {
     fn run_step(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) => run_with
 }
 
-/// `a·b + c`, fused where the CPU does it in one instruction (elsewhere `mul_add` is a
-/// slow library call).
-#[inline(always)]
-fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA { a.mul_add(b, c) } else { a * b + c }
-}
+use super::vector::fma;
 
 #[inline(always)]
 fn run_with<const FMA: bool>(
@@ -460,7 +462,7 @@ fn run_with<const FMA: bool>(
                 let (x, y) = (rows_in(buf, *x, r, *len), rows_out(buf, *y, r, *len));
                 let max = x.iter().copied().fold(f32::MIN, f32::max);
                 y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - max);
-                activate(Act::Exp, y);
+                activate_with::<FMA>(Act::Exp, y);
                 let scale = 1.0 / y.iter().sum::<f32>();
                 y.iter_mut().for_each(|o| *o *= scale);
             }

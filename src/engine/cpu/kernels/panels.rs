@@ -19,9 +19,8 @@
 use std::ops::Range;
 
 use super::product::Product;
-use super::{Aligned, Threads, fma};
+use super::{Aligned, Threads, activate_with, fma};
 use crate::engine::compiler::ir::Act;
-use crate::engine::cpu::vector::activate;
 
 /// Columns of a panel; a last panel of 8 where no more than 8 columns remain.
 const WIDTH: usize = 16;
@@ -186,7 +185,7 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
                     let out = unsafe {
                         std::slice::from_raw_parts_mut(p.y.add(r * p.y_stride + c0), c1 - c0)
                     };
-                    activate(p.act, out);
+                    activate_with::<FMA>(p.act, out);
                 }
             }
         }
@@ -376,31 +375,23 @@ unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
                 _mm256_maskload_ps(p.add(8 * j), masks[j])
             }
         };
-        let mut s = [[_mm256_setzero_ps(); 2]; R];
-        match at.start {
-            Start::Output => {
-                for (r, row) in s.iter_mut().enumerate() {
-                    for (j, x) in row.iter_mut().take(v).enumerate() {
-                        *x = get(at.y.add(r * at.y_stride), j);
-                    }
-                }
-            }
-            Start::Epilogue { bias, residual } => {
-                if let Some(bias) = bias {
-                    let b = [get(bias, 0), get(bias, v - 1)];
-                    for row in s.iter_mut() {
-                        *row = b;
-                    }
-                }
-                if let Some(z) = residual {
-                    for (r, row) in s.iter_mut().enumerate() {
-                        for (j, x) in row.iter_mut().take(v).enumerate() {
-                            *x = _mm256_add_ps(*x, get(z.add(r * at.y_stride), j));
-                        }
-                    }
-                }
+        // As with AVX-512's tiles: the sums start from zero and take what they add to (the
+        // output of the previous blocks of k, or the bias and the residual) after the loop,
+        // so that the rows of those, asked for here, arrive while the loop runs. (Loaded
+        // first, a residual's rows from memory stalled ResNet-50's short products: k = 64.)
+        let added = match at.start {
+            Start::Output => Some(at.y as *const f32),
+            Start::Epilogue { residual, .. } => residual,
+        };
+        if let Some(z) = added {
+            for r in 0..R {
+                // A row's `W` values span at most two lines. A prefetch does not fault.
+                let row = z.wrapping_add(r * at.y_stride);
+                _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(W - 1) as *const i8);
             }
         }
+        let mut s = [[_mm256_setzero_ps(); 2]; R];
         for i in 0..at.k {
             let bi = at.b.add(i * W);
             let w = [_mm256_loadu_ps(bi), _mm256_loadu_ps(bi.add(8 * (v - 1)))];
@@ -408,6 +399,29 @@ unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
                 let a = _mm256_broadcast_ss(&*at.x.add(r * at.x_stride + i));
                 for (x, &w) in row.iter_mut().zip(&w).take(v) {
                     *x = _mm256_fmadd_ps(a, w, *x);
+                }
+            }
+        }
+        let add_rows = |s: &mut [[__m256; 2]; R], z: *const f32| {
+            for (r, row) in s.iter_mut().enumerate() {
+                for (j, x) in row.iter_mut().take(v).enumerate() {
+                    *x = _mm256_add_ps(*x, get(z.add(r * at.y_stride), j));
+                }
+            }
+        };
+        match at.start {
+            Start::Output => add_rows(&mut s, at.y),
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let b = [get(bias, 0), get(bias, v - 1)];
+                    for row in s.iter_mut() {
+                        for (x, &b) in row.iter_mut().zip(&b).take(v) {
+                            *x = _mm256_add_ps(*x, b);
+                        }
+                    }
+                }
+                if let Some(z) = residual {
+                    add_rows(&mut s, z);
                 }
             }
         }

@@ -4,10 +4,9 @@
 //! fusion of a following activation into them.
 
 use super::panels::{self, Panels, run_panels};
-use super::{Packed, Threads};
+use super::{Packed, Threads, activate_with};
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{Cast, Step};
-use crate::engine::cpu::vector::activate;
 
 /// Moves an activation that follows a matrix product in place (the lowering's form of
 /// everything but ReLU, which cuBLASLt's epilogue takes) into the product's own epilogue.
@@ -223,7 +222,7 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
                     out.iter_mut().zip(z).for_each(|(o, &z)| *o += z);
                 }
             }
-            activate(p.act, out);
+            activate_with::<FMA>(p.act, out);
         }
     }
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The steps of a plan (`compiler::plan`, lowered in f32) run on the CPU: convolutions and
-//! matrix products with constant weights on weights packed once (`panels`: AVX2/FMA or NEON
-//! tiles), products of computed matrices (attention) and grouped convolutions through the
-//! `gemm` crate, and the rest (depthwise convolution, pooling, element-wise steps) as loops
+//! matrix products with constant weights on weights packed once (`panels`: AVX-512, AVX2/FMA
+//! or NEON tiles), depthwise convolutions in AVX-512 or AVX2 register tiles (`conv`; loops
+//! the compiler vectorises elsewhere), products of computed matrices (attention) and grouped
+//! convolutions through the `gemm` crate, and the rest (pooling, element-wise steps) as loops
 //! over NHWC channels that the compiler vectorises.
 //!
 //! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,

@@ -282,15 +282,43 @@ impl<'a> DepthwiseRow<'a> {
         }
     }
 
-    /// The input column of output pixel `ox`'s first tap (`cols.start`); `None` where its
-    /// taps all fall outside the input (padding wider than the kernel: the pixel is its
-    /// bias).
+    /// Calls `tap(x, w)` for each tap of output pixel `ox` that falls inside the input
+    /// (the kernel rows `rows`, columns `cols`): `x` the tap's input at channel `cb`, `w` its
+    /// weights there. None where the taps all fall outside (padding wider than the kernel:
+    /// the pixel is its bias).
+    ///
+    /// # Safety
+    /// As `depthwise_row_avx512`.
     #[inline(always)]
-    fn first_tap(&self, ox: usize, cols: &Range<usize>) -> Option<usize> {
+    unsafe fn taps(
+        &self,
+        cb: usize,
+        ox: usize,
+        cols: &Range<usize>,
+        mut tap: impl FnMut(*const f32, *const f32),
+    ) {
         let c = self.c;
-        (ox * c.strides[1] + cols.start * c.dilations[1])
-            .checked_sub(c.pads[1])
-            .filter(|_| !cols.is_empty())
+        let ch = c.k;
+        let first = (ox * c.strides[1] + cols.start * c.dilations[1]).checked_sub(c.pads[1]);
+        let Some(ix0) = first.filter(|_| !cols.is_empty()) else {
+            return;
+        };
+        for r in self.rows.clone() {
+            let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
+            // SAFETY: the caller's: taps inside the input, weights of the step's taps.
+            let (xs, ws) = unsafe {
+                (
+                    self.x.add(((self.n * c.h + iy) * c.w + ix0) * ch + cb),
+                    self.w.add((r * c.kernel[1] + cols.start) * ch + cb),
+                )
+            };
+            for s in 0..cols.len() {
+                tap(
+                    xs.wrapping_add(s * c.dilations[1] * ch),
+                    ws.wrapping_add(s * ch),
+                );
+            }
+        }
     }
 
     /// Output pixels `ox..ox + count` (1 to 8), channels `cb..cb + 16` (fewer at the end),
@@ -402,20 +430,12 @@ impl<'a> DepthwiseRow<'a> {
                     *acc = _mm512_add_ps(*acc, load(z.add((ox + p) * ch + cb)));
                 }
             }
-            if let Some(ix0) = self.first_tap(ox, cols) {
-                for r in self.rows.clone() {
-                    let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
-                    let xs = self.x.add(((self.n * c.h + iy) * c.w + ix0) * ch + cb);
-                    let ws = self.w.add((r * c.kernel[1] + cols.start) * ch + cb);
-                    for s in 0..cols.len() {
-                        let wv = load(ws.add(s * ch));
-                        let xs = xs.add(s * c.dilations[1] * ch);
-                        for (p, acc) in acc.iter_mut().enumerate() {
-                            *acc = _mm512_fmadd_ps(load(xs.add(p * c.strides[1] * ch)), wv, *acc);
-                        }
-                    }
+            self.taps(cb, ox, cols, |xs, ws| {
+                let wv = load(ws);
+                for (p, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_fmadd_ps(load(xs.add(p * c.strides[1] * ch)), wv, *acc);
                 }
-            }
+            });
             if let Some((lo, hi)) = self.clamp {
                 let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
                 for acc in acc.iter_mut() {
@@ -468,26 +488,18 @@ impl<'a> DepthwiseRow<'a> {
                     }
                 }
             }
-            if let Some(ix0) = self.first_tap(ox, cols) {
-                for r in self.rows.clone() {
-                    let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
-                    let xs = self.x.add(((self.n * c.h + iy) * c.w + ix0) * ch + cb);
-                    let ws = self.w.add((r * c.kernel[1] + cols.start) * ch + cb);
-                    for s in 0..cols.len() {
-                        let mut wv = [_mm256_setzero_ps(); B];
-                        for (b, wv) in wv.iter_mut().enumerate() {
-                            *wv = load(ws.add(s * ch + 8 * b));
-                        }
-                        let xs = xs.add(s * c.dilations[1] * ch);
-                        for (p, row) in acc.iter_mut().enumerate() {
-                            let xp = xs.add(p * c.strides[1] * ch);
-                            for (b, acc) in row.iter_mut().enumerate() {
-                                *acc = _mm256_fmadd_ps(load(xp.add(8 * b)), wv[b], *acc);
-                            }
-                        }
+            self.taps(cb, ox, cols, |xs, ws| {
+                let mut wv = [_mm256_setzero_ps(); B];
+                for (b, wv) in wv.iter_mut().enumerate() {
+                    *wv = load(ws.add(8 * b));
+                }
+                for (p, row) in acc.iter_mut().enumerate() {
+                    let xp = xs.add(p * c.strides[1] * ch);
+                    for (b, acc) in row.iter_mut().enumerate() {
+                        *acc = _mm256_fmadd_ps(load(xp.add(8 * b)), wv[b], *acc);
                     }
                 }
-            }
+            });
             if let Some((lo, hi)) = self.clamp {
                 let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
                 for acc in acc.iter_mut().flatten() {

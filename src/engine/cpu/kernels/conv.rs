@@ -67,37 +67,33 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
 pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads) {
     #[cfg(target_arch = "x86_64")]
     {
+        // The kernel columns inside the input are the same for every output row.
+        let cols: Vec<Range<usize>> = (0..c.ow).map(|ox| taps_inside(c, 1, ox)).collect();
         // SAFETY (both): the CPU has the features the row is compiled for (AVX-512F:
         // `Threads::new`); the weights are the step's, packed by `pack`.
         if threads.avx512 {
             return threads.for_each(c.n * c.oh, |row| unsafe {
-                depthwise_row_avx512(buf, c, w, row)
+                depthwise_row_avx512(buf, c, &cols, w, row)
             });
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             return threads.for_each(c.n * c.oh, |row| unsafe {
-                depthwise_row_avx2(buf, c, w, row)
+                depthwise_row_avx2(buf, c, &cols, w, row)
             });
         }
     }
     threads.for_each(c.n * c.oh, |row| depthwise_row(buf, c, w, row));
 }
 
-/// The kernel positions along one axis that land inside the input for output position
-/// `o` (a contiguous range, the input position growing with the kernel's).
+/// The kernel positions along `axis` (0: rows, 1: columns) that land inside the input for
+/// output position `o` (a contiguous range, the input position growing with the kernel's).
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn taps_inside(
-    o: usize,
-    stride: usize,
-    dilation: usize,
-    pad: usize,
-    kernel: usize,
-    len: usize,
-) -> Range<usize> {
-    let start = (o * stride) as isize - pad as isize;
-    let at = |t: usize| start + (t * dilation) as isize;
+fn taps_inside(c: &ConvStep, axis: usize, o: usize) -> Range<usize> {
+    let len = [c.h, c.w][axis];
+    let start = (o * c.strides[axis]) as isize - c.pads[axis] as isize;
+    let at = |t: usize| start + (t * c.dilations[axis]) as isize;
+    let kernel = c.kernel[axis];
     let first = (0..kernel).find(|&t| at(t) >= 0).unwrap_or(kernel);
     let end = (first..kernel)
         .find(|&t| at(t) >= len as isize)
@@ -170,10 +166,16 @@ fn depthwise_row_with<const FMA: bool>(buf: &Buffers, c: &ConvStep, w: &[f32], r
 /// spans were checked.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn depthwise_row_avx512(buf: &Buffers, c: &ConvStep, w: &[f32], row: usize) {
+unsafe fn depthwise_row_avx512(
+    buf: &Buffers,
+    c: &ConvStep,
+    cols: &[Range<usize>],
+    w: &[f32],
+    row: usize,
+) {
     // SAFETY: the caller's.
     unsafe {
-        DepthwiseRow::new(buf, c, w, row)
+        DepthwiseRow::new(buf, c, cols, w, row)
             .run(|row, cb, ox, p, cols| row.pixels_avx512(cb, ox, p, cols))
     }
 }
@@ -184,10 +186,16 @@ unsafe fn depthwise_row_avx512(buf: &Buffers, c: &ConvStep, w: &[f32], row: usiz
 /// As `depthwise_row_avx512`, the CPU having AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn depthwise_row_avx2(buf: &Buffers, c: &ConvStep, w: &[f32], row: usize) {
+unsafe fn depthwise_row_avx2(
+    buf: &Buffers,
+    c: &ConvStep,
+    cols: &[Range<usize>],
+    w: &[f32],
+    row: usize,
+) {
     // SAFETY: the caller's.
     unsafe {
-        DepthwiseRow::new(buf, c, w, row)
+        DepthwiseRow::new(buf, c, cols, w, row)
             .run(|row, cb, ox, p, cols| row.pixels_avx2(cb, ox, p, cols))
     }
 }
@@ -201,7 +209,7 @@ struct DepthwiseRow<'a> {
     /// The kernel rows inside the input.
     rows: Range<usize>,
     /// For each output pixel of the row, the kernel columns inside the input.
-    cols: Vec<Range<usize>>,
+    cols: &'a [Range<usize>],
     x: *const f32,
     w: *const f32,
     /// The row's first output.
@@ -215,28 +223,24 @@ struct DepthwiseRow<'a> {
 impl<'a> DepthwiseRow<'a> {
     /// # Safety
     /// As `depthwise_row_avx512`.
-    unsafe fn new(buf: &Buffers, c: &'a ConvStep, w: &[f32], row: usize) -> Self {
+    unsafe fn new(
+        buf: &Buffers,
+        c: &'a ConvStep,
+        cols: &'a [Range<usize>],
+        w: &[f32],
+        row: usize,
+    ) -> Self {
         let (oh, ow) = (c.oh, c.ow);
         let (n, oy) = (row / oh, row % oh);
         let o = (n * oh + oy) * ow * c.k;
-        let inside = |o, axis: usize, len| {
-            taps_inside(
-                o,
-                c.strides[axis],
-                c.dilations[axis],
-                c.pads[axis],
-                c.kernel[axis],
-                len,
-            )
-        };
         // SAFETY: checked spans.
         unsafe {
             DepthwiseRow {
                 c,
                 n,
                 oy,
-                rows: inside(oy, 0, c.h),
-                cols: (0..ow).map(|ox| inside(ox, 1, c.w)).collect(),
+                rows: taps_inside(c, 0, oy),
+                cols,
                 x: buf.at(c.x),
                 w: w.as_ptr(),
                 y: buf.at_mut(c.y).add(o),
@@ -253,10 +257,10 @@ impl<'a> DepthwiseRow<'a> {
 
     /// The row in runs of up to 8 pixels whose taps fall alike, and each run in blocks of
     /// channels, each given to `pixels(self, first channel, first pixel, pixels, taps)`,
-    /// which returns how many channels it did; then the activation that the registers did not apply. Channels inside pixels:
-    /// a run's inputs (its taps' 3 to 5 rows of about 10 pixels) stay in the L1 cache from
-    /// one block of channels to the next, where a row's whole width did not (ReLU6's
-    /// 144-channel layer at 56×56: 97 KB).
+    /// which returns how many channels it did; then the activation that the registers did
+    /// not apply. Channels inside pixels: a run's inputs (its taps' 3 to 5 rows of about 10
+    /// pixels) stay in the L1 cache from one block of channels to the next, where a row's
+    /// whole width did not (ReLU6's 144-channel layer at 56×56: 97 KB).
     #[inline(always)]
     fn run(&self, pixels: impl Fn(&Self, usize, usize, usize, &Range<usize>) -> usize) {
         let (ch, ow) = (self.c.k, self.c.ow);

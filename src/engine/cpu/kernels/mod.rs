@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use super::vector::{activate as activate_with, fma};
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 
@@ -223,8 +224,6 @@ wide! {
     fn activate(act: Act, v: &mut [f32]) => activate_with
 }
 
-use super::vector::activate as activate_with;
-
 // After `wide!`, which they use.
 mod conv;
 mod elementwise;
@@ -299,8 +298,6 @@ pub fn run(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, t
 wide! {
     fn run_step(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) => run_with
 }
-
-use super::vector::fma;
 
 #[inline(always)]
 fn run_with<const FMA: bool>(

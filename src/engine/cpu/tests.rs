@@ -86,20 +86,28 @@ fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
     }
 }
 
-fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {
-    let depthwise = rng.below(2) == 0;
+/// A random convolution; `wide`: an ungrouped one of 32 to 300 input channels, whose taps
+/// the product reads where they lie (in several blocks of k at 300 with 5×5 and 7×7).
+fn random_conv(rng: &mut Rng, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
+    let depthwise = !wide && rng.below(2) == 0;
     let group = if depthwise {
         1 + rng.below(40)
+    } else if wide {
+        1
     } else {
         [1, 1, 2, 3][rng.below(4)]
     };
     let c = if depthwise {
         group
+    } else if wide {
+        [32, 40, 64, 300][rng.below(4)]
     } else {
         group * (1 + rng.below(9))
     };
     let k = if depthwise {
         c
+    } else if wide {
+        1 + rng.below(40)
     } else {
         group * (1 + rng.below(9))
     };
@@ -115,7 +123,7 @@ fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {
             .map(|v| v / strides[d] + 1)
     };
     let (Some(oh), Some(ow)) = (out(h, 0), out(w, 1)) else {
-        return random_conv(rng);
+        return random_conv(rng, wide);
     };
     let residual = rng.below(2) == 0;
     let act = ACTS[rng.below(ACTS.len())];
@@ -159,7 +167,15 @@ fn random_conv(rng: &mut Rng) -> (Plan, Weights, Vec<f32>, String) {
 #[test]
 fn convolutions_agree_with_the_plain_run() {
     for seed in 0..300 {
-        let (plan, weights, input, what) = random_conv(&mut Rng(seed));
+        let (plan, weights, input, what) = random_conv(&mut Rng(seed), false);
+        agree(plan, &weights, &input, &format!("seed {seed}: {what}"));
+    }
+}
+
+#[test]
+fn convolutions_of_many_channels_agree_with_the_plain_run() {
+    for seed in 0..60 {
+        let (plan, weights, input, what) = random_conv(&mut Rng(seed), true);
         agree(plan, &weights, &input, &format!("seed {seed}: {what}"));
     }
 }
@@ -295,7 +311,7 @@ fn elementwise_steps_agree_with_the_plain_run() {
 #[test]
 fn convolutions_of_computed_weights_agree_with_the_plain_run() {
     for seed in 0..60 {
-        let (mut plan, weights, mut input, what) = random_conv(&mut Rng(seed));
+        let (mut plan, weights, mut input, what) = random_conv(&mut Rng(seed), seed % 4 == 0);
         let Step::Conv(c) = &mut plan.steps[0] else {
             unreachable!("one convolution");
         };

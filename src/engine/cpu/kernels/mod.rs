@@ -399,6 +399,7 @@ fn run_with<const FMA: bool>(
                         k: *k,
                         x: x.add(p * x_batch),
                         x_stride: *k,
+                        taps: None,
                         w: match panels {
                             Some(panels) => Weights::Panels(panels),
                             // Strides along k and along n.

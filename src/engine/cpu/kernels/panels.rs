@@ -26,10 +26,17 @@ use crate::engine::compiler::ir::Act;
 const WIDTH: usize = 16;
 /// Rows of a tile (AVX2 and the others; AVX-512's have 12).
 const ROWS: usize = 6;
-/// Steps along k per block: a panel's block (16 KB; two, with AVX-512) stays in the L1
-/// cache while the rows of the block pass through it.
-const KC: usize = 256;
-/// Rows per block: their `KC` values (about 120 KB) stay in the L2 cache across panels.
+/// Steps along k per block of a matrix, at most: all of k in the products of the models we
+/// measure (up to 2048), so that a tile adds to the output once. Blocks of 256, whose panel
+/// block (16 KB) stays in the L1 cache (MLAS's choice), read and wrote the output again after
+/// each: 1 % of ResNet-50 on Zen 3, 3–6 % of its late 1×1 layers. The panels stream from the
+/// L2 cache as fast as the FMAs take them.
+const KC: usize = 2048;
+/// The same for a convolution's taps read where they lie: all of k in one block but in the
+/// last 3×3 convolutions of ResNet-50 (4608, in two). Blocks of 256 cost those convolutions
+/// 4 %, blocks of 1024 1 %.
+const KC_TAPS: usize = 4096;
+/// Rows per block: their values are read again for each panel of the block's columns.
 const MC: usize = 120;
 /// Columns per block: the part of the output that an activation the tile cannot apply in
 /// registers revisits in the L2 cache.
@@ -133,13 +140,35 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
         Act::Clip(lo, hi) => (Some((lo, hi)), false),
         _ => (None, true),
     };
+    let blocks = match p.taps {
+        Some(taps) => k_blocks(taps.count(), taps.len(), KC_TAPS),
+        None => k_blocks(1, p.k, KC),
+    };
+    let mut table = Vec::new();
     for r0 in (0..p.rows).step_by(MC) {
         let r1 = (r0 + MC).min(p.rows);
+        if let Some(taps) = p.taps {
+            taps.find(p.x, r0..r1, &mut table);
+        }
         for c0 in (cols.start..cols.end).step_by(NC) {
             let c1 = (c0 + NC).min(cols.end);
-            for k0 in (0..p.k).step_by(KC) {
-                let ks = k0..(k0 + KC).min(p.k);
+            for block in &blocks {
+                let ks = block.ks.clone();
                 let clamp = clamp.filter(|_| ks.end == p.k);
+                let lhs = match p.taps {
+                    None => Lhs::Rows {
+                        x: p.x.wrapping_add(r0 * p.x_stride + ks.start),
+                        stride: p.x_stride,
+                        len: ks.len(),
+                    },
+                    Some(taps) => Lhs::Taps {
+                        table: table.as_ptr().wrapping_add(block.tap),
+                        taps: taps.count(),
+                        segments: block.segments,
+                        offset: block.offset,
+                        len: ks.len() / block.segments,
+                    },
+                };
                 let mut spans = spans(panels.n, c0..c1).peekable();
                 while let Some((col, width)) = spans.next() {
                     // SAFETY: the panels' blocks lie inside `data` (`pack` wrote k rows of
@@ -161,6 +190,7 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
                         col,
                         cols: width.min(p.n - col),
                         ks: ks.clone(),
+                        lhs,
                         b: at(col, width.min(WIDTH)),
                         b2: if pair {
                             at(col + WIDTH, WIDTH)
@@ -170,8 +200,8 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
                         clamp,
                     };
                     let mut r = r0;
-                    for rows in tile_rows(r1 - r0, if AVX512 { 2 * ROWS } else { ROWS }) {
-                        tile.run::<FMA, AVX512>(p, r, rows, width);
+                    for rows in even_parts(r1 - r0, if AVX512 { 2 * ROWS } else { ROWS }) {
+                        tile.run::<FMA, AVX512>(p, r, r - r0, rows, width);
                         r += rows;
                     }
                 }
@@ -190,13 +220,140 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
     }
 }
 
-/// The rows of each tile over a block of `rows` rows, at most `most` a tile, as even as they
-/// go: a tile of fewer than 4 rows has too few sums to keep both FMA units busy while each
-/// sum waits on its last addition, so that the 49 rows of a 7×7 layer as 8 tiles of 6 and
-/// one of 1 took 8.7 tiles' time, against 8.2 as 4 tiles of 6 and 5 of 5.
-fn tile_rows(rows: usize, most: usize) -> impl Iterator<Item = usize> {
-    let tiles = rows.div_ceil(most);
-    (0..tiles).map(move |t| rows / tiles + usize::from(t < rows % tiles))
+/// `total` in as few parts of at most `most` as there can be, as even as they go.
+///
+/// The rows of a block in tiles: a tile of fewer than 4 rows has too few sums to keep both
+/// FMA units busy while each sum waits on its last addition, so that the 49 rows of a 7×7
+/// layer as 8 tiles of 6 and one of 1 took 8.7 tiles' time, against 8.2 as 4 tiles of 6
+/// and 5 of 5. A convolution's taps in blocks of k: each block after the first reads and
+/// writes the output once more, and a short one does little between.
+fn even_parts(total: usize, most: usize) -> impl Iterator<Item = usize> {
+    let parts = total.div_ceil(most);
+    (0..parts).map(move |t| total / parts + usize::from(t < total % parts))
+}
+
+/// A block of k: the panels' rows `ks`, and where they lie in the left-hand matrix.
+#[derive(Debug, PartialEq)]
+struct KBlock {
+    ks: Range<usize>,
+    /// The block's first tap, its number of taps (1 where a tap has more values than a block
+    /// takes) and the offset into each.
+    tap: usize,
+    segments: usize,
+    offset: usize,
+}
+
+/// The blocks of k, `count` taps of `len` values each (a matrix's rows being one tap), at
+/// most `most` a block: whole taps, as many in each as there can be, or even parts of one.
+fn k_blocks(count: usize, len: usize, most: usize) -> Vec<KBlock> {
+    let mut blocks = Vec::new();
+    if len <= most {
+        let mut tap = 0;
+        for taps in even_parts(count, most / len) {
+            blocks.push(KBlock {
+                ks: tap * len..(tap + taps) * len,
+                tap,
+                segments: taps,
+                offset: 0,
+            });
+            tap += taps;
+        }
+        return blocks;
+    }
+    for tap in 0..count {
+        let mut offset = 0;
+        for part in even_parts(len, most) {
+            let k0 = tap * len + offset;
+            blocks.push(KBlock {
+                ks: k0..k0 + part,
+                tap,
+                segments: 1,
+                offset,
+            });
+            offset += part;
+        }
+    }
+    blocks
+}
+
+/// Where a tile's rows of the left-hand matrix lie over a block of k: `segments()` runs of
+/// values, each row's part of each run at an address of its own.
+#[derive(Clone, Copy)]
+enum Lhs {
+    /// Row `r`'s block at `x + r · stride`: one run of `len`.
+    Rows {
+        x: *const f32,
+        stride: usize,
+        len: usize,
+    },
+    /// Row `r`'s run `s` at `table[r · taps + s] + offset`, `len` values: a convolution's
+    /// taps, whole (`offset` 0) or a part of one.
+    Taps {
+        table: *const *const f32,
+        taps: usize,
+        segments: usize,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl Lhs {
+    /// The same from `rows` rows further on.
+    fn skip(self, rows: usize) -> Lhs {
+        match self {
+            Lhs::Rows { x, stride, len } => Lhs::Rows {
+                x: x.wrapping_add(rows * stride),
+                stride,
+                len,
+            },
+            Lhs::Taps {
+                table,
+                taps,
+                segments,
+                offset,
+                len,
+            } => Lhs::Taps {
+                table: table.wrapping_add(rows * taps),
+                taps,
+                segments,
+                offset,
+                len,
+            },
+        }
+    }
+
+    fn segments(&self) -> usize {
+        match *self {
+            Lhs::Rows { .. } => 1,
+            Lhs::Taps { segments, .. } => segments,
+        }
+    }
+
+    /// Where run `s` of rows `0..R` begins, and its length.
+    ///
+    /// # Safety
+    /// With taps, the table holds the run's pointers for the `R` rows.
+    #[inline(always)]
+    unsafe fn segment<const R: usize>(&self, s: usize) -> ([*const f32; R], usize) {
+        match *self {
+            Lhs::Rows { x, stride, len } => {
+                (std::array::from_fn(|r| x.wrapping_add(r * stride)), len)
+            }
+            Lhs::Taps {
+                table,
+                taps,
+                offset,
+                len,
+                ..
+            } => (
+                std::array::from_fn(|r| {
+                    // SAFETY: the caller's.
+                    unsafe { *table.add(r * taps + s) }.wrapping_add(offset)
+                }),
+                len,
+            ),
+        }
+    }
 }
 
 /// One panel's block of k, to run over the rows of a block.
@@ -205,6 +362,8 @@ struct Tile {
     /// Columns of the panel inside the matrix (the rest is padding).
     cols: usize,
     ks: Range<usize>,
+    /// The block's rows of the left-hand matrix, from its first row.
+    lhs: Lhs,
     /// The panel's first value at `ks.start`.
     b: *const f32,
     /// The next panel's, where the tile takes two (null otherwise).
@@ -220,15 +379,17 @@ impl Tile {
         &self,
         p: &Product,
         row: usize,
+        in_block: usize,
         rows: usize,
         width: usize,
     ) {
+        let lhs = self.lhs.skip(in_block);
         macro_rules! dispatch {
             ($($r:literal)*) => {
                 match (rows, width) {
-                    $(($r, 8) => self.sums::<$r, 8, FMA, AVX512>(p, row),
-                      ($r, 16) => self.sums::<$r, 16, FMA, AVX512>(p, row),
-                      ($r, _) => self.sums::<$r, 32, FMA, AVX512>(p, row),)*
+                    $(($r, 8) => self.sums::<$r, 8, FMA, AVX512>(p, row, lhs),
+                      ($r, 16) => self.sums::<$r, 16, FMA, AVX512>(p, row, lhs),
+                      ($r, _) => self.sums::<$r, 32, FMA, AVX512>(p, row, lhs),)*
                     _ => unreachable!("tiles of 1 to {} rows", 2 * ROWS),
                 }
             };
@@ -240,23 +401,22 @@ impl Tile {
         }
     }
 
-    /// Rows `row..row + R` times the panel (width `W`; 32 for two) over the block's k: the
-    /// sums start from the bias and residual on the first block and from the output on the
-    /// others.
+    /// Rows `row..row + R` (of the left-hand matrix, `x`) times the panel (width `W`; 32
+    /// for two) over the block's k: the sums start from the bias and residual on the first
+    /// block and from the output on the others.
     #[inline(always)]
     fn sums<const R: usize, const W: usize, const FMA: bool, const AVX512: bool>(
         &self,
         p: &Product,
         row: usize,
+        x: Lhs,
     ) {
         // SAFETY (all of it): rows `row..row + R` and columns `col..col + cols` of `x`,
         // `y` and the residual lie in the caller's checked spans, the bias holds `n` values,
         // and the panel `ks.len()` rows of `W`.
         unsafe {
             let at = Operands {
-                k: self.ks.len(),
-                x: p.x.add(row * p.x_stride + self.ks.start),
-                x_stride: p.x_stride,
+                x,
                 b: self.b,
                 y: p.y.add(row * p.y_stride + self.col),
                 y_stride: p.y_stride,
@@ -292,9 +452,7 @@ impl Tile {
 
 /// A tile's operands: `R` rows of `x` from its block of k, the panel's block, the output.
 struct Operands {
-    k: usize,
-    x: *const f32,
-    x_stride: usize,
+    x: Lhs,
     b: *const f32,
     y: *mut f32,
     y_stride: usize,
@@ -347,7 +505,12 @@ unsafe fn tile<const R: usize, const W: usize, const FMA: bool>(at: &Operands) {
                 }
             }
         }
-        accumulate::<R, W, FMA>(&mut acc, at.k, at.x, at.x_stride, at.b);
+        let mut b = at.b;
+        for s in 0..at.x.segments() {
+            let (x, k) = at.x.segment::<R>(s);
+            accumulate::<R, W, FMA>(&mut acc, k, &x, b);
+            b = b.add(k * W);
+        }
         for (r, acc) in acc.iter_mut().enumerate() {
             if let Some((lo, hi)) = at.clamp {
                 acc.iter_mut().for_each(|s| *s = s.max(lo).min(hi));
@@ -399,14 +562,24 @@ unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
             }
         }
         let mut s = [[_mm256_setzero_ps(); 2]; R];
-        for i in 0..at.k {
-            let bi = at.b.add(i * W);
-            let w = [_mm256_loadu_ps(bi), _mm256_loadu_ps(bi.add(8 * (v - 1)))];
-            for (r, row) in s.iter_mut().enumerate() {
-                let a = _mm256_broadcast_ss(&*at.x.add(r * at.x_stride + i));
-                for (x, &w) in row.iter_mut().zip(&w).take(v) {
-                    *x = _mm256_fmadd_ps(a, w, *x);
+        let mut bi = at.b;
+        for seg in 0..at.x.segments() {
+            let (x, k) = at.x.segment::<R>(seg);
+            for i in 0..k {
+                let w = [_mm256_loadu_ps(bi), _mm256_loadu_ps(bi.add(8 * (v - 1)))];
+                for (r, row) in s.iter_mut().enumerate() {
+                    let a = _mm256_broadcast_ss(&*x[r].add(i));
+                    for (x, &w) in row.iter_mut().zip(&w).take(v) {
+                        *x = _mm256_fmadd_ps(a, w, *x);
+                    }
+                    // A row's broadcast, then its products: left to itself, the compiler
+                    // hoisted the broadcasts of a 5-row tile ahead of all the products, ran
+                    // out of registers and kept three sums on the stack, which doubled the
+                    // time of ResNet-50's 49-row layers. (An empty `asm!` that may touch
+                    // memory is a fence to its scheduler, and costs nothing.)
+                    std::arch::asm!("", options(nostack, preserves_flags));
                 }
+                bi = bi.add(W);
             }
         }
         let add_rows = |s: &mut [[__m256; 2]; R], z: *const f32| {
@@ -488,22 +661,26 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const 
             }
         }
         let mut s = [[_mm512_setzero_ps(); V]; R];
-        let panels = [at.b, b2];
-        for i in 0..at.k {
-            let mut w = [_mm512_setzero_ps(); V];
-            for (j, w) in w.iter_mut().enumerate() {
-                // A panel of 8 is read with its 8 values only.
-                *w = _mm512_maskz_loadu_ps(
-                    if step < 16 { 0xFF } else { 0xFFFF },
-                    panels[j].add(i * step),
-                );
-            }
-            for (r, row) in s.iter_mut().enumerate() {
-                let a = _mm512_set1_ps(*at.x.add(r * at.x_stride + i));
-                for (x, &w) in row.iter_mut().zip(&w) {
-                    *x = _mm512_fmadd_ps(a, w, *x);
+        let mut panels = [at.b, b2];
+        for seg in 0..at.x.segments() {
+            let (x, k) = at.x.segment::<R>(seg);
+            for i in 0..k {
+                let mut w = [_mm512_setzero_ps(); V];
+                for (j, w) in w.iter_mut().enumerate() {
+                    // A panel of 8 is read with its 8 values only.
+                    *w = _mm512_maskz_loadu_ps(
+                        if step < 16 { 0xFF } else { 0xFFFF },
+                        panels[j].add(i * step),
+                    );
+                }
+                for (r, row) in s.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*x[r].add(i));
+                    for (x, &w) in row.iter_mut().zip(&w) {
+                        *x = _mm512_fmadd_ps(a, w, *x);
+                    }
                 }
             }
+            panels = panels.map(|p| p.wrapping_add(k * step));
         }
         match at.start {
             Start::Output => {
@@ -551,28 +728,27 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const 
     }
 }
 
-/// `acc[r] += Σ_i x[r][i] · b[i]` over `i < k`, `x`'s rows `x_stride` apart, `b` `k` rows
-/// of `W` values: the tile's inner loop, in NEON registers on aarch64.
+/// `acc[r] += Σ_i x[r][i] · b[i]` over `i < k`, `b` `k` rows of `W` values: the tile's
+/// inner loop, in NEON registers on aarch64.
 ///
 /// # Safety
-/// `R` rows of `k` readable values at `x`, `k × W` at `b`.
+/// `k` readable values at each of `x`, `k × W` at `b`.
 #[inline(always)]
 unsafe fn accumulate<const R: usize, const W: usize, const FMA: bool>(
     acc: &mut [[f32; W]; R],
     k: usize,
-    x: *const f32,
-    x_stride: usize,
+    x: &[*const f32; R],
     b: *const f32,
 ) {
     // SAFETY: the caller's.
     unsafe {
         #[cfg(target_arch = "aarch64")]
-        return accumulate_neon(acc, k, x, x_stride, b);
+        return accumulate_neon(acc, k, x, b);
         #[allow(unreachable_code)]
         for i in 0..k {
             let b = &*(b.add(i * W) as *const [f32; W]);
             for (r, acc) in acc.iter_mut().enumerate() {
-                let a = *x.add(r * x_stride + i);
+                let a = *x[r].add(i);
                 for (s, &b) in acc.iter_mut().zip(b) {
                     *s = fma::<FMA>(a, b, *s);
                 }
@@ -586,8 +762,7 @@ unsafe fn accumulate<const R: usize, const W: usize, const FMA: bool>(
 unsafe fn accumulate_neon<const R: usize, const W: usize>(
     acc: &mut [[f32; W]; R],
     k: usize,
-    x: *const f32,
-    x_stride: usize,
+    x: &[*const f32; R],
     b: *const f32,
 ) {
     use std::arch::aarch64::*;
@@ -607,7 +782,7 @@ unsafe fn accumulate_neon<const R: usize, const W: usize>(
                 *w = vld1q_f32(bi.add(4 * j));
             }
             for (r, row) in s.iter_mut().enumerate() {
-                let a = vdupq_n_f32(*x.add(r * x_stride + i));
+                let a = vdupq_n_f32(*x[r].add(i));
                 for (x, &w) in row.iter_mut().zip(&w).take(v) {
                     *x = vfmaq_f32(*x, a, w);
                 }
@@ -648,18 +823,63 @@ unsafe fn store<const W: usize>(src: &[f32; W], dst: *mut f32, cols: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::tile_rows;
+    use super::{KBlock, KC, KC_TAPS, even_parts, k_blocks};
+
+    #[test]
+    fn k_splits_into_blocks_of_whole_taps_or_even_parts_of_one() {
+        let block = |ks: std::ops::Range<usize>, tap, segments, offset| KBlock {
+            ks,
+            tap,
+            segments,
+            offset,
+        };
+        // 3×3 of 64 channels: all in one block.
+        assert_eq!(k_blocks(9, 64, KC_TAPS), [block(0..576, 0, 9, 0)]);
+        // 3×3 of 512 channels: 8 taps fit a block; 5 and 4 instead of 8 and 1.
+        assert_eq!(
+            k_blocks(9, 512, KC_TAPS),
+            [block(0..2560, 0, 5, 0), block(2560..4608, 5, 4, 0)]
+        );
+        // A matrix (one tap) of 5000 rows: three even parts.
+        assert_eq!(
+            k_blocks(1, 5000, KC),
+            [
+                block(0..1667, 0, 1, 0),
+                block(1667..3334, 0, 1, 1667),
+                block(3334..5000, 0, 1, 3334)
+            ]
+        );
+        // Every value of k once, in order, at most `most` a block.
+        for most in [KC, KC_TAPS] {
+            for (count, len) in [(9, 32), (49, 300), (25, 300), (1, 4097), (3, 5000), (49, 3)] {
+                let blocks = k_blocks(count, len, most);
+                let mut next = 0;
+                for b in &blocks {
+                    assert_eq!(b.ks.start, next, "{count} × {len}: {blocks:?}");
+                    assert!(b.ks.len() <= most, "{count} × {len}: {blocks:?}");
+                    assert_eq!(b.ks.start, b.tap * len + b.offset, "{count} × {len}");
+                    assert_eq!(
+                        b.ks.len(),
+                        b.segments * len.min(b.ks.len()),
+                        "{count} × {len}"
+                    );
+                    next = b.ks.end;
+                }
+                assert_eq!(next, count * len);
+            }
+        }
+    }
 
     #[test]
     fn tiles_share_the_rows_evenly() {
         assert_eq!(
-            tile_rows(49, 6).collect::<Vec<_>>(),
+            even_parts(49, 6).collect::<Vec<_>>(),
             [6, 6, 6, 6, 5, 5, 5, 5, 5]
         );
-        assert_eq!(tile_rows(49, 12).collect::<Vec<_>>(), [10, 10, 10, 10, 9]);
+        assert_eq!(even_parts(49, 12).collect::<Vec<_>>(), [10, 10, 10, 10, 9]);
         for most in [6, 12] {
             for rows in 1..=300 {
-                let tiles: Vec<usize> = tile_rows(rows, most).collect();
+                let tiles: Vec<usize> = even_parts(rows, most).collect();
                 assert_eq!(
                     tiles.iter().sum::<usize>(),
                     rows,

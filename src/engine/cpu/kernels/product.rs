@@ -70,6 +70,8 @@ pub(super) struct Product {
     pub(super) k: usize,
     pub(super) x: *const f32,
     pub(super) x_stride: usize,
+    /// A convolution's taps, read where they lie: then `x` is the image (and `x_stride` 0).
+    pub(super) taps: Option<super::conv::Taps>,
     pub(super) w: Weights,
     pub(super) y: *mut f32,
     pub(super) y_stride: usize,
@@ -143,6 +145,7 @@ impl Product {
                 Product {
                     rows: share.min(self.rows - start),
                     x: self.x.add(start * self.x_stride),
+                    taps: self.taps.map(|t| t.skip_rows(start)),
                     y: self.y.add(start * self.y_stride),
                     residual: self.residual.map(|z| z.add(start * self.y_stride)),
                     ..*self
@@ -165,6 +168,7 @@ fn run_product_with<const FMA: bool>(p: &Product, threads: Threads) {
         Weights::Panels(panels) => return run_panels(p, unsafe { &*panels }, 0..p.n, threads),
         Weights::Strided { ptr, strides } => (ptr, strides),
     };
+    debug_assert!(p.taps.is_none(), "taps are read from packed panels only");
     let n = p.n;
     // A residual that is the output itself is added before the product, which then adds to
     // it; otherwise the product writes and the epilogue adds.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Convolutions: depthwise ones as loops along the NHWC channels, the others unfolded
-//! (im2col) into a matrix product, with their weights packed once for each.
+//! Convolutions: depthwise ones as loops along the NHWC channels, the others as a matrix
+//! product of their taps (read where they lie, or unfolded: im2col), with their weights
+//! packed once for each.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -573,7 +574,7 @@ pub(super) fn conv_gemm(
     let rows = c.kernel[0] * c.kernel[1] * cg;
     let pixels = c.oh * c.ow;
     let pointwise = is_pointwise(c);
-    let indirect = !pointwise && matches!(w, Weights::Panels(_)) && (Taps::CHANNELS).contains(&c.c);
+    let indirect = !pointwise && matches!(w, Weights::Panels(_)) && Taps::CHANNELS.contains(&c.c);
     for n in 0..c.n {
         // SAFETY: checked spans.
         let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * c.k)) };
@@ -584,7 +585,8 @@ pub(super) fn conv_gemm(
             // Unfolded in blocks of pixels of about 256 KB, which stay in the L2 cache for
             // the product (the weights are packed once, so more calls cost nothing); at
             // least 120 rows, so that the weights read for a block serve enough of them.
-            // Several threads take the whole image, which the product shares out.
+            // Several threads take the whole image, which the product shares out, as does a
+            // product that reads its input where it lies.
             let block = match (pointwise || indirect, threads.count) {
                 (true, _) | (_, 2..) => pixels,
                 _ => ((1 << 16) / rows.max(1)).max(120),
@@ -721,7 +723,7 @@ static ZEROS: [f32; 4096] = [0.0; 4096];
 /// convolution) instead of unfolded: row `i` is output pixel `first + i` of the image at
 /// `Product::x`, and its values are the kernel's taps in order, each the input's channels at
 /// that tap (zeros outside the image). Unfolding wrote and read again a matrix 9 times the
-/// input (3×3): a tenth of the time of ResNet-50's 3×3 convolutions.
+/// input (3×3): 2.5 % of ResNet-50's time.
 #[derive(Clone, Copy)]
 pub(super) struct Taps {
     conv: *const ConvStep,

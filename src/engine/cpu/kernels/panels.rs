@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Matrix products with constant weights, packed once when the plan is loaded: columns in
 //! panels of 16, the activations read where they lie (NHWC rows are the left-hand matrix as
-//! they are), and the epilogue (bias, residual, activation) applied to each tile while it is
-//! in registers or in the cache.
+//! they are; a convolution's taps through a pointer per row and tap, `Lhs::Taps`), and the
+//! epilogue (bias, residual, activation) applied to each tile while it is in registers or in
+//! the cache.
 //!
 //! The `gemm` crate packs both operands on every call: on the late layers of a network
 //! (49 rows, weights of 512 × 2048) that packing cost more than the arithmetic, and its
@@ -249,7 +250,7 @@ fn k_blocks(count: usize, len: usize, most: usize) -> Vec<KBlock> {
     let mut blocks = Vec::new();
     if len <= most {
         let mut tap = 0;
-        for taps in even_parts(count, most / len) {
+        for taps in even_parts(count, most / len.max(1)) {
             blocks.push(KBlock {
                 ks: tap * len..(tap + taps) * len,
                 tap,

@@ -33,7 +33,8 @@ if sys.argv[1] == "check":
 runs, models = int(sys.argv[1]), sys.argv[2:]
 for model in models:
     name = os.path.splitext(os.path.basename(model))[0]
-    for threads in (1, os.cpu_count()):
+    # The cores this process may use (taskset), as the Rust side counts them.
+    for threads in sorted({1, len(os.sched_getaffinity(0))}):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1

@@ -62,6 +62,14 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
     Packed::Gemm(packed)
 }
 
+/// Whether depthwise rows use AVX-512 where the CPU has it. Off: on the GPU host's Xeon
+/// (2026-11-26) the AVX-512 rows took 4.1 ms on MobileNetV2's 112×112×32 layer, where the
+/// AVX2 rows take 0.3 ms (14×: the tap closures' intrinsics are, it seems, no longer
+/// inlined since the 3×3 taps were unrolled), and MobileNetV2 ran at 4× onnxruntime's time.
+/// The AVX2 rows serve AVX-512 machines until those are mended.
+#[cfg(target_arch = "x86_64")]
+const AVX512_DEPTHWISE: bool = false;
+
 /// Depthwise convolution, NHWC: for each output pixel, each tap's channels multiplied and
 /// added along the channel vector.
 pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads) {
@@ -71,7 +79,7 @@ pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads
         let cols: Vec<Range<usize>> = (0..c.ow).map(|ox| taps_inside(c, 1, ox)).collect();
         // SAFETY (both): the CPU has the features the row is compiled for (AVX-512F:
         // `Threads::new`); the weights are the step's, packed by `pack`.
-        if threads.avx512 {
+        if AVX512_DEPTHWISE && threads.avx512 {
             return threads.for_each(c.n * c.oh, |row| unsafe {
                 depthwise_row_avx512(buf, c, &cols, w, row)
             });

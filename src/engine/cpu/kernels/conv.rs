@@ -62,14 +62,6 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
     Packed::Gemm(packed)
 }
 
-/// Whether depthwise rows use AVX-512 where the CPU has it. Off: on the GPU host's Xeon
-/// (2026-11-26) the AVX-512 rows took 4.1 ms on MobileNetV2's 112×112×32 layer, where the
-/// AVX2 rows take 0.3 ms (14×: the tap closures' intrinsics are, it seems, no longer
-/// inlined since the 3×3 taps were unrolled), and MobileNetV2 ran at 4× onnxruntime's time.
-/// The AVX2 rows serve AVX-512 machines until those are mended.
-#[cfg(target_arch = "x86_64")]
-const AVX512_DEPTHWISE: bool = false;
-
 /// Depthwise convolution, NHWC: for each output pixel, each tap's channels multiplied and
 /// added along the channel vector.
 pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads) {
@@ -79,7 +71,7 @@ pub(super) fn depthwise(buf: &Buffers, c: &ConvStep, w: &[f32], threads: Threads
         let cols: Vec<Range<usize>> = (0..c.ow).map(|ox| taps_inside(c, 1, ox)).collect();
         // SAFETY (both): the CPU has the features the row is compiled for (AVX-512F:
         // `Threads::new`); the weights are the step's, packed by `pack`.
-        if AVX512_DEPTHWISE && threads.avx512 {
+        if threads.avx512 {
             return threads.for_each(c.n * c.oh, |row| unsafe {
                 depthwise_row_avx512(buf, c, &cols, w, row)
             });
@@ -294,21 +286,14 @@ impl<'a> DepthwiseRow<'a> {
         }
     }
 
-    /// Calls `tap(x, w)` for each tap of output pixel `ox` that falls inside the input
-    /// (the kernel rows `rows`, columns `cols`): `x` the tap's input at channel `cb`, `w` its
-    /// weights there. None where the taps all fall outside (padding wider than the kernel:
-    /// the pixel is its bias).
+    /// Adds to `sums` each tap of output pixel `ox` that falls inside the input (the kernel
+    /// rows `rows`, columns `cols`), at channel `cb`. None where the taps all fall outside
+    /// (padding wider than the kernel: the pixel is its bias).
     ///
     /// # Safety
     /// As `depthwise_row_avx512`.
     #[inline(always)]
-    unsafe fn taps(
-        &self,
-        cb: usize,
-        ox: usize,
-        cols: &Range<usize>,
-        mut tap: impl FnMut(*const f32, *const f32),
-    ) {
+    unsafe fn taps(&self, cb: usize, ox: usize, cols: &Range<usize>, sums: &mut impl TapSums) {
         let c = self.c;
         let first = (ox * c.strides[1] + cols.start * c.dilations[1]).checked_sub(c.pads[1]);
         let Some(ix0) = first.filter(|_| !cols.is_empty()) else {
@@ -321,12 +306,12 @@ impl<'a> DepthwiseRow<'a> {
             let first = self.rows.start;
             for r in first..first + 3 {
                 // SAFETY: the caller's.
-                unsafe { self.row_taps(r, cb, ix0, cols.start, 3, &mut tap) };
+                unsafe { self.row_taps(r, cb, ix0, cols.start, 3, sums) };
             }
         } else {
             for r in self.rows.clone() {
                 // SAFETY: the caller's.
-                unsafe { self.row_taps(r, cb, ix0, cols.start, cols.len(), &mut tap) };
+                unsafe { self.row_taps(r, cb, ix0, cols.start, cols.len(), sums) };
             }
         }
     }
@@ -344,7 +329,7 @@ impl<'a> DepthwiseRow<'a> {
         ix0: usize,
         col: usize,
         count: usize,
-        tap: &mut impl FnMut(*const f32, *const f32),
+        sums: &mut impl TapSums,
     ) {
         let c = self.c;
         let ch = c.k;
@@ -357,10 +342,13 @@ impl<'a> DepthwiseRow<'a> {
             )
         };
         for s in 0..count {
-            tap(
-                xs.wrapping_add(s * c.dilations[1] * ch),
-                ws.wrapping_add(s * ch),
-            );
+            // SAFETY: the caller's.
+            unsafe {
+                sums.add(
+                    xs.wrapping_add(s * c.dilations[1] * ch),
+                    ws.wrapping_add(s * ch),
+                )
+            };
         }
     }
 
@@ -460,32 +448,31 @@ impl<'a> DepthwiseRow<'a> {
     #[inline(always)]
     unsafe fn pixels_16<const P: usize>(&self, cb: usize, ox: usize, cols: &Range<usize>) {
         use std::arch::x86_64::*;
-        let c = self.c;
-        let ch = c.k;
+        let ch = self.c.k;
         let mask = ((1u32 << (ch - cb).min(16)) - 1) as __mmask16;
         // SAFETY: the caller's; every load and store is masked to the channels that exist,
         // the taps to those inside the input.
         unsafe {
-            let load = |p: *const f32| _mm512_maskz_loadu_ps(mask, p);
-            let mut acc = [load(self.bias.add(cb)); P];
+            let bias = _mm512_maskz_loadu_ps(mask, self.bias.add(cb));
+            let mut sums = Sums16 {
+                acc: [bias; P],
+                mask,
+                step: self.c.strides[1] * ch,
+            };
             if let Some(z) = self.residual {
-                for (p, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_add_ps(*acc, load(z.add((ox + p) * ch + cb)));
+                for (p, acc) in sums.acc.iter_mut().enumerate() {
+                    let z = _mm512_maskz_loadu_ps(mask, z.add((ox + p) * ch + cb));
+                    *acc = _mm512_add_ps(*acc, z);
                 }
             }
-            self.taps(cb, ox, cols, |xs, ws| {
-                let wv = load(ws);
-                for (p, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(load(xs.add(p * c.strides[1] * ch)), wv, *acc);
-                }
-            });
+            self.taps(cb, ox, cols, &mut sums);
             if let Some((lo, hi)) = self.clamp {
                 let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-                for acc in acc.iter_mut() {
+                for acc in sums.acc.iter_mut() {
                     *acc = _mm512_min_ps(_mm512_max_ps(*acc, lo), hi);
                 }
             }
-            for (p, acc) in acc.iter().enumerate() {
+            for (p, acc) in sums.acc.iter().enumerate() {
                 _mm512_mask_storeu_ps(self.y.add((ox + p) * ch + cb), mask, *acc);
             }
         }
@@ -504,45 +491,30 @@ impl<'a> DepthwiseRow<'a> {
         cols: &Range<usize>,
     ) {
         use std::arch::x86_64::*;
-        let c = self.c;
-        let ch = c.k;
+        let ch = self.c.k;
         // SAFETY: the caller's; every load and store is masked to the channels that exist
         // (or all `8 · B` exist), the taps to those inside the input.
         unsafe {
             let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((ch - cb).min(8) as i32), lanes);
-            let load = |p: *const f32| {
-                if FULL {
-                    _mm256_loadu_ps(p)
-                } else {
-                    _mm256_maskload_ps(p, mask)
-                }
+            let mut bias = [_mm256_setzero_ps(); B];
+            for (b, bias) in bias.iter_mut().enumerate() {
+                *bias = load8::<FULL>(mask, self.bias.add(cb + 8 * b));
+            }
+            let mut sums = Sums8::<P, B, FULL> {
+                acc: [bias; P],
+                mask,
+                step: self.c.strides[1] * ch,
             };
-            let mut acc = [[_mm256_setzero_ps(); B]; P];
-            for row in acc.iter_mut() {
-                for (b, acc) in row.iter_mut().enumerate() {
-                    *acc = load(self.bias.add(cb + 8 * b));
-                }
-            }
             if let Some(z) = self.residual {
-                for (p, row) in acc.iter_mut().enumerate() {
+                for (p, row) in sums.acc.iter_mut().enumerate() {
                     for (b, acc) in row.iter_mut().enumerate() {
-                        *acc = _mm256_add_ps(*acc, load(z.add((ox + p) * ch + cb + 8 * b)));
+                        let z = z.add((ox + p) * ch + cb + 8 * b);
+                        *acc = _mm256_add_ps(*acc, load8::<FULL>(mask, z));
                     }
                 }
             }
-            self.taps(cb, ox, cols, |xs, ws| {
-                let mut wv = [_mm256_setzero_ps(); B];
-                for (b, wv) in wv.iter_mut().enumerate() {
-                    *wv = load(ws.add(8 * b));
-                }
-                for (p, row) in acc.iter_mut().enumerate() {
-                    let xp = xs.add(p * c.strides[1] * ch);
-                    for (b, acc) in row.iter_mut().enumerate() {
-                        *acc = _mm256_fmadd_ps(load(xp.add(8 * b)), wv[b], *acc);
-                    }
-                }
-            });
+            self.taps(cb, ox, cols, &mut sums);
             // Indexed loops, unrolled: iterating the nested array (`flatten`) kept the sums
             // on the stack, and MobileNetV2's depthwise layers took 15 % longer.
             let (lo, hi) = self.clamp.unwrap_or((f32::NEG_INFINITY, f32::INFINITY));
@@ -550,7 +522,7 @@ impl<'a> DepthwiseRow<'a> {
             #[allow(clippy::needless_range_loop)]
             for p in 0..P {
                 for b in 0..B {
-                    let mut v = acc[p][b];
+                    let mut v = sums.acc[p][b];
                     if self.clamp.is_some() {
                         v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
                     }
@@ -560,6 +532,95 @@ impl<'a> DepthwiseRow<'a> {
                     } else {
                         _mm256_maskstore_ps(y, mask, v);
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The sums of a run of output pixels over a block of channels, in registers, to which a
+/// depthwise row adds its taps one by one. A trait with a method always inlined, not a
+/// closure: the closures' SIMD intrinsics, compiled without the row's target features,
+/// were called, not inlined (each multiply-add a call through the stack: the AVX-512 rows
+/// took 14× as long as the AVX2 ones on the GPU host's Xeon).
+#[cfg(target_arch = "x86_64")]
+trait TapSums {
+    /// Adds the tap whose input for the run's first pixel is at `xs`, weights at `ws`.
+    ///
+    /// # Safety
+    /// The CPU has the sums' features; the run's inputs and the weights are readable.
+    unsafe fn add(&mut self, xs: *const f32, ws: *const f32);
+}
+
+/// `P` pixels × 16 channels (fewer where `mask` says), pixels `step` floats apart.
+#[cfg(target_arch = "x86_64")]
+struct Sums16<const P: usize> {
+    acc: [std::arch::x86_64::__m512; P],
+    mask: std::arch::x86_64::__mmask16,
+    step: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<const P: usize> TapSums for Sums16<P> {
+    #[inline(always)]
+    unsafe fn add(&mut self, xs: *const f32, ws: *const f32) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's; loads masked to the channels that exist.
+        unsafe {
+            let wv = _mm512_maskz_loadu_ps(self.mask, ws);
+            for (p, acc) in self.acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(self.mask, xs.add(p * self.step));
+                *acc = _mm512_fmadd_ps(x, wv, *acc);
+            }
+        }
+    }
+}
+
+/// `P` pixels × `B` blocks of 8 channels: all of them where `FULL`, else one block, masked.
+#[cfg(target_arch = "x86_64")]
+struct Sums8<const P: usize, const B: usize, const FULL: bool> {
+    acc: [[std::arch::x86_64::__m256; B]; P],
+    mask: std::arch::x86_64::__m256i,
+    step: usize,
+}
+
+/// 8 floats at `p`, or those of them that `mask` keeps unless `FULL`.
+///
+/// # Safety
+/// The CPU has AVX2; the floats loaded are readable.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn load8<const FULL: bool>(
+    mask: std::arch::x86_64::__m256i,
+    p: *const f32,
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's.
+    unsafe {
+        if FULL {
+            _mm256_loadu_ps(p)
+        } else {
+            _mm256_maskload_ps(p, mask)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<const P: usize, const B: usize, const FULL: bool> TapSums for Sums8<P, B, FULL> {
+    #[inline(always)]
+    unsafe fn add(&mut self, xs: *const f32, ws: *const f32) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's.
+        unsafe {
+            let mut wv = [_mm256_setzero_ps(); B];
+            for (b, wv) in wv.iter_mut().enumerate() {
+                *wv = load8::<FULL>(self.mask, ws.add(8 * b));
+            }
+            for (p, row) in self.acc.iter_mut().enumerate() {
+                let xp = xs.add(p * self.step);
+                for (b, acc) in row.iter_mut().enumerate() {
+                    let x = load8::<FULL>(self.mask, xp.add(8 * b));
+                    *acc = _mm256_fmadd_ps(x, wv[b], *acc);
                 }
             }
         }

@@ -564,3 +564,42 @@ fn frames_spread_over_threads_give_the_same_scores() {
         .run(&input[..spec.frame_len()], 1);
     assert_eq!(single, one[..10]);
 }
+
+#[test]
+fn a_frame_that_finds_the_team_taken_runs_on_the_pool_with_the_same_scores() {
+    // Another run holds the team (as another element's would): a frame on two threads runs
+    // its steps over the shared pool instead, to the same scores as on one thread.
+    use std::sync::mpsc::channel;
+    let model = crate::engine::OnnxModel::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx"),
+    )
+    .expect("model loads");
+    let spec = model.input_spec(None).expect("input");
+    let input = Rng(11).values(spec.frame_len());
+    let one = PlanRunner::new(&model, spec, 1, 1)
+        .expect("plan")
+        .run(&input, 1);
+    let two = PlanRunner::new(&model, spec, 1, 2).expect("plan");
+    let (held, taken) = channel();
+    let (release, done) = channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // Other tests' runs may hold the team for a moment: until it is ours.
+            let mut hold = || {
+                held.send(()).expect("the test waits");
+                done.recv().expect("the test releases the team");
+            };
+            while let Err(back) = super::kernels::Team::run(2, hold) {
+                hold = back;
+                std::thread::yield_now();
+            }
+        });
+        // Dropped on a panic below, which lets the holder go before the scope joins it.
+        let release = release;
+        taken.recv().expect("the team held");
+        let scores = two.run(&input, 1);
+        release.send(()).expect("the holder waits");
+        assert_eq!(scores.len(), 10);
+        assert_eq!(scores, one);
+    });
+}

@@ -6,7 +6,8 @@
 //! sleep again when the run ends.
 //!
 //! One run holds the team at a time; a run that finds it taken spreads its steps over the
-//! shared pool instead, so that many elements do not spin against each other.
+//! shared pool instead (`Team::run` gives it back), so that many elements do not spin
+//! against each other.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -90,12 +91,13 @@ impl Team {
         }
     }
 
-    /// Runs `f` with `threads - 1` of the team's helpers awake for the `threads.for_each`
-    /// calls it makes on this thread, or, where another run holds the team, as it is.
-    pub fn run<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    /// Runs `f` on this thread with `threads - 1` of the team's helpers awake for the
+    /// `threads.for_each` calls it makes; gives `f` back, not run, where another run holds
+    /// the team.
+    pub fn run<R, F: FnOnce() -> R>(threads: usize, f: F) -> Result<R, F> {
         let team: &'static Team = &TEAM;
         let Ok(_held) = team.held.try_lock() else {
-            return f();
+            return Err(f);
         };
         let shared = &team.shared;
         let awake = threads.saturating_sub(1).min(team.helpers.len());
@@ -121,7 +123,7 @@ impl Team {
             }
         }
         let _done = Done(team, previous);
-        f()
+        Ok(f())
     }
 
     /// Whether a run holds the team on this thread.

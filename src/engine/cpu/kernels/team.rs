@@ -8,7 +8,9 @@
 //! Nobody waits for a helper that has not begun: the run's caller starts without them, and
 //! takes a step's share that no helper has taken once its own is done. A helper whose core
 //! another process holds (a shared machine's, a Jetson's beside the GPU's work) delays no
-//! step; onnxruntime's caller does the same. On the 2-core VM, with another process busy
+//! step; onnxruntime's caller does the same. (A helper that has entered a step's job and is
+//! then descheduled before it takes a share is still waited for: the caller cannot know it
+//! will take none.) On the 2-core VM, with another process busy
 //! on one core, MobileNetV2 at batch 1 on both took 8.9–10.3 ms a frame over five runs,
 //! against 8.9–15.4 when each step waited for its helper; the element at 720p ran 83–88
 //! frames/s against 76 (no wait for the helper's wake at each frame's start).

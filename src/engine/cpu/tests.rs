@@ -540,14 +540,19 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
     }
 }
 
+/// The small CNN committed in `models/`.
+fn committed_cnn() -> crate::engine::OnnxModel {
+    crate::engine::OnnxModel::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx"),
+    )
+    .expect("model loads")
+}
+
 #[test]
 fn frames_spread_over_threads_give_the_same_scores() {
     // The committed CNN, five frames: one thread, two threads over frames, and a fixed batch
     // of one frame on two threads (its layers spread) all give the same scores.
-    let model = crate::engine::OnnxModel::load(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx"),
-    )
-    .expect("model loads");
+    let model = committed_cnn();
     let spec = model.input_spec(None).expect("input");
     let mut rng = Rng(7);
     let input = rng.values(5 * spec.frame_len());
@@ -570,10 +575,7 @@ fn a_frame_that_finds_the_team_taken_runs_on_the_pool_with_the_same_scores() {
     // Another run holds the team (as another element's would): a frame on two threads runs
     // its steps over the shared pool instead, to the same scores as on one thread.
     use std::sync::mpsc::channel;
-    let model = crate::engine::OnnxModel::load(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx"),
-    )
-    .expect("model loads");
+    let model = committed_cnn();
     let spec = model.input_spec(None).expect("input");
     let input = Rng(11).values(spec.frame_len());
     let one = PlanRunner::new(&model, spec, 1, 1)

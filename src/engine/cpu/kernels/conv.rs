@@ -629,8 +629,8 @@ impl<const P: usize, const B: usize, const FULL: bool> TapSums for Sums8<P, B, F
 
 /// Any other convolution, as a product of the input's patches and the packed weights, with
 /// bias, residual and activation: the patches read where they lie (`Taps`), or unfolded
-/// first (im2col, NHWC patches in `col`) where a tap's channels are too few to be worth
-/// finding (an RGB input) or the weights are not packed.
+/// first (im2col, NHWC patches in `col`) where neither a tap nor a kernel row is a run
+/// worth finding (`Taps::of`) or the weights are not packed.
 pub(super) fn conv_gemm(
     buf: &Buffers,
     c: &ConvStep,
@@ -643,7 +643,11 @@ pub(super) fn conv_gemm(
     let rows = c.kernel[0] * c.kernel[1] * cg;
     let pixels = c.oh * c.ow;
     let pointwise = is_pointwise(c);
-    let indirect = !pointwise && matches!(w, Weights::Panels(_)) && Taps::CHANNELS.contains(&c.c);
+    let taps = match w {
+        Weights::Panels(_) if !pointwise => Taps::of(c, 0),
+        _ => None,
+    };
+    let indirect = taps.is_some();
     for n in 0..c.n {
         // SAFETY: checked spans.
         let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * c.k)) };
@@ -679,10 +683,7 @@ pub(super) fn conv_gemm(
                         k: rows,
                         x: lhs,
                         x_stride: lhs_stride,
-                        taps: indirect.then_some(Taps {
-                            conv: c,
-                            first: start,
-                        }),
+                        taps: taps.map(|t| t.skip_rows(start)),
                         w,
                         y: yb.add(start * c.k),
                         y_stride: c.k,
@@ -793,16 +794,44 @@ static ZEROS: [f32; 4096] = [0.0; 4096];
 /// `Product::x`, and its values are the kernel's taps in order, each the input's channels at
 /// that tap (zeros outside the image). Unfolding wrote and read again a matrix 9 times the
 /// input (3×3): 2.5 % of ResNet-50's time.
+///
+/// Where a tap has too few channels to be worth finding (an RGB input), the runs found are
+/// the kernel's rows instead: a row's taps lie side by side in the NHWC input, so that
+/// ResNet-50's 7×7 stem reads runs of 21 values instead of 3, and is not unfolded. A row
+/// that is partly outside the image is copied, with its zeros, into a scratch buffer.
 #[derive(Clone, Copy)]
 pub(super) struct Taps {
     conv: *const ConvStep,
     first: usize,
+    /// Whether each run is a kernel row (`kernel[1]` taps) rather than one tap.
+    rows: bool,
 }
 
 impl Taps {
     /// The channels a tap may have: with fewer, the tile would find its rows again every
     /// few steps; more do not fit in `ZEROS`.
     const CHANNELS: std::ops::RangeInclusive<usize> = 32..=ZEROS.len();
+    /// The values a kernel row may have, read as one run.
+    const ROW_VALUES: std::ops::RangeInclusive<usize> = 8..=ZEROS.len();
+
+    /// The taps of `c` read where they lie, from output pixel `first` on: one tap a run, or
+    /// one kernel row where a tap's channels are few and a row's taps are neighbours (one
+    /// group, no dilation along the row). `None` where neither applies.
+    pub(super) fn of(c: &ConvStep, first: usize) -> Option<Taps> {
+        let row = c.kernel[1] * c.c;
+        let rows = if Self::CHANNELS.contains(&c.c) {
+            false
+        } else if c.group == 1 && c.dilations[1] == 1 && Self::ROW_VALUES.contains(&row) {
+            true
+        } else {
+            return None;
+        };
+        Some(Taps {
+            conv: c,
+            first,
+            rows,
+        })
+    }
 
     fn conv(&self) -> &ConvStep {
         // SAFETY: the plan's step outlives the product (`conv_gemm`).
@@ -817,35 +846,82 @@ impl Taps {
         }
     }
 
-    /// Taps of the kernel.
+    /// Runs of the kernel: its taps, or its rows.
     pub(super) fn count(&self) -> usize {
         let c = self.conv();
-        c.kernel[0] * c.kernel[1]
+        if self.rows {
+            c.kernel[0]
+        } else {
+            c.kernel[0] * c.kernel[1]
+        }
     }
 
-    /// Values of each tap: the input's channels.
+    /// Values of each run: the input's channels, for each tap of a row.
     pub(super) fn len(&self) -> usize {
-        self.conv().c
+        let c = self.conv();
+        if self.rows { c.kernel[1] * c.c } else { c.c }
     }
 
-    /// Where each tap of rows `rows` begins, `count()` a row, for the image at `x`.
-    pub(super) fn find(&self, x: *const f32, rows: Range<usize>, table: &mut Vec<*const f32>) {
+    /// Where each run of rows `rows` begins, `count()` a row, for the image at `x`; the
+    /// copies of rows partly outside the image go to `scratch`.
+    pub(super) fn find(
+        &self,
+        x: *const f32,
+        rows: Range<usize>,
+        table: &mut Vec<*const f32>,
+        scratch: &mut Vec<f32>,
+    ) {
         let c = self.conv();
         table.clear();
+        scratch.clear();
+        let at = |iy: usize, ix: usize| x.wrapping_add((iy * c.w + ix) * c.c);
         for pixel in self.first + rows.start..self.first + rows.end {
             let (oy, ox) = (pixel / c.ow, pixel % c.ow);
             for r in 0..c.kernel[0] {
-                let iy = (oy * c.strides[0] + r * c.dilations[0]).checked_sub(c.pads[0]);
-                for s in 0..c.kernel[1] {
-                    let ix = (ox * c.strides[1] + s * c.dilations[1]).checked_sub(c.pads[1]);
-                    table.push(match (iy, ix) {
-                        (Some(iy), Some(ix)) if iy < c.h && ix < c.w => {
-                            x.wrapping_add((iy * c.w + ix) * c.c)
+                let iy = (oy * c.strides[0] + r * c.dilations[0])
+                    .checked_sub(c.pads[0])
+                    .filter(|&iy| iy < c.h);
+                let Some(iy) = iy else {
+                    let runs = if self.rows { 1 } else { c.kernel[1] };
+                    table.extend(std::iter::repeat_n(ZEROS.as_ptr(), runs));
+                    continue;
+                };
+                let ix = |s: usize| {
+                    (ox * c.strides[1] + s * c.dilations[1])
+                        .checked_sub(c.pads[1])
+                        .filter(|&ix| ix < c.w)
+                };
+                if !self.rows {
+                    table.extend((0..c.kernel[1]).map(|s| match ix(s) {
+                        Some(ix) => at(iy, ix),
+                        None => ZEROS.as_ptr(),
+                    }));
+                    continue;
+                }
+                match (ix(0), ix(c.kernel[1] - 1)) {
+                    (Some(ix), Some(_)) => table.push(at(iy, ix)),
+                    _ => {
+                        // Null until `scratch` is whole and cannot move.
+                        table.push(std::ptr::null());
+                        for s in 0..c.kernel[1] {
+                            match ix(s) {
+                                // SAFETY: inside the checked input span.
+                                Some(ix) => scratch.extend_from_slice(unsafe {
+                                    std::slice::from_raw_parts(at(iy, ix), c.c)
+                                }),
+                                None => scratch.extend_from_slice(&ZEROS[..c.c]),
+                            }
                         }
-                        _ => ZEROS.as_ptr(),
-                    });
+                    }
                 }
             }
+        }
+        let mut copies = scratch.chunks_exact(self.len());
+        for run in table.iter_mut().filter(|run| run.is_null()) {
+            *run = copies
+                .next()
+                .expect("a copy for each row partly outside")
+                .as_ptr();
         }
     }
 }

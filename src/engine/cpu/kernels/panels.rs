@@ -145,11 +145,11 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
         Some(taps) => k_blocks(taps.count(), taps.len(), KC_TAPS),
         None => k_blocks(1, p.k, KC),
     };
-    let mut table = Vec::new();
+    let (mut table, mut scratch) = (Vec::new(), Vec::new());
     for r0 in (0..p.rows).step_by(MC) {
         let r1 = (r0 + MC).min(p.rows);
         if let Some(taps) = p.taps {
-            taps.find(p.x, r0..r1, &mut table);
+            taps.find(p.x, r0..r1, &mut table, &mut scratch);
         }
         for c0 in (cols.start..cols.end).step_by(NC) {
             let c1 = (c0 + NC).min(cols.end);

@@ -111,6 +111,27 @@ pub fn compile_mixed(
     dtype: DType,
     kept: &[String],
 ) -> Result<(Vec<Plan>, Weights), CompileError> {
+    compile_with(model, batch_sizes, spec, dtype, kept, false)
+}
+
+/// `compile` in f32 for the CPU runner, whose kernels may write a product's output over
+/// the residual it adds (`lower::lower`).
+pub fn compile_for_cpu(
+    model: &OnnxModel,
+    batch_sizes: &[usize],
+    spec: crate::preprocess::InputSpec,
+) -> Result<(Vec<Plan>, Weights), CompileError> {
+    compile_with(model, batch_sizes, spec, DType::F32, &[], true)
+}
+
+fn compile_with(
+    model: &OnnxModel,
+    batch_sizes: &[usize],
+    spec: crate::preprocess::InputSpec,
+    dtype: DType,
+    kept: &[String],
+    in_place: bool,
+) -> Result<(Vec<Plan>, Weights), CompileError> {
     let mut weights = Weights::default();
     let mut plans = Vec::new();
     let initializers = import::initializers(model)?;
@@ -129,7 +150,7 @@ pub fn compile_mixed(
         if dtype == DType::F16 {
             passes::fuse_attention(&mut graph, &kept);
         }
-        plans.push(lower::lower(&graph, dtype, &kept, &mut weights)?);
+        plans.push(lower::lower(&graph, dtype, &kept, &mut weights, in_place)?);
     }
     Ok((plans, weights))
 }

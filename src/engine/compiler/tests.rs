@@ -157,9 +157,10 @@ fn check_lowering(model: &str, reference_file: &str) {
         passes::optimise(&mut graph);
         // The simulator computes in f32 either way; the fp16 plan's steps differ at its end
         // (`lower::scores`).
-        for dtype in [DType::F32, DType::F16] {
-            let plan =
-                lower::lower(&graph, dtype, &Default::default(), &mut weights).expect("lowers");
+        // The CPU runner's fp32 plans write products over their residuals (`in_place`).
+        for (dtype, in_place) in [(DType::F32, false), (DType::F16, false), (DType::F32, true)] {
+            let plan = lower::lower(&graph, dtype, &Default::default(), &mut weights, in_place)
+                .expect("lowers");
             let got = sim::run(&plan, &weights, &input.data);
             assert_close(&got, &want.data, 1e-4);
         }
@@ -178,6 +179,108 @@ fn lowered_plans_match_reference() {
     check_lowering("big_activations.onnx", "big_activations_reference.json");
 }
 
+/// The residual products of `plan`: whether each writes its output over its residual.
+fn residual_products(plan: &Plan) -> Vec<bool> {
+    plan.steps
+        .iter()
+        .filter_map(|step| match step {
+            Step::Conv(c) => c.residual.map(|z| z == c.y),
+            Step::Gemm { residual, y, .. } => residual.map(|z| z == *y),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_cpu_plans_write_residual_products_over_their_residuals() {
+    // cnn.onnx: a residual block, which adds its input (read by nothing after) to a
+    // pointwise convolution's output.
+    let model = OnnxModel::load(&models().join("cnn.onnx")).expect("loads");
+    let spec = model.input_spec(None).expect("fixed input size");
+    let (cpu, _) = super::compile_for_cpu(&model, &[1, 2], spec).expect("compiles");
+    for plan in &cpu {
+        assert_eq!(residual_products(plan), [true], "batch {}", plan.batch);
+    }
+    // The GPU's plans keep them apart: its kernels may write an output before reading all
+    // of the residual.
+    for dtype in [DType::F32, DType::F16] {
+        let (gpu, _) = super::compile(&model, &[1, 2], spec, dtype).expect("compiles");
+        for plan in &gpu {
+            assert_eq!(residual_products(plan), [false], "{dtype:?}");
+        }
+    }
+}
+
+#[test]
+fn a_product_writes_over_its_residual_only_where_nothing_else_reads_it() {
+    // 3×3 convolutions, 8 channels in and out, and three residual products:
+    // - `c = conv(b) + a`, with `a` read again by `d = c + a`;
+    // - `e = conv(d) + d`, with `d` its input as well;
+    // - `y = conv(g) + e`, with `e` read by nothing after: the only one written in place.
+    let seq = |n: usize, scale: f32| {
+        (0..n)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * scale)
+            .collect()
+    };
+    let mut graph = Graph {
+        input: "x".into(),
+        output: "y".into(),
+        ..Default::default()
+    };
+    let conv = |name: &str, inputs: &[&str], output: &str| Node {
+        name: name.into(),
+        op: Op::Conv(super::ir::Conv2d {
+            kernel: [3, 3],
+            strides: [1, 1],
+            pads: [1, 1, 1, 1],
+            dilations: [1, 1],
+            group: 1,
+            act: Act::None,
+        }),
+        inputs: [inputs[0], "w", "bias"]
+            .iter()
+            .chain(&inputs[1..])
+            .map(|&i| i.into())
+            .collect(),
+        output: output.into(),
+    };
+    let add = |name: &str, a: &str, b: &str, output: &str| Node {
+        name: name.into(),
+        op: Op::Binary {
+            op: BinOp::Add,
+            act: Act::None,
+        },
+        inputs: vec![a.into(), b.into()],
+        output: output.into(),
+    };
+    graph.nodes = vec![
+        conv("a", &["x"], "a"),
+        conv("b", &["a"], "b"),
+        conv("c", &["b", "a"], "c"),
+        add("d", "c", "a", "d"),
+        conv("e", &["d", "d"], "e"),
+        conv("g", &["e"], "g"),
+        conv("y", &["g", "e"], "y"),
+    ];
+    for value in ["x", "a", "b", "c", "d", "e", "g", "y"] {
+        graph.shapes.insert(value.into(), vec![1, 8, 5, 5]);
+    }
+    graph
+        .consts
+        .insert("w".into(), Tensor::new(vec![8, 8, 3, 3], seq(576, 0.02)));
+    graph
+        .consts
+        .insert("bias".into(), Tensor::new(vec![8], seq(8, 0.1)));
+    let input = Tensor::new(vec![1, 8, 5, 5], seq(200, 0.1));
+    let want = reference::run(&graph, &input);
+    passes::optimise(&mut graph);
+    let mut weights = Weights::default();
+    let plan =
+        lower::lower(&graph, DType::F32, &Default::default(), &mut weights, true).expect("lowers");
+    assert_eq!(residual_products(&plan), [false, false, true]);
+    assert_close(&sim::run(&plan, &weights, &input.data), &want.data, 1e-4);
+}
+
 #[test]
 fn the_fp16_scores_come_from_the_last_product_in_f32() {
     // cnn.onnx ends with a Gemm and its bias; ops.onnx with a Gemm and a softmax.
@@ -187,8 +290,8 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
         passes::optimise(&mut graph);
         for dtype in [DType::F32, DType::F16] {
             let mut weights = Weights::default();
-            let mut plan =
-                lower::lower(&graph, dtype, &Default::default(), &mut weights).expect("lowers");
+            let mut plan = lower::lower(&graph, dtype, &Default::default(), &mut weights, false)
+                .expect("lowers");
             let writers: Vec<&Step> = plan.steps.iter().filter(|s| writes_scores(s)).collect();
             let kinds: Vec<String> = writers.iter().map(|s| s.describe()).collect();
             if dtype == DType::F32 {
@@ -265,6 +368,7 @@ fn every_step_names_the_node_it_computes() {
         DType::F16,
         &Default::default(),
         &mut Weights::default(),
+        false,
     )
     .expect("lowers");
     assert_eq!(plan.origins.len(), plan.steps.len());
@@ -389,7 +493,7 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
             "{name}: scaled attention products"
         );
         let mut weights = Weights::default();
-        let plan = lower::lower(&graph, DType::F32, &Default::default(), &mut weights)
+        let plan = lower::lower(&graph, DType::F32, &Default::default(), &mut weights, false)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
         // fp16 plans fuse attention where the kernel takes the head sizes: the graph and
@@ -399,7 +503,7 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
         let fused = |op: &Op| matches!(op, Op::Attention { .. });
         assert_eq!(count(&graph, fused), attentions, "{name}: fused attentions");
         assert_close(&reference::run(&graph, &input).data, &want, 1e-4);
-        let plan = lower::lower(&graph, DType::F16, &Default::default(), &mut weights)
+        let plan = lower::lower(&graph, DType::F16, &Default::default(), &mut weights, false)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_close(&sim::run(&plan, &weights, &input.data), &want, 1e-4);
     }
@@ -431,10 +535,10 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
     assert_eq!(slices, ["/0/Gather_4"], "slices left");
     let mut weights = Weights::default();
     let f32_plan =
-        lower::lower(&graph, DType::F32, &Default::default(), &mut weights).expect("lowers");
+        lower::lower(&graph, DType::F32, &Default::default(), &mut weights, false).expect("lowers");
     passes::fuse_attention(&mut graph, &Default::default());
     let f16_plan =
-        lower::lower(&graph, DType::F16, &Default::default(), &mut weights).expect("lowers");
+        lower::lower(&graph, DType::F16, &Default::default(), &mut weights, false).expect("lowers");
     assert_eq!(f16_plan.steps.len() + 2 * 9, f32_plan.steps.len());
     let of_one_x = |plan: &Plan| {
         (plan.steps.iter())
@@ -566,7 +670,7 @@ fn torchvision_models_import_and_lower() {
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             passes::optimise(&mut graph);
             assert_eq!(count(&graph, |op| matches!(op, Op::BatchNorm { .. })), 0);
-            let plan = lower::lower(&graph, DType::F16, &Default::default(), &mut weights)
+            let plan = lower::lower(&graph, DType::F16, &Default::default(), &mut weights, false)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(plan.output_len, batch * 1000);
             println!(

@@ -61,7 +61,7 @@ impl PlanRunner {
         batch: usize,
         threads: usize,
     ) -> Result<Self, CompileError> {
-        let (mut plans, weights) = compiler::compile(model, &[batch], spec, DType::F32)?;
+        let (mut plans, weights) = compiler::compile_for_cpu(model, &[batch], spec)?;
         let plan = plans.pop().expect("one plan per batch size");
         Self::from_plan(plan, weights.data, spec.frame_len(), threads)
     }

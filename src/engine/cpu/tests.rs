@@ -64,6 +64,49 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
     (plan, w)
 }
 
+/// `plan`, whose product reads its residual from the input at `z` and writes the output, in
+/// the form the arena gives it where the residual is read for the last time
+/// (`arena::over_residuals`): the residual copied into the arena, the product (and every
+/// step after it) writing there over it, the result copied out.
+fn over_residual(mut plan: Plan, z: usize) -> Plan {
+    let all = |loc| Strided {
+        loc,
+        strides: vec![1],
+    };
+    let copy = |from, to, len| Step::Ew {
+        op: None,
+        act: Act::None,
+        cast: Cast::None,
+        dims: vec![len],
+        out: all(to),
+        a: all(from),
+        b: None,
+    };
+    let len = plan.output_len;
+    for step in &mut plan.steps {
+        let residual = match step {
+            Step::Conv(c) => &mut c.residual,
+            Step::Gemm { residual, .. } => residual,
+            _ => &mut None,
+        };
+        if *residual == Some(Loc::Input(z)) {
+            *residual = Some(Loc::Arena(0));
+        }
+        for loc in step.locs_mut() {
+            if let Loc::Output(o) = *loc {
+                *loc = Loc::Arena(o);
+            }
+        }
+    }
+    plan.steps
+        .insert(0, copy(Loc::Input(z), Loc::Arena(0), len));
+    plan.steps.push(copy(Loc::Arena(0), Loc::Output(0), len));
+    plan.origins.insert(0, "residual".into());
+    plan.origins.push("output".into());
+    plan.arena_len = len;
+    plan
+}
+
 /// Runs the plan with the CPU kernels on one and two threads, with AVX-512 where the CPU has
 /// it and without, and with `sim`, and compares.
 fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
@@ -164,19 +207,34 @@ fn random_conv(rng: &mut Rng, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
     (plan, weights, input, what)
 }
 
+/// A random convolution's plan, its output written over its residual for odd seeds.
+fn random_conv_plan(seed: u64, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
+    let (plan, weights, input, what) = random_conv(&mut Rng(seed), wide);
+    let Step::Conv(c) = &plan.steps[0] else {
+        unreachable!("one convolution");
+    };
+    match c.residual {
+        Some(Loc::Input(z)) if seed % 2 == 1 => {
+            let what = format!("seed {seed}: {what}, in place");
+            (over_residual(plan, z), weights, input, what)
+        }
+        _ => (plan, weights, input, format!("seed {seed}: {what}")),
+    }
+}
+
 #[test]
 fn convolutions_agree_with_the_plain_run() {
     for seed in 0..300 {
-        let (plan, weights, input, what) = random_conv(&mut Rng(seed), false);
-        agree(plan, &weights, &input, &format!("seed {seed}: {what}"));
+        let (plan, weights, input, what) = random_conv_plan(seed, false);
+        agree(plan, &weights, &input, &what);
     }
 }
 
 #[test]
 fn convolutions_of_many_channels_agree_with_the_plain_run() {
     for seed in 0..60 {
-        let (plan, weights, input, what) = random_conv(&mut Rng(seed), true);
-        agree(plan, &weights, &input, &format!("seed {seed}: {what}"));
+        let (plan, weights, input, what) = random_conv_plan(seed, true);
+        agree(plan, &weights, &input, &what);
     }
 }
 
@@ -386,7 +444,12 @@ fn products_agree_with_the_plain_run() {
             y: Loc::Output(0),
             y_batch,
         };
-        let what = format!("seed {seed}: {} then {act:?}", gemm.describe());
+        let in_place = residual && seed % 2 == 1;
+        let what = format!(
+            "seed {seed}: {} then {act:?}{}",
+            gemm.describe(),
+            if in_place { ", in place" } else { "" }
+        );
         let whole = Strided {
             loc: Loc::Output(0),
             strides: vec![1],
@@ -413,6 +476,9 @@ fn products_agree_with_the_plain_run() {
             };
             plan.steps.insert(0, gap);
             plan.origins.insert(0, "gap".into());
+        }
+        if in_place {
+            plan = over_residual(plan, z);
         }
         agree(plan, &weights, &input, &what);
     }

@@ -31,7 +31,7 @@ use std::collections::{HashMap, HashSet};
 use super::CompileError;
 use super::ir::{Act, Graph, Node, Op, Tensor, strides};
 use super::plan::{Cast, DType, Loc, MAX_RANK, Plan, Step, Strided, Weights};
-use arena::{Storage, place, resolve};
+use arena::{Storage, over_residuals, place, resolve};
 
 /// The memory order of NCHW axes in NHWC.
 const NHWC: [usize; 4] = [0, 2, 3, 1];
@@ -88,12 +88,15 @@ fn identity(rank: usize) -> Vec<usize> {
 }
 
 /// Lowers `graph` for its batch size, the nodes named in `kept` in f32 (an fp16 plan's:
-/// `compile_mixed` keeps none in fp32 plans); the constants go to `weights`.
+/// `compile_mixed` keeps none in fp32 plans); the constants go to `weights`. With
+/// `in_place`, a product's output is written over the residual it reads for the last time
+/// (`arena::over_residuals`; the CPU runner's plans).
 pub(super) fn lower(
     graph: &Graph,
     dtype: DType,
     kept: &HashSet<String>,
     weights: &mut Weights,
+    in_place: bool,
 ) -> Result<Plan, CompileError> {
     let input_shape = graph.shape(&graph.input).to_vec();
     let output_shape = graph.shape(&graph.output).to_vec();
@@ -139,7 +142,11 @@ pub(super) fn lower(
         .map_err(CompileError::Model)?;
     origins.resize(l.steps.len(), graph.output.clone());
 
-    let (arena_len, wide_len, offsets) = place(&l.storages);
+    let shared = match in_place {
+        true => over_residuals(&l.steps, &l.storages),
+        false => vec![None; l.storages.len()],
+    };
+    let (arena_len, wide_len, offsets) = place(&l.storages, &shared);
     let mut steps = l
         .steps
         .into_iter()

@@ -118,9 +118,13 @@ fn depthwise_row_with<const FMA: bool>(buf: &Buffers, c: &ConvStep, w: &[f32], r
         let o = ((n * oh + oy) * ow + ox) * ch;
         // SAFETY: checked span; each thread writes its own output rows.
         let out = unsafe { std::slice::from_raw_parts_mut(y.add(o), ch) };
-        match c.residual {
+        match c.residual.map(|z| buf.at(z)) {
+            // The output written over its residual (`arena::over_residuals`) holds it.
+            Some(z) if z == y.cast_const() => {
+                out.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
+            }
             Some(z) => {
-                let z = unsafe { std::slice::from_raw_parts(buf.at(z).add(o), ch) };
+                let z = unsafe { std::slice::from_raw_parts(z.add(o), ch) };
                 for ((o, &b), &z) in out.iter_mut().zip(bias).zip(z) {
                     *o = b + z;
                 }

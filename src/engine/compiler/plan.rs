@@ -466,6 +466,15 @@ pub enum Step {
     },
 }
 
+/// A product's residual in its description: added, or added in place (the output written
+/// over it, as the CPU's plans do).
+fn residual_note(residual: Option<Loc>, y: Loc) -> &'static str {
+    match residual {
+        Some(z) if z == y => " +res in place",
+        Some(_) => " +res",
+        None => "",
+    }
+}
 impl Step {
     /// Whether the step computes in f32 in an fp16 plan: a step of a node kept in f32, which
     /// reads and writes the f32 arena (`Loc::Wide`) and f32 weights. Element-wise steps say
@@ -494,7 +503,7 @@ impl Step {
                 c.group,
                 c.k,
                 c.act,
-                if c.residual.is_some() { " +res" } else { "" },
+                residual_note(c.residual, c.y),
                 c.algo.map_or("untuned".into(), |t| format!(
                     "algo {} math {}{}",
                     t.algo,
@@ -531,7 +540,7 @@ impl Step {
                     Act::None => String::new(),
                     act => format!(" {act:?}"),
                 },
-                if residual.is_some() { " +res" } else { "" },
+                residual_note(*residual, *y),
                 if matches!(y, Loc::Output(_)) {
                     " -> f32 scores"
                 } else {

@@ -179,6 +179,16 @@ fn lowered_plans_match_reference() {
     check_lowering("big_activations.onnx", "big_activations_reference.json");
 }
 
+/// A graph node of `op` reading `inputs`.
+fn node(name: &str, op: Op, inputs: &[&str], output: &str) -> Node {
+    Node {
+        name: name.into(),
+        op,
+        inputs: inputs.iter().map(|&i| i.into()).collect(),
+        output: output.into(),
+    }
+}
+
 /// The residual products of `plan`: whether each writes its output over its residual.
 fn residual_products(plan: &Plan) -> Vec<bool> {
     plan.steps
@@ -227,31 +237,27 @@ fn a_product_writes_over_its_residual_only_where_nothing_else_reads_it() {
         output: "y".into(),
         ..Default::default()
     };
-    let conv = |name: &str, inputs: &[&str], output: &str| Node {
-        name: name.into(),
-        op: Op::Conv(super::ir::Conv2d {
+    let conv = |name: &str, inputs: &[&str], output: &str| {
+        let op = Op::Conv(super::ir::Conv2d {
             kernel: [3, 3],
             strides: [1, 1],
             pads: [1, 1, 1, 1],
             dilations: [1, 1],
             group: 1,
             act: Act::None,
-        }),
-        inputs: [inputs[0], "w", "bias"]
-            .iter()
-            .chain(&inputs[1..])
-            .map(|&i| i.into())
-            .collect(),
-        output: output.into(),
+        });
+        let inputs: Vec<&str> = [inputs[0], "w", "bias"]
+            .into_iter()
+            .chain(inputs[1..].iter().copied())
+            .collect();
+        node(name, op, &inputs, output)
     };
-    let add = |name: &str, a: &str, b: &str, output: &str| Node {
-        name: name.into(),
-        op: Op::Binary {
+    let add = |name: &str, a: &str, b: &str, output: &str| {
+        let op = Op::Binary {
             op: BinOp::Add,
             act: Act::None,
-        },
-        inputs: vec![a.into(), b.into()],
-        output: output.into(),
+        };
+        node(name, op, &[a, b], output)
     };
     graph.nodes = vec![
         conv("a", &["x"], "a"),
@@ -978,12 +984,6 @@ fn scales_and_shifts_after_a_product_become_its_own() {
         input: "x".into(),
         output: "y".into(),
         ..Default::default()
-    };
-    let node = |name: &str, op: Op, inputs: &[&str], output: &str| Node {
-        name: name.into(),
-        op,
-        inputs: inputs.iter().map(|&i| i.into()).collect(),
-        output: output.into(),
     };
     graph.nodes = vec![
         node("gemm", Op::Gemm { act: Act::None }, &["x", "w"], "p"),

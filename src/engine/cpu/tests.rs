@@ -64,16 +64,17 @@ fn one_step(step: Step, input: usize, output: usize, weights: Vec<Vec<f32>>) -> 
     (plan, w)
 }
 
-/// `plan`, whose product reads its residual from the input at `z` and writes the output, in
-/// the form the arena gives it where the residual is read for the last time
-/// (`arena::over_residuals`): the residual copied into the arena, the product (and every
-/// step after it) writing there over it, the result copied out.
-fn over_residual(mut plan: Plan, z: usize) -> Plan {
-    let all = |loc| Strided {
+/// `len` consecutive values from `loc` on.
+fn all(loc: Loc) -> Strided {
+    Strided {
         loc,
         strides: vec![1],
-    };
-    let copy = |from, to, len| Step::Ew {
+    }
+}
+
+/// A step copying `len` values from `from` to `to`.
+fn copy(from: Loc, to: Loc, len: usize) -> Step {
+    Step::Ew {
         op: None,
         act: Act::None,
         cast: Cast::None,
@@ -81,7 +82,14 @@ fn over_residual(mut plan: Plan, z: usize) -> Plan {
         out: all(to),
         a: all(from),
         b: None,
-    };
+    }
+}
+
+/// `plan`, whose product reads its residual from the input at `z` and writes the output, in
+/// the form the arena gives it where the residual is read for the last time
+/// (`arena::over_residuals`): the residual copied into the arena, the product (and every
+/// step after it) writing there over it, the result copied out.
+fn over_residual(mut plan: Plan, z: usize) -> Plan {
     let len = plan.output_len;
     for step in &mut plan.steps {
         let residual = match step {
@@ -490,19 +498,6 @@ fn products_agree_with_the_plain_run() {
 /// otherwise: the outputs are the plain run's either way.
 #[test]
 fn scales_before_a_pointwise_convolution_fold_into_it() {
-    let all = |loc| Strided {
-        loc,
-        strides: vec![1],
-    };
-    let copy = |from, to, len| Step::Ew {
-        op: None,
-        act: Act::None,
-        cast: Cast::None,
-        dims: vec![len],
-        out: all(to),
-        a: all(from),
-        b: None,
-    };
     for seed in 0..12 {
         let mut rng = Rng(seed);
         let (h, w, c) = (5 + rng.below(4), 6, 1 + rng.below(20));

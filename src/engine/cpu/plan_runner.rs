@@ -134,6 +134,13 @@ impl PlanRunner {
         self.packed.iter().filter(scaled).count()
     }
 
+    /// The convolutions computed by Winograd's F(2×2, 3×3) (`kernels::winograd`).
+    #[cfg(test)]
+    pub fn winograd_convolutions(&self) -> usize {
+        let winograd = |p: &&Packed| matches!(p, Packed::Winograd(_));
+        self.packed.iter().filter(winograd).count()
+    }
+
     /// The scores of the `n` frames of `input`, one after the other.
     pub fn run(&self, input: &[f32], n: usize) -> Vec<f32> {
         let batch = self.plan.batch;

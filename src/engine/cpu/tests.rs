@@ -137,36 +137,49 @@ fn agree(plan: Plan, weights: &Weights, input: &[f32], what: &str) {
     }
 }
 
-/// A random convolution; `wide`: an ungrouped one of 32 to 300 input channels, whose taps
-/// the product reads where they lie (in several blocks of k at 300 with 5×5 and 7×7).
-fn random_conv(rng: &mut Rng, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
-    let depthwise = !wide && rng.below(2) == 0;
-    let group = if depthwise {
-        1 + rng.below(40)
-    } else if wide {
-        1
-    } else {
-        [1, 1, 2, 3][rng.below(4)]
+/// The kinds of random convolution.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// Any: depthwise, grouped or not, few channels.
+    Small,
+    /// Ungrouped, of 32 to 300 input channels, whose taps the product reads where they lie
+    /// (in several blocks of k at 300 with 5×5 and 7×7).
+    Wide,
+    /// 3×3 of stride 1 with channels and pixels enough for Winograd's F(2×2, 3×3), odd
+    /// sizes and padding up to 2 included.
+    Winograd,
+}
+
+/// A random convolution of the kind `shape`.
+fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String) {
+    let depthwise = shape == Shape::Small && rng.below(2) == 0;
+    let group = match shape {
+        _ if depthwise => 1 + rng.below(40),
+        Shape::Small => [1, 1, 2, 3][rng.below(4)],
+        _ => 1,
     };
-    let c = if depthwise {
-        group
-    } else if wide {
-        [32, 40, 64, 300][rng.below(4)]
-    } else {
-        group * (1 + rng.below(9))
+    let (c, k) = match shape {
+        _ if depthwise => (group, group),
+        Shape::Small => (group * (1 + rng.below(9)), group * (1 + rng.below(9))),
+        Shape::Wide => ([32, 40, 64, 300][rng.below(4)], 1 + rng.below(40)),
+        Shape::Winograd => (
+            [32, 40, 64, 96][rng.below(4)],
+            [32, 40, 48, 64][rng.below(4)],
+        ),
     };
-    let k = if depthwise {
-        c
-    } else if wide {
-        1 + rng.below(40)
-    } else {
-        group * (1 + rng.below(9))
+    let (kernel, strides, dilations, sizes) = match shape {
+        Shape::Winograd => ([3, 3], [1, 1], [1, 1], 10..19),
+        _ => (
+            [[1, 1], [3, 3], [5, 5], [1, 3], [7, 7]][rng.below(5)],
+            [1 + rng.below(2), 1 + rng.below(2)],
+            [1 + rng.below(2), 1 + rng.below(2)],
+            3..12,
+        ),
     };
-    let kernel = [[1, 1], [3, 3], [5, 5], [1, 3], [7, 7]][rng.below(5)];
-    let strides = [1 + rng.below(2), 1 + rng.below(2)];
-    let dilations = [1 + rng.below(2), 1 + rng.below(2)];
     let pads = [rng.below(3), rng.below(3)];
-    let (n, h, w) = (1 + rng.below(2), 3 + rng.below(9), 3 + rng.below(9));
+    let mut size = || sizes.start + rng.below(sizes.len());
+    let (h, w) = (size(), size());
+    let n = 1 + rng.below(2);
     let out = |size: usize, d: usize| {
         let reach = (kernel[d] - 1) * dilations[d] + 1;
         (size + 2 * pads[d])
@@ -174,7 +187,7 @@ fn random_conv(rng: &mut Rng, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
             .map(|v| v / strides[d] + 1)
     };
     let (Some(oh), Some(ow)) = (out(h, 0), out(w, 1)) else {
-        return random_conv(rng, wide);
+        return random_conv(rng, shape);
     };
     let residual = rng.below(2) == 0;
     let act = ACTS[rng.below(ACTS.len())];
@@ -216,8 +229,8 @@ fn random_conv(rng: &mut Rng, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
 }
 
 /// A random convolution's plan, its output written over its residual for odd seeds.
-fn random_conv_plan(seed: u64, wide: bool) -> (Plan, Weights, Vec<f32>, String) {
-    let (plan, weights, input, what) = random_conv(&mut Rng(seed), wide);
+fn random_conv_plan(seed: u64, shape: Shape) -> (Plan, Weights, Vec<f32>, String) {
+    let (plan, weights, input, what) = random_conv(&mut Rng(seed), shape);
     let Step::Conv(c) = &plan.steps[0] else {
         unreachable!("one convolution");
     };
@@ -233,7 +246,7 @@ fn random_conv_plan(seed: u64, wide: bool) -> (Plan, Weights, Vec<f32>, String) 
 #[test]
 fn convolutions_agree_with_the_plain_run() {
     for seed in 0..300 {
-        let (plan, weights, input, what) = random_conv_plan(seed, false);
+        let (plan, weights, input, what) = random_conv_plan(seed, Shape::Small);
         agree(plan, &weights, &input, &what);
     }
 }
@@ -241,7 +254,18 @@ fn convolutions_agree_with_the_plain_run() {
 #[test]
 fn convolutions_of_many_channels_agree_with_the_plain_run() {
     for seed in 0..60 {
-        let (plan, weights, input, what) = random_conv_plan(seed, true);
+        let (plan, weights, input, what) = random_conv_plan(seed, Shape::Wide);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+#[test]
+fn winograd_convolutions_agree_with_the_plain_run() {
+    for seed in 0..40 {
+        let (plan, weights, input, what) = random_conv_plan(seed, Shape::Winograd);
+        let runner = PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), 1)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(runner.winograd_convolutions(), 1, "{what}");
         agree(plan, &weights, &input, &what);
     }
 }
@@ -377,7 +401,8 @@ fn elementwise_steps_agree_with_the_plain_run() {
 #[test]
 fn convolutions_of_computed_weights_agree_with_the_plain_run() {
     for seed in 0..60 {
-        let (mut plan, weights, mut input, what) = random_conv(&mut Rng(seed), seed % 4 == 0);
+        let shape = [Shape::Wide, Shape::Small, Shape::Winograd, Shape::Small][seed as usize % 4];
+        let (mut plan, weights, mut input, what) = random_conv(&mut Rng(seed), shape);
         let Step::Conv(c) = &mut plan.steps[0] else {
             unreachable!("one convolution");
         };

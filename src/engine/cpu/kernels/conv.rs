@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::panels::Panels;
 use super::product::{Product, Weights, epilogue_init};
+use super::winograd;
 use super::{Aligned, Buffers, Packed, Threads, activate, activate_with, fma};
 #[cfg(target_arch = "x86_64")]
 use crate::engine::compiler::ir::Act;
@@ -44,6 +45,9 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
     }
     let (cg, kg) = (c.c / c.group, c.k / c.group);
     let rows = taps * cg;
+    if winograd::fits(c) {
+        return Packed::Winograd(winograd::pack(c, krsc));
+    }
     if c.group == 1 {
         return Packed::Panels(
             Panels::pack(rows, c.k, 1.0, |i, j| krsc[j * rows + i]),
@@ -791,7 +795,7 @@ fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col
 }
 
 /// Zeros, for the taps that fall outside the image.
-static ZEROS: [f32; 4096] = [0.0; 4096];
+pub(super) static ZEROS: [f32; 4096] = [0.0; 4096];
 
 /// The left-hand matrix of a convolution's product read where it lies (indirect
 /// convolution) instead of unfolded: row `i` is output pixel `first + i` of the image at

@@ -112,6 +112,9 @@ pub enum Packed {
         x: Loc,
         scale: Loc,
     },
+    /// A 3×3 convolution of stride 1 by Winograd's F(2×2, 3×3) (`winograd`): its weights
+    /// transformed into 16 matrices of input × output channels, each in panels.
+    Winograd(Vec<Panels>),
     /// A product whose output the next step activates in place: done here, on data still
     /// in the cache, and that step skipped.
     Activated(Act),
@@ -231,6 +234,7 @@ mod panels;
 mod product;
 mod scaled_input;
 mod team;
+mod winograd;
 
 use conv::{conv_gemm, depthwise};
 use elementwise::elementwise;
@@ -274,9 +278,10 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
 /// The weight that `packed` holds a rearranged copy of, which `step` then does not read.
 pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
     match (step, packed) {
-        (Step::Conv(c), Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..)) => {
-            Some(c.weight)
-        }
+        (
+            Step::Conv(c),
+            Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..) | Packed::Winograd(_),
+        ) => Some(c.weight),
         (Step::Gemm { w, .. }, Packed::Panels(..) | Packed::ScaledInput { .. }) => Some(*w),
         _ => None,
     }
@@ -349,6 +354,7 @@ fn run_with<const FMA: bool>(
                     conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads)
                 }
                 Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
+                Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
                 _ => unreachable!("a convolution's weight packs"),
             }
         }

@@ -6,12 +6,12 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+#[cfg(target_arch = "x86_64")]
+use super::clamp_of;
 use super::panels::Panels;
 use super::product::{Product, Weights, epilogue_init};
 use super::winograd;
 use super::{Aligned, Buffers, Packed, Threads, activate, activate_with, fma};
-#[cfg(target_arch = "x86_64")]
-use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 
 pub(super) fn is_depthwise(c: &ConvStep) -> bool {
@@ -254,11 +254,7 @@ impl<'a> DepthwiseRow<'a> {
                 y: buf.at_mut(c.y).add(o),
                 bias: buf.at(c.bias),
                 residual: c.residual.map(|z| buf.at(z).add(o)),
-                clamp: match c.act {
-                    Act::Relu => Some((0.0, f32::INFINITY)),
-                    Act::Clip(lo, hi) => Some((lo, hi)),
-                    _ => None,
-                },
+                clamp: clamp_of(c.act),
             }
         }
     }

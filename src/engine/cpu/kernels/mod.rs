@@ -221,6 +221,16 @@ pub fn avx512_available() -> bool {
     false
 }
 
+/// The bounds of an activation that is a clamp (ReLU, clipping), which the kernels apply to
+/// their sums in registers; `None` for the others.
+fn clamp_of(act: Act) -> Option<(f32, f32)> {
+    match act {
+        Act::Relu => Some((0.0, f32::INFINITY)),
+        Act::Clip(lo, hi) => Some((lo, hi)),
+        _ => None,
+    }
+}
+
 wide! {
     /// `vector::activate` with FMA where the CPU has it, for kernels that are not generic
     /// over it themselves.

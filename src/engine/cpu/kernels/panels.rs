@@ -20,7 +20,7 @@
 use std::ops::Range;
 
 use super::product::Product;
-use super::{Aligned, Threads, activate_with, fma};
+use super::{Aligned, Threads, activate_with, clamp_of, fma};
 use crate::engine::compiler::ir::Act;
 
 /// Columns of a panel; a last panel of 8 where no more than 8 columns remain.
@@ -135,12 +135,8 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
     debug_assert_eq!((panels.k, panels.n), (p.k, p.n));
     // ReLU and clipping happen in the registers; other activations over each block of the
     // output once its sums are complete, while it is still in the cache.
-    let (clamp, pass) = match p.act {
-        Act::None => (None, false),
-        Act::Relu => (Some((0.0, f32::INFINITY)), false),
-        Act::Clip(lo, hi) => (Some((lo, hi)), false),
-        _ => (None, true),
-    };
+    let clamp = clamp_of(p.act);
+    let pass = clamp.is_none() && !matches!(p.act, Act::None);
     let blocks = match p.taps {
         Some(taps) => k_blocks(taps.count(), taps.len(), KC_TAPS),
         None => k_blocks(1, p.k, KC),

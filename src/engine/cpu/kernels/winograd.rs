@@ -21,7 +21,7 @@ use std::cell::RefCell;
 
 use super::panels::{Panels, run_panels};
 use super::product::{Product, Weights};
-use super::{Aligned, Buffers, Threads, activate};
+use super::{Aligned, Buffers, Threads, activate, clamp_of};
 use crate::engine::compiler::ir::Act;
 use crate::engine::compiler::plan::ConvStep;
 
@@ -182,9 +182,7 @@ impl Block<'_> {
         let tw = c.ow.div_ceil(2);
         let clamp = match c.act {
             Act::None => Some((f32::NEG_INFINITY, f32::INFINITY)),
-            Act::Relu => Some((0.0, f32::INFINITY)),
-            Act::Clip(lo, hi) => Some((lo, hi)),
-            _ => None,
+            act => clamp_of(act),
         };
         for (i, tile) in self.tiles.clone().enumerate() {
             let (ty, tx) = (tile / tw, tile % tw);

@@ -573,9 +573,9 @@ impl DepthwiseRow<'_> {
 
     /// `taps` for a run whose kernel columns, `KW` of them, `S` apart, all fall inside the
     /// input: each kernel row's `KW` weights held in registers, and each input pixel of the
-    /// row loaded once for all the sums it is a tap of. At stride 1, 3 wide, 8 pixels: 10
-    /// loads for 24 multiply-adds, where `taps` loads an input and a weight for each (the
-    /// loads, not the arithmetic, bound the depthwise layers).
+    /// row loaded once for all the sums it is a tap of. At stride 1, 3 wide, 4 pixels × 16
+    /// channels: 12 input and 6 weight loads for 24 multiply-adds a kernel row, where `taps`
+    /// makes 30 (the loads, not the arithmetic or the memory, bound the depthwise layers).
     ///
     /// # Safety
     /// As `pixels_avx2`; the columns of pixels `ox..ox + P` all inside the input.

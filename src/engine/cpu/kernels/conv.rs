@@ -337,14 +337,8 @@ impl<'a> DepthwiseRow<'a> {
     ) {
         let c = self.c;
         let ch = c.k;
-        let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
-        // SAFETY: the caller's: taps inside the input, weights of the step's taps.
-        let (xs, ws) = unsafe {
-            (
-                self.x.add(((self.n * c.h + iy) * c.w + ix0) * ch + cb),
-                self.w.add((r * c.kernel[1] + col) * ch + cb),
-            )
-        };
+        // SAFETY: the caller's.
+        let (xs, ws) = unsafe { self.operands(r, ix0, col, cb) };
         for s in 0..count {
             // SAFETY: the caller's.
             unsafe {
@@ -353,6 +347,30 @@ impl<'a> DepthwiseRow<'a> {
                     ws.wrapping_add(s * ch),
                 )
             };
+        }
+    }
+
+    /// The input of kernel row `r` at input column `ix`, and the weight of kernel column
+    /// `col` of that row, both at channel `cb`.
+    ///
+    /// # Safety
+    /// As `depthwise_row_avx512`; the tap inside the input.
+    #[inline(always)]
+    unsafe fn operands(
+        &self,
+        r: usize,
+        ix: usize,
+        col: usize,
+        cb: usize,
+    ) -> (*const f32, *const f32) {
+        let c = self.c;
+        let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
+        // SAFETY: the caller's: a tap inside the input, a weight of the step's taps.
+        unsafe {
+            (
+                self.x.add(((self.n * c.h + iy) * c.w + ix) * c.k + cb),
+                self.w.add((r * c.kernel[1] + col) * c.k + cb),
+            )
         }
     }
 
@@ -597,13 +615,11 @@ impl DepthwiseRow<'_> {
         let ch = c.k;
         let ix0 = ox * S - c.pads[1];
         for r in self.rows.clone() {
-            let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
-            // SAFETY: the caller's: the run's taps inside the input, weights of the step's
-            // taps. Indexed loops of constant lengths, unrolled, the sums in registers.
+            // SAFETY: the caller's: the run's taps inside the input. Indexed loops of
+            // constant lengths, unrolled, the sums in registers.
             #[allow(clippy::needless_range_loop)]
             unsafe {
-                let xs = self.x.add(((self.n * c.h + iy) * c.w + ix0) * ch + cb);
-                let ws = self.w.add(r * KW * ch + cb);
+                let (xs, ws) = self.operands(r, ix0, 0, cb);
                 let mut w = [[_mm256_setzero_ps(); B]; KW];
                 for t in 0..KW {
                     for b in 0..B {

@@ -456,6 +456,33 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
                 want.len()
             ));
         }
+        // The frames in one call on one thread: the plan's last steps run on all of them at
+        // once (where they can be cut out), to the scores of one frame at a time.
+        opts.batch_size = want.len();
+        opts.threads = 1;
+        let mut engine = CpuEngine::build(&opts).expect("built once already");
+        let together = engine.infer(&input, want.len()).expect("inference");
+        let apart = together
+            .iter()
+            .zip(&got)
+            .flat_map(|(t, g)| t.iter().zip(g).map(|(t, g)| (t - g).abs()))
+            .fold(0.0f32, f32::max);
+        let tail = engine
+            .batched_tail()
+            .map_or("none".into(), |(steps, frames)| {
+                format!("{steps} steps on {frames} frames")
+            });
+        eprintln!(
+            "{name}: {} frames in one call on one thread (batched tail: {tail}): largest \
+             difference {apart:.2e}",
+            want.len()
+        );
+        if apart > 1e-5 {
+            failed.push(format!(
+                "{name}: {} frames in one call differ from them apart by {apart:.2e} (at most 1e-5)",
+                want.len()
+            ));
+        }
     }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }

@@ -136,7 +136,10 @@ impl ObjectImpl for TrtClassify {
                     .build(),
                 glib::ParamSpecUInt::builder("batch-size")
                     .nick("Batch size")
-                    .blurb("Frames classified together; a frame waits for its batch-mates at most batch-timeout")
+                    .blurb("Frames classified together; a frame waits for its batch-mates at most \
+                            batch-timeout. On the cpu backend, a batch of more frames than \
+                            threads runs the model's last layers on a thread's frames at once \
+                            (faster per frame)")
                     .minimum(1)
                     .maximum(MAX_BATCH_SIZE)
                     .default_value(DEFAULT_BATCH_SIZE)

@@ -466,6 +466,25 @@ pub enum Step {
     },
 }
 
+/// Whether `dims` walked with `strides` touch each of `len` consecutive values once.
+pub fn covers_once(dims: &[usize], strides: &[i64], len: usize) -> bool {
+    let mut axes: Vec<(i64, usize)> = strides
+        .iter()
+        .copied()
+        .zip(dims.iter().copied())
+        .filter(|&(_, d)| d > 1)
+        .collect();
+    axes.sort_unstable();
+    let mut next = 1i64;
+    for (stride, dim) in axes {
+        if stride != next {
+            return false;
+        }
+        next *= dim as i64;
+    }
+    next == len as i64
+}
+
 /// A product's residual in its description: added, or added in place (the output written
 /// over it, as the CPU's plans do).
 fn residual_note(residual: Option<Loc>, y: Loc) -> &'static str {
@@ -718,6 +737,38 @@ impl Step {
             Step::Lrn { pixels, c, y, .. } => len(*y, &[*pixels, *c]),
             Step::Attention(a) => a.y.span(a.batch, a.queries, a.dv),
         }
+    }
+
+    /// The spans the step reads: `spans` less the written one, once (a second copy of it is
+    /// an operand read in place: a residual written over).
+    pub fn reads(&self) -> Vec<Span> {
+        let mut spans = self.spans();
+        let written = self.written();
+        if let Some(at) = spans.iter().position(|s| *s == written) {
+            spans.remove(at);
+        }
+        spans
+    }
+
+    /// Whether the step writes every element of `written`: not so for an element-wise step
+    /// whose output strides skip some (a slice of a concatenation), nor for products of
+    /// several matrices or attention, whose outputs may leave gaps between matrices.
+    pub fn writes_all(&self) -> bool {
+        match self {
+            Step::Ew { dims, out, .. } => covers_once(dims, &out.strides, dims.iter().product()),
+            Step::Gemm { batch, .. } => *batch == 1,
+            Step::Attention(_) => false,
+            _ => true,
+        }
+    }
+
+    /// Every buffer the step reads or writes, as `locs_mut` lists them.
+    pub fn locs(&self) -> Vec<Loc> {
+        self.clone()
+            .locs_mut()
+            .into_iter()
+            .map(|loc| *loc)
+            .collect()
     }
 
     /// Every buffer the step reads or writes.

@@ -3,6 +3,7 @@
 //! one the CUDA engine runs too, here in fp32), run by our own kernels (`plan_runner`), for
 //! every model the compiler takes; tract (`tract`) for the others.
 
+mod batched_tail;
 mod kernels;
 mod plan_runner;
 #[cfg(test)]
@@ -89,18 +90,27 @@ impl CpuEngine {
             0 => cores(),
             n => n.min(cores()),
         };
-        let (runner, model_batch) = match plan_runner(model, input, fixed, threads) {
+        let frames = options.batch_size.max(1);
+        let (runner, model_batch) = match plan_runner(model, input, fixed, frames, threads) {
             Ok(plan) => {
                 // Frames run one per plan run; as many at once as there are threads, so a
                 // full model batch keeps them all busy, and a single thread runs each frame
-                // as it comes.
-                let model_batch = fixed.unwrap_or(options.batch_size.clamp(1, threads));
+                // as it comes. Where each thread's share of the batch runs its last steps
+                // together, the whole batch runs in one call.
+                let model_batch = match plan.batched_tail() {
+                    Some(_) => frames,
+                    None => fixed.unwrap_or(frames.min(threads)),
+                };
                 gst::info!(
                     CAT,
-                    "{}: cpu engine: {} steps of {} frame(s), {threads} thread(s)",
+                    "{}: cpu engine: {} steps of {} frame(s), {threads} thread(s){}",
                     model.path.display(),
                     plan.steps(),
-                    plan.batch()
+                    plan.batch(),
+                    plan.batched_tail()
+                        .map_or(String::new(), |(steps, frames)| format!(
+                            ", the last {steps} steps on {frames} frames of a thread at once"
+                        ))
                 );
                 (Runner::Plan(plan), model_batch)
             }
@@ -171,6 +181,15 @@ impl CpuEngine {
                 Some(plan.profile(input))
             }
             _ => None,
+        }
+    }
+
+    /// How many of the plan's last steps run on several frames of a thread at once, and on
+    /// how many frames (`batched_tail`); `None` where all run frame by frame.
+    pub fn batched_tail(&self) -> Option<(usize, usize)> {
+        match &self.runner {
+            Runner::Plan(plan) => plan.batched_tail(),
+            Runner::Tract(_) => None,
         }
     }
 }
@@ -245,6 +264,7 @@ fn plan_runner(
     model: &OnnxModel,
     input: crate::preprocess::InputSpec,
     fixed: Option<usize>,
+    frames: usize,
     threads: usize,
 ) -> Result<PlanRunner, String> {
     if std::env::var_os("TRTCLASSIFY_CPU").is_some_and(|v| v == "tract") {
@@ -255,7 +275,10 @@ fn plan_runner(
         return Err(format!("no kernels for {}", unsupported.join(", ")));
     }
     catch_unwind(AssertUnwindSafe(|| {
-        PlanRunner::new(model, input, fixed.unwrap_or(1), threads).map_err(|e| e.to_string())
+        // A model that fixes its batch runs it whole: its shapes may hold it.
+        let frames = if fixed.is_some() { 1 } else { frames };
+        PlanRunner::new(model, input, fixed.unwrap_or(1), frames, threads)
+            .map_err(|e| e.to_string())
     }))
     .unwrap_or_else(|panic| {
         Err(format!(

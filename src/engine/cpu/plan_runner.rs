@@ -5,15 +5,18 @@
 //!
 //! The plan is for one frame (or the batch a model fixes); the frames of a call run one after
 //! the other on the calling thread, or spread over the threads of the shared pool, each with
-//! its own activation arena; a single frame spreads its products over them instead.
+//! its own activation arena; a single frame spreads its products over them instead. Where a
+//! thread has several frames, their last steps may run on all of them at once
+//! (`batched_tail`).
 
 use std::sync::{Arc, LazyLock, Mutex};
 
 use rayon::prelude::*;
 
+use super::batched_tail::Tail;
 use super::kernels::{self, Buffers, Packed, Team, Threads};
 use crate::engine::OnnxModel;
-use crate::engine::compiler::plan::{DType, Loc, Plan};
+use crate::engine::compiler::plan::{DType, Loc, Plan, Step};
 use crate::engine::compiler::{self, CompileError, check::check_plan};
 use crate::preprocess::InputSpec;
 
@@ -37,6 +40,8 @@ pub struct PlanRunner {
     plan: Plan,
     weights: Vec<Arc<Vec<f32>>>,
     packed: Vec<Packed>,
+    /// The last steps, for the frames of one thread's share of a call at once.
+    tail: Option<Box<Batched>>,
     threads: usize,
     /// Whether the kernels may use AVX-512 (where the CPU has it).
     avx512: bool,
@@ -46,33 +51,86 @@ pub struct PlanRunner {
     num_classes: usize,
 }
 
+/// A tail and its packed weights (shared with the one-frame plan's).
+struct Batched {
+    tail: Tail,
+    packed: Vec<Packed>,
+}
+
 #[derive(Default)]
 struct Scratch {
     arena: kernels::Aligned,
+    tail_arena: kernels::Aligned,
     kernels: kernels::Scratch,
 }
 
 impl PlanRunner {
     /// Imports and lowers `model` for `batch` frames per plan; fails where the importer does
     /// not take the model (an operator it lacks), for the caller to fall back on tract.
+    /// Calls of `frames` frames spread over the threads leave each thread several where
+    /// `frames` is above `threads`: the plan's last steps are then lowered for that many too
+    /// (`batched_tail`).
     pub fn new(
         model: &OnnxModel,
         spec: InputSpec,
         batch: usize,
+        frames: usize,
         threads: usize,
     ) -> Result<Self, CompileError> {
-        let (mut plans, weights) = compiler::compile_for_cpu(model, &[batch], spec)?;
-        let plan = plans.pop().expect("one plan per batch size");
-        Self::from_plan(plan, weights.data, spec.frame_len(), threads)
+        let per_thread = frames.div_ceil(threads.clamp(1, cores()));
+        // `TRTCLASSIFY_CPU_BATCHED_TAIL=0` runs every step frame by frame (to compare).
+        let allowed = std::env::var("TRTCLASSIFY_CPU_BATCHED_TAIL").map_or(true, |v| v != "0");
+        let both = match allowed && batch == 1 && per_thread > 1 {
+            // The batch plan is a gain, not a need: the one-frame plan alone where the
+            // importer takes that one only.
+            true => compiler::compile_for_cpu(model, &[1, per_thread], spec).ok(),
+            false => None,
+        };
+        let (plan, together, weights) = match both {
+            Some((mut plans, weights)) => {
+                let together = plans.pop();
+                (
+                    plans.pop().expect("a plan per batch size"),
+                    together,
+                    weights,
+                )
+            }
+            None => {
+                let (mut plans, weights) = compiler::compile_for_cpu(model, &[batch], spec)?;
+                (plans.pop().expect("a plan per batch size"), None, weights)
+            }
+        };
+        Self::from_plans(
+            plan,
+            together,
+            weights.data,
+            spec.frame_len(),
+            threads,
+            None,
+        )
     }
 
     /// Runs `plan` (f32) for frames of `frame_len` values, once it is checked: every span
     /// of every step inside its buffer, since the kernels trust them.
+    #[cfg(test)]
     pub fn from_plan(
-        mut plan: Plan,
+        plan: Plan,
         weights: Vec<Arc<Vec<f32>>>,
         frame_len: usize,
         threads: usize,
+    ) -> Result<Self, CompileError> {
+        Self::from_plans(plan, None, weights, frame_len, threads, None)
+    }
+
+    /// `from_plan`, with the tail of `together` (the same model's plan for several frames,
+    /// checked too) where it has one; `tail_at`, for tests, cuts it there (`Tail::find`).
+    pub fn from_plans(
+        mut plan: Plan,
+        together: Option<Plan>,
+        weights: Vec<Arc<Vec<f32>>>,
+        frame_len: usize,
+        threads: usize,
+        tail_at: Option<usize>,
     ) -> Result<Self, CompileError> {
         let num_classes = plan.output_len / plan.batch.max(1);
         let weight = |i: usize| weights.get(i).map(|w| (w.len(), DType::F32));
@@ -84,14 +142,26 @@ impl PlanRunner {
             .collect();
         kernels::fuse_activations(&plan.steps, &mut packed);
         kernels::fuse_scales(&plan.steps, &mut packed);
+        // The tail is a gain, not a need: a batch plan that fails its checks goes unused.
+        let tail = together.and_then(|mut together| {
+            check_plan(&mut together, &weight, DType::F32, frame_len, num_classes).ok()?;
+            let fused = |i: usize| matches!(packed[i], Packed::Skip | Packed::ScaledInput { .. });
+            let mut tail = Tail::find(&plan, &together, fused, tail_at)?;
+            check_plan(&mut tail.plan, &weight, DType::F32, frame_len, num_classes).ok()?;
+            let packed = tail_packing(&plan, &packed, &tail, &weights);
+            Some(Box::new(Batched { tail, packed }))
+        });
         // The steps read packed weights from their copy: a constant no step reads any more
         // is let go, so that packing does not double the model's memory.
         let mut read = vec![false; weights.len()];
-        for (step, packed) in plan.steps.iter_mut().zip(&packed) {
+        let tail_steps = tail
+            .iter()
+            .flat_map(|b| b.tail.plan.steps.iter().zip(&b.packed));
+        for (step, packed) in plan.steps.iter().zip(&packed).chain(tail_steps) {
             let copied = kernels::packed_weight(step, packed);
-            for loc in step.locs_mut() {
-                if let Loc::Weight { index, .. } = *loc
-                    && Some(*loc) != copied
+            for loc in step.locs() {
+                if let Loc::Weight { index, .. } = loc
+                    && Some(loc) != copied
                 {
                     read[index] = true;
                 }
@@ -105,6 +175,7 @@ impl PlanRunner {
         Ok(PlanRunner {
             weights,
             packed,
+            tail,
             threads: threads.clamp(1, cores()),
             avx512: true,
             scratch: Mutex::new(Vec::new()),
@@ -117,6 +188,12 @@ impl PlanRunner {
     /// Frames per plan run.
     pub fn batch(&self) -> usize {
         self.plan.batch
+    }
+
+    /// The steps that run on several frames at once, and on how many, where some do.
+    pub fn batched_tail(&self) -> Option<(usize, usize)> {
+        let plan = &self.tail.as_ref()?.tail.plan;
+        Some((plan.steps.len(), plan.batch))
     }
 
     pub fn num_classes(&self) -> usize {
@@ -146,45 +223,92 @@ impl PlanRunner {
         let batch = self.plan.batch;
         let calls = n.div_ceil(batch);
         let mut scores = vec![0.0; calls * batch * self.num_classes];
-        let chunk = batch * self.frame_len;
-        let jobs: Vec<(&[f32], &mut [f32])> = input
-            .chunks(chunk)
-            .zip(scores.chunks_mut(batch * self.num_classes))
-            .collect();
-        let workers = self.threads.min(jobs.len());
-        if self.threads == 1 {
-            let mut scratch = self.take_scratch();
-            for (input, out) in jobs {
-                self.run_plan(input, out, &mut scratch, self.on(1), None);
-            }
-            self.keep_scratch(scratch);
-        } else if workers == 1 {
+        if calls == 0 {
+            return scores;
+        }
+        if self.threads > 1 && calls == 1 {
             // One call: its steps spread over the threads.
-            let (input, out) = jobs.into_iter().next().expect("one call");
             let mut scratch = self.take_scratch();
             let threads = self.on(self.threads);
+            let out = &mut scores[..];
             self.on_team(|| self.run_plan(input, out, &mut scratch, threads, None));
             self.keep_scratch(scratch);
         } else {
-            // Several calls: each worker runs its share one by one, single-threaded.
-            let per = jobs.len().div_ceil(workers);
-            let mut shares: Vec<Vec<(&[f32], &mut [f32])>> = Vec::new();
-            let mut jobs = jobs.into_iter().peekable();
-            while jobs.peek().is_some() {
-                shares.push(jobs.by_ref().take(per).collect());
+            // Each worker runs its share of the calls, single-threaded.
+            let per = calls.div_ceil(self.threads.min(calls));
+            let shares: Vec<(&[f32], &mut [f32])> = input
+                .chunks(per * batch * self.frame_len)
+                .zip(scores.chunks_mut(per * batch * self.num_classes))
+                .collect();
+            let run_share = |(input, out): (&[f32], &mut [f32])| {
+                let mut scratch = self.take_scratch();
+                self.run_share(input, out, &mut scratch);
+                self.keep_scratch(scratch);
+            };
+            if shares.len() == 1 {
+                shares.into_iter().for_each(run_share);
+            } else {
+                POOL.install(|| shares.into_par_iter().for_each(run_share));
             }
-            POOL.install(|| {
-                shares.into_par_iter().for_each(|share| {
-                    let mut scratch = self.take_scratch();
-                    for (input, out) in share {
-                        self.run_plan(input, out, &mut scratch, self.on(1), None);
-                    }
-                    self.keep_scratch(scratch);
-                })
-            });
         }
         scores.truncate(n * self.num_classes);
         scores
+    }
+
+    /// The frames of `input` on this thread: together through the tail where they are as
+    /// many as it takes, else a plan batch at a time.
+    fn run_share(&self, input: &[f32], out: &mut [f32], scratch: &mut Scratch) {
+        match self.tail.as_deref() {
+            Some(Batched { tail, packed }) if input.len() == tail.plan.batch * self.frame_len => {
+                self.run_with_tail(tail, packed, input, out, scratch)
+            }
+            _ => {
+                let calls = input
+                    .chunks(self.plan.batch * self.frame_len)
+                    .zip(out.chunks_mut(self.plan.batch * self.num_classes));
+                for (input, out) in calls {
+                    self.run_plan(input, out, scratch, self.on(1), None);
+                }
+            }
+        }
+    }
+
+    /// Each frame of `input` through the steps before the tail, its values that the tail
+    /// reads copied to the tail's arena; then the tail on all of them.
+    fn run_with_tail(
+        &self,
+        tail: &Tail,
+        packed: &[Packed],
+        input: &[f32],
+        out: &mut [f32],
+        scratch: &mut Scratch,
+    ) {
+        let first = tail.first;
+        scratch.arena.resize(self.plan.arena_len);
+        scratch.tail_arena.resize(tail.plan.arena_len);
+        for (frame, carries) in input.chunks(self.frame_len).zip(&tail.carries) {
+            let buffers = Buffers {
+                arena: scratch.arena.as_mut_slice().as_mut_ptr(),
+                input: frame.as_ptr(),
+                // Not touched: `Tail::find` leaves the scores to the tail.
+                output: out.as_mut_ptr(),
+                weights: &self.weights,
+            };
+            let steps = self.plan.steps[..first].iter().zip(&self.packed[..first]);
+            self.run_steps(steps, &buffers, &mut scratch.kernels, None);
+            let (from, to) = (scratch.arena.as_slice(), scratch.tail_arena.as_mut_slice());
+            for c in carries {
+                to[c.to..c.to + c.len].copy_from_slice(&from[c.from..c.from + c.len]);
+            }
+        }
+        let buffers = Buffers {
+            arena: scratch.tail_arena.as_mut_slice().as_mut_ptr(),
+            input: input.as_ptr(),
+            output: out.as_mut_ptr(),
+            weights: &self.weights,
+        };
+        let steps = tail.plan.steps.iter().zip(packed);
+        self.run_steps(steps, &buffers, &mut scratch.kernels, None);
     }
 
     /// The time of each step over one run of `input` (one plan batch), on the runner's
@@ -238,7 +362,7 @@ impl PlanRunner {
         out: &mut [f32],
         scratch: &mut Scratch,
         threads: Threads,
-        mut times: Option<&mut Vec<(String, std::time::Duration)>>,
+        times: Option<&mut Vec<(String, std::time::Duration)>>,
     ) {
         let padded;
         let input = if input.len() == self.plan.input_len {
@@ -256,12 +380,70 @@ impl PlanRunner {
             output: out.as_mut_ptr(),
             weights: &self.weights,
         };
-        for (step, packed) in self.plan.steps.iter().zip(&self.packed) {
+        let steps = self.plan.steps.iter().zip(&self.packed);
+        self.run_steps_on(steps, &buffers, &mut scratch.kernels, threads, times);
+    }
+
+    /// `steps` on this thread alone.
+    fn run_steps<'a>(
+        &self,
+        steps: impl Iterator<Item = (&'a Step, &'a Packed)>,
+        buffers: &Buffers,
+        scratch: &mut kernels::Scratch,
+        times: Option<&mut Vec<(String, std::time::Duration)>>,
+    ) {
+        self.run_steps_on(steps, buffers, scratch, self.on(1), times)
+    }
+
+    fn run_steps_on<'a>(
+        &self,
+        steps: impl Iterator<Item = (&'a Step, &'a Packed)>,
+        buffers: &Buffers,
+        scratch: &mut kernels::Scratch,
+        threads: Threads,
+        mut times: Option<&mut Vec<(String, std::time::Duration)>>,
+    ) {
+        for (step, packed) in steps {
             let started = times.is_some().then(std::time::Instant::now);
-            kernels::run(step, packed, &buffers, &mut scratch.kernels, threads);
+            kernels::run(step, packed, buffers, scratch, threads);
             if let (Some(times), Some(started)) = (times.as_deref_mut(), started) {
                 times.push((step.describe(), started.elapsed()));
             }
         }
+    }
+}
+
+/// The tail's packed weights: the one-frame plan's for the same step where it packed the
+/// same weights (shared, not copied), and the fusions decided again among the tail's steps.
+fn tail_packing(
+    plan: &Plan,
+    packed: &[Packed],
+    tail: &Tail,
+    weights: &[Arc<Vec<f32>>],
+) -> Vec<Packed> {
+    let steps = &plan.steps[tail.first..];
+    let mut tail_packed: Vec<Packed> = tail
+        .plan
+        .steps
+        .iter()
+        .zip(steps.iter().zip(&packed[tail.first..]))
+        .map(
+            |(step, (same, packed))| match weight_of(step) == weight_of(same) {
+                true => packed.shared(),
+                false => kernels::pack(step, weights),
+            },
+        )
+        .collect();
+    kernels::fuse_activations(&tail.plan.steps, &mut tail_packed);
+    kernels::fuse_scales(&tail.plan.steps, &mut tail_packed);
+    tail_packed
+}
+
+/// The weight a step's packing is made from.
+fn weight_of(step: &Step) -> Option<Loc> {
+    match step {
+        Step::Conv(c) => Some(c.weight),
+        Step::Gemm { w, .. } => Some(*w),
+        _ => None,
     }
 }

@@ -642,15 +642,15 @@ fn frames_spread_over_threads_give_the_same_scores() {
     let spec = model.input_spec(None).expect("input");
     let mut rng = Rng(7);
     let input = rng.values(5 * spec.frame_len());
-    let one = PlanRunner::new(&model, spec, 1, 1)
+    let one = PlanRunner::new(&model, spec, 1, 1, 1)
         .expect("plan")
         .run(&input, 5);
-    let two = PlanRunner::new(&model, spec, 1, 2)
+    let two = PlanRunner::new(&model, spec, 1, 1, 2)
         .expect("plan")
         .run(&input, 5);
     assert_eq!(one.len(), 5 * 10);
     assert_eq!(one, two);
-    let single = PlanRunner::new(&model, spec, 1, 2)
+    let single = PlanRunner::new(&model, spec, 1, 1, 2)
         .expect("plan")
         .run(&input[..spec.frame_len()], 1);
     assert_eq!(single, one[..10]);
@@ -664,10 +664,10 @@ fn a_frame_that_finds_the_team_taken_runs_on_the_pool_with_the_same_scores() {
     let model = committed_cnn();
     let spec = model.input_spec(None).expect("input");
     let input = Rng(11).values(spec.frame_len());
-    let one = PlanRunner::new(&model, spec, 1, 1)
+    let one = PlanRunner::new(&model, spec, 1, 1, 1)
         .expect("plan")
         .run(&input, 1);
-    let two = PlanRunner::new(&model, spec, 1, 2).expect("plan");
+    let two = PlanRunner::new(&model, spec, 1, 1, 2).expect("plan");
     let (held, taken) = channel();
     let (release, done) = channel::<()>();
     std::thread::scope(|s| {
@@ -690,4 +690,59 @@ fn a_frame_that_finds_the_team_taken_runs_on_the_pool_with_the_same_scores() {
         assert_eq!(scores.len(), 10);
         assert_eq!(scores, one);
     });
+}
+
+#[test]
+fn frames_through_a_batched_tail_score_as_one_by_one() {
+    // The committed CNN and the model of every operator PyTorch exports, four frames: the
+    // batch plan's tail cut at each step where one can be (residual blocks, squeeze and
+    // excitation, concatenations, pooling on either side) scores as the one-frame plan does
+    // frame by frame, on one thread and on two (two frames each, the tail then for two).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let mut cuts = 0;
+    for name in ["cnn.onnx", "ops.onnx"] {
+        let model = crate::engine::OnnxModel::load(&root.join(name)).expect("model loads");
+        let spec = model.input_spec(None).expect("input");
+        let frame_len = spec.frame_len();
+        let input = Rng(5).values(4 * frame_len);
+        for (threads, batch) in [(1, 4), (2, 2)] {
+            let (plans, weights) =
+                crate::engine::compiler::compile_for_cpu(&model, &[1, batch], spec)
+                    .expect("compiles");
+            let one = PlanRunner::from_plan(plans[0].clone(), weights.data.clone(), frame_len, 1)
+                .expect("plan");
+            let want = one.run(&input, 4);
+            for at in 0..plans[0].steps.len() {
+                let runner = PlanRunner::from_plans(
+                    plans[0].clone(),
+                    Some(plans[1].clone()),
+                    weights.data.clone(),
+                    frame_len,
+                    threads,
+                    Some(at),
+                )
+                .expect("plans");
+                let Some((steps, frames)) = runner.batched_tail() else {
+                    continue;
+                };
+                assert_eq!(
+                    (steps, frames),
+                    (plans[0].steps.len() - at, batch),
+                    "{name}: the tail from step {at}"
+                );
+                cuts += 1;
+                let got = runner.run(&input, 4);
+                assert_eq!(got.len(), want.len());
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{name}, {threads} thread(s), tail from step {at} ({}): \
+                         score {i} is {g}, one by one {w}",
+                        plans[0].steps[at].describe()
+                    );
+                }
+            }
+        }
+    }
+    assert!(cuts > 40, "only {cuts} cuts");
 }

@@ -41,7 +41,7 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
                 packed[t * c.k + k] = krsc[k * taps + t];
             }
         }
-        return Packed::Depthwise(Aligned::from_slice(&packed));
+        return Packed::Depthwise(Arc::new(Aligned::from_slice(&packed)));
     }
     let (cg, kg) = (c.c / c.group, c.k / c.group);
     let rows = taps * cg;
@@ -63,7 +63,7 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
             }
         }
     }
-    Packed::Gemm(packed)
+    Packed::Gemm(Arc::new(packed))
 }
 
 /// Depthwise convolution, NHWC: for each output pixel, each tap's channels multiplied and

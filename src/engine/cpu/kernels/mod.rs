@@ -22,7 +22,7 @@ use crate::engine::compiler::plan::{ConvStep, Loc, Step};
 /// f32 values that start on a cache line (64 bytes), as AVX-512's 64-byte loads want (one
 /// across two lines costs two): the activation arena, whose buffers the plan places at
 /// multiples of 128 values, and packed weights.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Aligned {
     lines: Vec<Line>,
     len: usize,
@@ -94,11 +94,11 @@ pub enum Packed {
     None,
     /// Depthwise: `[kernel positions][channels]`, so that the channel loop reads both
     /// operands in order.
-    Depthwise(Aligned),
+    Depthwise(Arc<Aligned>),
     /// A grouped convolution's, per group, `[kernel positions × input channels of the
     /// group][output channels of the group]`: the right-hand matrix of the product with the
     /// unfolded input.
-    Gemm(Vec<f32>),
+    Gemm(Arc<Vec<f32>>),
     /// The constant right-hand matrix of a product (a convolution's `[kernel positions ×
     /// input channels][output channels]`) in panels, and the activation of a following step
     /// where the product does it.
@@ -119,6 +119,23 @@ pub enum Packed {
     /// in the cache, and that step skipped.
     Activated(Act),
     Skip,
+}
+
+impl Packed {
+    /// The packing of the same weights for the same step of another plan (another batch),
+    /// sharing the values; without what `fuse_activations` and `fuse_scales` made of it,
+    /// for them to decide again there.
+    pub fn shared(&self) -> Packed {
+        match self {
+            Packed::Depthwise(w) => Packed::Depthwise(w.clone()),
+            Packed::Gemm(w) => Packed::Gemm(w.clone()),
+            Packed::Panels(panels, _) | Packed::ScaledInput { panels, .. } => {
+                Packed::Panels(panels.clone(), None)
+            }
+            Packed::Winograd(u) => Packed::Winograd(u.clone()),
+            Packed::None | Packed::Activated(_) | Packed::Skip => Packed::None,
+        }
+    }
 }
 
 /// How a step may use threads (`gemm`'s own split over the machine's shared pool, and

@@ -18,6 +18,7 @@
 //! The x86 path is chosen at run time, so that one build uses AVX-512 where the CPU has it.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::product::Product;
 use super::{Aligned, Threads, activate_with, clamp_of, fma};
@@ -45,9 +46,10 @@ const NC: usize = 128;
 
 /// A `k × n` weight matrix in column panels (16 columns, the last 8 where 8 or fewer
 /// remain), each panel `k` rows of its columns, zeros past column `n`.
-#[derive(Default)]
+/// Cloned, it shares the packed values (the batch plan's last steps use the one-frame plan's).
+#[derive(Clone, Default)]
 pub struct Panels {
-    data: Aligned,
+    data: Arc<Aligned>,
     k: usize,
     n: usize,
 }
@@ -62,7 +64,7 @@ impl Panels {
             }
         }
         Panels {
-            data: Aligned::from_slice(&data),
+            data: Arc::new(Aligned::from_slice(&data)),
             k,
             n,
         }
@@ -72,8 +74,9 @@ impl Panels {
     pub fn scale_rows(&self, scale: &[f32], into: &mut Panels) {
         into.k = self.k;
         into.n = self.n;
-        into.data.resize(self.data.as_slice().len());
-        let (from, to) = (self.data.as_slice(), into.data.as_mut_slice());
+        let to = Arc::make_mut(&mut into.data);
+        to.resize(self.data.as_slice().len());
+        let (from, to) = (self.data.as_slice(), to.as_mut_slice());
         let mut at = 0;
         for (_, width) in spans(self.n, 0..self.n) {
             for &s in &scale[..self.k] {

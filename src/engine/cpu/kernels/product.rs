@@ -6,7 +6,7 @@
 use super::panels::{self, Panels, run_panels};
 use super::{Packed, Threads, activate_with};
 use crate::engine::compiler::ir::Act;
-use crate::engine::compiler::plan::{Cast, Step};
+use crate::engine::compiler::plan::{Cast, Step, covers_once};
 
 /// Moves an activation that follows a matrix product in place (the lowering's form of
 /// everything but ReLU, which cuBLASLt's epilogue takes) into the product's own epilogue.
@@ -40,25 +40,6 @@ pub fn fuse_activations(steps: &[Step], packed: &mut [Packed]) {
         }
         packed[i] = Packed::Skip;
     }
-}
-
-/// Whether `dims` walked with `strides` touch each of `len` consecutive values once.
-pub(super) fn covers_once(dims: &[usize], strides: &[i64], len: usize) -> bool {
-    let mut axes: Vec<(i64, usize)> = strides
-        .iter()
-        .copied()
-        .zip(dims.iter().copied())
-        .filter(|&(_, d)| d > 1)
-        .collect();
-    axes.sort_unstable();
-    let mut next = 1i64;
-    for (stride, dim) in axes {
-        if stride != next {
-            return false;
-        }
-        next *= dim as i64;
-    }
-    next == len as i64
 }
 
 /// `y = act(alpha · x·w + bias + residual)`, `x` being `rows × k` and `w` `k × n` (rows

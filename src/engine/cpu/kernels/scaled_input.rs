@@ -8,9 +8,8 @@
 use std::ops::Range;
 
 use super::Packed;
-use super::product::covers_once;
 use crate::engine::compiler::ir::{Act, BinOp};
-use crate::engine::compiler::plan::{Cast, Loc, Span, Step, Strided};
+use crate::engine::compiler::plan::{Cast, Loc, Span, Step, Strided, covers_once};
 
 /// Marks each product by a per-channel scale whose only reader is the 1×1 convolution (a
 /// matrix product of constant weights, NHWC pixels being its rows) right after it: the
@@ -114,16 +113,16 @@ fn read_from(steps: &[Step], span: Span) -> bool {
     };
     let overlaps = |r: &Range<i128>| r.start < target.end && target.start < r.end;
     for step in steps {
-        let written = step.written();
-        let mut touched = step.spans();
-        // The written span, once; a second copy of it is an operand read in place.
-        if let Some(at) = touched.iter().position(|s| *s == written) {
-            touched.remove(at);
-        }
-        if touched.iter().filter_map(in_arena).any(|r| overlaps(&r)) {
+        if step
+            .reads()
+            .iter()
+            .filter_map(in_arena)
+            .any(|r| overlaps(&r))
+        {
             return true;
         }
-        if in_arena(&written).is_some_and(|w| w.start <= target.start && target.end <= w.end) {
+        if in_arena(&step.written()).is_some_and(|w| w.start <= target.start && target.end <= w.end)
+        {
             return false;
         }
     }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU run, on the GPU host, from the repository root, after pack.sh (see
 # bench/gpu/README.md). Stages, all by default:
-#   tests    the cuda tests (engine, CUDA-memory input, shared engines), then the element,
-#            pipeline and scenario tests with backend=cuda; a GPU is expected, so a skip fails
+#   tests    the cuda tests (engine, CUDA-memory input, shared engines), the exports on the
+#            cpu plan (engine tests), then the element, pipeline and scenario tests with
+#            backend=cuda; a GPU is expected, so a skip fails
 #   engine   trtclassify-engine bench beside PyTorch (ResNet-50, MobileNetV2, EfficientNet-B0,
 #            ViT-B/16, Swin-T)
 #   streams  bench/gpu/streams.sh: 1 to 180 NVDEC streams, decode only and decode + classify
@@ -46,6 +47,13 @@ if has tests; then
   done
   grep -E "^test |largest|cached start|formats tested|decoders tested|runs in fp32|run in f32|came from|failed|panicked|SKIPPED" \
     "$out/cuda-test.txt" "$out/cuda-test.log" | cut -c1-300 | head -60
+  # The CPU plan on the same exports against onnxruntime, and a thread's frames through the
+  # batched tail against them one by one.
+  for t in /tmp/gpubin/engine-*; do
+    "$t" exported_families --nocapture >"$out/engine-test.txt" 2>"$out/engine-test.log"
+    echo "engine tests (exported families on the cpu plan): exit $?"
+  done
+  grep -E "largest|FAILED|panicked|failed" "$out/engine-test.log" | cut -c1-200 | head -60
   # The element's own tests on the GPU path: every element in them runs backend=cuda.
   for name in element pipeline scenarios; do
     for t in /tmp/gpubin/"$name"-*; do

@@ -2,7 +2,7 @@
 //! Several frames on one thread in two parts: each frame alone through the plan's first
 //! steps, whose activations are large (one frame's stay in the caches, a batch's would not),
 //! then the frames together through the last steps, whose activations are small and whose
-//! weights are large. MobileNetV2's 7×7 layers and classifier hold 2.5 of its 3.5 million
+//! weights are large. MobileNetV2's 7×7 layers and classifier hold 2.9 of its 3.5 million
 //! weights: run frame by frame, each frame reads them from the L3 cache (the classifier
 //! alone, 5 MB, took 0.3 of 9 ms a frame); run on 8 frames at once, each weight is read
 //! once for the 8 (docs/benchmarks.md).
@@ -42,8 +42,9 @@ pub struct Carry {
 
 impl Tail {
     /// The tail of `batch`, the plan compiled for several frames from the model (and the
-    /// passes) that `frame` was compiled from for one, both checked. `None` where it has none
-    /// worth running or none that can be cut out safely: plans whose steps differ, steps that
+    /// passes) that `frame` was compiled from for one, both checked. `None` where none can be
+    /// cut out safely: plans whose steps differ (ShuffleNet's channel splits, read in place
+    /// for one frame and copied for several), steps that
     /// may hold a frame's values apart (attention, products of several matrices), or nowhere
     /// to cut between steps that `fused(i)` says were fused with the step before. `at`, for
     /// tests: the cut there, whatever the steps' sizes.

@@ -968,6 +968,10 @@ impl Taps {
 
     /// Where each run of rows `rows` begins, `count()` a row, for the image at `x`; the
     /// copies of rows partly outside the image go to `scratch`.
+    ///
+    /// The output pixels are walked along their rows, not found by division, and a pixel
+    /// whose kernel lies inside the image along x takes the fast path: finding the runs
+    /// pixel by pixel took 40 % of MobileNetV2's first convolution (27 values a row).
     pub(super) fn find(
         &self,
         x: *const f32,
@@ -978,36 +982,48 @@ impl Taps {
         let c = self.conv();
         table.clear();
         scratch.clear();
+        table.reserve(rows.len() * self.count());
         let at = |iy: usize, ix: usize| x.wrapping_add((iy * c.w + ix) * c.c);
-        for pixel in self.first + rows.start..self.first + rows.end {
-            let (oy, ox) = (pixel / c.ow, pixel % c.ow);
+        let [sy, sx] = c.strides;
+        let [dy, dx] = c.dilations;
+        let kw = c.kernel[1];
+        let runs = if self.rows { 1 } else { kw };
+        let pixel = self.first + rows.start;
+        let (mut oy, mut ox) = (pixel / c.ow, pixel % c.ow);
+        for _ in rows {
+            let ix = |s: usize| {
+                (ox * sx + s * dx)
+                    .checked_sub(c.pads[1])
+                    .filter(|&ix| ix < c.w)
+            };
+            let inside = match (ix(0), ix(kw - 1)) {
+                (Some(first), Some(_)) => Some(first),
+                _ => None,
+            };
             for r in 0..c.kernel[0] {
-                let iy = (oy * c.strides[0] + r * c.dilations[0])
+                let iy = (oy * sy + r * dy)
                     .checked_sub(c.pads[0])
                     .filter(|&iy| iy < c.h);
-                let Some(iy) = iy else {
-                    let runs = if self.rows { 1 } else { c.kernel[1] };
-                    table.extend(std::iter::repeat_n(ZEROS.as_ptr(), runs));
-                    continue;
-                };
-                let ix = |s: usize| {
-                    (ox * c.strides[1] + s * c.dilations[1])
-                        .checked_sub(c.pads[1])
-                        .filter(|&ix| ix < c.w)
-                };
-                if !self.rows {
-                    table.extend((0..c.kernel[1]).map(|s| match ix(s) {
-                        Some(ix) => at(iy, ix),
-                        None => ZEROS.as_ptr(),
-                    }));
-                    continue;
-                }
-                match (ix(0), ix(c.kernel[1] - 1)) {
-                    (Some(ix), Some(_)) => table.push(at(iy, ix)),
-                    _ => {
+                match (iy, inside) {
+                    (None, _) => table.extend(std::iter::repeat_n(ZEROS.as_ptr(), runs)),
+                    (Some(iy), Some(first)) => {
+                        let run = at(iy, first);
+                        if self.rows {
+                            table.push(run);
+                        } else {
+                            table.extend((0..kw).map(|s| run.wrapping_add(s * dx * c.c)));
+                        }
+                    }
+                    (Some(iy), None) if !self.rows => {
+                        table.extend((0..kw).map(|s| match ix(s) {
+                            Some(ix) => at(iy, ix),
+                            None => ZEROS.as_ptr(),
+                        }));
+                    }
+                    (Some(iy), None) => {
                         // Null until `scratch` is whole and cannot move.
                         table.push(std::ptr::null());
-                        for s in 0..c.kernel[1] {
+                        for s in 0..kw {
                             match ix(s) {
                                 // SAFETY: inside the checked input span.
                                 Some(ix) => scratch.extend_from_slice(unsafe {
@@ -1019,6 +1035,13 @@ impl Taps {
                     }
                 }
             }
+            ox += 1;
+            if ox == c.ow {
+                (oy, ox) = (oy + 1, 0);
+            }
+        }
+        if scratch.is_empty() {
+            return;
         }
         let mut copies = scratch.chunks_exact(self.len());
         for run in table.iter_mut().filter(|run| run.is_null()) {

@@ -169,7 +169,7 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
                         len: ks.len() / block.segments,
                     },
                 };
-                let mut spans = spans(panels.n, c0..c1).peekable();
+                let mut spans = spans(panels.n, c0..c1);
                 while let Some((col, width)) = spans.next() {
                     // SAFETY: the panels' blocks lie inside `data` (`pack` wrote k rows of
                     // `width` for each panel, in order).
@@ -180,23 +180,28 @@ fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: 
                             .as_ptr()
                             .add(col * p.k + ks.start * width)
                     };
-                    let pair =
-                        AVX512 && width == WIDTH && spans.peek().is_some_and(|s| s.1 == WIDTH);
-                    if pair {
-                        spans.next();
-                    }
-                    let width = if pair { 2 * WIDTH } else { width };
+                    // A full panel with the next, a last panel of 8 included: two panels'
+                    // sums for each broadcast (MobileNetV2's 24 channels at 56×56 had read
+                    // their rows once for each panel).
+                    let pair = if AVX512 && width == WIDTH {
+                        spans.next().map(|s| s.1)
+                    } else {
+                        None
+                    };
+                    let b2_width = pair.unwrap_or(0);
+                    let width = if pair.is_some() { 2 * WIDTH } else { width };
                     let tile = Tile {
                         col,
                         cols: width.min(p.n - col),
                         ks: ks.clone(),
                         lhs,
                         b: at(col, width.min(WIDTH)),
-                        b2: if pair {
-                            at(col + WIDTH, WIDTH)
+                        b2: if pair.is_some() {
+                            at(col + WIDTH, b2_width)
                         } else {
                             std::ptr::null()
                         },
+                        b2_width,
                         clamp,
                     };
                     let mut r = r0;
@@ -366,9 +371,11 @@ struct Tile {
     lhs: Lhs,
     /// The panel's first value at `ks.start`.
     b: *const f32,
-    /// The next panel's, where the tile takes two (null otherwise).
+    /// The next panel's, where the tile takes two (null otherwise), and its width.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     b2: *const f32,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    b2_width: usize,
     /// The clamp of the block's results: ReLU or clipping, on the last block of k.
     clamp: Option<(f32, f32)>,
 }
@@ -434,8 +441,8 @@ impl Tile {
             #[cfg(target_arch = "x86_64")]
             if AVX512 {
                 return match W {
-                    32 => tile_avx512::<R, 2>(&at, self.b2, WIDTH),
-                    _ => tile_avx512::<R, 1>(&at, self.b2, W),
+                    32 => tile_avx512::<R, 2>(&at, self.b2, [WIDTH, self.b2_width]),
+                    _ => tile_avx512::<R, 1>(&at, self.b2, [W, 0]),
                 };
             }
             #[cfg(target_arch = "x86_64")]
@@ -626,15 +633,20 @@ unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
     }
 }
 
-/// A tile in 16-wide registers: `R` × `V` sums (up to 24), one panel's row (`step`
-/// values along k apart) or two panels' (`b` and `b2`, 16 apart) in one or two registers,
-/// broadcasts of `x`; masked loads and stores for the columns past the output's.
+/// A tile in 16-wide registers: `R` × `V` sums (up to 24), one panel's row or two panels'
+/// (`b` and `b2`; the second may be a last panel of 8) in one or two registers, `steps`
+/// values along k apart, broadcasts of `x`; masked loads and stores for the columns past
+/// the output's.
 ///
 /// # Safety
 /// As `Tile::sums`; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const f32, step: usize) {
+unsafe fn tile_avx512<const R: usize, const V: usize>(
+    at: &Operands,
+    b2: *const f32,
+    steps: [usize; 2],
+) {
     use std::arch::x86_64::*;
     let mask = |j: usize| -> __mmask16 {
         let valid = at.cols.saturating_sub(16 * j).min(16);
@@ -669,8 +681,8 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const 
                 for (j, w) in w.iter_mut().enumerate() {
                     // A panel of 8 is read with its 8 values only.
                     *w = _mm512_maskz_loadu_ps(
-                        if step < 16 { 0xFF } else { 0xFFFF },
-                        panels[j].add(i * step),
+                        if steps[j] < 16 { 0xFF } else { 0xFFFF },
+                        panels[j].add(i * steps[j]),
                     );
                 }
                 for (r, row) in s.iter_mut().enumerate() {
@@ -680,7 +692,7 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(at: &Operands, b2: *const 
                     }
                 }
             }
-            panels = panels.map(|p| p.wrapping_add(k * step));
+            panels = [0, 1].map(|j| panels[j].wrapping_add(k * steps[j]));
         }
         match at.start {
             Start::Output => {

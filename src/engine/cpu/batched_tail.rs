@@ -16,10 +16,22 @@ use std::ops::Range;
 use crate::engine::compiler::plan::{Loc, Plan, Span, Step};
 
 /// A step of the batch plan whose buffers hold more values than this (4 MB) runs frame by
-/// frame: MobileNetV2's 28×28 layers (4.8 MB a tensor for 8 frames) ran 1.1–3× slower per
-/// frame in a batch than alone, its 7×7 ones (1.5 MB) 10–15 % faster and its 14×14 ones
-/// (3.6 MB) alike.
+/// frame, unless its weights are many (`runs_alone`): MobileNetV2's 28×28 layers (4.8 MB a
+/// tensor for 8 frames) ran 1.1–3× slower per frame in a batch than alone, its 7×7 ones
+/// (1.5 MB) 10–15 % faster and its 14×14 ones (3.6 MB) alike.
 const MAX_TOUCHED: i128 = 1 << 20;
+
+/// Whether `step` of the batch plan (`frames` frames) runs frame by frame: its buffers are
+/// larger than `MAX_TOUCHED` and its weights fewer than half a frame's values, so that the
+/// batch gains little by reading them once. Steps whose weights are that many gain more
+/// than their large buffers cost: ResNet-50's 14×14 layers (1–2.4 MB of weights, 6.4 MB a
+/// tensor for 8 frames) on the Xeon made batch 8 on one thread 44.1–44.5 ms a frame with
+/// them in the tail against 49.6–50.0 without; MobileNetV2's and EfficientNet-B0's
+/// depthwise layers, whose weights are few, stay out.
+fn runs_alone(step: &Step, frames: usize) -> bool {
+    let touched = touched(step);
+    touched > MAX_TOUCHED && 2 * weights(step) * (frames as i128) < touched
+}
 
 /// The batch plan's last steps, and how the values they read get there.
 pub struct Tail {
@@ -66,7 +78,7 @@ impl Tail {
         {
             return None;
         }
-        let large = batch.steps.iter().rposition(|s| touched(s) > MAX_TOUCHED);
+        let large = batch.steps.iter().rposition(|s| runs_alone(s, batch.batch));
         let earliest = at.unwrap_or(large.map_or(1, |i| i + 1)).max(1);
         // Nothing before the cut may touch the scores, which the tail writes for the batch.
         let scores = |s: &Step| s.spans().iter().any(|s| matches!(s.loc, Loc::Output(_)));
@@ -175,6 +187,15 @@ fn touched(step: &Step) -> i128 {
         .sum()
 }
 
+/// The weights that `step` reads.
+fn weights(step: &Step) -> i128 {
+    step.spans()
+        .iter()
+        .filter(|s| matches!(s.loc, Loc::Weight { .. }))
+        .map(|s| s.end - s.start)
+        .sum()
+}
+
 /// The arena values `span` covers, absolutely.
 fn in_arena(span: &Span) -> Option<Range<i128>> {
     match span.loc {
@@ -251,6 +272,42 @@ impl Ranges {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::compiler::ir::Act;
+
+    /// A 1×1 convolution of `pixels` pixels (of all the frames), `k` channels to `n`.
+    fn pointwise(pixels: usize, k: usize, n: usize) -> Step {
+        Step::Gemm {
+            batch: 1,
+            alpha: 1.0,
+            rows: pixels,
+            n,
+            k,
+            x: Loc::Arena(0),
+            x_batch: 0,
+            w: Loc::Weight {
+                index: 0,
+                offset: 0,
+            },
+            w_transposed: false,
+            bias: None,
+            residual: None,
+            act: Act::None,
+            y: Loc::Arena(pixels * k),
+            y_batch: 0,
+        }
+    }
+
+    #[test]
+    fn steps_of_many_weights_or_small_buffers_join_the_tail() {
+        // 8 frames: MobileNetV2's 28×28 expansion (6 K weights, 1.4 M values) alone;
+        // ResNet-50's 14×14 reduction (262 K weights, 2 M values) and MobileNetV2's 7×7
+        // projection (154 K weights, 0.4 M values) in the tail.
+        assert!(runs_alone(&pointwise(8 * 784, 32, 192), 8));
+        assert!(!runs_alone(&pointwise(8 * 196, 1024, 256), 8));
+        assert!(!runs_alone(&pointwise(8 * 49, 960, 160), 8));
+        // ResNet-50's 28×28 expansion (65 K weights, 4 M values) alone.
+        assert!(runs_alone(&pointwise(8 * 784, 128, 512), 8));
+    }
 
     #[test]
     fn ranges_join_cut_and_split() {

@@ -3,30 +3,39 @@
 # inputs, thread counts and machine, in one run; then tract (the path for models the plan
 # importer does not take) on MobileNetV2, preprocessing and the whole element.
 # Needs python3 with onnx, onnxruntime and numpy (pip install onnx onnxruntime numpy).
-#   bench/cpu.sh [RUNS]
+#   bench/cpu.sh [RUNS]      (ROUNDS=3: each side's RUNS calls in that many turns)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-30}
+rounds=${ROUNDS:-3}
+per=$(((runs + rounds - 1) / rounds))
 names=(mobilenet_v2_224 resnet50_224 efficientnet_b0_224)
 models=()
 for n in "${names[@]}"; do models+=("target/bench/$n.onnx"); done
 [ -f "${models[-1]}" ] || python3 models/generate.py --out target/bench --bench >/dev/null
 cargo build --release --example bench_cpu 2>&1 | tail -1
 out=$(mktemp)
-# Interleaved, so that a change in the machine's speed during the run touches both sides.
+# Interleaved in turns, so that a change in the machine's speed during the run (a shared
+# machine's other tenants) touches both sides alike; each figure is the median of the turns'
+# medians.
 for m in "${models[@]}"; do
     target/release/examples/bench_cpu 0 --scores "$m" > "$out.scores"
     python3 bench/ort_bench.py check "$m" "$out.scores" | tee -a "$out"
-    target/release/examples/bench_cpu "$runs" "$m" | tee -a "$out"
-    python3 bench/ort_bench.py "$runs" "$m" | tee -a "$out"
+    for _ in $(seq "$rounds"); do
+        target/release/examples/bench_cpu "$per" "$m" | tee -a "$out"
+        python3 bench/ort_bench.py "$per" "$m" | tee -a "$out"
+    done
 done
 TRTCLASSIFY_CPU=tract target/release/examples/bench_cpu "$runs" "${models[0]}" | grep _t1_ | tee -a "$out"
 TRTCLASSIFY_CPU=tract target/release/examples/bench_cpu "$runs" --element "${models[0]}" | grep pipeline_720p | tee -a "$out"
 target/release/examples/bench_cpu "$runs" --element "${models[0]}" | tee -a "$out"
-get() { awk -v k="$1" '$1 == k { print $2 }' "$out"; }
+get() {
+    awk -v k="$1" '$1 == k { print $2 }' "$out" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
+}
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo
-echo "Per-frame time, median of $runs runs, fp32, random weights, 224x224; $(nproc) cores: $cpu"
+echo "Per-frame time, median of $rounds turns' medians of $per calls each side, fp32, random weights, 224x224; $(nproc) cores: $cpu"
 echo
 echo "| model | threads | batch | trtclassify cpu | onnxruntime | ratio | largest score difference (top-1 same) |"
 echo "|---|---|---|---|---|---|---|"

@@ -420,11 +420,7 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
                 .unwrap_or_else(|e| panic!("{name}: cuda engine: {e}"));
             let built = started.elapsed();
             let got = gpu.infer(&input, want.len()).expect("cuda inference");
-            let worst = got
-                .iter()
-                .zip(&want)
-                .flat_map(|(g, w)| g.iter().zip(w).map(|(g, w)| (g - w).abs()))
-                .fold(0.0f32, f32::max);
+            let worst = common::largest_difference(&got, &want);
             println!(
                 "{name} {precision:?}: built in {built:.1?}, largest probability error {worst:.2e} \
                  (PyTorch fp16: {torch_fp16:.2e})"

@@ -431,11 +431,7 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
             continue;
         }
         let got = engine.infer(&input, want.len()).expect("inference");
-        let worst = got
-            .iter()
-            .zip(&want)
-            .flat_map(|(g, w)| g.iter().zip(w).map(|(g, w)| (g - w).abs()))
-            .fold(0.0f32, f32::max);
+        let worst = common::largest_difference(&got, &want);
         let top1 = |s: &[f32]| {
             (0..s.len())
                 .max_by(|&a, &b| s[a].total_cmp(&s[b]))
@@ -462,11 +458,7 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
         opts.threads = 1;
         let mut engine = CpuEngine::build(&opts).expect("built once already");
         let together = engine.infer(&input, want.len()).expect("inference");
-        let apart = together
-            .iter()
-            .zip(&got)
-            .flat_map(|(t, g)| t.iter().zip(g).map(|(t, g)| (t - g).abs()))
-            .fold(0.0f32, f32::max);
+        let apart = common::largest_difference(&together, &got);
         let tail = engine
             .batched_tail()
             .map_or("none".into(), |(steps, frames)| {

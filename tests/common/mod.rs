@@ -11,6 +11,14 @@ use gst::prelude::*;
 use gst_video::prelude::*;
 use gsttrtclassify::meta::Classification;
 
+/// The largest absolute difference between two batches of scores, frame by frame.
+pub fn largest_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .zip(b)
+        .flat_map(|(a, b)| a.iter().zip(b).map(|(a, b)| (a - b).abs()))
+        .fold(0.0, f32::max)
+}
+
 /// Says a test did not run, on stderr directly: the test harness captures `println!` and
 /// `eprintln!`, and a skip must show in CI's log (`.ci/run` counts these lines as skipped
 /// tests).

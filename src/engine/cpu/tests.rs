@@ -396,6 +396,46 @@ fn elementwise_steps_agree_with_the_plain_run() {
     }
 }
 
+/// The model's input from NCHW to NHWC (`elementwise`'s copy of planes to pixels): frames of
+/// 2, 3 and 4 planes, with several threads and without, agree with the plain run.
+#[test]
+fn frames_of_planes_become_pixels() {
+    for (seed, (frames, pixels, planes)) in [(2, 1500, 3), (1, 5000, 3), (1, 700, 4), (3, 5, 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut dims = vec![pixels, planes];
+        let mut out = vec![planes as i64, 1];
+        let mut a = vec![1, pixels as i64];
+        if frames > 1 {
+            let frame = (pixels * planes) as i64;
+            dims.insert(0, frames);
+            out.insert(0, frame);
+            a.insert(0, frame);
+        }
+        let step = Step::Ew {
+            op: None,
+            act: Act::None,
+            cast: Cast::None,
+            dims,
+            out: Strided {
+                loc: Loc::Output(0),
+                strides: out,
+            },
+            a: Strided {
+                loc: Loc::Input(0),
+                strides: a,
+            },
+            b: None,
+        };
+        let what = format!("{frames} frames of {planes} planes of {pixels}");
+        let total = frames * pixels * planes;
+        let input = Rng(seed as u64).values(total);
+        let (plan, weights) = one_step(step, total, total, vec![]);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
 /// Convolutions whose weights the plan computes (read from the input here) are packed when
 /// they run, and agree as those with constant weights do.
 #[test]

@@ -26,6 +26,13 @@ pub(super) fn elementwise(
     if dims.contains(&0) {
         return;
     }
+    if op.is_none()
+        && act == Act::None
+        && b.is_none()
+        && let Some(frames) = Planes::of(buf, dims, out, a)
+    {
+        return frames.to_pixels(buf, out, a, threads);
+    }
     // The order of the iteration does not matter to an element-wise step: the output's
     // smallest stride goes innermost, so that the loop there runs along memory (an NHWC
     // tensor's channels rather than its width).
@@ -63,6 +70,85 @@ pub(super) fn elementwise(
         let rows = p * dims[0] / parts..(p + 1) * dims[0] / parts;
         lines(buf, op, act, &dims, out, a, b, rows)
     });
+}
+
+/// Frames of a few planes (NCHW's colours) to be copied to pixels (NHWC): the model's input
+/// on its way to the first convolution. The general loop wrote a plane at a time, each at a
+/// stride of the planes' count, so that every line of the output was written once for each
+/// plane. A pixel at a time, a 224×224 frame takes 0.07–0.12 ms instead of 0.10–0.19 in a
+/// model's run (Xeon, one thread; MobileNetV2 takes 5.7 ms), 0.017 instead of 0.035 with the
+/// frame in the cache.
+struct Planes {
+    frames: usize,
+    planes: usize,
+    pixels: usize,
+}
+
+impl Planes {
+    /// The copy of `a` to `out` over `dims` as frames of planes to pixels, if it is one:
+    /// dims `[frames, pixels, planes]` (or without frames), `out` contiguous in that order,
+    /// `a` with the planes outside the pixels.
+    fn of(buf: &Buffers, dims: &[usize], out: &Strided, a: &Strided) -> Option<Planes> {
+        let (frames, pixels, planes) = match *dims {
+            [f, p, c] => (f, p, c),
+            [p, c] => (1, p, c),
+            _ => return None,
+        };
+        let frame = planes * pixels;
+        let strides_are = |s: &Strided, inner: [i64; 2]| {
+            s.strides.ends_with(&inner) && (dims.len() == 2 || s.strides[0] == frame as i64)
+        };
+        // The two as slices: apart, never the same buffer's overlapping values.
+        let (o, x) = (buf.at(out.loc) as usize, buf.at(a.loc) as usize);
+        let bytes = 4 * frames * frame;
+        ((2..=4).contains(&planes)
+            && strides_are(out, [planes as i64, 1])
+            && strides_are(a, [1, pixels as i64])
+            && (o + bytes <= x || x + bytes <= o))
+            .then_some(Planes {
+                frames,
+                planes,
+                pixels,
+            })
+    }
+
+    fn to_pixels(&self, buf: &Buffers, out: &Strided, a: &Strided, threads: Threads) {
+        let frame = self.planes * self.pixels;
+        // Each thread its own pixels of each frame.
+        let parts = threads.count.min(self.pixels / 1024).max(1);
+        threads.for_each(self.frames * parts, |part| {
+            let (f, p) = (part / parts, part % parts);
+            let pixels = p * self.pixels / parts..(p + 1) * self.pixels / parts;
+            // SAFETY: the step's checked spans, `frames` frames of `frame` values each, apart
+            // (`of`); each part writes its own pixels.
+            let (o, x) = unsafe {
+                let o = buf
+                    .at_mut(out.loc)
+                    .add(f * frame + pixels.start * self.planes);
+                (
+                    std::slice::from_raw_parts_mut(o, pixels.len() * self.planes),
+                    std::slice::from_raw_parts(buf.at(a.loc).add(f * frame), frame),
+                )
+            };
+            match self.planes {
+                2 => interleave::<2>(o, x, self.pixels, pixels),
+                3 => interleave::<3>(o, x, self.pixels, pixels),
+                _ => interleave::<4>(o, x, self.pixels, pixels),
+            }
+        });
+    }
+}
+
+/// Pixels `range` of the `C` planes of `pixels` values in `x` into `out`, a pixel's values
+/// together.
+fn interleave<const C: usize>(out: &mut [f32], x: &[f32], pixels: usize, range: Range<usize>) {
+    let planes: [&[f32]; C] =
+        std::array::from_fn(|c| &x[c * pixels + range.start..c * pixels + range.end]);
+    for (i, pixel) in out.chunks_exact_mut(C).enumerate() {
+        for (v, plane) in pixel.iter_mut().zip(&planes) {
+            *v = plane[i];
+        }
+    }
 }
 
 /// The lines of an element-wise step (after `elementwise`'s reordering) whose outermost

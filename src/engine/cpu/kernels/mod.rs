@@ -259,6 +259,8 @@ mod conv;
 mod elementwise;
 mod panels;
 mod product;
+#[cfg(target_arch = "x86_64")]
+mod rows_avx512;
 mod scaled_input;
 mod team;
 mod winograd;

@@ -400,9 +400,15 @@ fn elementwise_steps_agree_with_the_plain_run() {
 /// 2, 3 and 4 planes, with several threads and without, agree with the plain run.
 #[test]
 fn frames_of_planes_become_pixels() {
-    for (seed, (frames, pixels, planes)) in [(2, 1500, 3), (1, 5000, 3), (1, 700, 4), (3, 5, 2)]
-        .into_iter()
-        .enumerate()
+    for (seed, (frames, pixels, planes)) in [
+        (2, 1500, 3),
+        (1, 5000, 3),
+        (2, 12000, 3),
+        (1, 700, 4),
+        (3, 5, 2),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut dims = vec![pixels, planes];
         let mut out = vec![planes as i64, 1];
@@ -464,18 +470,26 @@ fn convolutions_of_computed_weights_agree_with_the_plain_run() {
 /// activation step after the product that the product takes over.
 #[test]
 fn products_agree_with_the_plain_run() {
-    for seed in 0..60 {
+    for seed in 0..64 {
         let mut rng = Rng(seed);
         let size = |rng: &mut Rng, big: usize| match rng.below(3) {
             0 => 1 + rng.below(8),
             1 => 1 + rng.below(40),
             _ => big + rng.below(big),
         };
-        let (rows, k, n) = (
-            size(&mut rng, 130),
-            size(&mut rng, 270),
-            size(&mut rng, 140),
-        );
+        let (rows, k, n) = match seed {
+            // k in two blocks (over `panels::KC`), tiles of 12 rows, panels of 16 and 8.
+            60.. => (
+                24 + rng.below(30),
+                2049 + rng.below(400),
+                [8, 16, 24, 40][seed as usize % 4],
+            ),
+            _ => (
+                size(&mut rng, 130),
+                size(&mut rng, 270),
+                size(&mut rng, 140),
+            ),
+        };
         let constant = rng.below(3) > 0;
         let batch = if constant { 1 } else { 1 + rng.below(2) };
         let (bias, residual, transposed) =

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Element-wise steps: any strides, the innermost loop along memory, with the common
-//! patterns (contiguous, broadcast) written out so that they vectorise.
+//! patterns (contiguous, broadcast) written out so that they vectorise, and the model's
+//! input from colour planes to pixels a pixel at a time.
 
 use std::ops::Range;
 
@@ -29,17 +30,18 @@ pub(super) fn elementwise(
     if op.is_none()
         && act == Act::None
         && b.is_none()
-        && let Some(frames) = Planes::of(buf, dims, out, a)
+        && let Some(planes) = Planes::of(buf, dims, out, a)
     {
-        return frames.to_pixels(buf, out, a, threads);
+        return planes.to_pixels(buf, out, a, threads);
     }
     // The order of the iteration does not matter to an element-wise step: the output's
     // smallest stride goes innermost, so that the loop there runs along memory (an NHWC
     // tensor's channels rather than its width).
     let mut order: Vec<usize> = (0..dims.len()).collect();
     order.sort_by_key(|&d| std::cmp::Reverse(out.strides[d].unsigned_abs()));
-    // Unless that line is short and `a` runs along memory over a long one (NCHW frames to
-    // NHWC: lines of 3 channels, or of a whole plane): then the long one, written strided.
+    // Unless that line is short and `a` runs along memory over a long one (a transposition:
+    // lines of a few channels, or of a whole plane; `Planes` takes the model's input of 2 to
+    // 4 colours): then the long one, written strided.
     if let Some(&inner) = order.last()
         && dims[inner] < 16
         && let Some(long) = (0..dims.len())
@@ -114,9 +116,13 @@ impl Planes {
 
     fn to_pixels(&self, buf: &Buffers, out: &Strided, a: &Strided, threads: Threads) {
         let frame = self.planes * self.pixels;
-        // Each thread its own pixels of each frame.
-        let parts = threads.count.min(self.pixels / 1024).max(1);
-        threads.for_each(self.frames * parts, |part| {
+        // Each thread its own pixels of each frame, over tens of thousands of values (as
+        // `elementwise` shares out).
+        let parts = match self.frames * frame {
+            total if total >= 1 << 15 => threads.count.min(self.pixels / 1024).max(1),
+            _ => 1,
+        };
+        let copy = |part: usize| {
             let (f, p) = (part / parts, part % parts);
             let pixels = p * self.pixels / parts..(p + 1) * self.pixels / parts;
             // SAFETY: the step's checked spans, `frames` frames of `frame` values each, apart
@@ -133,9 +139,14 @@ impl Planes {
             match self.planes {
                 2 => interleave::<2>(o, x, self.pixels, pixels),
                 3 => interleave::<3>(o, x, self.pixels, pixels),
-                _ => interleave::<4>(o, x, self.pixels, pixels),
+                4 => interleave::<4>(o, x, self.pixels, pixels),
+                _ => unreachable!("2 to 4 planes (`of`)"),
             }
-        });
+        };
+        match self.frames * parts {
+            1 => copy(0),
+            n => threads.for_each(n, copy),
+        }
     }
 }
 

@@ -690,6 +690,9 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(
         let mut s = match (R, at.x) {
             // Twelve rows where they lie: in assembly (`rows_avx512`).
             (12, Lhs::Rows { x, stride, len }) => {
+                // SAFETY: as above; a block of k is never empty (`k_blocks` of a k of at
+                // least 1, which the plan's check requires).
+                debug_assert!(len > 0);
                 let sums = rows_avx512::sums::<V>(x, stride, len, [at.b, b2], steps);
                 std::array::from_fn(|r| sums[r])
             }
@@ -761,8 +764,8 @@ unsafe fn sums_avx512<const R: usize, const V: usize>(
             let (x, k) = lhs.segment::<R>(seg);
             for i in 0..k {
                 for j in 0..V {
-                    // Past the panel's end this asks for the next panel's values, which the
-                    // next tile reads; a prefetch does not fault.
+                    // Past the block's end this asks for what follows it: the panel's next
+                    // block of k, or the next panel. A prefetch does not fault.
                     let ahead = panels[j].wrapping_add((i + AHEAD) * steps[j]);
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                 }

@@ -30,6 +30,7 @@ pub(super) unsafe fn sums<const V: usize>(
     panels: [*const f32; 2],
     steps: [usize; 2],
 ) -> [[__m512; V]; 12] {
+    const { assert!(V == 1 || V == 2) };
     let lda = 4 * stride;
     let mask = |step: usize| -> __mmask16 { if step < 16 { 0xFF } else { 0xFFFF } };
     let (b, b2, step2, mask2) = match V {
@@ -103,7 +104,7 @@ pub(super) unsafe fn sums<const V: usize>(
                 b = inout(reg) b => _,
                 b2 = inout(reg) b2 => _,
                 step2 = in(reg) step2,
-                ahead = in(reg) 64 * AHEAD,
+                ahead = const 64 * AHEAD,
                 ahead2 = in(reg) step2 * AHEAD,
                 m = in(kreg) mask2,
                 c = out(reg) _,
@@ -122,7 +123,7 @@ pub(super) unsafe fn sums<const V: usize>(
                 options(nostack, readonly),
             );
         } else {
-            // One panel, as `b2`.
+            // One panel: its values at `b2`, `step2` a step, as a pair's second.
             asm!(
                 "lea {c}, [{a} + 2*{lda}]",
                 "add {c}, {lda}",

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Model instances: one engine shared by every element of the process with the same
-//! `model-instance-id` and the same engine settings, so that an added camera costs its
-//! frames, not another engine, and the frames of all cameras fill the engine's batches.
+//! `model-instance-id` and the same engine settings (and the same model file on disk), so
+//! that an added camera costs its frames, not another engine, and the frames of all cameras
+//! fill the engine's batches.
 //!
 //! Each element joins an instance as a *stream*. A stream's fresh frames are pushed into the
 //! engine as they arrive, in any interleaving with the other streams' frames; when a batch is
@@ -10,19 +11,31 @@
 //! of its frames. A stream whose scores arrive while its own thread is elsewhere is woken
 //! through the callback it joined with. Nothing here knows about GStreamer elements.
 //!
+//! Streams take turns at the engine (`Gate`): of those waiting, the one served longest ago
+//! goes first, so that when the engine has more frames than it can classify, each stream gets
+//! its share. The engine is held while a batch runs; a stream of a live source gives up
+//! waiting for its turn at a deadline (`Pushed::Busy`), so that an overloaded engine never
+//! holds a camera back. Mailboxes have locks of their own: taking scores, or giving up frames
+//! whose deadline passed (`Stream::abandon`), never waits for a batch.
+//!
+//! Faults stay where they happen: a push refused for its own frame fails that frame only; a
+//! failed batch fails the frames in it, and the engine is built again for the streams that go
+//! on (at once the first time, then after a growing pause while it keeps failing).
+//!
 //! A flushing stream starts a new epoch: scores of frames pushed before it are dropped, and
 //! the other streams' frames are not touched. A stream that leaves (the element stops) drops
 //! its frames' scores in the same way; the last stream to leave drops the engine.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::MutexGuard;
 
 use crate::engine::{
-    Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
+    Backend, CAT, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
 };
 use crate::preprocess::Crop;
 
@@ -35,6 +48,39 @@ pub struct InstanceKey {
     pub backend: Backend,
     /// The model and everything else the engine is built from.
     pub options: EngineOptions,
+    /// The model file as it was on disk when the key was made: an element that loads a model
+    /// file replaced since gets an engine of its own, not the one built from the old file.
+    pub model_file: Option<FileStamp>,
+}
+
+/// A file's identity and version as its metadata tells them, without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStamp {
+    len: u64,
+    modified: Option<SystemTime>,
+    /// Device and inode: a file replaced by a rename is another file, even at the same size
+    /// and time.
+    id: (u64, u64),
+}
+
+impl FileStamp {
+    /// The stamp of the file at `path`; `None` where it cannot be read (the engine build
+    /// then says why).
+    pub fn of(path: &Path) -> Option<Self> {
+        let meta = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        #[cfg(not(unix))]
+        let id = (0, 0);
+        Some(Self {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            id,
+        })
+    }
 }
 
 /// Scores of one frame, or why its batch failed (shared by the streams of that batch).
@@ -44,41 +90,182 @@ pub type Scores = Result<Vec<f32>, Arc<EngineError>>;
 /// instance locked, so it must only signal (never block or call back into the instance).
 pub type Waker = Arc<dyn Fn() + Send + Sync>;
 
+/// Makes the instance's engine: at the first join, and again after the engine failed.
+type Build = Box<dyn Fn() -> Result<Box<dyn Engine>, EngineError> + Send + Sync>;
+
 type StreamId = u64;
 
-struct StreamSlot {
+/// A frame's place in the engine's batch: whose it is, and of which epoch.
+#[derive(Clone, Copy)]
+struct Ticket {
+    stream: StreamId,
     epoch: u64,
-    mailbox: Vec<Scores>,
+}
+
+/// A stream's scores, kept apart from the engine's lock.
+struct Slot {
+    mailbox: Mutex<Mailbox>,
     wake: Waker,
 }
 
 #[derive(Default)]
+struct Mailbox {
+    /// Frames pushed in an earlier epoch (before a flush) get no scores.
+    epoch: u64,
+    scores: Vec<Scores>,
+    /// Scores still to come for frames the stream gave up on (`Stream::abandon`): dropped.
+    skip: usize,
+}
+
+impl Slot {
+    fn mailbox(&self) -> std::sync::MutexGuard<'_, Mailbox> {
+        // Nothing that can panic runs under this lock.
+        self.mailbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 struct Inner {
+    /// `None` before the first build, after the last stream left, and after a failure until
+    /// the engine is built again.
     engine: Option<Box<dyn Engine>>,
-    /// Frames pushed into the engine and not yet run: whose, and of which epoch.
-    queued: Vec<(StreamId, u64)>,
-    streams: HashMap<StreamId, StreamSlot>,
+    build: Option<Build>,
+    /// What the first engine was built as: a rebuilt engine must be the same model.
+    built_info: Option<ModelInfo>,
+    /// Frames pushed into the engine and not yet run.
+    queued: Vec<Ticket>,
+    streams: HashMap<StreamId, Arc<Slot>>,
     next_stream: StreamId,
-    /// Set when the engine panicked: its state is unknown, so it is not called again and
-    /// every later push fails with this error.
-    broken: Option<Arc<EngineError>>,
+    /// The engine failed: why, and when it may be built again.
+    fault: Option<(Arc<EngineError>, Instant)>,
+    /// Failures since the last batch that ran, for the pause before the next rebuild.
+    failures: u32,
+}
+
+/// Counts kept outside the lock, for `stats` while a batch runs.
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    items: AtomicU64,
+    /// The time of a batch, a moving average in nanoseconds.
+    batch_ns: AtomicU64,
+    rebuilds: AtomicU64,
+    failures: AtomicU64,
+    streams: AtomicUsize,
 }
 
 /// An engine and the streams that feed it.
 pub struct Instance {
     key: InstanceKey,
-    /// parking_lot's lock hands itself to a waiting thread at least every half millisecond,
-    /// so that no stream's thread is overtaken by the others' for long (std's lock has no
-    /// such bound), with its frames waiting all that time.
+    /// Held by the stream whose turn it is (see `gate`), and briefly to join or leave.
     inner: parking_lot::Mutex<Inner>,
+    /// Whose turn it is at the engine.
+    gate: Gate,
+    counters: Counters,
 }
 
 static INSTANCES: LazyLock<Mutex<Vec<Weak<Instance>>>> = LazyLock::new(Default::default);
+
+/// Whose turn it is at the engine: a stream waits until the engine is free and no stream
+/// waiting was served longer ago (first come, first served would let a stream that pushes
+/// again at once, its next frame ready, take turn after turn; and a stream of a live source
+/// that gave up a turn would come back at the end of the line with a frame late already, and
+/// starve). A stream that comes to run a partial batch (its frames' wait for batch-mates is
+/// over) goes before those that come to push: the frames in that batch are the engine's work
+/// already, and where pushes are slow (uploads that wait for the GPU) a batch could take
+/// longer to fill than its frames may wait, and the engine's work on them would be lost.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    turn: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// A stream has the engine.
+    busy: bool,
+    /// The streams waiting: those that come to run before those that come to push, then by
+    /// when each was last served, then by id.
+    waiting: BTreeSet<Place>,
+}
+
+/// A stream's place in the line: `(0, ..)` to run, `(1, ..)` to push; when it was last
+/// served; its id.
+type Place = (u8, Instant, StreamId);
+
+/// A stream's turn at the engine; dropping it ends the turn.
+struct Turn<'a>(&'a Gate);
+
+impl Gate {
+    fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for the turn of the stream at `place`, until `until` at the latest (`None`: as
+    /// long as it takes).
+    fn enter(&self, place: Place, until: Option<Instant>) -> Option<Turn<'_>> {
+        let mut state = self.state();
+        state.waiting.insert(place);
+        loop {
+            if !state.busy && state.waiting.first() == Some(&place) {
+                state.waiting.remove(&place);
+                state.busy = true;
+                return Some(Turn(self));
+            }
+            state = match until {
+                None => self.turn.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(until) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        state.waiting.remove(&place);
+                        drop(state);
+                        // It may have been first in line: the next one is now.
+                        self.turn.notify_all();
+                        return None;
+                    }
+                    self.turn
+                        .wait_timeout(state, until - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.state().busy = false;
+        self.0.turn.notify_all();
+    }
+}
+
+/// A stream's turn at the engine, with the instance locked.
+struct Engaged<'a> {
+    // Unlocked before the turn ends (fields drop in order).
+    inner: MutexGuard<'a, Inner>,
+    _turn: Turn<'a>,
+}
+
+impl std::ops::Deref for Engaged<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Engaged<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+}
 
 /// A stream's membership of an instance; leaving is dropping it.
 pub struct Stream {
     instance: Arc<Instance>,
     id: StreamId,
+    /// When it last had its turn at the engine (see `Gate`).
+    served: Mutex<Instant>,
+    slot: Arc<Slot>,
     info: ModelInfo,
     batch_size: usize,
     /// The longest this stream waited for the instance's lock, in nanoseconds.
@@ -94,16 +281,62 @@ pub enum Joined {
     Shared,
 }
 
+/// What became of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// The frame's items are in the engine's batch; their scores will come.
+    Queued,
+    /// The engine was busy with other streams' batches until the deadline: nothing was
+    /// pushed.
+    Busy,
+}
+
+/// The instance's figures, for the element's `stats`.
+#[derive(Debug, Clone, Default)]
+pub struct InstanceStats {
+    /// Streams sharing the engine.
+    pub streams: usize,
+    /// The most items a batch holds.
+    pub batch_size: usize,
+    /// Batches run.
+    pub batches: u64,
+    /// Items (frames and regions) in them.
+    pub items: u64,
+    /// The time of a batch (a moving average).
+    pub batch_time: Duration,
+    /// Times the engine was built again after a failure.
+    pub rebuilds: u64,
+    /// Batches (or pushes) the engine failed.
+    pub failures: u64,
+}
+
+impl Instance {
+    /// The instance's figures; never waits for a batch.
+    pub fn stats(&self) -> InstanceStats {
+        let c = &self.counters;
+        InstanceStats {
+            streams: c.streams.load(Ordering::Relaxed),
+            batch_size: self.key.options.batch_size.max(1),
+            batches: c.batches.load(Ordering::Relaxed),
+            items: c.items.load(Ordering::Relaxed),
+            batch_time: Duration::from_nanos(c.batch_ns.load(Ordering::Relaxed)),
+            rebuilds: c.rebuilds.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Joins the instance for `key`, building its engine with `build` when no stream of the
 /// process has it yet. Joiners of an instance whose engine is being built wait for it; a
-/// failed build is the failing joiner's error, and the next joiner tries again.
+/// failed build is the failing joiner's error, and the next joiner tries again. `build` is
+/// kept to build the engine again after a failure.
 pub fn join(
     key: InstanceKey,
     wake: Waker,
-    build: impl FnOnce() -> Result<Box<dyn Engine>, EngineError>,
+    build: impl Fn() -> Result<Box<dyn Engine>, EngineError> + Send + Sync + 'static,
 ) -> Result<(Stream, Joined), EngineError> {
     let instance = {
-        let mut instances = INSTANCES.lock().unwrap();
+        let mut instances = INSTANCES.lock().unwrap_or_else(|e| e.into_inner());
         instances.retain(|w| w.strong_count() > 0);
         match instances
             .iter()
@@ -114,7 +347,18 @@ pub fn join(
             None => {
                 let instance = Arc::new(Instance {
                     key,
-                    inner: Default::default(),
+                    inner: parking_lot::Mutex::new(Inner {
+                        engine: None,
+                        build: None,
+                        built_info: None,
+                        queued: Vec::new(),
+                        streams: HashMap::new(),
+                        next_stream: 0,
+                        fault: None,
+                        failures: 0,
+                    }),
+                    gate: Gate::default(),
+                    counters: Counters::default(),
                 });
                 instances.push(Arc::downgrade(&instance));
                 instance
@@ -122,32 +366,42 @@ pub fn join(
         }
     };
     let batch_size = instance.key.options.batch_size.max(1);
-    let mut inner = instance.lock();
-    let joined = match inner.engine {
-        Some(_) => Joined::Shared,
-        None => {
-            inner.engine = Some(build()?);
-            // A fresh engine: what broke the last one (if this instance outlived it) is gone.
-            inner.broken = None;
+    let mut inner = instance.inner.lock();
+    let joined = match (&inner.engine, &inner.fault) {
+        (Some(_), _) => Joined::Shared,
+        // The engine failed: built again now (or the joiner hears why not yet).
+        (None, Some(_)) => {
+            inner.ensure_engine(&instance.counters).map_err(unshare)?;
+            Joined::Built
+        }
+        (None, None) => {
+            let engine = build()?;
+            inner.built_info = Some(engine.info().clone());
+            inner.engine = Some(engine);
+            inner.build = Some(Box::new(build));
+            inner.failures = 0;
             Joined::Built
         }
     };
     let info = inner.engine.as_ref().expect("built above").info().clone();
     let id = inner.next_stream;
     inner.next_stream += 1;
-    inner.streams.insert(
-        id,
-        StreamSlot {
-            epoch: 0,
-            mailbox: Vec::new(),
-            wake,
-        },
-    );
+    let slot = Arc::new(Slot {
+        mailbox: Mutex::new(Mailbox::default()),
+        wake,
+    });
+    inner.streams.insert(id, slot.clone());
+    instance
+        .counters
+        .streams
+        .store(inner.streams.len(), Ordering::Relaxed);
     drop(inner);
     Ok((
         Stream {
             instance,
             id,
+            slot,
+            served: Mutex::new(Instant::now()),
             info,
             batch_size,
             longest_wait: AtomicU64::new(0),
@@ -156,94 +410,185 @@ pub fn join(
     ))
 }
 
-impl Instance {
-    /// The lock has no poisoning: a panic inside an engine call (see `Inner::call`) does not
-    /// stop every other stream for good.
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock()
+/// An engine error as the joiner's own.
+fn unshare(e: Arc<EngineError>) -> EngineError {
+    Arc::try_unwrap(e).unwrap_or_else(|e| EngineError::Inference(e.to_string()))
+}
+
+/// How a call into the engine failed.
+enum CallError {
+    /// There is no engine to call: it failed, and may not be built again yet.
+    NoEngine(Arc<EngineError>),
+    /// The call returned an error.
+    Failed(Arc<EngineError>),
+    /// The call panicked: the engine's state is unknown.
+    Panicked(Arc<EngineError>),
+}
+
+/// The pause before the engine is built again after `failures` failures in a row: none after
+/// the first (a fault of one batch), then 1 s, doubling, up to a minute, so that an engine
+/// that cannot work does not rebuild in a loop.
+fn rebuild_pause(failures: u32) -> Duration {
+    match failures {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(1 << (n - 2).min(6)).min(Duration::from_secs(60)),
     }
 }
 
 impl Inner {
-    /// Calls the engine, turning a panic inside it into an error (see `broken`).
+    /// Calls the engine, turning a panic inside it into an error.
     fn call<T>(
         &mut self,
+        counters: &Counters,
         f: impl FnOnce(&mut dyn Engine) -> Result<T, EngineError>,
-    ) -> Result<T, Arc<EngineError>> {
-        if let Some(e) = &self.broken {
-            return Err(e.clone());
-        }
-        let Some(engine) = self.engine.as_deref_mut() else {
-            return Err(Arc::new(EngineError::Inference(
-                "the engine has been dropped".into(),
-            )));
-        };
+    ) -> Result<T, CallError> {
+        self.ensure_engine(counters).map_err(CallError::NoEngine)?;
+        let engine = self.engine.as_deref_mut().expect("ensured above");
         let mut panicked = false;
         let result = unpanic(
             || f(engine),
             |panic| {
                 panicked = true;
-                EngineError::Inference(format!(
-                    "internal error in the engine, which is not used again: {panic}"
-                ))
+                EngineError::Inference(format!("internal error in the engine: {panic}"))
             },
         );
-        result.map_err(|e| {
-            let e = Arc::new(e);
-            if panicked {
-                self.broken = Some(e.clone());
-            }
-            e
+        result.map_err(|e| match panicked {
+            true => CallError::Panicked(Arc::new(e)),
+            false => CallError::Failed(Arc::new(e)),
         })
     }
 
+    /// The engine, built again if it failed and its pause is over.
+    fn ensure_engine(&mut self, counters: &Counters) -> Result<(), Arc<EngineError>> {
+        if self.engine.is_some() {
+            return Ok(());
+        }
+        let Some((error, retry_at)) = self.fault.clone() else {
+            return Err(Arc::new(EngineError::Inference(
+                "the engine has been dropped".into(),
+            )));
+        };
+        let now = Instant::now();
+        if now < retry_at {
+            return Err(Arc::new(EngineError::Inference(format!(
+                "the engine failed {} times in a row and is built again in {:.1?}; the last failure: {error}",
+                self.failures,
+                retry_at - now
+            ))));
+        }
+        let Some(build) = &self.build else {
+            return Err(error);
+        };
+        let rebuilt = unpanic(build, |panic| {
+            EngineError::Inference(format!("internal error in the engine build: {panic}"))
+        })
+        .and_then(|engine| match &self.built_info {
+            Some(first) if !same_model(first, engine.info()) => Err(EngineError::Inference(
+                "the model file changed on disk since the engine was first built; set onnx-location again to load it".into(),
+            )),
+            _ => Ok(engine),
+        });
+        match rebuilt {
+            Ok(engine) => {
+                gst::info!(CAT, "engine built again after a failure: {error}");
+                counters.rebuilds.fetch_add(1, Ordering::Relaxed);
+                self.engine = Some(engine);
+                self.fault = None;
+                Ok(())
+            }
+            Err(e) => {
+                let e = Arc::new(e);
+                gst::warning!(CAT, "the engine could not be built again: {e}");
+                self.failures += 1;
+                self.fault = Some((e.clone(), now + rebuild_pause(self.failures)));
+                Err(e)
+            }
+        }
+    }
+
+    /// The engine failed with `error`: it is dropped, to be built again (see
+    /// `rebuild_pause`).
+    fn failed(&mut self, counters: &Counters, error: Arc<EngineError>) {
+        counters.failures.fetch_add(1, Ordering::Relaxed);
+        self.failures += 1;
+        gst::warning!(
+            CAT,
+            "the engine failed ({error}); it is built again for the streams that go on"
+        );
+        self.fault = Some((error, Instant::now() + rebuild_pause(self.failures)));
+        if let Some(engine) = self.engine.take() {
+            // A failed engine may fail its drop too; that is no reason to unwind.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(engine)));
+        }
+    }
+
     /// Forgets the frames pushed into the engine.
-    fn discard(&mut self) {
-        // A discard that panics has marked the engine broken: nothing else to do.
-        let _ = self.call(|engine| {
+    fn discard(&mut self, counters: &Counters) {
+        if self.engine.is_none() {
+            return;
+        }
+        if let Err(CallError::Panicked(e)) = self.call(counters, |engine| {
             engine.discard();
             Ok(())
-        });
+        }) {
+            self.failed(counters, e);
+        }
     }
 
     /// Runs every queued frame and hands out the scores; wakes the streams that got some,
-    /// except `caller`, which collects its own.
-    fn run(&mut self, caller: StreamId) {
+    /// except `caller`, which collects its own. A failed batch fails its frames, and the
+    /// engine is built again before the next.
+    fn run(&mut self, counters: &Counters, caller: StreamId) {
         if self.queued.is_empty() {
             return;
         }
         let tickets = std::mem::take(&mut self.queued);
-        let scores: Vec<Scores> = match self.call(|engine| engine.run_pushed()) {
-            Ok(scores) if scores.len() == tickets.len() => scores.into_iter().map(Ok).collect(),
-            Ok(scores) => {
-                let e = Arc::new(EngineError::Inference(format!(
-                    "the engine returned {} score vectors for {} frames",
-                    scores.len(),
-                    tickets.len()
-                )));
+        let started = Instant::now();
+        let scores = match self.call(counters, |engine| engine.run_pushed()) {
+            Ok(scores) if scores.len() == tickets.len() => {
+                self.failures = 0;
+                counters.record_batch(tickets.len(), started.elapsed());
+                Ok(scores)
+            }
+            Ok(scores) => Err(Arc::new(EngineError::Inference(format!(
+                "the engine returned {} score vectors for {} frames",
+                scores.len(),
+                tickets.len()
+            )))),
+            Err(CallError::NoEngine(e)) => Err(e),
+            Err(CallError::Failed(e) | CallError::Panicked(e)) => Err(e),
+        };
+        let scores: Vec<Scores> = match scores {
+            Ok(scores) => scores.into_iter().map(Ok).collect(),
+            Err(e) => {
+                if self.engine.is_some() {
+                    self.failed(counters, e.clone());
+                }
                 tickets.iter().map(|_| Err(e.clone())).collect()
             }
-            Err(e) => tickets.iter().map(|_| Err(e.clone())).collect(),
         };
         self.deliver(tickets.into_iter().zip(scores), caller);
     }
 
     /// Hands each frame's scores to its stream, when the stream is still there and in the
     /// same epoch; wakes each other stream that got any.
-    fn deliver(
-        &mut self,
-        scored: impl IntoIterator<Item = ((StreamId, u64), Scores)>,
-        caller: StreamId,
-    ) {
+    fn deliver(&self, scored: impl IntoIterator<Item = (Ticket, Scores)>, caller: StreamId) {
         let mut woken = Vec::new();
-        for ((id, epoch), scores) in scored {
-            if let Some(slot) = self.streams.get_mut(&id)
-                && slot.epoch == epoch
-            {
-                slot.mailbox.push(scores);
-                if id != caller && !woken.contains(&id) {
-                    woken.push(id);
-                }
+        for (ticket, scores) in scored {
+            let Some(slot) = self.streams.get(&ticket.stream) else {
+                continue;
+            };
+            let mut mailbox = slot.mailbox();
+            if mailbox.epoch != ticket.epoch {
+                continue;
+            }
+            if mailbox.skip > 0 {
+                mailbox.skip -= 1;
+                continue;
+            }
+            mailbox.scores.push(scores);
+            if ticket.stream != caller && !woken.contains(&ticket.stream) {
+                woken.push(ticket.stream);
             }
         }
         for id in woken {
@@ -253,26 +598,69 @@ impl Inner {
 
     /// Forgets queued frames when none of them will be wanted, so that they take no place in
     /// the next batch.
-    fn discard_unwanted(&mut self) {
-        let wanted = self
-            .queued
-            .iter()
-            .any(|(id, epoch)| self.streams.get(id).is_some_and(|s| s.epoch == *epoch));
+    fn discard_unwanted(&mut self, counters: &Counters) {
+        let wanted = self.queued.iter().any(|t| {
+            self.streams
+                .get(&t.stream)
+                .is_some_and(|s| s.mailbox().epoch == t.epoch)
+        });
         if !wanted && !self.queued.is_empty() {
             self.queued.clear();
-            self.discard();
+            self.discard(counters);
         }
     }
 }
 
+/// Whether a rebuilt engine runs the model its streams were told of.
+fn same_model(a: &ModelInfo, b: &ModelInfo) -> bool {
+    a.input == b.input && a.num_classes == b.num_classes && a.backend == b.backend
+}
+
+impl Counters {
+    /// A batch of `items` ran in `took`.
+    fn record_batch(&self, items: usize, took: Duration) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.items.fetch_add(items as u64, Ordering::Relaxed);
+        // A moving average over about the last 8 batches: recent enough to follow a change
+        // of load, steady enough not to follow one slow batch.
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let _ = self
+            .batch_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+                Some(match avg {
+                    0 => ns,
+                    avg => avg - avg / 8 + ns / 8,
+                })
+            });
+    }
+}
+
 impl Stream {
-    /// Locks the instance, keeping the longest wait.
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    /// Waits for this stream's turn at the engine (`to_run`: to run its partial batch, else
+    /// to push), giving up at `until` (`None`: waits as long as it takes); keeps the longest
+    /// wait.
+    fn engage(&self, to_run: bool, until: Option<Instant>) -> Option<Engaged<'_>> {
         let started = Instant::now();
-        let inner = self.instance.lock();
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let place = (u8::from(!to_run), *served, self.id);
+        let turn = self.instance.gate.enter(place, until);
         let waited = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.longest_wait.fetch_max(waited, Ordering::Relaxed);
-        inner
+        if waited > 250_000_000 {
+            gst::debug!(
+                CAT,
+                "stream {} waited {:.1?} for its turn at the engine (until {until:?}, got it: {})",
+                self.id,
+                started.elapsed(),
+                turn.is_some()
+            );
+        }
+        let turn = turn?;
+        *served = Instant::now();
+        Some(Engaged {
+            inner: self.instance.inner.lock(),
+            _turn: turn,
+        })
     }
 
     /// The longest this stream has waited for other streams' use of the engine (their pushes
@@ -286,13 +674,34 @@ impl Stream {
         &self.info
     }
 
+    /// The time of one batch, as the last batches took (zero before the first).
+    pub fn batch_time(&self) -> Duration {
+        Duration::from_nanos(self.instance.counters.batch_ns.load(Ordering::Relaxed))
+    }
+
+    /// The instance's figures; never waits for a batch.
+    pub fn stats(&self) -> InstanceStats {
+        self.instance.stats()
+    }
+
+    /// The instance, for its figures after the stream has gone.
+    pub fn instance(&self) -> Arc<Instance> {
+        self.instance.clone()
+    }
+
+    /// The batch size the engine was built for.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
     /// Pushes `crops` of a frame in system memory; see `push_with`.
     pub fn push(
         &self,
         frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
         crops: &[Crop],
-    ) -> Result<(), Arc<EngineError>> {
-        self.push_with(crops.len(), |engine| engine.push(frame, crops))
+        until: Option<Instant>,
+    ) -> Result<Pushed, Arc<EngineError>> {
+        self.push_with(crops.len(), until, |engine| engine.push(frame, crops))
     }
 
     /// Pushes `crops` of a frame in GPU memory; see `push_with`.
@@ -300,88 +709,132 @@ impl Stream {
         &self,
         frame: &DevicePlanes,
         crops: &[Crop],
-    ) -> Result<(), Arc<EngineError>> {
-        self.push_with(crops.len(), |engine| engine.push_device(frame, crops))
+        until: Option<Instant>,
+    ) -> Result<Pushed, Arc<EngineError>> {
+        self.push_with(crops.len(), until, |engine| {
+            engine.push_device(frame, crops)
+        })
     }
 
     /// Pushes `items` items (crops) of one fresh frame of this stream into the engine; runs
-    /// the batch when it is full. Each item gets its own scores, in push order. An engine
-    /// error fails every item queued at that moment, of every stream: the engine may have
-    /// lost them; the others hear of it through their mailboxes.
+    /// the batch when it is full. Each item gets its own scores, in push order. Gives up with
+    /// `Busy` when the engine is not free by `until`.
+    ///
+    /// A push refused for this frame alone is this stream's error, and the frames queued
+    /// before it, of every stream, stay in the batch. A failure that lost them (a model
+    /// batch that failed inside the push, a panic) reaches every stream with frames queued,
+    /// through their mailboxes, and the engine is built again for the next push.
     fn push_with(
         &self,
         items: usize,
+        until: Option<Instant>,
         push: impl FnOnce(&mut dyn Engine) -> Result<(), EngineError>,
-    ) -> Result<(), Arc<EngineError>> {
+    ) -> Result<Pushed, Arc<EngineError>> {
         if items == 0 {
-            return Ok(());
+            return Ok(Pushed::Queued);
         }
-        let mut inner = self.lock();
-        let epoch = inner.streams[&self.id].epoch;
-        if let Err(e) = inner.call(push) {
-            inner.discard();
-            let lost = std::mem::take(&mut inner.queued);
-            inner.deliver(lost.into_iter().map(|t| (t, Err(e.clone()))), self.id);
-            return Err(e);
+        let Some(mut inner) = self.engage(false, until) else {
+            return Ok(Pushed::Busy);
+        };
+        let counters = &self.instance.counters;
+        let epoch = self.slot.mailbox().epoch;
+        let before = inner.queued.len();
+        match inner.call(counters, push) {
+            Ok(()) => (),
+            Err(CallError::NoEngine(e)) => return Err(e),
+            Err(CallError::Failed(e))
+                if inner.engine.as_ref().is_some_and(|e| e.pending() == before) =>
+            {
+                return Err(e);
+            }
+            Err(CallError::Failed(e) | CallError::Panicked(e)) => {
+                inner.failed(counters, e.clone());
+                let lost = std::mem::take(&mut inner.queued);
+                inner.deliver(lost.into_iter().map(|t| (t, Err(e.clone()))), self.id);
+                return Err(e);
+            }
         }
-        inner
-            .queued
-            .extend(std::iter::repeat_n((self.id, epoch), items));
+        inner.queued.extend(std::iter::repeat_n(
+            Ticket {
+                stream: self.id,
+                epoch,
+            },
+            items,
+        ));
         if inner.queued.len() >= self.batch_size {
-            inner.run(self.id);
+            inner.run(counters, self.id);
         }
-        Ok(())
+        Ok(Pushed::Queued)
     }
 
     /// Runs the partial batch now, so that this stream's queued frames get their scores
     /// (batch timeout, serialized event, drain); other streams' frames in it get theirs.
-    pub fn run_now(&self) {
-        let mut inner = self.lock();
-        if inner.queued.iter().any(|(id, _)| *id == self.id) {
-            inner.run(self.id);
+    /// `false`: the engine was not free by `until`, and nothing ran.
+    pub fn run_now(&self, until: Option<Instant>) -> bool {
+        let Some(mut inner) = self.engage(true, until) else {
+            return false;
+        };
+        if inner.queued.iter().any(|t| t.stream == self.id) {
+            inner.run(&self.instance.counters, self.id);
         }
+        true
     }
 
     /// The scores that arrived for this stream's frames since the last call, in push order.
+    /// Never waits for a batch.
     pub fn take_scores(&self) -> Vec<Scores> {
-        let mut inner = self.lock();
-        inner
-            .streams
-            .get_mut(&self.id)
-            .map(|s| std::mem::take(&mut s.mailbox))
-            .unwrap_or_default()
+        std::mem::take(&mut self.slot.mailbox().scores)
+    }
+
+    /// Gives up the oldest `items` items of this stream still waiting for their scores (their
+    /// frames' deadline passed): their scores are dropped, whether they have arrived since
+    /// the last `take_scores` or come later. Never waits for a batch.
+    pub fn abandon(&self, items: usize) {
+        let mut mailbox = self.slot.mailbox();
+        let arrived = items.min(mailbox.scores.len());
+        mailbox.scores.drain(..arrived);
+        mailbox.skip += items - arrived;
     }
 
     /// Forgets this stream's frames pushed so far (a flush dropped them); the other streams'
     /// frames are not touched.
     pub fn flush(&self) {
-        let mut inner = self.lock();
-        if let Some(slot) = inner.streams.get_mut(&self.id) {
-            slot.epoch += 1;
-            slot.mailbox.clear();
+        {
+            let mut mailbox = self.slot.mailbox();
+            mailbox.epoch += 1;
+            mailbox.scores.clear();
+            mailbox.skip = 0;
         }
-        inner.discard_unwanted();
+        // Freeing their places in the batch can wait for a batch that runs now: they run and
+        // their scores are dropped.
+        if let Some(mut inner) = self.instance.inner.try_lock() {
+            inner.discard_unwanted(&self.instance.counters);
+        }
     }
 
     /// How many streams share this stream's engine, itself included.
     pub fn streams(&self) -> usize {
-        self.lock().streams.len()
+        self.instance.counters.streams.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let mut inner = self.lock();
+        let counters = &self.instance.counters;
+        let mut inner = self.instance.inner.lock();
         inner.streams.remove(&self.id);
+        counters
+            .streams
+            .store(inner.streams.len(), Ordering::Relaxed);
         if inner.streams.is_empty() {
-            // The last stream takes the engine with it, outside the registry's lock.
+            // The last stream takes the engine with it, outside the lock.
             inner.queued.clear();
-            inner.broken = None;
+            inner.fault = None;
             let engine = inner.engine.take();
             drop(inner);
             drop(engine);
         } else {
-            inner.discard_unwanted();
+            inner.discard_unwanted(counters);
         }
     }
 }
@@ -390,17 +843,26 @@ impl Drop for Stream {
 mod tests {
     use super::*;
     use crate::preprocess::{InputSpec, Layout};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// What the fake engines of one instance share: counts, and failures on demand.
+    #[derive(Default)]
+    struct Script {
+        builds: AtomicUsize,
+        runs: AtomicUsize,
+        /// How many of the next runs fail.
+        failing_runs: AtomicUsize,
+        /// How many of the next builds fail.
+        failing_builds: AtomicUsize,
+    }
 
     /// An engine whose "score" for a frame is the frame's first byte, so a test can tell
-    /// which frame a result belongs to; it counts its runs and fails on demand: a run fails
-    /// with `fail_run`, a push of 255 is refused, a push of 254 panics, and a run with a 253
-    /// in it panics.
+    /// which frame a result belongs to; it fails on demand: runs and builds as its script
+    /// says, a push of 255 is refused, a push of 254 panics, and a run with a 253 in it
+    /// panics.
     struct Fake {
         info: ModelInfo,
         pushed: Vec<f32>,
-        runs: Arc<AtomicUsize>,
-        fail_run: bool,
+        script: Arc<Script>,
     }
 
     impl Engine for Fake {
@@ -428,16 +890,20 @@ mod tests {
             Ok(())
         }
         fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-            self.runs.fetch_add(1, Ordering::SeqCst);
+            self.script.runs.fetch_add(1, Ordering::SeqCst);
             let pushed = std::mem::take(&mut self.pushed);
             assert!(!pushed.contains(&253.0), "a bug in run");
-            match self.fail_run {
-                true => Err(EngineError::Inference("the GPU fell off the bus".into())),
-                false => Ok(pushed.into_iter().map(|v| vec![v]).collect()),
+            let failing = &self.script.failing_runs;
+            match failing.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+                Ok(_) => Err(EngineError::Inference("the GPU fell off the bus".into())),
+                Err(_) => Ok(pushed.into_iter().map(|v| vec![v]).collect()),
             }
         }
         fn discard(&mut self) {
             self.pushed.clear();
+        }
+        fn pending(&self) -> usize {
+            self.pushed.len()
         }
     }
 
@@ -456,38 +922,66 @@ mod tests {
                 preprocess: Default::default(),
                 progress: Default::default(),
             },
+            model_file: None,
         }
     }
 
-    fn fake(runs: &Arc<AtomicUsize>, fail_run: bool) -> Result<Box<dyn Engine>, EngineError> {
-        Ok(Box::new(Fake {
-            info: ModelInfo {
-                input: InputSpec {
-                    layout: Layout::Nchw,
-                    channels: 1,
-                    height: 1,
-                    width: 1,
+    /// A build of fake engines following `script`.
+    fn fake(
+        script: &Arc<Script>,
+    ) -> impl Fn() -> Result<Box<dyn Engine>, EngineError> + Send + Sync + 'static {
+        let script = script.clone();
+        move || {
+            script.builds.fetch_add(1, Ordering::SeqCst);
+            let failing = &script.failing_builds;
+            if failing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(EngineError::Inference("no GPU today".into()));
+            }
+            Ok(Box::new(Fake {
+                info: ModelInfo {
+                    input: InputSpec {
+                        layout: Layout::Nchw,
+                        channels: 1,
+                        height: 1,
+                        width: 1,
+                    },
+                    num_classes: 1,
+                    model_batch: 1,
+                    outputs_probabilities: true,
+                    backend: Backend::Cpu,
+                    precision: crate::engine::Precision::Fp32,
+                    precision_note: None,
+                    reads_device_frames: false,
+                    non_finite: Default::default(),
+                    engine_file: None,
                 },
-                num_classes: 1,
-                model_batch: 1,
-                outputs_probabilities: true,
-                backend: Backend::Cpu,
-                precision: crate::engine::Precision::Fp32,
-                precision_note: None,
-                reads_device_frames: false,
-                non_finite: Default::default(),
-            },
-            pushed: Vec::new(),
-            runs: runs.clone(),
-            fail_run,
-        }))
+                pushed: Vec::new(),
+                script: script.clone(),
+            }))
+        }
     }
 
-    fn push(stream: &Stream, value: u8) -> Result<(), Arc<EngineError>> {
+    fn never() -> impl Fn() -> Result<Box<dyn Engine>, EngineError> + Send + Sync + 'static {
+        || panic!("the engine is built once")
+    }
+
+    fn push(stream: &Stream, value: u8) -> Result<Pushed, Arc<EngineError>> {
         push_crops(stream, value, 1)
     }
 
-    fn push_crops(stream: &Stream, value: u8, crops: usize) -> Result<(), Arc<EngineError>> {
+    fn push_crops(stream: &Stream, value: u8, crops: usize) -> Result<Pushed, Arc<EngineError>> {
+        push_until(stream, value, crops, None)
+    }
+
+    fn push_until(
+        stream: &Stream,
+        value: u8,
+        crops: usize,
+        until: Option<Instant>,
+    ) -> Result<Pushed, Arc<EngineError>> {
         gst::init().unwrap();
         let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, 4, 4)
             .build()
@@ -495,11 +989,15 @@ mod tests {
         let mut buffer = gst::Buffer::with_size(info.size()).unwrap();
         buffer.get_mut().unwrap().map_writable().unwrap()[0] = value;
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buffer, &info).unwrap();
-        stream.push(&frame, &vec![Crop::Whole; crops])
+        stream.push(&frame, &vec![Crop::Whole; crops], until)
     }
 
     fn values(scores: Vec<Scores>) -> Vec<f32> {
         scores.into_iter().map(|s| s.unwrap()[0]).collect()
+    }
+
+    fn error(scores: &Scores) -> String {
+        scores.as_ref().unwrap_err().to_string()
     }
 
     fn counter() -> (Waker, Arc<AtomicUsize>) {
@@ -513,14 +1011,18 @@ mod tests {
         )
     }
 
+    fn runs(script: &Script) -> usize {
+        script.runs.load(Ordering::SeqCst)
+    }
+
     #[test]
     fn streams_fill_one_batch_and_get_their_own_scores() {
-        let runs = Arc::new(AtomicUsize::new(0));
+        let script = Arc::new(Script::default());
         let (wake_a, woken_a) = counter();
         let (wake_b, woken_b) = counter();
         let k = key("fill", 4);
-        let (a, how_a) = join(k.clone(), wake_a, || fake(&runs, false)).unwrap();
-        let (b, how_b) = join(k, wake_b, || panic!("the engine is built once")).unwrap();
+        let (a, how_a) = join(k.clone(), wake_a, fake(&script)).unwrap();
+        let (b, how_b) = join(k, wake_b, never()).unwrap();
         assert_eq!(
             (how_a, how_b, a.streams()),
             (Joined::Built, Joined::Shared, 2)
@@ -528,64 +1030,63 @@ mod tests {
         push(&a, 1).unwrap();
         push(&b, 2).unwrap();
         push(&a, 3).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "the batch is not full yet");
+        assert_eq!(runs(&script), 0, "the batch is not full yet");
         push(&b, 4).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "one run for both streams");
+        assert_eq!(runs(&script), 1, "one run for both streams");
         assert_eq!(values(a.take_scores()), [1.0, 3.0]);
         assert_eq!(values(b.take_scores()), [2.0, 4.0]);
         // b's push ran the batch: a was woken, b collects its own.
         assert_eq!(woken_a.load(Ordering::SeqCst), 1);
         assert_eq!(woken_b.load(Ordering::SeqCst), 0);
         assert!(a.take_scores().is_empty());
+        let stats = a.stats();
+        assert_eq!((stats.streams, stats.batches, stats.items), (2, 1, 4));
+        assert!(stats.batch_time > Duration::ZERO);
     }
 
     #[test]
     fn each_crop_of_a_frame_is_an_item_with_scores_of_its_own() {
-        let runs = Arc::new(AtomicUsize::new(0));
+        let script = Arc::new(Script::default());
         let k = key("crops", 4);
-        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
         push_crops(&a, 1, 3).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "3 items of 4");
+        assert_eq!(runs(&script), 0, "3 items of 4");
         push_crops(&b, 2, 0).unwrap();
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            0,
-            "a frame of no crops adds nothing"
-        );
+        assert_eq!(runs(&script), 0, "a frame of no crops adds nothing");
         push_crops(&b, 2, 2).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "the items filled the batch");
+        assert_eq!(runs(&script), 1, "the items filled the batch");
         assert_eq!(values(a.take_scores()), [1.0, 1001.0, 2001.0]);
         assert_eq!(values(b.take_scores()), [2.0, 1002.0]);
     }
 
     #[test]
     fn run_now_runs_a_partial_batch_only_for_a_stream_with_frames_in_it() {
-        let runs = Arc::new(AtomicUsize::new(0));
+        let script = Arc::new(Script::default());
         let k = key("partial", 8);
-        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
         push(&a, 5).unwrap();
-        b.run_now();
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "b has nothing queued");
-        a.run_now();
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(b.run_now(None));
+        assert_eq!(runs(&script), 0, "b has nothing queued");
+        assert!(a.run_now(None));
+        assert_eq!(runs(&script), 1);
         assert_eq!(values(a.take_scores()), [5.0]);
         assert!(b.take_scores().is_empty());
     }
 
     #[test]
     fn a_flush_drops_that_streams_frames_only() {
-        let runs = Arc::new(AtomicUsize::new(0));
+        let script = Arc::new(Script::default());
         let k = key("flush", 4);
-        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
         push(&a, 1).unwrap();
         push(&b, 2).unwrap();
         a.flush();
         push(&a, 3).unwrap();
         push(&b, 4).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(runs(&script), 1);
         assert_eq!(values(a.take_scores()), [3.0], "frame 1 was flushed");
         assert_eq!(values(b.take_scores()), [2.0, 4.0]);
         // A flush of the only stream with queued frames frees their places in the batch.
@@ -594,141 +1095,243 @@ mod tests {
         for v in [7, 8, 9] {
             push(&b, v).unwrap();
         }
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "three frames do not fill a batch of 4"
-        );
-        b.run_now();
+        assert_eq!(runs(&script), 1, "three frames do not fill a batch of 4");
+        b.run_now(None);
         assert_eq!(values(b.take_scores()), [7.0, 8.0, 9.0]);
         assert!(a.take_scores().is_empty());
     }
 
     #[test]
     fn a_leaving_stream_leaves_the_others_running_and_the_last_drops_the_engine() {
-        let runs = Arc::new(AtomicUsize::new(0));
+        let script = Arc::new(Script::default());
         let k = key("leave", 2);
-        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k.clone(), counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k.clone(), counter().0, never()).unwrap();
         push(&a, 1).unwrap();
         drop(a);
         push(&b, 2).unwrap();
         push(&b, 3).unwrap();
         assert_eq!(values(b.take_scores()), [2.0, 3.0]);
         drop(b);
-        let (c, how) = join(k, counter().0, || fake(&runs, false)).unwrap();
+        let (c, how) = join(k, counter().0, fake(&script)).unwrap();
         assert_eq!((how, c.streams()), (Joined::Built, 1));
+        assert_eq!(script.builds.load(Ordering::SeqCst), 2);
     }
 
     #[test]
-    fn other_ids_and_settings_get_engines_of_their_own() {
-        let runs = Arc::new(AtomicUsize::new(0));
-        let (_a, _) = join(key("x", 4), counter().0, || fake(&runs, false)).unwrap();
-        let (_b, how_b) = join(key("y", 4), counter().0, || fake(&runs, false)).unwrap();
-        let (_c, how_c) = join(key("x", 8), counter().0, || fake(&runs, false)).unwrap();
-        assert_eq!((how_b, how_c), (Joined::Built, Joined::Built));
+    fn other_ids_settings_and_model_files_get_engines_of_their_own() {
+        let script = Arc::new(Script::default());
+        let (_a, _) = join(key("x", 4), counter().0, fake(&script)).unwrap();
+        let (_b, how_b) = join(key("y", 4), counter().0, fake(&script)).unwrap();
+        let (_c, how_c) = join(key("x", 8), counter().0, fake(&script)).unwrap();
+        // The same settings, but the model file was replaced since the first joined.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.onnx");
+        std::fs::write(&file, b"one").unwrap();
+        let stamped = |stamp| InstanceKey {
+            model_file: stamp,
+            ..key("x", 4)
+        };
+        let first = FileStamp::of(&file);
+        let (_d, how_d) = join(stamped(first.clone()), counter().0, fake(&script)).unwrap();
+        let (_e, how_e) = join(stamped(first), counter().0, never()).unwrap();
+        std::fs::write(dir.path().join("new"), b"two!").unwrap();
+        std::fs::rename(dir.path().join("new"), &file).unwrap();
+        let (_f, how_f) = join(stamped(FileStamp::of(&file)), counter().0, fake(&script)).unwrap();
+        assert_eq!(
+            [how_b, how_c, how_d, how_e, how_f],
+            [
+                Joined::Built,
+                Joined::Built,
+                Joined::Built,
+                Joined::Shared,
+                Joined::Built
+            ]
+        );
     }
 
     #[test]
-    fn a_failed_run_reaches_every_stream_of_the_batch() {
-        let runs = Arc::new(AtomicUsize::new(0));
+    fn a_failed_run_fails_its_batch_and_the_engine_is_built_again() {
+        let script = Arc::new(Script::default());
         let (wake_a, woken_a) = counter();
         let k = key("fail", 2);
-        let (a, _) = join(k.clone(), wake_a, || fake(&runs, true)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), wake_a, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
+        script.failing_runs.store(1, Ordering::SeqCst);
         push(&a, 1).unwrap();
         push(&b, 2).unwrap();
         let (sa, sb) = (a.take_scores(), b.take_scores());
         assert_eq!((sa.len(), sb.len()), (1, 1));
-        assert!(sa[0].as_ref().unwrap_err().to_string().contains("fell off"));
-        assert!(sb[0].is_err());
+        assert!(error(&sa[0]).contains("fell off"), "{}", error(&sa[0]));
+        assert!(error(&sb[0]).contains("fell off"));
         assert_eq!(woken_a.load(Ordering::SeqCst), 1);
+        // The next push builds the engine again (with the first joiner's build), and the
+        // streams that go on get their scores.
+        push(&b, 3).unwrap();
+        push(&a, 4).unwrap();
+        assert_eq!(script.builds.load(Ordering::SeqCst), 2);
+        assert_eq!(values(b.take_scores()), [3.0]);
+        assert_eq!(values(a.take_scores()), [4.0]);
+        let stats = a.stats();
+        assert_eq!((stats.failures, stats.rebuilds, stats.batches), (1, 1, 1));
     }
 
     #[test]
-    fn a_refused_push_fails_the_queued_frames_and_the_pusher() {
-        let runs = Arc::new(AtomicUsize::new(0));
-        let k = key("refused", 4);
-        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+    fn an_engine_that_keeps_failing_is_built_again_after_a_growing_pause() {
+        assert_eq!(rebuild_pause(1), Duration::ZERO);
+        assert_eq!(rebuild_pause(2), Duration::from_secs(1));
+        assert_eq!(rebuild_pause(3), Duration::from_secs(2));
+        assert_eq!(rebuild_pause(40), Duration::from_secs(60));
+        let script = Arc::new(Script::default());
+        let k = key("keeps-failing", 1);
+        let (a, _) = join(k, counter().0, fake(&script)).unwrap();
+        // The run fails; the rebuild right after fails too: the next try waits a second.
+        script.failing_runs.store(1, Ordering::SeqCst);
+        script.failing_builds.store(1, Ordering::SeqCst);
         push(&a, 1).unwrap();
-        assert!(push(&b, 255).is_err());
-        let lost = a.take_scores();
-        assert_eq!(lost.len(), 1);
-        assert!(lost[0].is_err());
-        // The instance goes on.
-        push(&a, 2).unwrap();
-        a.run_now();
-        assert_eq!(values(a.take_scores()), [2.0]);
+        assert!(error(&a.take_scores()[0]).contains("fell off"));
+        let err = push(&a, 2).unwrap_err().to_string();
+        assert!(err.contains("no GPU today"), "{err}");
+        let err = push(&a, 3).unwrap_err().to_string();
+        assert!(
+            err.contains("failed 2 times in a row and is built again in"),
+            "{err}"
+        );
+        assert_eq!(
+            script.builds.load(Ordering::SeqCst),
+            2,
+            "no build in the pause"
+        );
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(push(&a, 4).ok(), Some(Pushed::Queued));
+        assert_eq!(values(a.take_scores()), [4.0]);
+        assert_eq!(script.builds.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_refused_push_fails_that_frame_only() {
+        let script = Arc::new(Script::default());
+        let k = key("refused", 4);
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
+        push(&a, 1).unwrap();
+        let err = push(&b, 255).unwrap_err().to_string();
+        assert!(err.contains("refuses"), "{err}");
+        // a's frame is still in the batch, and the engine was not built again.
+        push(&b, 2).unwrap();
+        a.run_now(None);
+        assert_eq!(values(a.take_scores()), [1.0]);
+        assert_eq!(values(b.take_scores()), [2.0]);
+        assert_eq!(script.builds.load(Ordering::SeqCst), 1);
+        assert_eq!(a.stats().failures, 0);
     }
 
     #[test]
     fn a_failed_build_is_the_joiners_error_and_the_next_joiner_builds() {
-        let runs = Arc::new(AtomicUsize::new(0));
+        let script = Arc::new(Script::default());
         let k = key("build", 4);
         let err = join(k.clone(), counter().0, || {
             Err(EngineError::Inference("no".into()))
         });
         assert!(err.is_err());
-        let (_a, how) = join(k, counter().0, || fake(&runs, false)).unwrap();
+        let (_a, how) = join(k, counter().0, fake(&script)).unwrap();
         assert_eq!(how, Joined::Built);
     }
 
     #[test]
-    fn a_panic_in_push_is_an_error_and_the_engine_is_not_called_again() {
-        let runs = Arc::new(AtomicUsize::new(0));
+    fn a_panic_in_push_fails_the_queued_frames_and_the_engine_is_built_again() {
+        let script = Arc::new(Script::default());
         let k = key("panic-push", 4);
-        let (a, _) = join(k.clone(), counter().0, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
         push(&a, 1).unwrap();
         let err = push(&b, 254).unwrap_err();
         assert!(err.to_string().contains("a bug in push"), "{err}");
-        // a's queued frame fails with the same error; later pushes fail without a call.
+        // The engine's state is unknown: a's queued frame fails with the same error.
         let lost = a.take_scores();
         assert_eq!(lost.len(), 1);
-        assert!(
-            lost[0]
-                .as_ref()
-                .unwrap_err()
-                .to_string()
-                .contains("a bug in push")
-        );
-        assert!(
-            push(&a, 2)
-                .unwrap_err()
-                .to_string()
-                .contains("not used again")
-        );
-        a.run_now();
-        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert!(error(&lost[0]).contains("a bug in push"));
+        // Then a fresh engine serves both.
+        push(&a, 2).unwrap();
+        push(&b, 3).unwrap();
+        a.run_now(None);
+        assert_eq!(values(a.take_scores()), [2.0]);
+        assert_eq!(values(b.take_scores()), [3.0]);
+        assert_eq!(script.builds.load(Ordering::SeqCst), 2);
     }
 
     #[test]
-    fn a_panic_in_a_run_fails_that_batch_for_every_stream() {
-        let runs = Arc::new(AtomicUsize::new(0));
+    fn a_panic_in_a_run_fails_that_batch_and_new_joiners_get_a_working_engine() {
+        let script = Arc::new(Script::default());
         let (wake_a, woken_a) = counter();
         let k = key("panic-run", 2);
-        let (a, _) = join(k.clone(), wake_a, || fake(&runs, false)).unwrap();
-        let (b, _) = join(k, counter().0, || unreachable!()).unwrap();
+        let (a, _) = join(k.clone(), wake_a, fake(&script)).unwrap();
+        let (b, _) = join(k.clone(), counter().0, never()).unwrap();
         push(&a, 253).unwrap();
         push(&b, 2).unwrap();
         let (sa, sb) = (a.take_scores(), b.take_scores());
         assert_eq!((sa.len(), sb.len()), (1, 1));
-        assert!(
-            sa[0]
-                .as_ref()
-                .unwrap_err()
-                .to_string()
-                .contains("a bug in run")
-        );
-        assert!(
-            sb[0]
-                .as_ref()
-                .unwrap_err()
-                .to_string()
-                .contains("a bug in run")
-        );
+        assert!(error(&sa[0]).contains("a bug in run"));
+        assert!(error(&sb[0]).contains("a bug in run"));
         assert_eq!(woken_a.load(Ordering::SeqCst), 1);
-        assert!(push(&b, 3).is_err());
+        // A new element joins while the engine is down: it is built for it.
+        let (c, how) = join(k, counter().0, never()).unwrap();
+        assert_eq!(how, Joined::Built);
+        push(&c, 5).unwrap();
+        push(&b, 6).unwrap();
+        assert_eq!(values(c.take_scores()), [5.0]);
+        assert_eq!(values(b.take_scores()), [6.0]);
+        assert_eq!(script.builds.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_push_gives_up_when_the_engine_is_busy_until_its_deadline() {
+        let script = Arc::new(Script::default());
+        let k = key("busy", 4);
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
+        let started = Instant::now();
+        let result = {
+            // Another stream's batch holds the engine.
+            let _running = a.engage(false, None).unwrap();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    (
+                        push_until(&b, 7, 1, Some(Instant::now() + Duration::from_millis(30))),
+                        b.run_now(Some(Instant::now() + Duration::from_millis(10))),
+                    )
+                })
+                .join()
+                .unwrap()
+            })
+        };
+        assert_eq!((result.0.ok(), result.1), (Some(Pushed::Busy), false));
+        assert!(started.elapsed() >= Duration::from_millis(40));
+        // Nothing was pushed: the next batch holds only what comes next.
+        push(&b, 8).unwrap();
+        b.run_now(None);
+        assert_eq!(values(b.take_scores()), [8.0]);
+    }
+
+    #[test]
+    fn abandoned_items_lose_their_scores_whenever_they_come() {
+        let script = Arc::new(Script::default());
+        let k = key("abandon", 8);
+        let (a, _) = join(k.clone(), counter().0, fake(&script)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
+        // Two of a's items are given up before their batch runs, one after.
+        for v in [1, 2, 3, 4] {
+            push(&a, v).unwrap();
+        }
+        push(&b, 9).unwrap();
+        a.abandon(2);
+        b.run_now(None);
+        a.abandon(1);
+        assert_eq!(values(a.take_scores()), [4.0]);
+        assert_eq!(values(b.take_scores()), [9.0], "other streams keep theirs");
+        // Nothing is skipped beyond what was given up.
+        push(&a, 5).unwrap();
+        a.run_now(None);
+        assert_eq!(values(a.take_scores()), [5.0]);
     }
 }

@@ -85,6 +85,11 @@ fn whole_frames_get_one_cls_mtd_per_classifier_in_series() {
         for result in &results {
             assert_eq!(result.len(), 3, "top-k=3");
             assert_eq!(result[0].0, colour);
+            assert_eq!(
+                custom.classes.len(),
+                result.len(),
+                "the custom meta's classes"
+            );
             for ((label, level), entry) in result.iter().zip(&custom.classes) {
                 assert_eq!(*label, entry.label);
                 assert!((level - entry.confidence).abs() < 1e-6);

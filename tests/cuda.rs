@@ -150,6 +150,7 @@ fn check_model(model: &str, reference: &str, precision: Precision, abs: f32, rel
         let want = cpu.infer(&data, count).expect("cpu inference");
         let got = gpu.infer(&data, count).expect("cuda inference");
         assert_eq!(got.len(), count, "{model}: one result per frame");
+        assert_eq!(want.len(), count, "{model}: one cpu result per frame");
         let mut worst = 0.0f32;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let what = format!("{model} {precision:?}, {count} frames, frame {i}");
@@ -243,8 +244,14 @@ fn fp16_logits_beyond_its_range_stay_fp16() {
     assert_eq!(info.precision, Precision::Fp16, "{:?}", info.precision_note);
     assert_eq!(info.precision_note, None);
     let got = gpu.infer(&input, frames).expect("cuda inference");
+    assert_eq!(got.len(), frames, "big_logits: one result per frame");
     for (i, g) in got.iter().enumerate() {
         let want = &want[i * classes..][..classes];
+        assert_eq!(
+            g.len(),
+            classes,
+            "big_logits frame {i}: one score per class"
+        );
         let largest = g
             .iter()
             .zip(want)
@@ -420,6 +427,11 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
                 .unwrap_or_else(|e| panic!("{name}: cuda engine: {e}"));
             let built = started.elapsed();
             let got = gpu.infer(&input, want.len()).expect("cuda inference");
+            assert_eq!(
+                common::scores_shape(&got),
+                common::scores_shape(&want),
+                "{name} {precision:?}: frames, and scores per frame"
+            );
             let worst = common::largest_difference(&got, &want);
             println!(
                 "{name} {precision:?}: built in {built:.1?}, largest probability error {worst:.2e} \
@@ -469,6 +481,11 @@ fn vision_transformers_agree_with_onnxruntime() {
             let first = gpu
                 .infer(&input[..input.len() / 2], 1)
                 .expect("cuda inference");
+            assert_eq!(
+                (both.len(), first.len(), want.len()),
+                (2, 1, 2),
+                "{name}: frames"
+            );
             let mut worst = 0.0f32;
             for (i, (g, w)) in both
                 .iter()
@@ -546,6 +563,7 @@ fn engine_file_is_reused_and_damage_means_a_rebuild() {
         let (scores, heard) = build_with_file("cnn.onnx", &path);
         assert!(!loaded(&heard) && saved(&heard), "{what} file: {heard:?}");
         // Tuning again may pick other algorithms: fp16 rounding may differ, no more.
+        assert_eq!(scores.len(), built.len(), "{what} file, rebuilt: frames");
         for (s, b) in scores.iter().zip(&built) {
             compare(&format!("{what} file, rebuilt"), s, b, 2e-2, 2e-2);
         }
@@ -564,6 +582,7 @@ fn engine_file_is_reused_and_damage_means_a_rebuild() {
     let nowhere = std::path::Path::new("/proc/trtclassify-test/cnn.engine");
     let (scores, heard) = build_with_file("cnn.onnx", nowhere);
     assert!(!saved(&heard), "{heard:?}");
+    assert_eq!(scores.len(), built.len(), "unsaved engine: frames");
     for (s, b) in scores.iter().zip(&built) {
         compare("unsaved engine", s, b, 2e-2, 2e-2);
     }
@@ -622,6 +641,7 @@ fn convert(
 
 /// How far a model input is from `truth`: the largest and the mean absolute difference.
 fn off_by(input: &[f32], truth: &[f32]) -> (f32, f32) {
+    assert_eq!(input.len(), truth.len(), "a model input and its truth");
     let d: Vec<f32> = input
         .iter()
         .zip(truth)
@@ -808,6 +828,7 @@ fn gpu_preprocessing_matches_the_cpu() {
                     let c = cpu.classify(&frames).unwrap();
                     if matches!(format, Nv12 | I420 | P01010le) {
                         let off = |s: &[f32]| {
+                            assert_eq!(s.len(), truth_scores[0].len(), "{what}: classes");
                             s.iter()
                                 .zip(&truth_scores[0])
                                 .map(|(a, b)| (a - b).abs())
@@ -1142,6 +1163,7 @@ fn streams_sharing_a_gpu_engine_agree_with_each_alone() {
         })
         .collect();
     let runs = common::run_pipeline_sinks(&description, &names).expect("colour streams");
+    assert_eq!(runs.len(), colours.len(), "one run per colour");
     for (colour, (results, caps)) in colours.iter().zip(&runs) {
         assert!(in_cuda_memory(caps));
         assert_eq!(results.len(), 17, "{colour}");

@@ -251,3 +251,31 @@ fn pixels_are_never_changed() {
     let out = h.pull().unwrap();
     assert_eq!(out.map_readable().unwrap().as_slice(), bytes.as_slice());
 }
+
+/// The buffers the element asks upstream to allocate for frames of 25 fps (`rgb_caps`), with
+/// properties `extra`: the smallest pool size in its answer to an allocation query.
+fn pool_minimum(extra: &str) -> u32 {
+    let mut h = harness(extra);
+    let element = h.find_element("trtclassify").expect("the element");
+    let mut query = gst::query::Allocation::new(Some(&rgb_caps(32, 24)), true);
+    assert!(element.static_pad("sink").unwrap().query(&mut query));
+    query
+        .allocation_pools()
+        .map(|(_, _, min, _)| min)
+        .min()
+        .expect("a pool proposed")
+}
+
+#[test]
+fn the_allocation_query_asks_for_what_the_batch_timeout_holds() {
+    // batch-size 16, interval 30: 450 frames between the first and the last of a batch,
+    // but the partial batch runs after 100 ms, 3 frames at 25 fps (and one more while it
+    // runs). Before, the element asked for 450 more buffers per camera.
+    assert_eq!(pool_minimum("batch-size=16 interval=30"), 4 + 2);
+    assert_eq!(
+        pool_minimum("batch-size=16 interval=30 batch-timeout=1000"),
+        26 + 2
+    );
+    // Without a timeout, the whole batch's frames wait.
+    assert_eq!(pool_minimum("batch-size=4 batch-timeout=-1"), 3 + 2);
+}

@@ -65,6 +65,11 @@ fn check_against_reference(model: &str, reference_file: &str, batch_size: usize)
     let n = r.input_shape[0];
     let scores = engine.infer(&r.input, n).unwrap();
     assert_eq!(scores.len(), n, "one score vector per frame");
+    assert_eq!(
+        r.output.len(),
+        n * r.output_shape[1],
+        "the reference scores every input frame"
+    );
     for (i, (got, want)) in scores
         .iter()
         .zip(r.output.chunks(r.output_shape[1]))
@@ -431,6 +436,14 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
             continue;
         }
         let got = engine.infer(&input, want.len()).expect("inference");
+        if common::scores_shape(&got) != common::scores_shape(&want) {
+            failed.push(format!(
+                "{name}: scores per frame {:?}, onnxruntime's {:?}",
+                common::scores_shape(&got),
+                common::scores_shape(&want)
+            ));
+            continue;
+        }
         let worst = common::largest_difference(&got, &want);
         let top1 = |s: &[f32]| {
             (0..s.len())
@@ -458,6 +471,14 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
         opts.threads = 1;
         let mut engine = CpuEngine::build(&opts).expect("built once already");
         let together = engine.infer(&input, want.len()).expect("inference");
+        if common::scores_shape(&together) != common::scores_shape(&got) {
+            failed.push(format!(
+                "{name}: scores per frame in one call {:?}, apart {:?}",
+                common::scores_shape(&together),
+                common::scores_shape(&got)
+            ));
+            continue;
+        }
         let apart = common::largest_difference(&together, &got);
         let tail = engine
             .batched_tail()

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The element with an engine that fails on demand (on a push, on a run, or by panicking):
 //! one clear element error, no panic, no hang, no frame passed on with another frame's
-//! result, and the frames held at that moment named in the error.
+//! result, and the frames held at that moment named in the error. In a shared engine, a
+//! fault stays with the stream it hit: the other streams get every frame with its result,
+//! and an engine that failed is built again for them.
 //!
 //! The test joins the element's engine instance first (`TrtClassify::instance_key`), with
 //! the failing engine, so that the element shares it instead of building one.
@@ -9,6 +11,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{index_and_result, rgb_caps, solid_rgb};
 use gst::prelude::*;
@@ -17,9 +20,12 @@ use gsttrtclassify::instance::{self, Stream};
 use gsttrtclassify::preprocess::{Crop, InputSpec, Layout};
 use gsttrtclassify::trtclassify::TrtClassify;
 
-/// When the engine fails: each field is the 1-based number of the push or run that fails.
+/// When the engine fails: each field is the 1-based number of the push or run that fails,
+/// counted over the engine and the engines built again after it failed.
 #[derive(Default, Clone, Copy)]
 struct Script {
+    /// Every push of a frame whose green byte is 255 is refused.
+    refuse_marked: bool,
     refuse_push: Option<usize>,
     panic_push: Option<usize>,
     fail_run: Option<usize>,
@@ -38,9 +44,16 @@ const NAN_FOUND: &str = "the first such values came from node `head` (step 3: ge
 struct ScriptedEngine {
     info: ModelInfo,
     script: Script,
-    pushes: usize,
-    runs: usize,
+    counts: Arc<Counts>,
     pushed: Vec<usize>,
+}
+
+/// Pushes, runs and builds, over an instance's engines.
+#[derive(Default)]
+struct Counts {
+    pushes: AtomicUsize,
+    runs: AtomicUsize,
+    builds: AtomicUsize,
 }
 
 impl Engine for ScriptedEngine {
@@ -62,11 +75,16 @@ impl Engine for ScriptedEngine {
             [Crop::Whole],
             "the element classifies whole frames here"
         );
-        self.pushes += 1;
-        if self.script.refuse_push == Some(self.pushes) {
+        let pushes = self.counts.pushes.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.script.refuse_push == Some(pushes) {
             return Err(EngineError::Inference("CUDA_ERROR_OUT_OF_MEMORY".into()));
         }
-        if self.script.panic_push == Some(self.pushes) {
+        if self.script.refuse_marked && frame.plane_data(0).unwrap()[1] == 255 {
+            return Err(EngineError::Inference(
+                "a frame the GPU preprocessing cannot read".into(),
+            ));
+        }
+        if self.script.panic_push == Some(pushes) {
             panic!("index out of bounds in push");
         }
         self.pushed
@@ -75,15 +93,15 @@ impl Engine for ScriptedEngine {
     }
 
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.runs += 1;
+        let runs = self.counts.runs.fetch_add(1, Ordering::SeqCst) + 1;
         let pushed = std::mem::take(&mut self.pushed);
-        if self.script.fail_run == Some(self.runs) {
+        if self.script.fail_run == Some(runs) {
             return Err(EngineError::Inference("CUDA_ERROR_LAUNCH_FAILED".into()));
         }
-        if self.script.panic_run == Some(self.runs) {
+        if self.script.panic_run == Some(runs) {
             panic!("index out of bounds in run");
         }
-        let nan = self.script.nan_from_run.is_some_and(|r| self.runs >= r);
+        let nan = self.script.nan_from_run.is_some_and(|r| runs >= r);
         if nan {
             // As the cuda engine does: the finding is in the info before the scores leave.
             let _ = self.info.non_finite.set(NAN_FOUND.into());
@@ -101,6 +119,10 @@ impl Engine for ScriptedEngine {
     fn discard(&mut self) {
         self.pushed.clear();
     }
+
+    fn pending(&self) -> usize {
+        self.pushed.len()
+    }
 }
 
 /// An element of batch `batch_size` sharing a `ScriptedEngine`, in a harness whose element
@@ -108,22 +130,50 @@ impl Engine for ScriptedEngine {
 struct Setup {
     h: gst_check::Harness,
     bus: gst::Bus,
+    counts: Arc<Counts>,
     _engine: Stream,
 }
 
 fn setup(script: Script, properties: &str) -> Setup {
+    let (mut elements, counts, engine) = setup_shared(script, properties, 1);
+    let (h, bus) = elements.remove(0);
+    Setup {
+        h,
+        bus,
+        counts,
+        _engine: engine,
+    }
+}
+
+/// `n` elements sharing one `ScriptedEngine`, each in a harness of its own and posting to a
+/// bus of its own; with the engine's counts and a stream that keeps it alive.
+fn setup_shared(
+    script: Script,
+    properties: &str,
+    n: usize,
+) -> (Vec<(gst_check::Harness, gst::Bus)>, Arc<Counts>, Stream) {
     common::init();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let element = gst::parse::launch(&format!(
-        "trtclassify onnx-location={} model-instance-id=failures-{id} {properties}",
-        common::model("colors.onnx")
-    ))
-    .unwrap();
-    let classify = element.downcast_ref::<TrtClassify>().unwrap();
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    let elements: Vec<gst::Element> = (0..n)
+        .map(|_| {
+            gst::parse::launch(&format!(
+                "trtclassify onnx-location={} model-instance-id=failures-{id} max-lateness=-1 {} {properties}",
+                common::model("colors.onnx"),
+                common::test_backend()
+                    .map(|b| format!("backend={b}"))
+                    .unwrap_or_default()
+            ))
+            .unwrap()
+        })
+        .collect();
+    let classify = elements[0].downcast_ref::<TrtClassify>().unwrap();
     let key = classify.instance_key().unwrap();
     let batch = key.options.batch_size;
-    let (engine, _) = instance::join(key, Arc::new(|| ()), || {
+    let counts = Arc::new(Counts::default());
+    let built = counts.clone();
+    let (engine, _) = instance::join(key, Arc::new(|| ()), move || {
+        built.builds.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(ScriptedEngine {
             info: ModelInfo {
                 input: InputSpec {
@@ -140,23 +190,25 @@ fn setup(script: Script, properties: &str) -> Setup {
                 precision_note: script.precision_note.map(String::from),
                 reads_device_frames: false,
                 non_finite: Default::default(),
+                engine_file: None,
             },
             script,
-            pushes: 0,
-            runs: 0,
+            counts: built.clone(),
             pushed: Vec::new(),
         }))
     })
     .unwrap();
-    let bus = gst::Bus::new();
-    element.set_bus(Some(&bus));
-    let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
-    h.set_src_caps(rgb_caps(32, 24));
-    Setup {
-        h,
-        bus,
-        _engine: engine,
-    }
+    let harnesses = elements
+        .into_iter()
+        .map(|element| {
+            let bus = gst::Bus::new();
+            element.set_bus(Some(&bus));
+            let mut h = gst_check::Harness::with_element(&element, Some("sink"), Some("src"));
+            h.set_src_caps(rgb_caps(32, 24));
+            (h, bus)
+        })
+        .collect();
+    (harnesses, counts, engine)
 }
 
 fn frame(i: u64) -> gst::Buffer {
@@ -313,7 +365,7 @@ fn a_refused_frame_is_named_with_the_frames_queued_before_it() {
 }
 
 #[test]
-fn an_engine_that_panics_is_an_error_and_is_not_called_again() {
+fn an_engine_that_panics_is_an_error_and_is_built_again() {
     for (script, held) in [
         (
             Script {
@@ -337,15 +389,98 @@ fn an_engine_that_panics_is_an_error_and_is_not_called_again() {
         assert!(error.contains("internal error in the engine"), "{error}");
         assert!(error.contains("index out of bounds"), "{error}");
         assert!(error.contains(held), "{error}");
-        // The element itself did not panic: after a flush it answers again, with an error
-        // from the engine it no longer calls.
+        // The element itself did not panic: after a flush it classifies again, with an
+        // engine built again in place of the one whose state the panic left unknown.
         flush(&mut s.h);
-        assert_eq!(s.h.push(frame(2)), Err(gst::FlowError::Error));
-        let error = next_error(&s.bus);
-        assert!(error.contains("not used again"), "{error}");
-        assert_eq!(pull_all(&mut s.h), Vec::<u64>::new());
+        assert_eq!(s.h.push(frame(2)), Ok(gst::FlowSuccess::Ok));
+        assert_eq!(s.h.push(frame(3)), Ok(gst::FlowSuccess::Ok));
+        assert_eq!(pull_all(&mut s.h), [2, 3]);
+        assert_eq!(s.counts.builds.load(Ordering::SeqCst), 2);
         assert_no_more_errors(&s.bus);
     }
+}
+
+/// A frame of stream `i` marked for the engine to refuse (`Script::refuse_marked`).
+fn marked_frame(i: u64) -> gst::Buffer {
+    solid_rgb(32, 24, [i as u8, 255, 0], i)
+}
+
+#[test]
+fn one_faulty_stream_of_three_fails_alone_and_the_others_get_every_frame() {
+    // Three cameras share a batch of 4; the second one's frame 5 cannot be read by the
+    // engine. Before, the refused push failed the frames the other two had in the batch,
+    // and all three elements posted errors.
+    let script = Script {
+        refuse_marked: true,
+        ..Default::default()
+    };
+    let (mut streams, counts, _engine) = setup_shared(script, "batch-size=4 batch-timeout=-1", 3);
+    let mut faulty_refused = false;
+    for i in 0..12 {
+        for (n, (h, _)) in streams.iter_mut().enumerate() {
+            let result = match (n, i) {
+                (1, 5) => h.push(marked_frame(i)),
+                _ => h.push(frame(i)),
+            };
+            match n {
+                1 if i >= 5 => {
+                    assert_eq!(result, Err(gst::FlowError::Error), "stream 1, frame {i}");
+                    faulty_refused = true;
+                }
+                _ => assert_eq!(result, Ok(gst::FlowSuccess::Ok), "stream {n}, frame {i}"),
+            }
+        }
+    }
+    assert!(faulty_refused);
+    for (h, _) in streams.iter_mut() {
+        assert!(h.push_event(gst::event::Eos::new()));
+    }
+    let (healthy, faulty): (Vec<_>, Vec<_>) =
+        streams.iter_mut().enumerate().partition(|(n, _)| *n != 1);
+    for (n, (h, bus)) in healthy {
+        assert_eq!(pull_all(h), (0..12).collect::<Vec<_>>(), "stream {n}");
+        assert_no_more_errors(bus);
+    }
+    let (_, (h, bus)) = faulty.into_iter().next().unwrap();
+    let error = next_error(bus);
+    assert!(error.contains("cannot read"), "{error}");
+    assert!(
+        error.contains("frame 5 could not be given to the engine, and is dropped"),
+        "{error}"
+    );
+    assert_no_more_errors(bus);
+    // Its frames before the fault that came back leave with their results; none after.
+    let out = pull_all(h);
+    assert!(out.iter().all(|&i| i < 5), "{out:?}");
+    assert_eq!(
+        counts.builds.load(Ordering::SeqCst),
+        1,
+        "a refusal is no engine fault"
+    );
+}
+
+#[test]
+fn a_failed_batch_fails_its_streams_and_the_engine_is_built_again_for_the_others() {
+    // Stream 0's batch fails on the GPU; stream 1 had no frame in it and goes on, on an
+    // engine built again.
+    let script = Script {
+        fail_run: Some(1),
+        ..Default::default()
+    };
+    let (mut streams, counts, _engine) = setup_shared(script, "batch-size=2 batch-timeout=-1", 2);
+    let (first, second) = streams.split_at_mut(1);
+    let ((h0, bus0), (h1, bus1)) = (&mut first[0], &mut second[0]);
+    assert_eq!(h0.push(frame(0)), Ok(gst::FlowSuccess::Ok));
+    assert_eq!(h0.push(frame(1)), Err(gst::FlowError::Error));
+    let error = next_error(bus0);
+    assert!(error.contains("CUDA_ERROR_LAUNCH_FAILED"), "{error}");
+    for i in 0..6 {
+        assert_eq!(h1.push(frame(i)), Ok(gst::FlowSuccess::Ok), "frame {i}");
+    }
+    assert_eq!(pull_all(h1), (0..6).collect::<Vec<_>>());
+    assert_eq!(counts.builds.load(Ordering::SeqCst), 2);
+    assert_no_more_errors(bus1);
+    assert_no_more_errors(bus0);
 }
 
 #[test]

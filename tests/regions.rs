@@ -209,6 +209,11 @@ fn a_second_classifier_adds_its_result_beside_the_first() {
     h.set_src_caps(rgb_caps(WIDTH as i32, HEIGHT as i32));
     h.push(frame(1)).unwrap();
     let buffer = h.pull().unwrap();
+    assert_eq!(
+        buffer.iter_meta::<VideoRegionOfInterestMeta>().count(),
+        boxes(1).len(),
+        "one ROI meta per box"
+    );
     for (meta, b) in buffer
         .iter_meta::<VideoRegionOfInterestMeta>()
         .zip(boxes(1))

@@ -2,7 +2,10 @@
 //! Property-based tests: random batch sizes, timeouts, intervals, frame counts, flushes and
 //! caps changes, for one element and for several elements sharing one engine. Every frame
 //! pushed comes out exactly once, in order, with its own result, except frames that a flush
-//! dropped while they were held.
+//! dropped while they were held: none at batch 1, at most the frames its batcher held
+//! otherwise (see `Driver::finish`).
+//!
+//! `PROPTEST_CASES` sets how many scenarios each test runs (by default 500 and 200).
 
 mod common;
 
@@ -43,47 +46,95 @@ fn scenario() -> impl Strategy<Value = (u32, i32, u32, Vec<Op>)> {
     )
 }
 
-/// What the test pushed: frame index, whether a flush followed before the next frame, how
-/// many flushes came before it, and whether the element must infer it.
+/// How many scenarios a test runs: `PROPTEST_CASES`, else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What the test pushed: frame index, how many flushes came before it, and whether the
+/// element must infer it.
 struct Pushed {
     index: u64,
-    flushed_after: bool,
     epoch: u32,
     fresh: bool,
+}
+
+/// A flush, and the frames it may drop: those the element held when it came.
+struct Flush {
+    /// How many frames were pushed before it.
+    after: usize,
+    /// The first frame (an index into `Driver::pushed`) that the element may still hold: a
+    /// caps change or a flush before it sent or dropped everything before, and the frames
+    /// held are the last ones pushed.
+    may_hold_from: usize,
+    /// Where the element's frames are known (see `Driver::exact`), the first frame held at
+    /// the flush, which it drops with all after it (`after` where none is held).
+    held_from: Option<usize>,
 }
 
 /// One element in a harness, with what the test pushed into it and what came out.
 struct Driver {
     h: gst_check::Harness,
     interval: u32,
+    batch: u32,
     size: (u32, u32),
     pushed: Vec<Pushed>,
+    flushes: Vec<Flush>,
     out: Vec<gst::Buffer>,
     next: u64,
     epoch: u32,
     // `interval`: a frame is inferred, the next interval-1 carry its result; a flush
     // starts over with an inferred frame.
     carry_left: u32,
+    /// Whether the test knows which frames the element holds: one element alone on its
+    /// engine, without a batch timeout, sends frames on only when `batch` fresh frames have
+    /// been pushed since the last batch ran, and at a caps change (any serialized event) or
+    /// EOS; with a timeout, or other streams on the engine, a batch may also run between two
+    /// of the test's operations, on another thread.
+    exact: bool,
+    /// The first frame the element holds (an index into `pushed`; the frames after it are
+    /// held too), and how many fresh frames since it wait for their batch, where `exact`.
+    held_from: Option<usize>,
+    unbatched: u32,
+    /// The first frame pushed since the last caps change or flush.
+    drained_up_to: usize,
 }
 
 impl Driver {
-    fn new(properties: &str, interval: u32) -> Self {
+    /// An element of `batch`, `interval` and other `properties`; `exact`: see the field.
+    fn new(properties: &str, batch: u32, interval: u32, exact: bool) -> Self {
         common::init();
         let mut h = gst_check::Harness::new_parse(&common::colors_element(&format!(
-            "{properties} interval={interval} top-k=1"
+            "{properties} batch-size={batch} interval={interval} top-k=1"
         )));
         let size = SIZES[0];
         h.set_src_caps(rgb_caps(size.0 as i32, size.1 as i32));
         Driver {
             h,
             interval,
+            batch,
             size,
             pushed: Vec::new(),
+            flushes: Vec::new(),
             out: Vec::new(),
             next: 0,
             epoch: 0,
             carry_left: 0,
+            exact,
+            held_from: None,
+            unbatched: 0,
+            drained_up_to: 0,
         }
+    }
+
+    /// The element sent or dropped every frame pushed so far (a caps change, a flush).
+    fn drained(&mut self) {
+        self.held_from = None;
+        self.unbatched = 0;
+        self.drained_up_to = self.pushed.len();
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
@@ -101,9 +152,18 @@ impl Driver {
                     } else {
                         self.carry_left - 1
                     };
+                    // A fresh frame waits for its batch, and every frame after it behind it;
+                    // the one that fills the batch sends them all on, itself included. A
+                    // carried frame with nothing held before it leaves at once.
+                    if fresh {
+                        self.held_from.get_or_insert(self.pushed.len());
+                        self.unbatched += 1;
+                        if self.unbatched == self.batch {
+                            (self.held_from, self.unbatched) = (None, 0);
+                        }
+                    }
                     self.pushed.push(Pushed {
                         index: self.next,
-                        flushed_after: false,
                         epoch: self.epoch,
                         fresh,
                     });
@@ -117,9 +177,14 @@ impl Driver {
                     .push_event(gst::event::Segment::new(&gst::FormattedSegment::<
                         gst::ClockTime,
                     >::new()));
-                if let Some(last) = self.pushed.last_mut() {
-                    last.flushed_after = true;
-                }
+                self.flushes.push(Flush {
+                    after: self.pushed.len(),
+                    may_hold_from: self.drained_up_to,
+                    held_from: self
+                        .exact
+                        .then(|| self.held_from.unwrap_or(self.pushed.len())),
+                });
+                self.drained();
                 self.epoch += 1;
                 self.carry_left = 0;
             }
@@ -127,6 +192,9 @@ impl Driver {
                 self.size = SIZES[n];
                 self.h
                     .set_src_caps(rgb_caps(self.size.0 as i32, self.size.1 as i32));
+                // A serialized event: the element runs its partial batch and sends every
+                // frame on before it.
+                self.drained();
             }
         }
         self.pull();
@@ -141,6 +209,13 @@ impl Driver {
 
     /// Sends EOS and checks what came out: every frame once, in order, with its own result,
     /// except frames that a flush dropped while they were held.
+    ///
+    /// A flush drops the frames the element holds (its batcher's, and any that a batch
+    /// timeout or another stream's batch had just released when the flush began): the last
+    /// frames pushed before it, since the last caps change or flush, with at most
+    /// `batch - 1` fresh ones (a batch of `batch` runs in the push that fills it). At batch 1
+    /// every frame is scored in its own push, so nothing is held and nothing lost. Where the
+    /// test knows what the element holds (`exact`), the flush drops exactly those frames.
     fn finish(mut self) -> Result<(), TestCaseError> {
         prop_assert!(self.h.push_event(gst::event::Eos::new()));
         self.pull();
@@ -155,26 +230,74 @@ impl Driver {
             indices
         );
 
-        // A frame missing from the output must have been held when a flush came: every frame
-        // from it up to the flush is missing too.
+        // A frame missing from the output must have been held when a flush came: the frames
+        // lost before a flush are the last ones pushed before it, as many as it may drop.
         let mut came_out = indices.iter().peekable();
-        let mut dropped_run = false;
-        for p in pushed {
-            if came_out.peek() == Some(&&p.index) {
-                came_out.next();
-                prop_assert!(
-                    !dropped_run,
-                    "frame {} came out after an earlier frame was lost",
-                    p.index
+        let lost: Vec<bool> = pushed
+            .iter()
+            .map(|p| {
+                let out = came_out.peek() == Some(&&p.index);
+                if out {
+                    came_out.next();
+                }
+                !out
+            })
+            .collect();
+        let mut start = 0;
+        for flush in &self.flushes {
+            let before = &lost[start..flush.after];
+            // The frames lost before this flush: from the first lost to the flush, all lost.
+            let first = before
+                .iter()
+                .position(|&l| l)
+                .map_or(flush.after, |i| start + i);
+            if let Some(out) = (first..flush.after).find(|&i| !lost[i]) {
+                return Err(TestCaseError::fail(format!(
+                    "frame {out} came out after an earlier frame ({first}) was lost"
+                )));
+            }
+            let dropped = flush.after - first;
+            let fresh = pushed[first..flush.after]
+                .iter()
+                .filter(|p| p.fresh)
+                .count();
+            prop_assert!(
+                self.batch > 1 || dropped == 0,
+                "batch 1: a flush lost {} frames from frame {}; none is ever held",
+                dropped,
+                first
+            );
+            prop_assert!(
+                first >= flush.may_hold_from,
+                "a flush lost frame {}, pushed before the caps change or flush at frame {}, which sent everything on",
+                first,
+                flush.may_hold_from
+            );
+            prop_assert!(
+                fresh < self.batch as usize,
+                "a flush lost {} fresh frames from frame {}; a batch of {} runs when it fills",
+                fresh,
+                first,
+                self.batch
+            );
+            if let Some(held_from) = flush.held_from {
+                prop_assert_eq!(
+                    first,
+                    held_from,
+                    "a flush after {} frames lost frames from {}, but the element held them from {}",
+                    flush.after,
+                    first,
+                    held_from
                 );
-            } else {
-                dropped_run = true;
             }
-            if p.flushed_after {
-                dropped_run = false;
-            }
+            start = flush.after;
         }
-        prop_assert!(!dropped_run, "frames lost at the end without a flush");
+        if let Some(first) = lost[start..].iter().position(|&l| l) {
+            return Err(TestCaseError::fail(format!(
+                "frame {} lost with no flush after it",
+                start + first
+            )));
+        }
 
         // Each frame carries its own result; carried ones that of the last fresh frame out
         // since the last flush.
@@ -245,13 +368,15 @@ fn shared_scenario() -> impl Strategy<Value = (u32, Vec<StreamPlan>, Vec<(usize,
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(500), ..ProptestConfig::default() })]
 
     #[test]
     fn every_frame_leaves_once_in_order_with_its_result((batch, timeout, interval, ops) in scenario()) {
         let mut d = Driver::new(
-            &format!("batch-size={batch} batch-timeout={timeout} model-instance-id={}", instance_id()),
+            &format!("batch-timeout={timeout} model-instance-id={}", instance_id()),
+            batch,
             interval,
+            timeout < 0,
         );
         for op in &ops {
             d.apply(op)?;
@@ -261,7 +386,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(200), ..ProptestConfig::default() })]
 
     /// Several elements share one engine (same settings, same `model-instance-id`), each with
     /// its own timeout, interval, flushes, caps changes and EOS, some stopping in the middle:
@@ -272,9 +397,12 @@ proptest! {
         let mut streams: Vec<Option<Driver>> = plans
             .iter()
             .map(|p| {
+                // Other streams' batches run this stream's frames when they fill.
                 Some(Driver::new(
-                    &format!("batch-size={batch} batch-timeout={} model-instance-id={id}", p.timeout),
+                    &format!("batch-timeout={} model-instance-id={id}", p.timeout),
+                    batch,
                     p.interval,
+                    false,
                 ))
             })
             .collect();

@@ -17,7 +17,8 @@
 # another phase of the frame period; the time in
 # trtclassify is then what a CCTV user sees, where without it every stream decodes as fast as
 # it can and frames queue for the saturated GPU).
-# Logs go to $GPU_OUT (or /tmp/gpu-out); rows are appended to streams.md there.
+# Logs go to $GPU_OUT (or /tmp/gpu-out); rows are appended to streams.md there. Exits 1 if
+# any pipeline failed (its row's exit column says which), after running them all.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${GPU_OUT:-/tmp/gpu-out}
@@ -31,6 +32,7 @@ timeout=${TIMEOUT:-50}
 pace=""
 mode=$1
 shift
+status=0
 
 element() { # MODEL [INSTANCE]
   local engine=/tmp/engines/$1-b$batch.engine
@@ -69,6 +71,7 @@ for n in "$@"; do
   GST_DEBUG="trtclassify:4${GST_DEBUG:+,$GST_DEBUG}" GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e $branches \
     >"$out/run-$name.txt" 2>"$out/run-$name.log"
   rc=$?
+  [ "$rc" -eq 0 ] || status=1
   cpu_after=$(head -1 /proc/stat)
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null
@@ -76,3 +79,4 @@ for n in "$@"; do
     --idle-mib "$idle" --rc "$rc" --launch "$out/run-$name.txt" --log "$out/run-$name.log" \
     --smi "$out/smi-$name.csv" --cpu "$cpu_before" "$cpu_after" | tee -a "$out/streams.md"
 done
+exit $status

@@ -155,6 +155,18 @@ pub struct ModelInfo {
     /// copy of this info, and set before those scores leave the engine, so that the element
     /// can name the node in its warning.
     pub non_finite: std::sync::Arc<std::sync::OnceLock<String>>,
+    /// The engine file this engine was loaded from or saved to (GPU backends); `None` for
+    /// engines that keep none (the CPU backend).
+    pub engine_file: Option<EngineFileUse>,
+}
+
+/// How an engine used its engine file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineFileUse {
+    /// The file.
+    pub path: PathBuf,
+    /// Whether the engine came from it (a cache hit), rather than being built (and saved).
+    pub loaded: bool,
 }
 
 /// A video frame whose planes are in GPU memory (GStreamer's CUDA memory), mapped as device
@@ -246,6 +258,14 @@ pub trait Engine: Send {
     /// Forgets the frames pushed since the last `run_pushed` (a flush dropped them).
     fn discard(&mut self);
 
+    /// How many items pushed since the last `run_pushed` or `discard` the engine holds (their
+    /// input, or their scores where their model batch has run). A push refused for its own
+    /// frame (one it cannot read or preprocess) leaves this as it was: the items pushed
+    /// before it, of other streams too, are kept. A failure that loses them (a model batch
+    /// that failed inside the push) leaves it lower, so that a shared engine can tell the two
+    /// apart.
+    fn pending(&self) -> usize;
+
     /// Pushes and runs `frames`.
     fn classify(
         &mut self,
@@ -294,6 +314,16 @@ impl Ran {
 
     pub(crate) fn clear(&mut self) {
         self.0.clear();
+    }
+
+    /// How many scores are kept.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Keeps the first `n` scores only (a push refused part-way forgets its own items).
+    pub(crate) fn truncate(&mut self, n: usize) {
+        self.0.truncate(n);
     }
 }
 

@@ -1,33 +1,52 @@
 // SPDX-License-Identifier: MPL-2.0
 //! One stream's frames from arrival to departure: which are inferred (`interval`), which
 //! still wait for their scores (one score vector per item: the whole frame and/or each of its
-//! regions), when the oldest has waited `batch-timeout`, and which may
-//! leave, in arrival order. No GStreamer element in here: the element admits frames, hands
-//! in the scores its engine returns, and sends on what `release` gives back.
+//! regions), when the oldest has waited `batch-timeout`, which a live source's deadline gave
+//! up on, and which may leave, in arrival order. No GStreamer element in here: the element
+//! admits frames, hands in the scores its engine returns, and sends on what `release` gives
+//! back.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+/// Why a frame leaves without scores of its own, carrying the last result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unscored {
+    /// Not its turn (`interval`).
+    Carried,
+    /// The engine could not classify it by its deadline (a live source, overloaded).
+    Late,
+    /// Downstream said it was late already (QoS).
+    Qos,
+}
 
 /// A frame held until its scores arrive and every frame before it has left.
 struct Held<F> {
     frame: F,
     number: u64,
-    /// Inferred (true), or carrying the last result (`interval`).
-    fresh: bool,
+    /// `None`: inferred; otherwise why it carries the last result.
+    unscored: Option<Unscored>,
     /// A fresh frame's scores, one vector per item, as its items' batches run.
     scores: Vec<Vec<f32>>,
     /// How many of its items still wait for their scores.
     waiting: usize,
     arrived: Instant,
+    /// When it was due (a live source): how late it leaves is measured from there.
+    due: Option<Instant>,
+    /// When it leaves, scored or not (a live source's deadline); `None`: when scored.
+    leave_by: Option<Instant>,
 }
 
 /// A frame that may leave: its number in the stream, its items' scores if it was inferred
-/// (`None`: it carries the previous result), and when it arrived.
+/// (`None`: it carries the previous result, for the reason in `unscored`), and when it
+/// arrived.
 pub(crate) struct Released<F> {
     pub(crate) frame: F,
     pub(crate) number: u64,
     pub(crate) scores: Option<Vec<Vec<f32>>>,
+    pub(crate) unscored: Option<Unscored>,
     pub(crate) arrived: Instant,
+    pub(crate) due: Option<Instant>,
 }
 
 /// One stream's held frames, in arrival order (see the module's documentation).
@@ -65,26 +84,84 @@ impl<F> Batcher<F> {
     }
 
     /// Holds the next frame, which came into the element at `arrived` (before it waited to
-    /// be pushed into the engine); one in every `interval` is fresh (see `next_is_fresh`),
-    /// and a fresh frame waits for the scores of its `items` (a fresh frame of none, such as
-    /// one without regions to classify, leaves as soon as the frames before it).
-    pub(crate) fn admit(&mut self, frame: F, interval: u32, arrived: Instant, items: usize) {
+    /// be pushed into the engine), due at `due` (a live source); one in every `interval` is
+    /// fresh (see `next_is_fresh`), and a fresh frame waits for the scores of its `items` (a
+    /// fresh frame of none, such as one without regions to classify, leaves as soon as the
+    /// frames before it), until `leave_by` at the latest (see `expire`).
+    pub(crate) fn admit(
+        &mut self,
+        frame: F,
+        interval: u32,
+        (arrived, due): (Instant, Option<Instant>),
+        items: usize,
+        leave_by: Option<Instant>,
+    ) {
         let fresh = self.next_is_fresh();
         let items = if fresh { items } else { 0 };
         self.carry_left = match fresh {
             true => interval.max(1) - 1,
             false => self.carry_left - 1,
         };
-        self.held.push_back(Held {
+        self.push(Held {
             frame,
             number: self.next_number,
-            fresh,
+            unscored: (!fresh).then_some(Unscored::Carried),
             scores: Vec::with_capacity(items),
             waiting: items,
             arrived,
+            due,
+            leave_by,
         });
+    }
+
+    /// Holds the next frame, whose turn it was to be inferred, as one that carries the last
+    /// result (`why`); the frame after it is inferred in its place.
+    pub(crate) fn skip(
+        &mut self,
+        frame: F,
+        (arrived, due): (Instant, Option<Instant>),
+        why: Unscored,
+    ) {
+        self.push(Held {
+            frame,
+            number: self.next_number,
+            unscored: Some(why),
+            scores: Vec::new(),
+            waiting: 0,
+            arrived,
+            due,
+            leave_by: None,
+        });
+    }
+
+    fn push(&mut self, held: Held<F>) {
+        self.unscored += held.waiting;
         self.next_number += 1;
-        self.unscored += items;
+        self.held.push_back(held);
+    }
+
+    /// Gives up on the frames, oldest first, still waiting for scores at their `leave_by`
+    /// (`now` or before): they leave in their turn carrying the last result (`Late`).
+    /// Returns how many items they were still waiting for: the next scores of this stream,
+    /// which the element must drop.
+    pub(crate) fn expire(&mut self, now: Instant) -> usize {
+        let mut abandoned = 0;
+        for held in self.held.iter_mut().filter(|h| h.waiting > 0) {
+            if held.leave_by.is_none_or(|t| t > now) {
+                break;
+            }
+            abandoned += held.waiting;
+            held.waiting = 0;
+            held.scores.clear();
+            held.unscored = Some(Unscored::Late);
+        }
+        self.unscored -= abandoned;
+        abandoned
+    }
+
+    /// When the oldest frame still waiting for its scores is given up (see `expire`).
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+        self.held.iter().find(|h| h.waiting > 0)?.leave_by
     }
 
     /// Gives the oldest item still waiting its scores; `Err` when none waits (the engine
@@ -110,8 +187,10 @@ impl<F> Batcher<F> {
             out.push(Released {
                 frame: held.frame,
                 number: held.number,
-                scores: held.fresh.then_some(held.scores),
+                scores: held.unscored.is_none().then_some(held.scores),
+                unscored: held.unscored,
                 arrived: held.arrived,
+                due: held.due,
             });
         }
         out
@@ -175,7 +254,7 @@ mod tests {
             .chars()
             .map(|c| {
                 let fresh = b.next_is_fresh();
-                b.admit(c, 3, Instant::now(), 1);
+                b.admit(c, 3, (Instant::now(), None), 1, None);
                 fresh
             })
             .collect();
@@ -207,7 +286,7 @@ mod tests {
     fn scores_go_to_the_oldest_waiting_frame() {
         let mut b = Batcher::default();
         for c in "xyz".chars() {
-            b.admit(c, 1, Instant::now(), 1);
+            b.admit(c, 1, (Instant::now(), None), 1, None);
         }
         for s in [10.0, 11.0, 12.0] {
             b.score(vec![s]).unwrap();
@@ -223,9 +302,9 @@ mod tests {
     #[test]
     fn a_frame_waits_for_every_item_and_one_of_none_leaves_in_its_turn() {
         let mut b = Batcher::default();
-        b.admit('a', 1, Instant::now(), 2);
-        b.admit('b', 1, Instant::now(), 0);
-        b.admit('c', 1, Instant::now(), 1);
+        b.admit('a', 1, (Instant::now(), None), 2, None);
+        b.admit('b', 1, (Instant::now(), None), 0, None);
+        b.admit('c', 1, (Instant::now(), None), 1, None);
         assert_eq!(b.unscored(), 3);
         assert!(
             b.release().is_empty(),
@@ -250,8 +329,8 @@ mod tests {
         let mut b = Batcher::default();
         assert_eq!(b.deadline(Some(Duration::from_millis(50))), None);
         let first = Instant::now();
-        b.admit('a', 1, first, 1);
-        b.admit('b', 1, first + Duration::from_millis(2), 1);
+        b.admit('a', 1, (first, None), 1, None);
+        b.admit('b', 1, (first + Duration::from_millis(2), None), 1, None);
         let timeout = Some(Duration::from_millis(50));
         assert_eq!(b.deadline(timeout), Some(first + Duration::from_millis(50)));
         assert_eq!(b.deadline(None), None, "no timeout, no deadline");
@@ -264,7 +343,7 @@ mod tests {
     fn a_flush_drops_held_frames_and_numbering_goes_on_until_a_restart() {
         let mut b = Batcher::default();
         for c in "abcd".chars() {
-            b.admit(c, 2, Instant::now(), 1);
+            b.admit(c, 2, (Instant::now(), None), 1, None);
         }
         assert_eq!(b.held_range(), Some((0, 3)));
         b.flush();
@@ -273,10 +352,48 @@ mod tests {
             b.next_is_fresh(),
             "after a flush the next frame is inferred"
         );
-        b.admit('e', 2, Instant::now(), 1);
+        b.admit('e', 2, (Instant::now(), None), 1, None);
         assert_eq!(b.held_range(), Some((4, 4)));
         b.restart();
         assert_eq!(b.next_number(), 0);
         assert!(b.next_is_fresh());
+    }
+
+    #[test]
+    fn frames_past_their_deadline_leave_unscored_in_their_turn_and_a_skip_keeps_the_turn() {
+        let mut b = Batcher::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        b.admit('a', 2, (t0, None), 2, Some(t0 + ms(100)));
+        b.admit('b', 2, (t0, None), 1, None);
+        b.skip('c', (t0, None), Unscored::Qos);
+        assert!(b.next_is_fresh(), "a skipped frame keeps the turn");
+        b.admit('d', 2, (t0, None), 1, Some(t0 + ms(300)));
+        assert_eq!(b.unscored(), 3);
+        b.score(vec![1.0]).unwrap();
+        assert_eq!(b.next_expiry(), Some(t0 + ms(100)));
+        assert_eq!(b.expire(t0 + ms(99)), 0, "not yet");
+        // 'a' had one of its two items scored: one item is given up.
+        assert_eq!(b.expire(t0 + ms(100)), 1);
+        assert_eq!(b.next_expiry(), Some(t0 + ms(300)));
+        let out = b.release();
+        let got: Vec<_> = out.iter().map(|r| (r.frame, r.unscored)).collect();
+        assert_eq!(
+            got,
+            [
+                ('a', Some(Unscored::Late)),
+                ('b', Some(Unscored::Carried)),
+                ('c', Some(Unscored::Qos))
+            ]
+        );
+        assert!(out.iter().all(|r| r.scores.is_none()));
+        // The next scores are 'd's.
+        b.score(vec![4.0]).unwrap();
+        let d = b.release();
+        assert_eq!(
+            (d[0].frame, d[0].scores.clone()),
+            ('d', Some(vec![vec![4.0]]))
+        );
+        assert_eq!((b.unscored(), b.len()), (0, 0));
     }
 }

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The `trtclassify` element: holds frames until a batch is full (or `batch-timeout` passes,
 //! or a serialized event arrives), classifies the batch, attaches the results and sends the
-//! frames on, in order.
+//! frames on, in order. Frames of a live source that the engine cannot take in time leave
+//! unclassified instead (`overload`); engine-shaping properties set while running switch to
+//! a new engine between batches (`joining`).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
 use gst::glib;
@@ -16,27 +18,28 @@ use gst_base::prelude::*;
 use gst_base::subclass::base_transform::GenerateOutputSuccess;
 use gst_base::subclass::prelude::*;
 
-use super::batcher::Released;
+use super::batcher::{Released, Unscored};
+use super::joining::Updates;
 use super::latency;
+use super::overload::{self, Qos, Upstream};
 use super::settings::{
     DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_CHANNEL_ORDER,
-    DEFAULT_GPU_ID, DEFAULT_INTERVAL, DEFAULT_PRECISION, DEFAULT_RESIZE_MODE, DEFAULT_ROI,
-    DEFAULT_SCALE, DEFAULT_SOFTMAX, DEFAULT_THRESHOLD, DEFAULT_TOP_K, MAX_BATCH_SIZE, Settings,
-    Tunables,
+    DEFAULT_GPU_ID, DEFAULT_INTERVAL, DEFAULT_MAX_LATENESS_MS, DEFAULT_PRECISION,
+    DEFAULT_RESIZE_MODE, DEFAULT_ROI, DEFAULT_SCALE, DEFAULT_SOFTMAX, DEFAULT_THRESHOLD,
+    DEFAULT_TOP_K, MAX_BATCH_SIZE, Settings, Tunables,
 };
 use super::state::{Held, Outputs, State};
-use super::timer::BatchTimer;
+use super::stats::Stats;
 use crate::cudamem;
-use crate::engine::{self, Backend, EngineError, ModelError, ModelInfo, Precision};
-use crate::instance::{self, InstanceKey, Joined};
-use crate::outputs::labels::Labels;
+use crate::engine::{self, Backend, ModelInfo, Precision};
+use crate::instance::Pushed;
 use crate::outputs::meta::{ClassEntry, Classification, RegionResult};
 use crate::outputs::postprocess;
 use crate::outputs::results::ResultsWriter;
 use crate::preprocess::Crop;
 use crate::regions;
 
-static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+pub(super) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     gst::DebugCategory::new(
         "trtclassify",
         gst::DebugColorFlags::empty(),
@@ -47,20 +50,31 @@ static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
 /// Whether the element reads frames in CUDA memory where they are: not known before
 /// `start()` (then: whether it could), known once the engine is there.
 const DEVICE_FRAMES_UNKNOWN: u8 = 0;
-const DEVICE_FRAMES_YES: u8 = 1;
-const DEVICE_FRAMES_NO: u8 = 2;
+pub(super) const DEVICE_FRAMES_YES: u8 = 1;
+pub(super) const DEVICE_FRAMES_NO: u8 = 2;
 
 /// The element's implementation: its settings, and its state while started.
 #[derive(Default)]
 pub struct TrtClassify {
-    settings: Mutex<Settings>,
-    state: Mutex<Option<State>>,
+    pub(super) settings: Mutex<Settings>,
+    pub(super) state: Mutex<Option<State>>,
+    /// Whether the element is started: read where `state`, which is held during inference,
+    /// would make the caller wait.
+    running: AtomicBool,
     /// Kept apart from `state`, which is held during inference, so that queries never wait.
     framerate: Mutex<Option<gst::Fraction>>,
-    num_classes: AtomicU32,
-    device_frames: AtomicU8,
+    pub(super) num_classes: AtomicU32,
+    pub(super) device_frames: AtomicU8,
     /// The CUDA context shared with CUDA elements (decoders, converters) of the pipeline.
     cuda_context: Mutex<Option<cudamem::Context>>,
+    /// What the latency query upstream said (`None`: not asked since the caps).
+    upstream: Mutex<Option<Upstream>>,
+    /// Downstream's QoS reports.
+    qos: Mutex<Qos>,
+    /// What the element has done since it started (the `stats` property).
+    pub(super) stats: Mutex<Stats>,
+    /// Live updates in flight.
+    pub(super) updates: Mutex<Updates>,
 }
 
 #[glib::object_subclass]
@@ -71,6 +85,13 @@ impl ObjectSubclass for TrtClassify {
 }
 
 impl ObjectImpl for TrtClassify {
+    fn constructed(&self) {
+        self.parent_constructed();
+        // Downstream's QoS reports are read (for live sources, see `overload`), as GStreamer's
+        // video filters do.
+        self.obj().set_qos(true);
+    }
+
     fn properties() -> &'static [glib::ParamSpec] {
         static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
             let float_array = |name: &str, nick: &str, blurb: &str| {
@@ -78,51 +99,55 @@ impl ObjectImpl for TrtClassify {
                     .nick(nick)
                     .blurb(blurb)
                     .element_spec(&glib::ParamSpecDouble::builder("value").build())
-                    .mutable_ready()
+                    .mutable_playing()
                     .build()
             };
             vec![
                 glib::ParamSpecString::builder("onnx-location")
                     .nick("ONNX location")
-                    .blurb("Path of the ONNX image classifier (one float32 input, NCHW or NHWC)")
-                    .mutable_ready()
+                    .blurb("Path of the ONNX image classifier (one float32 input, NCHW or NHWC). \
+                            Set while running (this or any property that shapes the engine), \
+                            the new engine is built in the background while the old one goes \
+                            on, and frames switch to it between batches; set to the same path \
+                            again, a model file replaced on disk is loaded")
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecString::builder("labels-location")
                     .nick("Labels location")
                     .blurb("Text file with one class label per line (line N names class N); without it, class numbers are the labels")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecString::builder("results-location")
                     .nick("Results location")
                     .blurb("File that one JSON object per frame is appended to, one per line (\"-\" for standard output)")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecString::builder("engine-location")
                     .nick("Engine location")
                     .blurb("File the built GPU engine is saved to and loaded from when it matches the model, GPU, libraries, precision and batch size (otherwise rebuilt and rewritten); default: a file in the per-user cache folder ($XDG_CACHE_HOME/trtclassify)")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecString::builder("model-instance-id")
                     .nick("Model instance id")
                     .blurb("Elements of a process with the same engine settings and the same id share one engine and fill its batches together; default (unset): shared by all elements with the same settings. Give an element an id of its own for an engine of its own")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("backend", DEFAULT_BACKEND)
                     .nick("Backend")
                     .blurb("Inference backend; one that is not built in or not usable fails at start")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("precision", DEFAULT_PRECISION)
                     .nick("Precision")
                     .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32)")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("gpu-id")
                     .nick("GPU id")
                     .blurb("Index of the GPU that GPU backends run on")
                     .maximum(63)
                     .default_value(DEFAULT_GPU_ID)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("threads")
                     .nick("Threads")
@@ -132,7 +157,7 @@ impl ObjectImpl for TrtClassify {
                             once, or one frame's layers in parallel")
                     .maximum(1024)
                     .default_value(0)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("batch-size")
                     .nick("Batch size")
@@ -143,7 +168,7 @@ impl ObjectImpl for TrtClassify {
                     .minimum(1)
                     .maximum(MAX_BATCH_SIZE)
                     .default_value(DEFAULT_BATCH_SIZE)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecInt::builder("batch-timeout")
                     .nick("Batch timeout")
@@ -151,6 +176,21 @@ impl ObjectImpl for TrtClassify {
                     .minimum(-1)
                     .maximum(60_000)
                     .default_value(DEFAULT_BATCH_TIMEOUT_MS)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecInt::builder("max-lateness")
+                    .nick("Maximum lateness")
+                    .blurb("With a live source: milliseconds past its due time (its running time \
+                            plus the latency upstream), less the time of a batch, by which the \
+                            engine must take a frame; a frame it cannot take (more frames than \
+                            it can classify), or that downstream's QoS says is late, is passed \
+                            on with the last result, not fresh, so the pipeline stays real \
+                            time; a frame taken leaves once its batch has run. 0: batch-timeout \
+                            plus the time of one batch; -1: never, every frame waits for its \
+                            result (back-pressure, as for sources that are not live)")
+                    .minimum(-1)
+                    .maximum(60_000)
+                    .default_value(DEFAULT_MAX_LATENESS_MS)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("top-k")
@@ -172,7 +212,7 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecEnum::builder_with_default("softmax", DEFAULT_SOFTMAX)
                     .nick("Softmax")
                     .blurb("Turn the model's scores into probabilities")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecDouble::builder("scale")
                     .nick("Scale")
@@ -180,7 +220,7 @@ impl ObjectImpl for TrtClassify {
                     .minimum(1.0e-9)
                     .maximum(1.0e6)
                     .default_value(DEFAULT_SCALE)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 float_array(
                     "mean",
@@ -195,24 +235,24 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecEnum::builder_with_default("channel-order", DEFAULT_CHANNEL_ORDER)
                     .nick("Channel order")
                     .blurb("Order of the colour channels the model expects")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("resize-mode", DEFAULT_RESIZE_MODE)
                     .nick("Resize mode")
                     .blurb("How frames are fitted to the model's input size")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("input-width")
                     .nick("Input width")
                     .blurb("Model input width for models whose width is dynamic (0: from the model)")
                     .maximum(8192)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("input-height")
                     .nick("Input height")
                     .blurb("Model input height for models whose height is dynamic (0: from the model)")
                     .maximum(8192)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("interval")
                     .nick("Interval")
@@ -225,28 +265,43 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecEnum::builder_with_default("roi", DEFAULT_ROI)
                     .nick("Regions of interest")
                     .blurb("What is classified: the whole frame, the regions of interest that a detector upstream attached (GstVideoRegionOfInterestMeta, and in builds with the analytics feature GstAnalyticsODMtd; each region's result is added to its meta as a \"classification\" param structure, or as a GstAnalyticsClsMtd related to the detection, and listed in the frame's meta), or both. Carried frames (interval) carry the whole-frame result only")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecString::builder("roi-types")
                     .nick("Region types")
                     .blurb("Comma-separated region types (the ROI meta's roi_type, a detector's label) to classify, e.g. \"car,truck\"; unset or empty: every type")
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("roi-min-width")
                     .nick("Region minimum width")
                     .blurb("Regions narrower than this many pixels (after clipping to the frame) are not classified")
                     .maximum(65_535)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("roi-min-height")
                     .nick("Region minimum height")
                     .blurb("Regions lower than this many pixels (after clipping to the frame) are not classified")
                     .maximum(65_535)
-                    .mutable_ready()
+                    .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("num-classes")
                     .nick("Number of classes")
                     .blurb("Classes the loaded model scores (0 until the element has started)")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
+                    .nick("Statistics")
+                    .blurb("What the element did since it started, as an \
+                            application/x-trtclassify-stats structure: frames-in, frames-out, \
+                            classified, carried (interval), unclassified-late and \
+                            unclassified-qos (passed on by the overload policy), latency-p50, \
+                            latency-p99 and latency-max (time in the element, ns), \
+                            lateness-p50, lateness-p99 and lateness-max (with a live source: \
+                            how long after it was due a frame left, ns), batches, \
+                            mean-batch-fill (0 to 1), batch-time (ns), streams (sharing the \
+                            engine), engine-rebuilds, engine-failures, model-updates, model, \
+                            backend, precision, engine (built, loaded or shared), \
+                            engine-ready-time (ns), engine-file")
                     .read_only()
                     .build(),
             ]
@@ -256,21 +311,56 @@ impl ObjectImpl for TrtClassify {
 
     fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
         let name = pspec.name();
-        // What makes the engine, the labels and the outputs is read at start: a change while
-        // running would not apply, and would describe something other than what runs.
-        if pspec.flags().contains(gst::PARAM_FLAG_MUTABLE_READY)
-            && self.state.lock().unwrap().is_some()
-        {
-            gst::element_imp_warning!(
-                self,
-                gst::LibraryError::Settings,
-                [
-                    "{} cannot change while the element is running (PAUSED or PLAYING): set it in the NULL or READY state; the change is ignored",
-                    name
-                ]
-            );
-            return;
+        self.store_property(name, value);
+        // What makes the engine, the labels and the outputs is read when the engine is made:
+        // while running, a change makes it again (a live update).
+        if self.running.load(Ordering::SeqCst) && !Tunables::is_tunable(name) {
+            self.schedule_update(name);
         }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        let settings = self.settings.lock().unwrap();
+        let array = |values: &[f64]| gst::Array::new(values.iter().copied()).to_value();
+        match pspec.name() {
+            "onnx-location" => settings.onnx_location.to_value(),
+            "labels-location" => settings.labels_location.to_value(),
+            "engine-location" => settings.engine_location.to_value(),
+            "model-instance-id" => settings.model_instance_id.to_value(),
+            "results-location" => settings.results_location.to_value(),
+            "backend" => settings.backend.to_value(),
+            "precision" => settings.precision.to_value(),
+            "gpu-id" => settings.gpu_id.to_value(),
+            "threads" => settings.threads.to_value(),
+            "batch-size" => settings.batch_size.to_value(),
+            "batch-timeout" => settings.tunables.batch_timeout_ms.to_value(),
+            "max-lateness" => settings.tunables.max_lateness_ms.to_value(),
+            "top-k" => settings.tunables.top_k.to_value(),
+            "threshold" => settings.tunables.threshold.to_value(),
+            "softmax" => settings.softmax.to_value(),
+            "scale" => settings.scale.to_value(),
+            "mean" => array(&settings.mean),
+            "std" => array(&settings.std),
+            "channel-order" => settings.channel_order.to_value(),
+            "resize-mode" => settings.resize_mode.to_value(),
+            "input-width" => settings.input_width.to_value(),
+            "input-height" => settings.input_height.to_value(),
+            "interval" => settings.tunables.interval.to_value(),
+            "roi" => settings.roi.to_value(),
+            "roi-types" => settings.roi_types().to_value(),
+            "roi-min-width" => settings.roi_filter.min_width.to_value(),
+            "roi-min-height" => settings.roi_filter.min_height.to_value(),
+            "num-classes" => self.num_classes.load(Ordering::Relaxed).to_value(),
+            "stats" => self.stats.lock().unwrap().to_structure().to_value(),
+            _ => unimplemented!(),
+        }
+    }
+}
+
+// Property values, stored.
+impl TrtClassify {
+    /// Stores a property's value in the settings.
+    fn store_property(&self, name: &str, value: &glib::Value) {
         let mut settings = self.settings.lock().unwrap();
         match name {
             "onnx-location" => settings.onnx_location = value.get().expect("type checked upstream"),
@@ -293,6 +383,9 @@ impl ObjectImpl for TrtClassify {
             "batch-size" => settings.batch_size = value.get().expect("type checked upstream"),
             "batch-timeout" => {
                 settings.tunables.batch_timeout_ms = value.get().expect("type checked upstream")
+            }
+            "max-lateness" => {
+                settings.tunables.max_lateness_ms = value.get().expect("type checked upstream")
             }
             "top-k" => settings.tunables.top_k = value.get().expect("type checked upstream"),
             "threshold" => {
@@ -322,41 +415,6 @@ impl ObjectImpl for TrtClassify {
             "roi-min-height" => {
                 settings.roi_filter.min_height = value.get().expect("type checked upstream")
             }
-            _ => unimplemented!(),
-        }
-    }
-
-    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
-        let settings = self.settings.lock().unwrap();
-        let array = |values: &[f64]| gst::Array::new(values.iter().copied()).to_value();
-        match pspec.name() {
-            "onnx-location" => settings.onnx_location.to_value(),
-            "labels-location" => settings.labels_location.to_value(),
-            "engine-location" => settings.engine_location.to_value(),
-            "model-instance-id" => settings.model_instance_id.to_value(),
-            "results-location" => settings.results_location.to_value(),
-            "backend" => settings.backend.to_value(),
-            "precision" => settings.precision.to_value(),
-            "gpu-id" => settings.gpu_id.to_value(),
-            "threads" => settings.threads.to_value(),
-            "batch-size" => settings.batch_size.to_value(),
-            "batch-timeout" => settings.tunables.batch_timeout_ms.to_value(),
-            "top-k" => settings.tunables.top_k.to_value(),
-            "threshold" => settings.tunables.threshold.to_value(),
-            "softmax" => settings.softmax.to_value(),
-            "scale" => settings.scale.to_value(),
-            "mean" => array(&settings.mean),
-            "std" => array(&settings.std),
-            "channel-order" => settings.channel_order.to_value(),
-            "resize-mode" => settings.resize_mode.to_value(),
-            "input-width" => settings.input_width.to_value(),
-            "input-height" => settings.input_height.to_value(),
-            "interval" => settings.tunables.interval.to_value(),
-            "roi" => settings.roi.to_value(),
-            "roi-types" => settings.roi_types().to_value(),
-            "roi-min-width" => settings.roi_filter.min_width.to_value(),
-            "roi-min-height" => settings.roi_filter.min_height.to_value(),
-            "num-classes" => self.num_classes.load(Ordering::Relaxed).to_value(),
             _ => unimplemented!(),
         }
     }
@@ -506,6 +564,7 @@ impl BaseTransformImpl for TrtClassify {
 
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let result = self.start_engine();
+        self.running.store(result.is_ok(), Ordering::SeqCst);
         let (kind, text) = match &result {
             Ok(()) => (gst::ProgressType::Complete, "engine ready"),
             Err(_) => (gst::ProgressType::Error, "engine build failed"),
@@ -515,10 +574,15 @@ impl BaseTransformImpl for TrtClassify {
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        self.running.store(false, Ordering::SeqCst);
+        self.forget_updates();
+        *self.upstream.lock().unwrap() = None;
+        self.qos.lock().unwrap().reset();
         // Dropping the state leaves the shared engine, stops the timer thread and releases
         // held frames.
         if let Some(state) = self.state.lock().unwrap().take() {
-            let (l, steady) = (&state.queue.latency.all, &state.queue.latency.steady);
+            let stats = self.stats.lock().unwrap();
+            let (l, steady) = (&stats.latency.all, &stats.latency.steady);
             gst::info!(
                 CAT,
                 imp = self,
@@ -536,6 +600,20 @@ impl BaseTransformImpl for TrtClassify {
                 steady.slowest(),
                 state.stream.longest_wait()
             );
+            if stats.lateness.all.frames() > 0 {
+                let (classified, late, qos) = stats.outcomes();
+                let late_by = &stats.lateness.all;
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "live: {} frames, {classified} classified, {late} unclassified late, {qos} unclassified qos; left after they were due: p50 {:.2?}, p99 {:.2?}, max {:.2?}",
+                    late_by.frames(),
+                    late_by.quantile(0.5),
+                    late_by.quantile(0.99),
+                    late_by.max()
+                );
+            }
+            drop(stats);
             if state.outputs.non_finite > 0 {
                 gst::warning!(
                     CAT,
@@ -586,6 +664,8 @@ impl BaseTransformImpl for TrtClassify {
             info.height()
         );
         *self.framerate.lock().unwrap() = Some(info.fps()).filter(|f| f.numer() > 0);
+        // Another stream, perhaps from another source: whether it is live is asked again.
+        *self.upstream.lock().unwrap() = None;
         if let Some(state) = self.state.lock().unwrap().as_mut() {
             state.input.info = Some(info);
         }
@@ -605,6 +685,7 @@ impl BaseTransformImpl for TrtClassify {
                     state.queue.flush();
                     state.stream.flush();
                     state.failure = Default::default();
+                    self.qos.lock().unwrap().reset();
                     // After a seek, a result from before it describes another picture.
                     state.outputs.last.clear();
                 }
@@ -612,7 +693,16 @@ impl BaseTransformImpl for TrtClassify {
             // Held frames go out before any serialized event (caps, segment, EOS, ...) so that
             // frames and events keep their order downstream.
             _ if event.is_serialized() => {
-                if let Err(err) = self.finish_batch(true) {
+                let started = Instant::now();
+                let finished = self.finish_batch(true);
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "held frames out before {:?} in {:.1?}",
+                    event.type_(),
+                    started.elapsed()
+                );
+                if let Err(err) = finished {
                     gst::debug!(
                         CAT,
                         imp = self,
@@ -626,6 +716,10 @@ impl BaseTransformImpl for TrtClassify {
                 {
                     state.queue.batcher.restart();
                     state.outputs.last.clear();
+                }
+                if let gst::EventView::Segment(_) = event.view() {
+                    // QoS reports are in the old segment's running time.
+                    self.qos.lock().unwrap().reset();
                 }
             }
             _ => (),
@@ -657,6 +751,7 @@ impl BaseTransformImpl for TrtClassify {
                 return false;
             }
             let (live, min, max) = q.result();
+            *self.upstream.lock().unwrap() = Some(Upstream { live, latency: min });
             let framerate = *self.framerate.lock().unwrap();
             let added = self.settings.lock().unwrap().added_latency(framerate);
             gst::debug!(CAT, imp = self, "adding {added} of latency");
@@ -664,6 +759,18 @@ impl BaseTransformImpl for TrtClassify {
             return true;
         }
         BaseTransformImplExt::parent_query(self, direction, query)
+    }
+
+    fn src_event(&self, event: gst::Event) -> bool {
+        if let gst::EventView::Qos(qos) = event.view()
+            && self.obj().is_qos()
+        {
+            let (_, proportion, diff, timestamp) = qos.get();
+            if let Some(timestamp) = timestamp {
+                self.qos.lock().unwrap().update(proportion, diff, timestamp);
+            }
+        }
+        self.parent_src_event(event)
     }
 
     /// Held frames come from upstream's buffer pool: ask for room for them, so that a source
@@ -675,7 +782,14 @@ impl BaseTransformImpl for TrtClassify {
         query: &mut gst::query::Allocation,
     ) -> Result<(), gst::LoggableError> {
         self.parent_propose_allocation(decide_query, query)?;
-        let held = self.settings.lock().unwrap().held_frames();
+        let framerate = query
+            .get()
+            .0
+            .and_then(|caps| gst_video::VideoInfo::from_caps(caps).ok())
+            .map(|info| info.fps());
+        // Never more than the frames that arrive in `batch-timeout`: the partial batch then
+        // runs and they leave.
+        let held = self.settings.lock().unwrap().held_frames_at(framerate);
         // CUDA memory comes from pools that grow on demand (NVDEC copies each decoded frame
         // into one): asking for more would only preallocate GPU memory, for every camera.
         let cuda_memory = query
@@ -717,25 +831,72 @@ impl BaseTransformImpl for TrtClassify {
         // for another stream's batch.
         let arrived = Instant::now();
         let tunables = self.settings.lock().unwrap().tunables;
+        let timing = self.timing(&buffer, arrived);
+        self.stats.lock().unwrap().frame_in();
         let mut guard = self.state.lock().unwrap();
         let Some(state) = guard.as_mut() else {
             return Err(gst::FlowError::Flushing);
         };
+        // A live update switches engines here, between two frames.
+        self.apply_update(state)?;
         state.failure.check()?;
         let mut held = Held {
             buffer,
             regions: Vec::new(),
         };
-        let mut items = 0;
-        if state.queue.batcher.next_is_fresh() {
-            let crops = state.input.crops(&mut held);
-            self.push_to_engine(state, &held.buffer, &crops)?;
-            items = crops.len();
+        if !state.queue.batcher.next_is_fresh() {
+            state
+                .queue
+                .batcher
+                .admit(held, tunables.interval, (arrived, timing.due), 0, None);
+        } else {
+            let deadline = timing.due.and_then(|due| {
+                let batch_time = state.stream.batch_time();
+                overload::allowed_lateness(
+                    tunables.max_lateness_ms,
+                    tunables.batch_timeout(),
+                    batch_time,
+                )
+                .map(|lateness| {
+                    overload::deadline(due, lateness, batch_time, tunables.batch_timeout())
+                })
+            });
+            let late_downstream =
+                deadline.is_some() && self.qos.lock().unwrap().is_late(timing.running_time);
+            // A frame that came late (its camera fell behind) and can no longer be taken in
+            // time gives up at once: were it pushed, its camera's thread would run the batch
+            // it fills and fall further behind, taking turn after turn from the cameras that
+            // are on time.
+            let behind = timing.due.is_some_and(|due| due < arrived)
+                && deadline.is_some_and(|d| d.push_by <= Instant::now());
+            let pushed = match late_downstream || behind {
+                true => None,
+                false => {
+                    let crops = state.input.crops(&mut held);
+                    let until = deadline.map(|d| d.push_by);
+                    match self.push_to_engine(state, &held.buffer, &crops, until)? {
+                        Pushed::Queued => Some(crops.len()),
+                        Pushed::Busy => None,
+                    }
+                }
+            };
+            match pushed {
+                Some(items) => state.queue.batcher.admit(
+                    held,
+                    tunables.interval,
+                    (arrived, timing.due),
+                    items,
+                    deadline.map(|d| d.leave_by),
+                ),
+                None => {
+                    let why = match late_downstream {
+                        true => Unscored::Qos,
+                        false => Unscored::Late,
+                    };
+                    state.queue.batcher.skip(held, (arrived, timing.due), why);
+                }
+            }
         }
-        state
-            .queue
-            .batcher
-            .admit(held, tunables.interval, arrived, items);
         // A carried frame with no fresh frame ahead of it goes straight on with the last
         // result; a full batch has run in the push.
         if let Err(err) = self.collect(state, &tunables) {
@@ -759,150 +920,64 @@ impl BaseTransformImpl for TrtClassify {
     }
 }
 
-// Starting: the engine joined, the timer thread, the labels and the results file.
+// A frame's timing, for the overload policy.
 impl TrtClassify {
-    /// The engine instance the element joins at start with its properties as they are now.
-    pub(crate) fn instance_key(&self) -> Result<InstanceKey, gst::ErrorMessage> {
-        let settings = self.settings.lock().unwrap().clone();
-        settings.instance_key(engine::Progress::default())
-    }
-
-    /// Loads the model and builds the engine; `start()` wraps it in progress messages.
-    fn start_engine(&self) -> Result<(), gst::ErrorMessage> {
-        let settings = self.settings.lock().unwrap().clone();
-        let key = settings.instance_key(self.progress_reporter())?;
-        let location = key.options.model.to_string_lossy().into_owned();
-        let labels = load_labels(&settings)?;
-        // The timer thread exists before the engine is joined: another stream's batch can
-        // wake it as soon as this element is in.
-        let timer = self.spawn_timer(&settings)?;
-        let stream = self.join_engine(key, &location, waker(timer.as_ref()))?;
-        let info = stream.info();
-        self.check_labels(&settings, &labels, info);
-        self.publish_model_info(info);
-        let results = open_results(&settings)?;
-        let outputs = Outputs::new(
-            &location,
-            self.obj().name().to_string(),
-            labels,
-            settings.apply_softmax(info.outputs_probabilities),
-            results,
-        );
-        *self.state.lock().unwrap() = Some(State::new(stream, &settings, timer, outputs));
-        Ok(())
-    }
-
-    /// The batch-timeout thread, for elements whose frames wait for batch-mates.
-    fn spawn_timer(
-        &self,
-        settings: &Settings,
-    ) -> Result<Option<Arc<BatchTimer>>, gst::ErrorMessage> {
-        if !settings.batches() {
-            return Ok(None);
+    /// Whether upstream is live, and its latency: asked upstream once per caps (and taken
+    /// from every latency query that passes).
+    fn upstream(&self) -> Upstream {
+        if let Some(upstream) = *self.upstream.lock().unwrap() {
+            return upstream;
         }
-        let element = self.obj().downgrade();
-        let timer = BatchTimer::spawn(move || {
-            if let Some(element) = element.upgrade() {
-                element.imp().on_timer();
+        let mut query = gst::query::Latency::new();
+        let upstream = match self.obj().sink_pad().peer_query(&mut query) {
+            true => {
+                let (live, latency, _) = query.result();
+                Upstream { live, latency }
             }
-        })
-        .map_err(|e| {
-            gst::error_msg!(
-                gst::CoreError::Thread,
-                ["cannot start the batch timer: {}", e]
-            )
-        })?;
-        Ok(Some(Arc::new(timer)))
-    }
-
-    /// Joins (or builds) the shared engine for `key`, and says which it did.
-    fn join_engine(
-        &self,
-        key: InstanceKey,
-        location: &str,
-        wake: instance::Waker,
-    ) -> Result<instance::Stream, gst::ErrorMessage> {
-        let started = Instant::now();
-        let (backend, options) = (key.backend, key.options.clone());
-        let (stream, joined) =
-            instance::join(key, wake, || engine::build(backend, &options)).map_err(start_error)?;
-        let info = stream.info();
-        match joined {
-            Joined::Built => gst::info!(
-                CAT,
-                imp = self,
-                "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
-                info.backend,
-                started.elapsed(),
-                info.num_classes,
-                info.input.width,
-                info.input.height
-            ),
-            Joined::Shared => gst::info!(
-                CAT,
-                imp = self,
-                "{location}: sharing the {:?} engine of {} other element(s)",
-                info.backend,
-                stream.streams() - 1
-            ),
-        }
-        if let Some(note) = &info.precision_note {
-            gst::element_imp_warning!(self, gst::LibraryError::Settings, ["{location}: {note}"]);
-        }
-        Ok(stream)
-    }
-
-    /// Warns when the labels file does not name as many classes as the model scores.
-    fn check_labels(&self, settings: &Settings, labels: &Labels, info: &ModelInfo) {
-        if !labels.is_empty() && labels.len() != info.num_classes {
-            gst::element_imp_warning!(
-                self,
-                gst::LibraryError::Settings,
-                [
-                    "{}: {} labels for {} classes; numbers stand in for missing labels",
-                    settings.labels_location.as_deref().unwrap_or_default(),
-                    labels.len(),
-                    info.num_classes
-                ]
-            );
-        }
-    }
-
-    /// What the running engine tells queries and caps: `num-classes`, and whether frames in
-    /// CUDA memory are read where they are.
-    fn publish_model_info(&self, info: &ModelInfo) {
-        self.num_classes
-            .store(info.num_classes as u32, Ordering::Relaxed);
-        self.device_frames.store(
-            match info.reads_device_frames {
-                true => DEVICE_FRAMES_YES,
-                false => DEVICE_FRAMES_NO,
+            false => Upstream {
+                live: false,
+                latency: gst::ClockTime::ZERO,
             },
-            Ordering::Relaxed,
-        );
+        };
+        gst::debug!(CAT, imp = self, "upstream: {upstream:?}");
+        *self.upstream.lock().unwrap() = Some(upstream);
+        upstream
     }
 
-    /// Posts a progress message (GStreamer's `GST_MESSAGE_PROGRESS`) about the engine build.
-    fn post_progress(&self, kind: gst::ProgressType, text: &str) {
+    /// When a frame that arrived at `arrived` was due, for a live source; and its running
+    /// time, for QoS.
+    fn timing(&self, buffer: &gst::BufferRef, arrived: Instant) -> FrameTiming {
+        let upstream = self.upstream();
+        if !upstream.live {
+            return FrameTiming::default();
+        }
         let obj = self.obj();
-        let msg = gst::message::Progress::builder(kind, "engine-build", text)
-            .src(&*obj)
-            .build();
-        let _ = obj.post_message(msg);
+        let running_time = obj
+            .segment()
+            .downcast_ref::<gst::ClockTime>()
+            .and_then(|segment| segment.to_running_time(buffer.pts()));
+        let by_clock = match (obj.clock(), obj.base_time(), running_time) {
+            (Some(clock), Some(base), Some(running_time)) => Some(overload::instant_of(
+                base + running_time + upstream.latency,
+                clock.time(),
+                Instant::now(),
+            )),
+            _ => None,
+        };
+        FrameTiming {
+            running_time,
+            due: Some(overload::due(arrived, by_clock)),
+        }
     }
+}
 
-    /// Turns the engine's progress reports into bus messages.
-    fn progress_reporter(&self) -> engine::Progress {
-        self.post_progress(gst::ProgressType::Start, "building the engine");
-        let element = self.obj().downgrade();
-        engine::Progress::new(move |text| {
-            if let Some(element) = element.upgrade() {
-                element
-                    .imp()
-                    .post_progress(gst::ProgressType::Continue, text);
-            }
-        })
-    }
+/// A frame's time, as the overload policy reads it.
+#[derive(Default)]
+struct FrameTiming {
+    /// Its running time, for downstream's QoS.
+    running_time: Option<gst::ClockTime>,
+    /// When it was due; `None` for a source that is not live (no deadline).
+    due: Option<Instant>,
 }
 
 // A frame's way in: its items handed to the engine.
@@ -916,7 +991,8 @@ impl TrtClassify {
         state: &mut State,
         buffer: &gst::Buffer,
         crops: &[Crop],
-    ) -> Result<(), gst::FlowError> {
+        until: Option<Instant>,
+    ) -> Result<Pushed, gst::FlowError> {
         let Some(info) = state.input.info.as_ref() else {
             gst::element_imp_error!(
                 self,
@@ -926,7 +1002,7 @@ impl TrtClassify {
             return Err(gst::FlowError::NotNegotiated);
         };
         if crops.is_empty() {
-            return Ok(());
+            return Ok(Pushed::Queued);
         }
         let unreadable = |problem: &str| {
             gst::element_imp_error!(self, gst::StreamError::Format, ["{}", problem]);
@@ -937,11 +1013,11 @@ impl TrtClassify {
         {
             let frame = cudamem::DeviceFrame::map(buffer.as_ref(), info)
                 .map_err(|e| unreadable(&format!("a buffer in CUDA memory cannot be read: {e}")))?;
-            state.stream.push_device(&frame.planes(), crops)
+            state.stream.push_device(&frame.planes(), crops, until)
         } else {
             let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
                 .map_err(|_| unreadable("a buffer does not match its caps"))?;
-            state.stream.push(&frame, crops)
+            state.stream.push(&frame, crops, until)
         };
         pushed.map_err(|e| {
             let problem = format!(
@@ -957,7 +1033,11 @@ impl TrtClassify {
 impl TrtClassify {
     /// Takes the scores that have arrived for this element's frames, then sends on (into
     /// `ready`) every frame at the front that has its result.
-    fn collect(&self, state: &mut State, tunables: &Tunables) -> Result<(), gst::FlowError> {
+    pub(super) fn collect(
+        &self,
+        state: &mut State,
+        tunables: &Tunables,
+    ) -> Result<(), gst::FlowError> {
         if state.failure.failed {
             return Err(gst::FlowError::Error);
         }
@@ -965,24 +1045,89 @@ impl TrtClassify {
         let mut lines = Vec::new();
         // The first and last frame sent on, for an error about their lines.
         let mut sent: Option<(u64, u64)> = None;
+        // The last frame passed on unclassified by the overload policy, for a QoS message.
+        let mut unclassified = None;
         for released in state.queue.batcher.release() {
-            let (frame, arrived) = (released.number, released.arrived);
+            let (frame, arrived, due, unscored) = (
+                released.number,
+                released.arrived,
+                released.due,
+                released.unscored,
+            );
             let (mut buffer, result, places) = self.classify(state, tunables, released);
             if state.outputs.results.is_some() {
                 lines.push(ResultsWriter::format(&result, buffer.pts()));
             }
             sent = Some((sent.map_or(frame, |(first, _)| first), frame));
             self.attach_results(state, buffer.make_mut(), &result, places);
-            state.queue.latency.record(frame, arrived);
+            {
+                let mut stats = self.stats.lock().unwrap();
+                stats.frame_out(unscored);
+                stats.latency.record(frame, arrived);
+                if let Some(due) = due {
+                    stats.lateness.record(frame, due);
+                }
+            }
+            if matches!(unscored, Some(Unscored::Late | Unscored::Qos)) {
+                unclassified = Some((buffer.clone(), arrived));
+            }
             state.queue.ready.push_back(buffer);
         }
+        if let Some((buffer, arrived)) = unclassified {
+            self.post_qos(&buffer, arrived);
+        }
         self.write_results(state, &lines, sent)
+    }
+
+    /// Says on the bus that frames pass on unclassified (QoS message, at most one per
+    /// `overload::QOS_MESSAGE_EVERY`), with the counts of frames classified ("processed") and
+    /// passed on unclassified ("dropped": their results, not the frames), and how long the
+    /// last one, `buffer`, stayed (its jitter).
+    fn post_qos(&self, buffer: &gst::BufferRef, arrived: Instant) {
+        let proportion = {
+            let mut qos = self.qos.lock().unwrap();
+            if !qos.message_due(Instant::now()) {
+                return;
+            }
+            qos.proportion
+        };
+        let (processed, dropped) = self.stats.lock().unwrap().processed_and_dropped();
+        let obj = self.obj();
+        let segment = obj.segment();
+        let segment = segment.downcast_ref::<gst::ClockTime>();
+        let pts = buffer.pts();
+        let quality = match processed + dropped {
+            0 => 1_000_000,
+            all => (processed as f64 / all as f64 * 1e6) as i32,
+        };
+        let jitter = i64::try_from(arrived.elapsed().as_nanos()).unwrap_or(i64::MAX);
+        let msg = gst::message::Qos::builder(true)
+            .running_time(segment.and_then(|s| s.to_running_time(pts)))
+            .stream_time(segment.and_then(|s| s.to_stream_time(pts)))
+            .timestamp(pts)
+            .duration(buffer.duration())
+            .values(
+                jitter,
+                if proportion > 0.0 { proportion } else { 1.0 },
+                quality,
+            )
+            .stats(
+                gst::format::Buffers::from_u64(processed),
+                gst::format::Buffers::from_u64(dropped),
+            )
+            .src(&*obj)
+            .build();
+        let _ = obj.post_message(msg);
     }
 
     /// Hands the scores that the engine returned for this stream to the batcher, which gives
     /// them to its fresh frames in order.
     fn take_scores(&self, state: &mut State) -> Result<(), gst::FlowError> {
-        for scores in state.stream.take_scores() {
+        let taken = state.stream.take_scores();
+        if !taken.is_empty() {
+            state.queue.engine_busy = false;
+        }
+        for scores in taken {
             let refused =
                 match scores {
                     Ok(scores) => state.queue.batcher.score(scores).err().map(|_| {
@@ -1010,7 +1155,9 @@ impl TrtClassify {
             frame: Held { buffer, regions },
             number: frame,
             scores,
+            unscored: _,
             arrived: _,
+            due: _,
         } = released;
         let fresh = scores.is_some();
         let mut region_results = Vec::new();
@@ -1194,7 +1341,7 @@ impl TrtClassify {
 // Partial batches, pushes from outside the streaming thread, and the failure relay.
 impl TrtClassify {
     /// Reports an engine failure once, with the frames it holds back (see `Failure::failed`).
-    fn fail(&self, state: &mut State, problem: &str) -> gst::FlowError {
+    pub(super) fn fail(&self, state: &mut State, problem: &str) -> gst::FlowError {
         state.failure.failed = true;
         state.queue.disarm_timer();
         let held = match state.queue.batcher.held_range() {
@@ -1242,14 +1389,42 @@ impl TrtClassify {
         all: bool,
     ) -> Result<(), gst::FlowError> {
         self.collect(state, tunables)?;
+        let now = Instant::now();
+        let expiry = state.queue.batcher.next_expiry();
         let due = all
-            || state
-                .queue
-                .deadline(tunables)
-                .is_some_and(|d| d <= Instant::now());
+            || state.queue.deadline(tunables).is_some_and(|d| d <= now)
+            || expiry.is_some_and(|t| t <= now);
         if state.queue.batcher.unscored() > 0 && due {
             gst::debug!(CAT, imp = self, "running a partial batch");
-            state.stream.run_now();
+            // A live source's frames wait for the engine only while their batch can still
+            // run by their deadline; then they leave without results (see `overload`).
+            let until = match (all, expiry) {
+                (false, Some(expiry)) => Some(
+                    expiry
+                        .checked_sub(state.stream.batch_time())
+                        .map_or(now, |t| t.max(now)),
+                ),
+                _ => None,
+            };
+            let ran = state.stream.run_now(until);
+            gst::debug!(
+                CAT,
+                imp = self,
+                "partial batch: ran {ran} (until {until:?}, {} items waiting)",
+                state.queue.batcher.unscored()
+            );
+            state.queue.engine_busy = !ran;
+            if !ran {
+                let abandoned = state.queue.batcher.expire(Instant::now());
+                if abandoned > 0 {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "the engine is busy: {abandoned} items past their deadline leave unclassified"
+                    );
+                    state.stream.abandon(abandoned);
+                }
+            }
             self.collect(state, tunables)?;
         }
         if all && state.queue.batcher.unscored() > 0 {
@@ -1272,13 +1447,14 @@ impl TrtClassify {
         Ok(gst::FlowSuccess::Ok)
     }
 
-    /// Called on the timer thread when a partial batch may have waited `batch-timeout`, or
-    /// when another stream's batch brought scores for this element's frames.
+    /// Called on the timer thread when a partial batch may have waited `batch-timeout` (or a
+    /// live frame's deadline came), or when another stream's batch brought scores for this
+    /// element's frames.
     ///
     /// GStreamer's panic guard covers the streaming thread, not this one: a panic here would
     /// end the thread silently (frames then wait forever) with the state locked and poisoned.
     /// It becomes an element error instead, and the next chain fails.
-    fn on_timer(&self) {
+    pub(super) fn on_timer(&self) {
         let sinkpad = self.obj().sink_pad().clone();
         let _stream_lock = sinkpad.stream_lock();
         let finished =
@@ -1312,64 +1488,4 @@ struct RegionPlace {
     meta_index: Option<usize>,
     #[cfg_attr(not(feature = "analytics"), allow(dead_code))]
     detection: Option<u32>,
-}
-
-/// `labels-location` read, or no labels (class numbers stand in).
-fn load_labels(settings: &Settings) -> Result<Labels, gst::ErrorMessage> {
-    match &settings.labels_location {
-        Some(path) => Labels::load(path.as_ref())
-            .map_err(|e| gst::error_msg!(gst::ResourceError::OpenRead, ["{}", e])),
-        None => Ok(Labels::default()),
-    }
-}
-
-/// `results-location` opened for appending, with its path for messages.
-fn open_results(settings: &Settings) -> Result<Option<(String, ResultsWriter)>, gst::ErrorMessage> {
-    let Some(path) = &settings.results_location else {
-        return Ok(None);
-    };
-    let writer = ResultsWriter::open(path).map_err(|e| {
-        gst::error_msg!(
-            gst::ResourceError::OpenWrite,
-            ["{}: cannot open the results file: {}", path, e]
-        )
-    })?;
-    Ok(Some((path.clone(), writer)))
-}
-
-/// What the shared engine calls when it has run a batch with this element's frames in it
-/// from another stream's thread: a wake of the timer thread.
-fn waker(timer: Option<&Arc<BatchTimer>>) -> instance::Waker {
-    match timer {
-        Some(timer) => {
-            let timer = Arc::downgrade(timer);
-            Arc::new(move || {
-                if let Some(timer) = timer.upgrade() {
-                    timer.wake();
-                }
-            })
-        }
-        // Batches of one run in the pushing stream's own call: nothing to wake.
-        None => Arc::new(|| ()),
-    }
-}
-
-/// The GStreamer error for an engine that could not be built.
-fn start_error(err: EngineError) -> gst::ErrorMessage {
-    match &err {
-        EngineError::Model(ModelError::Io { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
-            gst::error_msg!(gst::ResourceError::NotFound, ["{}", err])
-        }
-        EngineError::Model(ModelError::Io { .. }) => {
-            gst::error_msg!(gst::ResourceError::OpenRead, ["{}", err])
-        }
-        EngineError::Model(_) => gst::error_msg!(gst::StreamError::WrongType, ["{}", err]),
-        EngineError::Unavailable { .. } => gst::error_msg!(gst::LibraryError::Init, ["{}", err]),
-        EngineError::UnsupportedOps { .. } => {
-            gst::error_msg!(gst::CoreError::NotImplemented, ["{}", err])
-        }
-        _ => gst::error_msg!(gst::LibraryError::Settings, ["{}", err]),
-    }
 }

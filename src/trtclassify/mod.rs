@@ -42,9 +42,12 @@ use gst::subclass::prelude::*;
 
 mod batcher;
 mod imp;
+mod joining;
 mod latency;
+mod overload;
 mod settings;
 mod state;
+mod stats;
 mod timer;
 
 glib::wrapper! {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use gst::prelude::*;
 
 use crate::engine::{self, Backend, EngineOptions, Precision};
-use crate::instance::InstanceKey;
+use crate::instance::{FileStamp, InstanceKey};
 use crate::outputs::postprocess::Softmax;
 use crate::preprocess::{ChannelOrder, PreprocessOptions, ResizeMode};
 use crate::regions::{RegionFilter, RoiMode};
@@ -22,6 +22,7 @@ pub(crate) const DEFAULT_BATCH_SIZE: u32 = 1;
 /// The largest `batch-size`.
 pub(crate) const MAX_BATCH_SIZE: u32 = 64;
 pub(crate) const DEFAULT_BATCH_TIMEOUT_MS: i32 = 100;
+pub(crate) const DEFAULT_MAX_LATENESS_MS: i32 = super::overload::AUTOMATIC;
 pub(crate) const DEFAULT_TOP_K: u32 = 5;
 pub(crate) const DEFAULT_THRESHOLD: f64 = 0.0;
 pub(crate) const DEFAULT_SOFTMAX: Softmax = Softmax::Auto;
@@ -58,15 +59,17 @@ pub(crate) struct Settings {
     pub(crate) roi: RoiMode,
     pub(crate) roi_filter: RegionFilter,
     pub(crate) tunables: Tunables,
-    /// A property value that was refused; `start()` fails with it, so that a typo in a
+    /// A property value that was refused, by property name; `start()` fails with it (and a
+    /// live update with a warning) until that property is set right, so that a typo in a
     /// launch line never runs silently with the old value.
-    refused: Option<String>,
+    refused: Option<(String, String)>,
 }
 
 /// What may change while playing; copied out for every buffer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tunables {
     pub(crate) batch_timeout_ms: i32,
+    pub(crate) max_lateness_ms: i32,
     pub(crate) top_k: u32,
     pub(crate) threshold: f64,
     pub(crate) interval: u32,
@@ -97,6 +100,7 @@ impl Default for Settings {
             roi_filter: RegionFilter::default(),
             tunables: Tunables {
                 batch_timeout_ms: DEFAULT_BATCH_TIMEOUT_MS,
+                max_lateness_ms: DEFAULT_MAX_LATENESS_MS,
                 top_k: DEFAULT_TOP_K,
                 threshold: DEFAULT_THRESHOLD,
                 interval: DEFAULT_INTERVAL,
@@ -114,13 +118,19 @@ impl Settings {
         name: &str,
         value: &glib::Value,
     ) -> Result<(), String> {
-        match parse_channel_values(name, value) {
-            Ok(values) if name == "mean" => self.mean = values,
-            Ok(values) => self.std = values,
-            Err(problem) => {
-                self.refused = Some(problem.clone());
-                return Err(problem);
-            }
+        let values = parse_channel_values(name, value).inspect_err(|problem| {
+            self.refused = Some((name.to_owned(), problem.clone()));
+        })?;
+        match name {
+            "mean" => self.mean = values,
+            _ => self.std = values,
+        }
+        if self
+            .refused
+            .as_ref()
+            .is_some_and(|(which, _)| which == name)
+        {
+            self.refused = None;
         }
         Ok(())
     }
@@ -136,34 +146,25 @@ impl Settings {
     }
 
     /// What the properties make of the engine the element joins: its options, checked, and
-    /// the instance they share.
-    pub(crate) fn instance_key(
-        &self,
-        progress: engine::Progress,
-    ) -> Result<InstanceKey, gst::ErrorMessage> {
-        if let Some(problem) = &self.refused {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["Invalid property value: {}", problem]
-            ));
+    /// the instance they share; or what is wrong with them.
+    pub(crate) fn instance_key(&self, progress: engine::Progress) -> Result<InstanceKey, String> {
+        if let Some((_, problem)) = &self.refused {
+            return Err(format!("Invalid property value: {problem}"));
         }
         let Some(location) = self.onnx_location.clone() else {
-            return Err(gst::error_msg!(
-                gst::LibraryError::Settings,
-                ["onnx-location is not set: give the path of an ONNX image classifier"]
-            ));
+            return Err(
+                "onnx-location is not set: give the path of an ONNX image classifier".into(),
+            );
         };
         let input_size = match (self.input_height, self.input_width) {
             (0, 0) => None,
             (0, _) | (_, 0) => {
-                return Err(gst::error_msg!(
-                    gst::LibraryError::Settings,
-                    ["set both input-width and input-height, or neither"]
-                ));
+                return Err("set both input-width and input-height, or neither".into());
             }
             (h, w) => Some((h as usize, w as usize)),
         };
         Ok(InstanceKey {
+            model_file: FileStamp::of(location.as_ref()),
             id: self.model_instance_id.clone().unwrap_or_default(),
             backend: self.backend,
             options: EngineOptions {
@@ -214,6 +215,21 @@ impl Settings {
         (self.batch_size - 1) * self.tunables.interval
     }
 
+    /// How many frames the element holds at most beyond the one being pushed, at `framerate`:
+    /// `held_frames`, but no more than arrive while the oldest waits `batch-timeout` (the
+    /// partial batch then runs and they leave), and one more for that batch's run.
+    pub(crate) fn held_frames_at(&self, framerate: Option<gst::Fraction>) -> u32 {
+        let held = self.held_frames();
+        let (Some(timeout), Some(fps)) = (self.tunables.batch_timeout(), framerate) else {
+            return held;
+        };
+        if held == 0 || fps.numer() <= 0 || fps.denom() <= 0 {
+            return held;
+        }
+        let in_timeout = (timeout.as_secs_f64() * fps.numer() as f64 / fps.denom() as f64).ceil();
+        held.min(in_timeout as u32 + 1)
+    }
+
     /// The delay that holding frames for a batch adds at `framerate`: up to `batch-size − 1`
     /// frame durations (times `interval`), bounded by `batch-timeout`.
     pub(crate) fn added_latency(&self, framerate: Option<gst::Fraction>) -> gst::ClockTime {
@@ -236,6 +252,15 @@ impl Settings {
 }
 
 impl Tunables {
+    /// Whether the property `name` is one of these: read for every frame, so that a change
+    /// applies at once, without a new engine.
+    pub(crate) fn is_tunable(name: &str) -> bool {
+        matches!(
+            name,
+            "batch-timeout" | "max-lateness" | "top-k" | "threshold" | "interval"
+        )
+    }
+
     /// `batch-timeout` as a duration; `None` when frames wait for a full batch (-1).
     pub(crate) fn batch_timeout(&self) -> Option<Duration> {
         u64::try_from(self.batch_timeout_ms)
@@ -274,4 +299,51 @@ fn parse_channel_values(name: &str, value: &glib::Value) -> Result<Vec<f64>, Str
         ));
     }
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn array(values: &[f64]) -> glib::Value {
+        gst::Array::new(values.iter().copied()).to_value()
+    }
+
+    #[test]
+    fn a_refused_value_holds_until_that_property_is_set_right() {
+        gst::init().unwrap();
+        let mut s = Settings {
+            onnx_location: Some("m.onnx".into()),
+            ..Default::default()
+        };
+        assert!(s.set_channel_values("mean", &array(&[0.5, 0.5])).is_err());
+        assert!(s.set_channel_values("std", &array(&[0.5])).is_ok());
+        let err = s.instance_key(Default::default()).unwrap_err();
+        assert!(err.contains("mean: 2 values given"), "{err}");
+        // Set right, the element may start (or update) again.
+        assert!(
+            s.set_channel_values("mean", &array(&[0.1, 0.2, 0.3]))
+                .is_ok()
+        );
+        assert!(s.instance_key(Default::default()).is_ok());
+        assert_eq!(s.mean, [0.1, 0.2, 0.3]);
+    }
+
+    #[test]
+    fn frames_held_for_the_allocation_query_are_bounded_by_the_batch_timeout() {
+        let mut s = Settings {
+            batch_size: 16,
+            ..Default::default()
+        };
+        s.tunables.interval = 30;
+        let fps = |n| Some(gst::Fraction::new(n, 1));
+        assert_eq!(s.held_frames(), 450);
+        // 100 ms at 30 fps: 3 frames, and one more while the batch runs.
+        assert_eq!(s.held_frames_at(fps(30)), 4);
+        assert_eq!(s.held_frames_at(None), 450, "no rate, no bound");
+        s.tunables.batch_timeout_ms = -1;
+        assert_eq!(s.held_frames_at(fps(30)), 450, "no timeout, no bound");
+        s.batch_size = 1;
+        assert_eq!(s.held_frames_at(fps(30)), 0);
+    }
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::batcher::Batcher;
-use super::latency::Latencies;
 use super::settings::{Settings, Tunables};
 use super::timer::BatchTimer;
 use crate::instance;
@@ -58,7 +57,7 @@ impl State {
                 batcher: Batcher::default(),
                 ready: VecDeque::new(),
                 timer,
-                latency: Latencies::default(),
+                engine_busy: false,
             },
             outputs,
             failure: Failure::default(),
@@ -108,19 +107,31 @@ pub(crate) struct Queue {
     /// Wakes the element when a partial batch has waited `batch-timeout`, or when another
     /// stream's batch brought scores for this element's frames; `None` for batches of one.
     pub(crate) timer: Option<Arc<BatchTimer>>,
-    /// Time in the element, reported at stop.
-    pub(crate) latency: Latencies,
+    /// The engine was busy with other streams' batches when this stream's partial batch was
+    /// due: the timer waits for the frames' deadline before it tries again.
+    pub(crate) engine_busy: bool,
 }
 
 impl Queue {
     /// Sets the timer to the moment the oldest frame still waiting for its scores has waited
-    /// `batch-timeout`.
+    /// `batch-timeout`, or its deadline (a live source) comes, whichever is first.
     pub(crate) fn arm_timer(&self, tunables: &Tunables) {
         let Some(timer) = &self.timer else { return };
-        match self.deadline(tunables) {
-            Some(deadline) => timer.arm(deadline),
+        match self.partial_batch_due(tunables) {
+            Some(at) => timer.arm(at),
             None => timer.disarm(),
         }
+    }
+
+    /// When the partial batch holding this element's frames is next due to run: its oldest
+    /// frame has waited `batch-timeout` (unless the engine was found busy), or a frame's
+    /// deadline comes.
+    pub(crate) fn partial_batch_due(&self, tunables: &Tunables) -> Option<Instant> {
+        let batch = self.deadline(tunables).filter(|_| !self.engine_busy);
+        [batch, self.batcher.next_expiry()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Cancels the timer's deadline (nothing waits any more, or the stream failed).
@@ -140,6 +151,7 @@ impl Queue {
     pub(crate) fn flush(&mut self) {
         self.batcher.flush();
         self.ready.clear();
+        self.engine_busy = false;
         self.disarm_timer();
     }
 }

@@ -284,12 +284,18 @@ pub fn test_backend() -> Option<String> {
 }
 
 /// The launch-line fragment for the colour model with its labels.
+///
+/// Every frame waits for its result (`max-lateness=-1`): the harness's source, and the live
+/// test sources of these tests, are live, and on a busy machine the overload policy would
+/// pass a late frame on unclassified, where these tests check every frame's result. The
+/// tests of the policy itself (live.rs) set `max-lateness` in `extra`, which comes last and
+/// wins.
 pub fn colors_element(extra: &str) -> String {
     let backend = test_backend()
         .map(|b| format!("backend={b}"))
         .unwrap_or_default();
     format!(
-        "trtclassify onnx-location={} labels-location={} {backend} {extra}",
+        "trtclassify onnx-location={} labels-location={} {backend} max-lateness=-1 {extra}",
         model("colors.onnx"),
         model("colors.txt")
     )
@@ -314,4 +320,11 @@ pub fn assert_clip_colours(what: &str, results: &[Classification]) {
         assert_eq!(top.label, want, "{what} frame {i}: {r:?}");
         assert!(top.confidence > 0.9, "{what} frame {i}: {r:?}");
     }
+}
+
+/// How many scores each frame of a batch of scores holds: two batches compared by
+/// `largest_difference` (or any `zip`) must have the same, since a `zip` stops at the shorter
+/// list and a frame or score missing from one would pass unseen.
+pub fn scores_shape(scores: &[Vec<f32>]) -> Vec<usize> {
+    scores.iter().map(Vec::len).collect()
 }

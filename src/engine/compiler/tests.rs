@@ -833,6 +833,265 @@ proptest::proptest! {
     }
 }
 
+/// A small classifier built in code, for the import's refusals (docs/bad-inputs.md, rows
+/// 23–29): each of those tests compiles it first, then damages one thing in it, so that the
+/// refusal can only come from that damage. The image `image` [N, 3, 4, 4] goes through
+///
+/// `conv` (Conv, 8 channels, bias `cb`) → `split` (Split into 3 and 5 channels by `sizes`;
+/// the 5 are unused) → `norm` (LayerNormalization over the last axis, `ls`, `lb`) → `pool`
+/// (GlobalAveragePool) → `flatten` → `gemm` (Gemm, `B` [3, 2] and `C`) → `matmul` (MatMul
+/// by `w` [2, 2]) → `scores` [N, 2].
+fn built_classifier() -> tract_onnx::pb::ModelProto {
+    use tract_onnx::pb;
+    let floats = |name: &str, dims: &[i64]| pb::TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: (0..dims.iter().product::<i64>())
+            .map(|i| (i % 5) as f32 * 0.25 - 0.5)
+            .collect(),
+        ..Default::default()
+    };
+    let sizes = pb::TensorProto {
+        name: "sizes".into(),
+        dims: vec![2],
+        data_type: 7,
+        int64_data: vec![3, 5],
+        ..Default::default()
+    };
+    let int = |name: &str, i: i64| pb::AttributeProto {
+        name: name.into(),
+        r#type: pb::attribute_proto::AttributeType::Int as i32,
+        i,
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, inputs: &[&str], outputs: &[&str], attrs| pb::NodeProto {
+        name: name.into(),
+        op_type: op.into(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    };
+    let value = |name: &str, dims: &[Option<i64>]| pb::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(pb::TensorShapeProto {
+                    dim: (dims.iter())
+                        .map(|d| pb::tensor_shape_proto::Dimension {
+                            value: Some(match d {
+                                Some(n) => pb::tensor_shape_proto::dimension::Value::DimValue(*n),
+                                None => {
+                                    pb::tensor_shape_proto::dimension::Value::DimParam("N".into())
+                                }
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    pb::ModelProto {
+        ir_version: 8,
+        // LayerNormalization is an operator of opset 17.
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "built".into(),
+            node: vec![
+                node(
+                    "conv",
+                    "Conv",
+                    &["image", "cw", "cb"],
+                    &["c"],
+                    vec![int("group", 1)],
+                ),
+                node(
+                    "split",
+                    "Split",
+                    &["c", "sizes"],
+                    &["s", "rest"],
+                    vec![int("axis", 1)],
+                ),
+                node(
+                    "norm",
+                    "LayerNormalization",
+                    &["s", "ls", "lb"],
+                    &["n"],
+                    vec![int("axis", -1)],
+                ),
+                node("pool", "GlobalAveragePool", &["n"], &["p"], vec![]),
+                node("flatten", "Flatten", &["p"], &["f"], vec![int("axis", 1)]),
+                node("gemm", "Gemm", &["f", "B", "C"], &["g"], vec![]),
+                node("matmul", "MatMul", &["g", "w"], &["scores"], vec![]),
+            ],
+            initializer: vec![
+                floats("cw", &[8, 3, 1, 1]),
+                floats("cb", &[8]),
+                sizes,
+                floats("ls", &[4]),
+                floats("lb", &[4]),
+                floats("B", &[3, 2]),
+                floats("C", &[2]),
+                floats("w", &[2, 2]),
+            ],
+            input: vec![value("image", &[None, Some(3), Some(4), Some(4)])],
+            output: vec![value("scores", &[None, Some(2)])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the cuda engine's front-end makes of `proto` (the path of the proptest above and of
+/// the `cuda_compile` fuzzer): `Ok` with the plans' batch sizes, or the error's message.
+fn compile_built(proto: &tract_onnx::pb::ModelProto) -> Result<Vec<usize>, String> {
+    use prost::Message;
+    let path = models().join("built.onnx");
+    let model = OnnxModel::from_bytes(&path, &proto.encode_to_vec())
+        .unwrap_or_else(|e| panic!("the load's checks pass it on to the import: {e}"));
+    let spec = model.input_spec(None)?;
+    assert_eq!(import::unsupported_ops(&model), Vec::<String>::new());
+    let (plans, _) =
+        super::compile(&model, &[1, 2], spec, DType::F16).map_err(|e| e.to_string())?;
+    Ok(plans.iter().map(|p| p.batch).collect())
+}
+
+/// The built classifier's node `name`, to damage.
+fn built_node<'a>(
+    proto: &'a mut tract_onnx::pb::ModelProto,
+    name: &str,
+) -> &'a mut tract_onnx::pb::NodeProto {
+    let graph = proto.graph.as_mut().expect("a graph");
+    (graph.node.iter_mut().find(|n| n.name == name)).expect("the node")
+}
+
+/// The built classifier's initializer `name`, to damage.
+fn built_initializer<'a>(
+    proto: &'a mut tract_onnx::pb::ModelProto,
+    name: &str,
+) -> &'a mut tract_onnx::pb::TensorProto {
+    let graph = proto.graph.as_mut().expect("a graph");
+    (graph.initializer.iter_mut().find(|t| t.name == name)).expect("the initializer")
+}
+
+/// Compiles the built classifier as built (so that it is the damage that is refused), then
+/// damaged by `damage`; the refusal must contain `message`.
+#[track_caller]
+fn assert_damage_refused(damage: impl FnOnce(&mut tract_onnx::pb::ModelProto), message: &str) {
+    let mut proto = built_classifier();
+    assert_eq!(compile_built(&proto), Ok(vec![1, 2]), "the model as built");
+    damage(&mut proto);
+    let err = compile_built(&proto).expect_err("the damaged model is refused");
+    assert!(err.contains(message), "expected «{message}» in «{err}»");
+}
+
+/// docs/bad-inputs.md row 23.
+#[test]
+fn a_node_missing_a_required_input_is_named() {
+    assert_damage_refused(
+        |m| built_node(m, "matmul").input.truncate(1),
+        "node `matmul` (MatMul): input 2 of 2 is missing",
+    );
+    // An empty name is an absent optional input in ONNX: for a required one, the same.
+    assert_damage_refused(
+        |m| built_node(m, "gemm").input[1].clear(),
+        "node `gemm` (Gemm): input 2 of 2 is missing",
+    );
+}
+
+/// docs/bad-inputs.md row 24.
+#[test]
+fn an_input_no_node_defines_is_named() {
+    assert_damage_refused(
+        |m| built_node(m, "matmul").input[0] = "nowhere".into(),
+        "node `matmul` (MatMul): input `nowhere` is not defined before use",
+    );
+    // A value defined only by a later node is not defined yet: the graph is not in order.
+    assert_damage_refused(
+        |m| built_node(m, "gemm").input[0] = "scores".into(),
+        "node `gemm` (Gemm): input `scores` is not defined before use",
+    );
+}
+
+/// docs/bad-inputs.md row 25: an axis the load's rank check does not look at
+/// (LayerNormalization's), which the import refuses.
+#[test]
+fn an_axis_out_of_range_is_named() {
+    assert_damage_refused(
+        |m| built_node(m, "norm").attribute[0].i = 7,
+        "node `norm` (LayerNormalization): axis 7 is out of range for a tensor of rank 4",
+    );
+    assert_damage_refused(
+        |m| built_node(m, "norm").attribute[0].i = -5,
+        "node `norm` (LayerNormalization): axis -5 is out of range for a tensor of rank 4",
+    );
+}
+
+/// docs/bad-inputs.md row 26.
+#[test]
+fn negative_sizes_group_or_split_are_refused() {
+    assert_damage_refused(
+        |m| built_node(m, "conv").attribute[0].i = -2,
+        "node `conv` (Conv): group [-2] has a negative value",
+    );
+    assert_damage_refused(
+        |m| built_initializer(m, "sizes").int64_data = vec![9, -1],
+        "node `split` (Split): split [9, -1] has a negative value",
+    );
+}
+
+/// docs/bad-inputs.md row 27.
+#[test]
+fn a_gemm_weight_that_is_not_a_matrix_is_refused() {
+    assert_damage_refused(
+        |m| {
+            let b = built_initializer(m, "B");
+            (b.dims, b.float_data) = (vec![16], vec![0.5; 16]);
+        },
+        "node `gemm` (Gemm): B must be a matrix; it has shape [16]",
+    );
+}
+
+/// docs/bad-inputs.md row 28.
+#[test]
+fn a_bias_of_the_wrong_length_is_refused() {
+    assert_damage_refused(
+        |m| {
+            let b = built_initializer(m, "cb");
+            (b.dims, b.float_data) = (vec![16], vec![0.5; 16]);
+        },
+        "node `conv` (Conv): the bias has shape [16]; 8 output channels need [8]",
+    );
+}
+
+/// docs/bad-inputs.md row 29: the data is read before any node, so the message names the
+/// tensor.
+#[test]
+fn an_initializer_whose_data_does_not_fit_its_dims_is_refused() {
+    // B holds 3 × 2 values; dims of [2, 2] leave two over.
+    assert_damage_refused(
+        |m| built_initializer(m, "B").dims = vec![2, 2],
+        "tensor `B` holds 6 values for shape [2, 2]",
+    );
+    // The same in raw bytes, as exporters write weights: 6 f32 values, 24 bytes.
+    assert_damage_refused(
+        |m| {
+            let b = built_initializer(m, "B");
+            b.raw_data = b.float_data.drain(..).flat_map(f32::to_le_bytes).collect();
+            b.dims = vec![2, 2];
+        },
+        "tensor `B` holds 6 values for shape [2, 2]",
+    );
+}
+
 /// Says a test did not run, on stderr directly so that the harness does not capture it.
 fn skipped(why: &str) {
     use std::io::Write;
@@ -885,6 +1144,11 @@ fn any_nodes_kept_in_f32_give_the_same_answers() {
             check::check_plan(plan, &weight, DType::F16, frame_len, classes)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             let mut casts = 0;
+            assert_eq!(
+                plan.steps.len(),
+                plan.origins.len(),
+                "{what}: an origin a step"
+            );
             for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
                 let wide = step.is_wide();
                 if let Step::Ew { cast, .. } = step {

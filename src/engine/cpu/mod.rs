@@ -142,6 +142,7 @@ impl CpuEngine {
             precision_note: None,
             reads_device_frames: false,
             non_finite: Default::default(),
+            engine_file: None,
         };
         gst::info!(
             CAT,
@@ -212,6 +213,7 @@ impl Engine for CpuEngine {
         crops: &[Crop],
     ) -> Result<(), EngineError> {
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let before = self.pending();
         let mut crops = crops;
         while !crops.is_empty() {
             // As many crops as the model batch has room for; a full batch runs at once.
@@ -222,7 +224,7 @@ impl Engine for CpuEngine {
                 .preprocessor
                 .run(frame, now, &mut self.input[n * frame_len..])
             {
-                self.input.truncate(n * frame_len);
+                self.keep_first(before);
                 return Err(e.into());
             }
             if n + now.len() == batch {
@@ -242,9 +244,25 @@ impl Engine for CpuEngine {
         self.input.clear();
         self.ran.clear();
     }
+
+    fn pending(&self) -> usize {
+        self.ran.len() + self.input.len() / self.info.input.frame_len()
+    }
 }
 
 impl CpuEngine {
+    /// Forgets every item pushed after the first `n` (a push refused part-way): the scores of
+    /// a model batch that ran inside the push, and the input waiting for the next.
+    fn keep_first(&mut self, n: usize) {
+        let ran = self.ran.len();
+        if ran >= n {
+            self.ran.truncate(n);
+            self.input.clear();
+        } else {
+            self.input.truncate((n - ran) * self.info.input.frame_len());
+        }
+    }
+
     /// Runs the pushed frames waiting in `input` (at most one model batch) into `ran`.
     fn score_pushed_frames(&mut self) -> Result<(), EngineError> {
         let n = self.input.len() / self.info.input.frame_len();

@@ -6,13 +6,21 @@
 //! plans, kernels, weight sizes), the weights one after the other, and a SHA-256 of all that.
 //! The key says what the engine was built from and for; a file whose key differs from the
 //! one at hand, or whose checksum fails, is rebuilt rather than trusted.
+//!
+//! Files are read and written as streams: an engine's weights are gigabytes for large
+//! models, and each is read straight into its own buffer (and hashed on the way), so that a
+//! load holds the engine once, not also the file. Where files are kept, and how they are
+//! written and shared, is `super::cache`'s.
 
-use std::io::Write;
+use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::cache::{self, CHUNK, Place};
+use crate::engine::CAT;
 use crate::engine::compiler::check;
 use crate::engine::compiler::plan::{DType, Plan, weight_type};
 
@@ -36,6 +44,13 @@ pub enum Error {
         /// The file's permission bits (`0o777` of its mode).
         mode: u32,
     },
+    /// A symbolic link where the engine file goes: whoever could plant it chose what it
+    /// leads to. The save replaces the link itself.
+    #[error("a symbolic link, which is not followed: not trusted")]
+    Symlink,
+    /// A folder, a FIFO or a device where the engine file goes.
+    #[error("not a regular file")]
+    NotAFile,
     /// No engine file's magic.
     #[error("not a trtclassify engine file")]
     NotAnEngineFile,
@@ -110,6 +125,10 @@ const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
 pub const FORMAT_VERSION: u32 = 9;
 const CHECKSUM_LEN: usize = 32;
+/// The magic and the format version: what tells a file's format.
+pub(crate) const FORMAT_PREFIX: usize = MAGIC.len() + 4;
+/// The magic, the format version and the header's length.
+const FIXED: usize = FORMAT_PREFIX + 8;
 
 /// What an engine is valid for: the same model bytes, GPU, libraries and build settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,21 +249,38 @@ struct Header {
     kept_f32: Option<KeptF32>,
 }
 
-/// The per-user engine cache: `$XDG_CACHE_HOME/trtclassify` (usually `~/.cache/trtclassify`).
-pub(crate) fn cache_dir() -> PathBuf {
-    glib::user_cache_dir().join("trtclassify")
-}
-
-/// SHA-256 of the model file and of the external weight files it names, in hex.
+/// SHA-256 of the model file and of the external weight files it names, in hex: of each
+/// file, its length (u64 LE) then its bytes. Read a few MiB at a time, since external
+/// weights may be gigabytes.
 pub(crate) fn model_digest(path: &Path, external: &[PathBuf]) -> Result<String, Error> {
     let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 4 * CHUNK];
     for file in std::iter::once(path).chain(external.iter().map(PathBuf::as_path)) {
-        let bytes = std::fs::read(file).map_err(|source| Error::Read {
+        let read = |source| Error::Read {
             path: file.to_owned(),
             source,
-        })?;
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(&bytes);
+        };
+        let mut input = std::fs::File::open(file).map_err(read)?;
+        // The length goes first, so it is the file's, not what a read returns.
+        let len = input.metadata().map_err(read)?.len();
+        hasher.update(len.to_le_bytes());
+        let mut left = len;
+        while left > 0 {
+            let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let n = match input.read(&mut buf[..want]) {
+                Ok(0) => {
+                    return Err(read(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the file shrank while it was read",
+                    )));
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(read(e)),
+            };
+            hasher.update(&buf[..n]);
+            left -= n as u64;
+        }
     }
     Ok(hex(&hasher.finalize()))
 }
@@ -266,23 +302,33 @@ fn hex(bytes: &[u8]) -> String {
 /// `trusted`); its checksum proves it intact, and every step of its plans is checked to stay
 /// within the buffers it names (`check_plans`) so that a file written by a buggy build cannot
 /// make a kernel touch memory outside them.
+///
+/// The file is opened without following a symbolic link (`Error::Symlink`), and a file that
+/// loads gets its modification time updated: the cache's cleanup removes what goes unused.
 pub(crate) fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFile>, Error> {
-    let mut file = match std::fs::File::open(path) {
+    let file = match cache::open_engine(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(_) if cache::is_symlink(path) => return Err(Error::Symlink),
         Err(e) => return Err(Error::Unreadable(e)),
     };
-    trusted(&file)?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(Error::Unreadable)?;
-    from_bytes(&bytes, key, frame_len).map(Some)
+    let meta = file.metadata().map_err(Error::Unreadable)?;
+    trusted(&meta)?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile);
+    }
+    let input = BufReader::with_capacity(CHUNK, &file);
+    let engine = read_engine(input, meta.len(), key, frame_len)?;
+    if let Err(e) = file.set_modified(SystemTime::now()) {
+        gst::debug!(CAT, "{}: cannot mark it used: {e}", path.display());
+    }
+    Ok(Some(engine))
 }
 
 /// Refuses a file that another user owns or could have written: its PTX would run as ours.
 #[cfg(unix)]
-fn trusted(file: &std::fs::File) -> Result<(), Error> {
+fn trusted(meta: &std::fs::Metadata) -> Result<(), Error> {
     use std::os::unix::fs::MetadataExt;
-    let meta = file.metadata().map_err(Error::Unreadable)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
@@ -300,54 +346,87 @@ fn trusted(file: &std::fs::File) -> Result<(), Error> {
 }
 
 #[cfg(not(unix))]
-fn trusted(_file: &std::fs::File) -> Result<(), Error> {
+fn trusted(_meta: &std::fs::Metadata) -> Result<(), Error> {
     Ok(())
 }
 
 /// An engine file's contents, checked as `load` checks them (all but the file's owner and
 /// mode): for a key, and frames of `frame_len` values.
 pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFile, Error> {
-    let fixed = MAGIC.len() + 4 + 8;
-    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+    read_engine(bytes, bytes.len() as u64, key, frame_len)
+}
+
+/// The format version of a file whose first bytes are `prefix`; `None` for no engine file.
+pub(crate) fn format_of(prefix: &[u8; FORMAT_PREFIX]) -> Option<u32> {
+    let (magic, format) = prefix.split_at(MAGIC.len());
+    let format = <[u8; 4]>::try_from(format).ok()?;
+    (magic == MAGIC).then(|| u32::from_le_bytes(format))
+}
+
+/// Reads an engine file of `len` bytes from `input`, each weight into a buffer of its own,
+/// hashing as it goes. Every size the file states is checked against `len` before anything
+/// of that size is allocated, so a hostile header cannot ask for more than the file holds.
+///
+/// The errors are those of a check of the whole file's checksum first: what the body says
+/// is only believed (and reported) once the checksum proves it the writer's, so that a
+/// damaged file reads as damaged, whatever its header says.
+fn read_engine(
+    mut input: impl Read,
+    len: u64,
+    key: &Key,
+    frame_len: usize,
+) -> Result<EngineFile, Error> {
+    let mut magic = [0u8; MAGIC.len()];
+    if len < magic.len() as u64 {
         return Err(Error::NotAnEngineFile);
     }
-    if bytes.len() < fixed + CHECKSUM_LEN {
-        return Err(Error::Truncated(bytes.len()));
+    input.read_exact(&mut magic).map_err(read_error)?;
+    if &magic != MAGIC {
+        return Err(Error::NotAnEngineFile);
     }
-    let format = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if len < (FIXED + CHECKSUM_LEN) as u64 {
+        return Err(Error::Truncated(len as usize));
+    }
+    let (mut format, mut header_len) = ([0u8; 4], [0u8; 8]);
+    input.read_exact(&mut format).map_err(read_error)?;
+    input.read_exact(&mut header_len).map_err(read_error)?;
+    let format = u32::from_le_bytes(format);
     if format != FORMAT_VERSION {
         return Err(Error::Format(format));
     }
-    let (body, checksum) = bytes.split_at(bytes.len() - CHECKSUM_LEN);
-    if Sha256::digest(body).as_slice() != checksum {
+    let mut hasher = Sha256::new();
+    hasher.update(magic);
+    hasher.update(format.to_le_bytes());
+    hasher.update(header_len);
+    let header_len = u64::from_le_bytes(header_len);
+    let body_len = len - (FIXED + CHECKSUM_LEN) as u64;
+    let mut body = Hashing {
+        input: (&mut input).take(body_len),
+        hasher,
+    };
+    let read = match read_body(&mut body, body_len, header_len, key) {
+        Err(e @ (Error::Unreadable(_) | Error::Checksum)) => return Err(e),
+        read => read,
+    };
+    if read.is_err() {
+        // Whatever the body says is the checksum's to confirm: hash the rest first.
+        let mut buf = vec![0u8; CHUNK];
+        while body.read(&mut buf).map_err(read_error)? > 0 {}
+    }
+    let Hashing {
+        input: rest,
+        hasher,
+    } = body;
+    if rest.limit() != 0 {
+        // The file ended before its length: it shrank while it was read.
         return Err(Error::Checksum);
     }
-    let header_len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
-    let header = body
-        .get(fixed..fixed.saturating_add(header_len))
-        .ok_or(Error::HeaderPastEnd)?;
-    let mut header: Header = serde_json::from_slice(header).map_err(Error::Header)?;
-    let diffs = header.key.differences(key);
-    if !diffs.is_empty() {
-        return Err(Error::OtherSetup(diffs));
+    let mut checksum = [0u8; CHECKSUM_LEN];
+    input.read_exact(&mut checksum).map_err(read_error)?;
+    if hasher.finalize().as_slice() != checksum {
+        return Err(Error::Checksum);
     }
-    let mut rest = &body[fixed + header_len..];
-    let total = header
-        .weight_sizes
-        .iter()
-        .try_fold(0usize, |sum, &n| sum.checked_add(n));
-    if total != Some(rest.len()) {
-        return Err(Error::WeightsLength);
-    }
-    let weights = header
-        .weight_sizes
-        .iter()
-        .map(|&n| {
-            let (w, tail) = rest.split_at(n);
-            rest = tail;
-            w.to_vec()
-        })
-        .collect::<Vec<_>>();
+    let (mut header, weights) = read?;
     check_plans(
         &mut header.plans,
         &weights,
@@ -366,6 +445,64 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
         fp32_because: header.fp32_because,
         kept_f32: header.kept_f32,
     })
+}
+
+/// The header and weights of an engine file's body of `body_len` bytes.
+fn read_body(
+    body: &mut impl Read,
+    body_len: u64,
+    header_len: u64,
+    key: &Key,
+) -> Result<(Header, Vec<Vec<u8>>), Error> {
+    if header_len > body_len {
+        return Err(Error::HeaderPastEnd);
+    }
+    let mut header = vec![0u8; header_len as usize];
+    body.read_exact(&mut header).map_err(read_error)?;
+    let header: Header = serde_json::from_slice(&header).map_err(Error::Header)?;
+    let diffs = header.key.differences(key);
+    if !diffs.is_empty() {
+        return Err(Error::OtherSetup(diffs));
+    }
+    let total = header
+        .weight_sizes
+        .iter()
+        .try_fold(0u64, |sum, &n| sum.checked_add(n as u64));
+    if total != Some(body_len - header_len) {
+        return Err(Error::WeightsLength);
+    }
+    let mut weights = Vec::with_capacity(header.weight_sizes.len());
+    for &n in &header.weight_sizes {
+        let mut weight = vec![0u8; n];
+        // A chunk at a time, so that the hasher reads each while it is in the CPU's cache.
+        for chunk in weight.chunks_mut(CHUNK) {
+            body.read_exact(chunk).map_err(read_error)?;
+        }
+        weights.push(weight);
+    }
+    Ok((header, weights))
+}
+
+/// A read that fails: a file that ends early is damaged (it shrank while it was read).
+fn read_error(e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => Error::Checksum,
+        _ => Error::Unreadable(e),
+    }
+}
+
+/// Hashes what it reads.
+struct Hashing<R> {
+    input: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// The plans are those of the key (batch sizes) in `dtype`, their input and output buffers
@@ -416,36 +553,51 @@ fn check_plans(
     Ok(())
 }
 
-/// Writes `engine` to `path`, through a temporary file in the same folder so that a reader
-/// never sees half a file.
-pub(crate) fn save(path: &Path, engine: &EngineFile) -> Result<(), Error> {
-    let bytes = to_bytes(engine)?;
+/// Writes `engine` to `path` in the mode of its `place` (see `cache::replace`: a reader never
+/// sees half a file, and a link at `path` is replaced, not followed), as a stream: the
+/// engine is not copied whole into memory once more.
+pub(crate) fn save(path: &Path, engine: &EngineFile, place: Place) -> Result<(), Error> {
+    let header = header_json(engine)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+        cache::make_folder(dir, place).map_err(|source| Error::CreateDir {
             dir: dir.to_owned(),
             source,
         })?;
     }
-    // Unique per writer: elements of one process may save the same engine at once.
-    static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("tmp{}-{writer}", std::process::id()));
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(&bytes)?;
-        f.sync_all()
-    });
-    if let Err(source) = written.and_then(|()| std::fs::rename(&tmp, path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::Write {
-            path: path.to_owned(),
-            source,
-        });
-    }
-    Ok(())
+    cache::replace(path, place.file_mode(), |out| {
+        let mut hasher = Sha256::new();
+        let fixed = fixed_fields(&header);
+        for part in parts(engine, &fixed, &header) {
+            for chunk in part.chunks(CHUNK) {
+                hasher.update(chunk);
+                out.write_all(chunk)?;
+            }
+        }
+        out.write_all(&hasher.finalize())
+    })
+    .map_err(|source| Error::Write {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// The file `save` writes for `engine`: magic, format, header, weights, then the checksum.
 pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, Error> {
+    let header = header_json(engine)?;
+    let fixed = fixed_fields(&header);
+    let len = parts(engine, &fixed, &header)
+        .map(<[u8]>::len)
+        .sum::<usize>();
+    let mut bytes = Vec::with_capacity(len + CHECKSUM_LEN);
+    for part in parts(engine, &fixed, &header) {
+        bytes.extend_from_slice(part);
+    }
+    let checksum = Sha256::digest(&bytes);
+    bytes.extend_from_slice(&checksum);
+    Ok(bytes)
+}
+
+fn header_json(engine: &EngineFile) -> Result<Vec<u8>, Error> {
     let header = Header {
         key: engine.key.clone(),
         num_classes: engine.num_classes,
@@ -455,28 +607,38 @@ pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, Error> {
         fp32_because: engine.fp32_because.clone(),
         kept_f32: engine.kept_f32.clone(),
     };
-    let header = serde_json::to_vec(&header).map_err(Error::Serialize)?;
-    let mut body =
-        Vec::with_capacity(20 + header.len() + engine.weights.iter().map(Vec::len).sum::<usize>());
-    body.extend_from_slice(MAGIC);
-    body.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    body.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    body.extend_from_slice(&header);
-    for w in &engine.weights {
-        body.extend_from_slice(w);
-    }
-    let checksum = Sha256::digest(&body);
-    body.extend_from_slice(&checksum);
-    Ok(body)
+    serde_json::to_vec(&header).map_err(Error::Serialize)
+}
+
+/// The magic, the format version and the header's length.
+fn fixed_fields(header: &[u8]) -> [u8; FIXED] {
+    let mut fixed = [0u8; FIXED];
+    let (magic, rest) = fixed.split_at_mut(MAGIC.len());
+    let (format, len) = rest.split_at_mut(4);
+    magic.copy_from_slice(MAGIC);
+    format.copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    len.copy_from_slice(&(header.len() as u64).to_le_bytes());
+    fixed
+}
+
+/// What the checksum covers, in order: the fixed fields, the header, the weights.
+fn parts<'a>(
+    engine: &'a EngineFile,
+    fixed: &'a [u8; FIXED],
+    header: &'a [u8],
+) -> impl Iterator<Item = &'a [u8]> {
+    [&fixed[..], header]
+        .into_iter()
+        .chain(engine.weights.iter().map(Vec::as_slice))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::engine::compiler::ir::Act;
     use crate::engine::compiler::plan::{Cast, Loc, MAX_RANK, Step, Strided};
 
-    fn key() -> Key {
+    pub(crate) fn key() -> Key {
         Key {
             format: FORMAT_VERSION,
             plugin_version: "1.0".into(),
@@ -494,9 +656,9 @@ mod tests {
     }
 
     /// Values of one frame of the fixture's model: 3 × 2 × 2.
-    const FRAME: usize = 12;
+    pub(crate) const FRAME: usize = 12;
 
-    fn engine() -> EngineFile {
+    pub(crate) fn engine() -> EngineFile {
         let step = Step::Ew {
             op: None,
             act: Act::Relu,
@@ -538,7 +700,7 @@ mod tests {
     fn saved() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/model.engine");
-        save(&path, &engine()).unwrap();
+        save(&path, &engine(), Place::Elsewhere).unwrap();
         (dir, path)
     }
 
@@ -622,7 +784,7 @@ mod tests {
         e.weights.pop();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e.engine");
-        save(&path, &e).unwrap();
+        save(&path, &e, Place::Elsewhere).unwrap();
         let err = load(&path, &key(), FRAME).err().unwrap().to_string();
         assert!(err.contains("names weight 1"), "{err}");
     }
@@ -634,7 +796,7 @@ mod tests {
     fn reload(e: &EngineFile) -> Result<Option<EngineFile>, Error> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e.engine");
-        save(&path, e).unwrap();
+        save(&path, e, Place::Elsewhere).unwrap();
         load(&path, &key(), FRAME)
     }
 
@@ -884,7 +1046,7 @@ mod tests {
                 assert_eq!(e.dtype() == dtype, loads, "{name}: {asked:?} as {dtype:?}");
                 let dir = tempfile::tempdir().unwrap();
                 let file = dir.path().join("e.engine");
-                save(&file, &e).unwrap();
+                save(&file, &e, Place::Elsewhere).unwrap();
                 let loaded = load(&file, &k, spec.frame_len());
                 let what = format!("{name} {asked:?} as {dtype:?}");
                 match loads {
@@ -943,7 +1105,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let at = dir.path().join("e.engine");
         let load_back = |e: &EngineFile| {
-            save(&at, e).unwrap();
+            save(&at, e, Place::Elsewhere).unwrap();
             load(&at, &k, spec.frame_len())
         };
         let loaded = load_back(&file(Some(kept_f32.clone()), false))
@@ -965,9 +1127,13 @@ mod tests {
 
     #[test]
     fn unwritable_folder_is_an_error_not_a_panic() {
-        let err = save(Path::new("/proc/trtclassify/x.engine"), &engine())
-            .unwrap_err()
-            .to_string();
+        let err = save(
+            Path::new("/proc/trtclassify/x.engine"),
+            &engine(),
+            Place::Elsewhere,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("/proc/trtclassify"), "{err}");
     }
 
@@ -979,5 +1145,93 @@ mod tests {
         let (a, b) = (key().file_name(model), other.file_name(model));
         assert!(a.starts_with("resnet50-") && a.ends_with(".engine"), "{a}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn model_digests_are_those_of_earlier_versions() {
+        // Values of the plugin that read files whole: the caches it wrote still match.
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.onnx");
+        let weights = dir.path().join("m.weights");
+        std::fs::write(&model, b"trtclassify digest fixture\n").unwrap();
+        let bytes: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        std::fs::write(&weights, bytes).unwrap();
+        assert_eq!(
+            model_digest(&model, &[]).unwrap(),
+            "1fb90a6ed736287aee15871c3dd99ced1c6ea0d30f30d3088a97d095fd00bdc0"
+        );
+        assert_eq!(
+            model_digest(&model, &[weights]).unwrap(),
+            "521615efa6dae613299a8a1d61063815ea02fc1f5cb282a12d6574a5178c831b"
+        );
+        let err = model_digest(&model, &[dir.path().join("gone")]).unwrap_err();
+        assert!(err.to_string().contains("gone: No such file"), "{err}");
+    }
+
+    /// A file of `header` with a checksum that matches: only the reader's own checks can
+    /// refuse it.
+    fn signed(header: &[u8], header_len: u64, tail: &[u8]) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(MAGIC);
+        body.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        body.extend_from_slice(&header_len.to_le_bytes());
+        body.extend_from_slice(header);
+        body.extend_from_slice(tail);
+        let checksum = Sha256::digest(&body);
+        body.extend_from_slice(&checksum);
+        body
+    }
+
+    #[test]
+    fn sizes_past_the_file_are_refused_before_anything_is_allocated() {
+        let e = engine();
+        let header = |weight_sizes| {
+            serde_json::to_vec(&Header {
+                key: key(),
+                num_classes: e.num_classes,
+                ptx: e.ptx.clone(),
+                plans: e.plans.clone(),
+                weight_sizes,
+                fp32_because: None,
+                kept_f32: None,
+            })
+            .unwrap()
+        };
+        // A header of 2^64 - 6 bytes, and weights of a petabyte: refused, not allocated.
+        let h = header(vec![2, 12]);
+        let file = signed(&h, u64::MAX - 5, &[0; 14]);
+        let err = from_bytes(&file, &key(), FRAME).err().unwrap().to_string();
+        assert!(err.contains("the header runs past the end"), "{err}");
+        let h = header(vec![1 << 50, 14]);
+        let file = signed(&h, h.len() as u64, &[0; 14]);
+        let err = from_bytes(&file, &key(), FRAME).err().unwrap().to_string();
+        assert!(err.contains("do not add up"), "{err}");
+        // The same files damaged are damaged first.
+        let mut file = file;
+        let last = file.len() - 1;
+        file[last] ^= 1;
+        let err = from_bytes(&file, &key(), FRAME).err().unwrap().to_string();
+        assert!(err.contains("checksum does not match"), "{err}");
+    }
+
+    #[test]
+    fn a_load_marks_the_file_used() {
+        let (_dir, path) = saved();
+        let month_ago = SystemTime::now() - std::time::Duration::from_secs(40 * 86400);
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(month_ago).unwrap();
+        drop(file);
+        assert!(load(&path, &key(), FRAME).unwrap().is_some());
+        let used = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert!(used > SystemTime::now() - std::time::Duration::from_secs(60));
+        // A file that does not load is not marked.
+        let mut other = key();
+        other.gpu = "NVIDIA L4".into();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(month_ago).unwrap();
+        drop(file);
+        assert!(load(&path, &other, FRAME).is_err());
+        let used = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(used, month_ago);
     }
 }

@@ -5,11 +5,13 @@
 //! batch size, on the CPU. This module runs them: `runtime` tunes each plan's convolutions,
 //! captures it as one CUDA graph and runs it on batches; `frames` preprocesses video frames
 //! on the GPU; `engine_file` caches the built engine on disk (and checks every plan it
-//! loads); `abi` is what the Rust side and kernels.cu must agree on; `error` what can fail.
+//! loads), `cache` keeps those files (where, written how, one builder at a time, cleaned);
+//! `abi` is what the Rust side and kernels.cu must agree on; `error` what can fail.
 //! The GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN, which are loaded when the
 //! engine is built, so the plugin loads where there is no CUDA at all.
 
 mod abi;
+pub(crate) mod cache;
 pub mod engine_file;
 mod error;
 pub mod fp16_range;
@@ -119,10 +121,13 @@ impl CudaEngine {
             batch_sizes: batch_sizes(options.batch_size, model.input.batch.fixed()),
             input: (spec.height, spec.width),
         };
-        let path = options
-            .engine_location
-            .clone()
-            .unwrap_or_else(|| engine_file::cache_dir().join(key.file_name(&model.path)));
+        let (path, place) = match &options.engine_location {
+            Some(path) => (path.clone(), cache::Place::Elsewhere),
+            None => (
+                cache::dir().join(key.file_name(&model.path)),
+                cache::Place::Cache,
+            ),
+        };
         let mut progress = |msg: &str| {
             gst::info!(
                 CAT,
@@ -133,28 +138,6 @@ impl CudaEngine {
             options.progress.report(msg);
         };
 
-        let loaded = match engine_file::load(&path, &key, spec.frame_len()) {
-            Ok(loaded) => loaded,
-            Err(reason) => {
-                gst::warning!(
-                    CAT,
-                    "engine file {}: {reason}; building the engine again",
-                    path.display()
-                );
-                None
-            }
-        };
-        let (mut file, fresh) = match loaded {
-            Some(file) => {
-                progress(&format!("loaded engine file {}", path.display()));
-                (file, false)
-            }
-            None => (
-                build_engine(model, &gpu, key.clone(), dtype, spec, &[], &mut progress)
-                    .map_err(fail)?,
-                true,
-            ),
-        };
         // Plans without tuned algorithms are tuned here; a loaded file's are used as they are.
         let open = |file: &mut EngineFile, progress: &mut dyn FnMut(&str)| {
             let plans = std::mem::take(&mut file.plans);
@@ -173,67 +156,73 @@ impl CudaEngine {
             )
             .map_err(|e| fail(e.to_string()))
         };
-        let mut runtime = open(&mut file, &mut progress)?;
-        if fresh && dtype == DType::F16 {
-            // Where the sample frames pass fp16's range, the nodes that do (and those reading
-            // their values) are built again in f32, the rest staying fp16, until the samples
-            // fit; a few rounds at most, then the whole engine in fp32.
-            let samples = fp16_range::sample_frames(spec, &options.preprocess).map_err(fail)?;
-            let mut found: Vec<String> = Vec::new();
-            let mut kept: Vec<String> = Vec::new();
-            loop {
-                let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
-                    .map_err(|e| fail(e.to_string()))?;
-                let Some(overflow) = overflow else {
-                    break;
-                };
-                let because = format!(
-                    "{overflow} on sample frames, past fp16's largest value, {}",
-                    fp16_range::LIMIT
-                );
-                // Its GPU memory goes before the next build's is taken.
-                drop(runtime);
-                if kept.contains(&overflow.node) || found.len() == fp16_range::ROUNDS {
-                    gst::warning!(
-                        CAT,
-                        "{}: precision=fp16: {because}; the engine is built in fp32",
-                        model.path.display()
+        let build = |progress: &mut dyn FnMut(&str)| {
+            let mut file =
+                build_engine(model, &gpu, key.clone(), dtype, spec, &[], progress).map_err(fail)?;
+            let mut runtime = open(&mut file, progress)?;
+            if dtype == DType::F16 {
+                // Where the sample frames pass fp16's range, the nodes that do (and those
+                // reading their values) are built again in f32, the rest staying fp16, until
+                // the samples fit; a few rounds at most, then the whole engine in fp32.
+                let samples = fp16_range::sample_frames(spec, &options.preprocess).map_err(fail)?;
+                let mut found: Vec<String> = Vec::new();
+                let mut kept: Vec<String> = Vec::new();
+                loop {
+                    let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
+                        .map_err(|e| fail(e.to_string()))?;
+                    let Some(overflow) = overflow else {
+                        break;
+                    };
+                    let because = format!(
+                        "{overflow} on sample frames, past fp16's largest value, {}",
+                        fp16_range::LIMIT
                     );
-                    progress(&format!("{because}: building the engine in fp32"));
-                    file = build_engine(model, &gpu, key, DType::F32, spec, &[], &mut progress)
+                    // Its GPU memory goes before the next build's is taken.
+                    drop(runtime);
+                    if kept.contains(&overflow.node) || found.len() == fp16_range::ROUNDS {
+                        gst::warning!(
+                            CAT,
+                            "{}: precision=fp16: {because}; the engine is built in fp32",
+                            model.path.display()
+                        );
+                        progress(&format!("{because}: building the engine in fp32"));
+                        file =
+                            build_engine(model, &gpu, key.clone(), DType::F32, spec, &[], progress)
+                                .map_err(fail)?;
+                        file.fp32_because = Some(because);
+                        runtime = open(&mut file, progress)?;
+                        break;
+                    }
+                    progress(&format!("{because}: building that node in f32"));
+                    found.push(because);
+                    kept.push(overflow.node);
+                    file = build_engine(model, &gpu, key.clone(), dtype, spec, &kept, progress)
                         .map_err(fail)?;
-                    file.fp32_because = Some(because);
-                    runtime = open(&mut file, &mut progress)?;
-                    break;
+                    if let Some(k) = &mut file.kept_f32 {
+                        k.because = found.clone();
+                    }
+                    runtime = open(&mut file, progress)?;
                 }
-                progress(&format!("{because}: building that node in f32"));
-                found.push(because);
-                kept.push(overflow.node);
-                file = build_engine(model, &gpu, key.clone(), dtype, spec, &kept, &mut progress)
-                    .map_err(fail)?;
-                if let Some(k) = &mut file.kept_f32 {
-                    k.because = found.clone();
+                if let Some(k) = file
+                    .kept_f32
+                    .as_ref()
+                    .filter(|_| file.fp32_because.is_none())
+                {
+                    gst::warning!(CAT, "{}: {}", model.path.display(), mixed_note(k));
                 }
-                runtime = open(&mut file, &mut progress)?;
             }
-            if let Some(k) = file
-                .kept_f32
-                .as_ref()
-                .filter(|_| file.fp32_because.is_none())
-            {
-                gst::warning!(CAT, "{}: {}", model.path.display(), mixed_note(k));
-            }
-        }
-        if fresh {
+            // What is saved: the plans with the algorithms tuned for them.
             file.plans = runtime.plans().cloned().collect();
-            match engine_file::save(&path, &file) {
-                Ok(()) => progress(&format!("saved engine file {}", path.display())),
-                Err(e) => gst::warning!(
-                    CAT,
-                    "{e}; the engine runs without being saved, and is built again next time"
-                ),
-            }
-        }
+            Ok::<_, EngineError>((file, runtime))
+        };
+        // Of processes (and engines) starting together, one builds and the others load.
+        let (mut file, built) =
+            cache::load_or_build(&path, place, &key, spec.frame_len(), &mut progress, build)?;
+        let fresh = built.is_some();
+        let runtime = match built {
+            Some(runtime) => runtime,
+            None => open(&mut file, &mut progress)?,
+        };
         let num_classes = file.num_classes;
         gst::info!(
             CAT,
@@ -266,6 +255,10 @@ impl CudaEngine {
             },
             reads_device_frames: frame_pre.is_some(),
             non_finite: Default::default(),
+            engine_file: Some(super::EngineFileUse {
+                path: path.clone(),
+                loaded: !fresh,
+            }),
         };
         Ok(CudaEngine {
             info,
@@ -406,6 +399,19 @@ impl CudaEngine {
             .map_err(inference)
     }
 
+    /// Forgets every item pushed after the first `n` (a push refused part-way): the scores of
+    /// a model batch that ran inside the push, and the staged input of the next (its staging
+    /// is written again from there).
+    fn keep_first(&mut self, n: usize) {
+        let ran = self.ran.len();
+        if ran >= n {
+            self.ran.truncate(n);
+            self.pushed = 0;
+        } else {
+            self.pushed = n - ran;
+        }
+    }
+
     /// Runs the frames pushed into the runtime's input into `ran`.
     fn score_pushed_frames(&mut self) -> Result<(), EngineError> {
         let n = std::mem::take(&mut self.pushed);
@@ -465,6 +471,7 @@ impl Engine for CudaEngine {
     ) -> Result<(), EngineError> {
         let gpu = self.gpu_frame(frame, crops)?;
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let before = self.pending();
         let mut done = 0;
         while done < crops.len() {
             // As many crops as the model batch has room for; a full batch runs at once.
@@ -476,15 +483,23 @@ impl Engine for CudaEngine {
                 }
                 None => {
                     self.input.resize(now * frame_len, 0.0);
-                    self.preprocessor
-                        .run(frame, &crops[done..done + now], &mut self.input)?;
+                    if let Err(e) =
+                        self.preprocessor
+                            .run(frame, &crops[done..done + now], &mut self.input)
+                    {
+                        self.keep_first(before);
+                        return Err(e.into());
+                    }
                     self.input
                         .chunks_exact(frame_len)
                         .enumerate()
                         .try_for_each(|(i, input)| self.runtime.stage_input(self.pushed + i, input))
                 }
             };
-            staged.map_err(inference)?;
+            if let Err(e) = staged {
+                self.keep_first(before);
+                return Err(inference(e));
+            }
             self.pushed += now;
             done += now;
             if self.pushed == batch {
@@ -535,10 +550,15 @@ impl Engine for CudaEngine {
                  first (an element upstream did not take the shared gst.cuda.context)"
             );
         }
+        let before = self.pending();
         for params in &params {
-            self.runtime
-                .stage_device_frame(self.pushed, params, base, frame.context)
-                .map_err(inference)?;
+            if let Err(e) =
+                self.runtime
+                    .stage_device_frame(self.pushed, params, base, frame.context)
+            {
+                self.keep_first(before);
+                return Err(inference(e));
+            }
             self.pushed += 1;
             if self.pushed == self.info.model_batch {
                 self.score_pushed_frames()?;
@@ -556,5 +576,9 @@ impl Engine for CudaEngine {
         self.pushed = 0;
         // The runtime reuses the staging from the start of the next batch.
         self.ran.clear();
+    }
+
+    fn pending(&self) -> usize {
+        self.ran.len() + self.pushed
     }
 }

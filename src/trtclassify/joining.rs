@@ -1,0 +1,446 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Getting an engine: at start, and again while running when a property that shapes it
+//! changes (a live model update).
+//!
+//! A live update builds (or joins) the new engine on a thread of its own, with progress
+//! messages as at start, while the old one goes on classifying. The streaming thread switches
+//! between batches, at its next frame: the old engine's partial batch runs, its frames leave
+//! with their results, and every later frame goes to the new engine. A model that fails to
+//! load or build is a warning, and the old engine goes on. Elements that share an engine move
+//! to another only by their own update: each element's key decides which instance it joins,
+//! so elements that all changed to the same settings share the new engine, and the others keep
+//! the old one.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+
+use super::imp::{CAT, DEVICE_FRAMES_NO, DEVICE_FRAMES_YES, TrtClassify};
+use super::settings::Settings;
+use super::state::{Outputs, State};
+use super::timer::BatchTimer;
+use crate::engine::{self, EngineError, ModelError, ModelInfo};
+use crate::instance::{self, InstanceKey, Joined};
+use crate::outputs::labels::Labels;
+use crate::outputs::results::ResultsWriter;
+
+/// Why an engine could not be made: the error `start()` fails with, and its text for the
+/// warning of a live update that failed.
+pub(super) struct Problem {
+    pub(super) error: gst::ErrorMessage,
+    pub(super) text: String,
+}
+
+impl Problem {
+    fn new<T: gst::MessageErrorDomain>(kind: T, text: String) -> Self {
+        Self {
+            error: gst::ErrorMessage::new(&kind, Some(&text), None, file!(), "", line!()),
+            text,
+        }
+    }
+}
+
+/// An engine joined for the element's settings, with what goes with it; what `start()`
+/// installs, or what a live update hands to the streaming thread.
+pub(super) struct Prepared {
+    settings: Settings,
+    stream: instance::Stream,
+    outputs: Outputs,
+    timer: Option<Arc<BatchTimer>>,
+    joined: Joined,
+    ready_in: Duration,
+}
+
+/// Live updates in flight: the latest asked for, and the engine built for it.
+#[derive(Default)]
+pub(super) struct Updates {
+    /// Counts the updates asked for (and starts and stops): a build for an older one is
+    /// dropped when it is done.
+    generation: u64,
+    pending: Option<Prepared>,
+}
+
+impl TrtClassify {
+    /// The engine instance the element joins at start with its properties as they are now.
+    pub(crate) fn instance_key(&self) -> Result<InstanceKey, gst::ErrorMessage> {
+        let settings = self.settings.lock().unwrap().clone();
+        settings
+            .instance_key(engine::Progress::default())
+            .map_err(|text| Problem::new(gst::LibraryError::Settings, text).error)
+    }
+
+    /// Loads the model and builds (or joins) the engine; `start()` wraps it in progress
+    /// messages.
+    pub(super) fn start_engine(&self) -> Result<(), gst::ErrorMessage> {
+        self.forget_updates();
+        let settings = self.settings.lock().unwrap().clone();
+        let prepared = self.prepare(settings, None).map_err(|p| p.error)?;
+        *self.stats.lock().unwrap() = Default::default();
+        let state = self.install(prepared, None);
+        *self.state.lock().unwrap() = Some(state);
+        Ok(())
+    }
+
+    /// Drops a live update in flight, and the engine built for it (a stop, a new start).
+    pub(super) fn forget_updates(&self) {
+        let pending = {
+            let mut updates = self.updates.lock().unwrap();
+            updates.generation += 1;
+            updates.pending.take()
+        };
+        drop(pending);
+    }
+
+    /// Joins the engine for `settings`, with its labels, results file and timer (`timer`:
+    /// the running one, which a live update keeps).
+    fn prepare(
+        &self,
+        settings: Settings,
+        timer: Option<Arc<BatchTimer>>,
+    ) -> Result<Prepared, Problem> {
+        let key = settings
+            .instance_key(self.progress_reporter())
+            .map_err(|text| Problem::new(gst::LibraryError::Settings, text))?;
+        let location = key.options.model.to_string_lossy().into_owned();
+        let labels = load_labels(&settings)?;
+        // The timer thread exists before the engine is joined: another stream's batch can
+        // wake it as soon as this element is in.
+        let timer = match (settings.batches(), timer) {
+            (false, _) => None,
+            (true, Some(timer)) => Some(timer),
+            (true, None) => Some(self.spawn_timer()?),
+        };
+        let started = Instant::now();
+        let (stream, joined) = self.join_engine(key, &location, waker(timer.as_ref()))?;
+        let ready_in = started.elapsed();
+        let info = stream.info();
+        self.check_labels(&settings, &labels, info);
+        let results = open_results(&settings)?;
+        let outputs = Outputs::new(
+            &location,
+            self.obj().name().to_string(),
+            labels,
+            settings.apply_softmax(info.outputs_probabilities),
+            results,
+        );
+        Ok(Prepared {
+            settings,
+            stream,
+            outputs,
+            timer,
+            joined,
+            ready_in,
+        })
+    }
+
+    /// Makes the state of a prepared engine, and tells queries and `stats` about it.
+    fn install(&self, prepared: Prepared, old: Option<&State>) -> State {
+        let Prepared {
+            settings,
+            stream,
+            outputs,
+            timer,
+            joined,
+            ready_in,
+        } = prepared;
+        self.publish_model_info(stream.info());
+        let location = settings.onnx_location.as_deref().unwrap_or_default();
+        self.stats
+            .lock()
+            .unwrap()
+            .engine(location, &stream, joined, ready_in);
+        let mut state = State::new(stream, &settings, timer, outputs);
+        if let Some(old) = old {
+            state.input.info = old.input.info.clone();
+        }
+        state
+    }
+
+    /// Builds (or joins) the engine for the settings as they are now on a thread of its own,
+    /// for the streaming thread to switch to (`apply_update`); said at once by a warning
+    /// where the thread cannot start.
+    pub(super) fn schedule_update(&self, property: &str) {
+        let generation = {
+            let mut updates = self.updates.lock().unwrap();
+            updates.generation += 1;
+            updates.generation
+        };
+        gst::info!(
+            CAT,
+            imp = self,
+            "{property} changed while running: preparing the engine for the new settings"
+        );
+        let element = self.obj().downgrade();
+        let spawned = std::thread::Builder::new()
+            .name("trtclassify-update".into())
+            .spawn(move || {
+                if let Some(element) = element.upgrade() {
+                    element.imp().build_update(generation);
+                }
+            });
+        if let Err(e) = spawned {
+            gst::element_imp_warning!(
+                self,
+                gst::CoreError::Thread,
+                [
+                    "cannot start the thread that builds the engine for the new {}: {}; the running engine goes on",
+                    property,
+                    e
+                ]
+            );
+        }
+    }
+
+    /// The live update's thread: prepares the engine, and hands it to the streaming thread
+    /// unless a newer update (or a stop) came meanwhile.
+    fn build_update(&self, generation: u64) {
+        let settings = self.settings.lock().unwrap().clone();
+        // The running timer goes on serving the new engine: frames held by the old one may
+        // still wait for it.
+        let timer = self
+            .state
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|s| s.queue.timer.clone());
+        let prepared = match self.prepare(settings, timer) {
+            Ok(prepared) => prepared,
+            Err(problem) => {
+                self.post_progress(gst::ProgressType::Error, "engine build failed");
+                gst::element_imp_warning!(
+                    self,
+                    gst::LibraryError::Settings,
+                    [
+                        "the new settings cannot be applied: {}; the running engine goes on",
+                        problem.text
+                    ]
+                );
+                return;
+            }
+        };
+        self.post_progress(gst::ProgressType::Complete, "engine ready");
+        let superseded = {
+            let mut updates = self.updates.lock().unwrap();
+            match updates.generation == generation {
+                true => updates.pending.replace(prepared),
+                false => Some(prepared),
+            }
+        };
+        drop(superseded);
+    }
+
+    /// Switches to the engine of a live update, if one is ready: the old engine's held frames
+    /// get their results first (their partial batch runs now), then the new one takes over.
+    /// On the streaming thread, between two frames.
+    pub(super) fn apply_update(&self, state: &mut State) -> Result<(), gst::FlowError> {
+        let Some(prepared) = self.updates.lock().unwrap().pending.take() else {
+            return Ok(());
+        };
+        let tunables = prepared.settings.tunables;
+        if state.queue.batcher.unscored() > 0 {
+            state.stream.run_now(None);
+        }
+        self.collect(state, &tunables)?;
+        if state.queue.batcher.unscored() > 0 {
+            let problem = format!(
+                "{} frames were given to the old engine and never came back",
+                state.queue.batcher.unscored()
+            );
+            return Err(self.fail(state, &problem));
+        }
+        let reads_device_frames = state.stream.info().reads_device_frames;
+        let mut new = self.install(prepared, Some(state));
+        // Frames numbered on, the last result carried until the new engine's first, the
+        // frames already sent on (`ready`) still to leave.
+        std::mem::swap(&mut new.queue.batcher, &mut state.queue.batcher);
+        std::mem::swap(&mut new.queue.ready, &mut state.queue.ready);
+        new.outputs.last = std::mem::take(&mut state.outputs.last);
+        let old = std::mem::replace(state, new);
+        gst::info!(
+            CAT,
+            imp = self,
+            "switched to the engine for {} ({:?}, batch {})",
+            state.outputs.model_name,
+            state.stream.info().backend,
+            state.stream.batch_size()
+        );
+        if state.stream.info().reads_device_frames != reads_device_frames {
+            // Whether CUDA memory is read where it is changed: upstream may choose again.
+            self.obj().reconfigure_sink();
+        }
+        // Leaving the old engine may free it (GPU memory, threads): not on this thread.
+        let _ = std::thread::Builder::new()
+            .name("trtclassify-drop".into())
+            .spawn(move || drop(old));
+        Ok(())
+    }
+
+    /// The batch-timeout thread, for elements whose frames wait for batch-mates.
+    fn spawn_timer(&self) -> Result<Arc<BatchTimer>, Problem> {
+        let element = self.obj().downgrade();
+        let timer = BatchTimer::spawn(move || {
+            if let Some(element) = element.upgrade() {
+                element.imp().on_timer();
+            }
+        })
+        .map_err(|e| {
+            Problem::new(
+                gst::CoreError::Thread,
+                format!("cannot start the batch timer: {e}"),
+            )
+        })?;
+        Ok(Arc::new(timer))
+    }
+
+    /// Joins (or builds) the shared engine for `key`, and says which it did.
+    fn join_engine(
+        &self,
+        key: InstanceKey,
+        location: &str,
+        wake: instance::Waker,
+    ) -> Result<(instance::Stream, Joined), Problem> {
+        let started = Instant::now();
+        let (backend, options) = (key.backend, key.options.clone());
+        let (stream, joined) = instance::join(key, wake, move || engine::build(backend, &options))
+            .map_err(start_problem)?;
+        let info = stream.info();
+        match joined {
+            Joined::Built => gst::info!(
+                CAT,
+                imp = self,
+                "{location}: {:?} engine built in {:.1?}: {} classes, input {}x{}",
+                info.backend,
+                started.elapsed(),
+                info.num_classes,
+                info.input.width,
+                info.input.height
+            ),
+            Joined::Shared => gst::info!(
+                CAT,
+                imp = self,
+                "{location}: sharing the {:?} engine of {} other element(s)",
+                info.backend,
+                stream.streams() - 1
+            ),
+        }
+        if let Some(note) = &info.precision_note {
+            gst::element_imp_warning!(self, gst::LibraryError::Settings, ["{location}: {note}"]);
+        }
+        Ok((stream, joined))
+    }
+
+    /// Warns when the labels file does not name as many classes as the model scores.
+    fn check_labels(&self, settings: &Settings, labels: &Labels, info: &ModelInfo) {
+        if !labels.is_empty() && labels.len() != info.num_classes {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Settings,
+                [
+                    "{}: {} labels for {} classes; numbers stand in for missing labels",
+                    settings.labels_location.as_deref().unwrap_or_default(),
+                    labels.len(),
+                    info.num_classes
+                ]
+            );
+        }
+    }
+
+    /// What the running engine tells queries and caps: `num-classes`, and whether frames in
+    /// CUDA memory are read where they are.
+    fn publish_model_info(&self, info: &ModelInfo) {
+        self.num_classes
+            .store(info.num_classes as u32, Ordering::Relaxed);
+        self.device_frames.store(
+            match info.reads_device_frames {
+                true => DEVICE_FRAMES_YES,
+                false => DEVICE_FRAMES_NO,
+            },
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Posts a progress message (GStreamer's `GST_MESSAGE_PROGRESS`) about the engine build.
+    pub(super) fn post_progress(&self, kind: gst::ProgressType, text: &str) {
+        let obj = self.obj();
+        let msg = gst::message::Progress::builder(kind, "engine-build", text)
+            .src(&*obj)
+            .build();
+        let _ = obj.post_message(msg);
+    }
+
+    /// Turns the engine's progress reports into bus messages.
+    fn progress_reporter(&self) -> engine::Progress {
+        self.post_progress(gst::ProgressType::Start, "building the engine");
+        let element = self.obj().downgrade();
+        engine::Progress::new(move |text| {
+            if let Some(element) = element.upgrade() {
+                element
+                    .imp()
+                    .post_progress(gst::ProgressType::Continue, text);
+            }
+        })
+    }
+}
+
+/// `labels-location` read, or no labels (class numbers stand in).
+fn load_labels(settings: &Settings) -> Result<Labels, Problem> {
+    match &settings.labels_location {
+        Some(path) => Labels::load(path.as_ref())
+            .map_err(|e| Problem::new(gst::ResourceError::OpenRead, e.to_string())),
+        None => Ok(Labels::default()),
+    }
+}
+
+/// `results-location` opened for appending, with its path for messages.
+fn open_results(settings: &Settings) -> Result<Option<(String, ResultsWriter)>, Problem> {
+    let Some(path) = &settings.results_location else {
+        return Ok(None);
+    };
+    let writer = ResultsWriter::open(path).map_err(|e| {
+        Problem::new(
+            gst::ResourceError::OpenWrite,
+            format!("{path}: cannot open the results file: {e}"),
+        )
+    })?;
+    Ok(Some((path.clone(), writer)))
+}
+
+/// What the shared engine calls when it has run a batch with this element's frames in it
+/// from another stream's thread: a wake of the timer thread.
+fn waker(timer: Option<&Arc<BatchTimer>>) -> instance::Waker {
+    match timer {
+        Some(timer) => {
+            let timer = Arc::downgrade(timer);
+            Arc::new(move || {
+                if let Some(timer) = timer.upgrade() {
+                    timer.wake();
+                }
+            })
+        }
+        // Batches of one run in the pushing stream's own call: nothing to wake.
+        None => Arc::new(|| ()),
+    }
+}
+
+/// The error for an engine that could not be built.
+fn start_problem(err: EngineError) -> Problem {
+    let text = err.to_string();
+    match &err {
+        EngineError::Model(ModelError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Problem::new(gst::ResourceError::NotFound, text)
+        }
+        EngineError::Model(ModelError::Io { .. }) => {
+            Problem::new(gst::ResourceError::OpenRead, text)
+        }
+        EngineError::Model(_) => Problem::new(gst::StreamError::WrongType, text),
+        EngineError::Unavailable { .. } => Problem::new(gst::LibraryError::Init, text),
+        EngineError::UnsupportedOps { .. } => Problem::new(gst::CoreError::NotImplemented, text),
+        _ => Problem::new(gst::LibraryError::Settings, text),
+    }
+}

@@ -382,22 +382,25 @@ fn max_lateness_minus_one_waits_for_every_result_of_a_live_source() {
     }
 }
 
-#[test]
-fn frames_downstream_reports_late_are_passed_on_unclassified() {
+/// A playing element with `properties`, told by downstream's QoS that frames up to 200 ms
+/// of running time are late (the harness's source answers the latency query as live).
+fn told_frames_are_late(properties: &str) -> gst_check::Harness {
     common::init();
-    let mut h = gst_check::Harness::new_parse(&common::colors_element(
-        "model-instance-id=live-qos batch-size=1 max-lateness=0",
-    ));
+    let mut h = gst_check::Harness::new_parse(&common::colors_element(properties));
     h.set_src_caps(rgb_caps(32, 24));
     h.play();
-    // The harness's source answers the latency query as live. Downstream says frames up to
-    // 200 ms of running time are late.
     h.push_upstream_event(gst::event::Qos::new(
         gst::QOSType::Overflow,
         1.5,
         0,
         gst::ClockTime::from_mseconds(200),
     ));
+    h
+}
+
+#[test]
+fn frames_downstream_reports_late_are_passed_on_unclassified() {
+    let mut h = told_frames_are_late("model-instance-id=live-qos batch-size=1 max-lateness=0");
     // 40 ms a frame: frames 0 to 5 (up to 200 ms) are late, 6 and 7 are not.
     for i in 0..8 {
         let (_, rgb) = COLORS[i as usize % COLORS.len()];
@@ -417,17 +420,7 @@ fn frames_downstream_reports_late_are_passed_on_unclassified() {
     assert_eq!(count(&stats, "unclassified-qos"), 6, "{stats}");
     assert_eq!(count(&stats, "classified"), 2, "{stats}");
     // With qos=false, the reports are not read.
-    let mut h = gst_check::Harness::new_parse(&common::colors_element(
-        "model-instance-id=live-qos max-lateness=0 qos=false",
-    ));
-    h.set_src_caps(rgb_caps(32, 24));
-    h.play();
-    h.push_upstream_event(gst::event::Qos::new(
-        gst::QOSType::Overflow,
-        1.5,
-        0,
-        gst::ClockTime::from_mseconds(200),
-    ));
+    let mut h = told_frames_are_late("model-instance-id=live-qos max-lateness=0 qos=false");
     h.push(solid_rgb(32, 24, COLORS[0].1, 0)).unwrap();
     assert!(index_and_result(&h.pull().unwrap()).1.fresh);
 }

@@ -6,22 +6,37 @@
 # With nvh264dec (gst-plugins-bad's nvcodec, an NVIDIA GPU) frames are decoded by NVDEC and
 # classified in CUDA memory, never copied to host memory; otherwise the software decoder
 # (decodebin: gst-libav's avdec_h264 or openh264dec) feeds the element system memory.
-# All elements have the same settings, so they share one engine and fill its batches
-# together; batch-timeout bounds how long a frame waits when cameras hiccup.
+# On a machine of several GPUs the cameras are spread over them, camera i on GPU i mod N
+# (GStreamer names the decoders of GPU 1 and up nvh264device1dec, nvh264device2dec, ...), and
+# each element classifies on its decoder's GPU (gpu-id=-1, the default). The elements on one
+# GPU have the same settings, so they share one engine and fill its batches together;
+# batch-timeout bounds how long a frame waits when cameras hiccup.
 set -e
 [ $# -ge 3 ] || { echo "usage: $0 MODEL.onnx LABELS.txt RTSP-URL..." >&2; exit 2; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 export GST_PLUGIN_PATH="${GST_PLUGIN_PATH:-$here/target/release}"
 model=$1 labels=$2
 shift 2
+# The NVDEC decoders, one per GPU: nvh264dec (GPU 0), nvh264device1dec, ...
+decoders=""
 if gst-inspect-1.0 nvh264dec >/dev/null 2>&1; then
-    decode="nvh264dec"
-else
-    decode="decodebin ! videoconvert"
+    decoders="nvh264dec"
+    n=1
+    while gst-inspect-1.0 "nvh264device${n}dec" >/dev/null 2>&1; do
+        decoders="$decoders nvh264device${n}dec"
+        n=$((n + 1))
+    done
 fi
+gpus=$(echo $decoders | wc -w)
 branches=""
 i=0
 for url in "$@"; do
+    if [ "$gpus" -gt 0 ]; then
+        # Camera i on GPU i mod N.
+        decode=$(echo $decoders | cut -d' ' -f$((i % gpus + 1)))
+    else
+        decode="decodebin ! videoconvert"
+    fi
     i=$((i + 1))
     results="-"
     [ -n "${RESULTS_DIR:-}" ] && results="$RESULTS_DIR/camera$i.jsonl"

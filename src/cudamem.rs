@@ -130,6 +130,67 @@ impl Context {
     }
 }
 
+impl Context {
+    /// The GPU it is a context of.
+    pub fn device(&self) -> Option<u32> {
+        device_id(self.0.upcast_ref())
+    }
+}
+
+/// An object's `cuda-device-id` (a GstCudaContext's, a CUDA element's) where it names a GPU;
+/// `None` where it has no such property, or it is -1 (any GPU).
+fn device_id(object: &glib::Object) -> Option<u32> {
+    object.find_property("cuda-device-id")?;
+    let value = object.property_value("cuda-device-id");
+    value.get::<u32>().ok().or_else(|| {
+        value
+            .get::<i32>()
+            .ok()
+            .and_then(|id| u32::try_from(id).ok())
+    })
+}
+
+/// The GPU of the CUDA element upstream of `sinkpad` (a decoder of one GPU, such as
+/// `nvh264device1dec`), before any frame flows: the first element upstream, through queues,
+/// converters and bins, whose `cuda-device-id` names a GPU; else, once the elements upstream
+/// are ready, the context a CUDA element upstream answers a query with. `None`: nothing
+/// upstream says (system memory, or a decoder not plugged in yet).
+pub fn device_upstream(sinkpad: &gst::Pad) -> Option<u32> {
+    device_of_elements_upstream(sinkpad).or_else(|| {
+        library()?;
+        let mut query = gst::query::Context::new(CONTEXT_TYPE);
+        if !sinkpad.peer_query(&mut query) {
+            return None;
+        }
+        let context = query.context_owned()?;
+        let object = context.structure().get::<glib::Object>(CONTEXT_TYPE).ok()?;
+        device_id(&object)
+    })
+}
+
+fn device_of_elements_upstream(sinkpad: &gst::Pad) -> Option<u32> {
+    let mut pad = sinkpad.peer()?;
+    // A bound, in case of a loop of links.
+    for _ in 0..32 {
+        // A bin's source pad stands for a pad inside it.
+        while let Some(ghost) = pad.downcast_ref::<gst::GhostPad>() {
+            pad = ghost.target()?;
+        }
+        let element = pad.parent_element()?;
+        if let Some(gpu) = device_id(element.upcast_ref()) {
+            return Some(gpu);
+        }
+        // Elements of one input (queues, parsers, converters) pass the frames of the one
+        // upstream; past a mixer the frames' GPU is not one element's.
+        let mut sinks = element.sink_pads();
+        if sinks.len() != 1 {
+            return None;
+        }
+        pad = sinks.pop()?.peer()?;
+    }
+    None
+}
+
 /// The context wrapping GPU `gpu_id`'s CUDA primary context, which the cuda engine runs in;
 /// one per GPU for the life of the process, so that every element and decoder of every
 /// pipeline can share it.
@@ -166,11 +227,12 @@ pub fn primary_context(gpu_id: u32) -> Result<Context, String> {
     Ok(ctx)
 }
 
-/// Takes a CUDA context from `context` when it is one for `gpu_id` (`GstElement::set_context`).
+/// Takes a CUDA context from `context` when it is one for GPU `gpu_id` (-1: any GPU)
+/// (`GstElement::set_context`).
 pub fn handle_set_context(
     element: &gst::Element,
     context: &gst::ContextRef,
-    gpu_id: u32,
+    gpu_id: i32,
     slot: &mut Option<Context>,
 ) {
     let Some(lib) = library() else { return };
@@ -188,7 +250,7 @@ pub fn handle_set_context(
         (lib.handle_set_context)(
             element.as_ptr(),
             context.as_ptr() as *mut _,
-            gpu_id as i32,
+            gpu_id,
             &mut raw,
         );
         if !raw.is_null() {
@@ -229,6 +291,8 @@ struct CudaMemoryHead {
 pub struct DeviceFrame {
     frame: gst_video::ffi::GstVideoFrame,
     context: usize,
+    /// The GstCudaContext of its memory.
+    context_object: glib::Object,
 }
 
 // SAFETY: the mapping belongs to this value alone and is released in Drop, on any thread.
@@ -264,6 +328,7 @@ impl DeviceFrame {
             Ok(DeviceFrame {
                 frame: frame.assume_init(),
                 context,
+                context_object: from_glib_none(context_obj as *mut glib::gobject_ffi::GObject),
             })
         }
     }
@@ -272,6 +337,16 @@ impl DeviceFrame {
     pub fn info(&self) -> gst_video::VideoInfo {
         // SAFETY: the mapped frame's info is a valid GstVideoInfo.
         unsafe { from_glib_none(&self.frame.info as *const _) }
+    }
+
+    /// The CUDA context (`CUcontext`) of its memory.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// The GPU its memory is on.
+    pub fn device(&self) -> Option<u32> {
+        device_id(&self.context_object)
     }
 
     /// The planes as the engine reads them.
@@ -291,5 +366,141 @@ impl Drop for DeviceFrame {
     fn drop(&mut self) {
         // SAFETY: mapped in `map`, unmapped once.
         unsafe { gst_video::ffi::gst_video_frame_unmap(&mut self.frame) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An element with a `cuda-device-id` property and a source pad, as a decoder of one GPU
+    /// (`nvh264device1dec`) or a CUDA converter of any GPU (-1) has.
+    mod fake {
+        use std::sync::atomic::{AtomicI32, Ordering};
+
+        use gst::glib;
+        use gst::prelude::*;
+        use gst::subclass::prelude::*;
+
+        #[derive(Default)]
+        pub struct CudaElement(AtomicI32);
+
+        #[glib::object_subclass]
+        impl ObjectSubclass for CudaElement {
+            const NAME: &'static str = "TrtTestCudaElement";
+            type Type = super::CudaElement;
+            type ParentType = gst::Element;
+        }
+
+        impl ObjectImpl for CudaElement {
+            fn properties() -> &'static [glib::ParamSpec] {
+                static PROPERTIES: std::sync::LazyLock<Vec<glib::ParamSpec>> =
+                    std::sync::LazyLock::new(|| {
+                        vec![
+                            glib::ParamSpecInt::builder("cuda-device-id")
+                                .minimum(-1)
+                                .build(),
+                        ]
+                    });
+                PROPERTIES.as_ref()
+            }
+
+            fn set_property(&self, _id: usize, value: &glib::Value, _pspec: &glib::ParamSpec) {
+                self.0.store(value.get().unwrap(), Ordering::Relaxed);
+            }
+
+            fn property(&self, _id: usize, _pspec: &glib::ParamSpec) -> glib::Value {
+                self.0.load(Ordering::Relaxed).to_value()
+            }
+
+            fn constructed(&self) {
+                self.parent_constructed();
+                let templ = self.obj().pad_template("src").unwrap();
+                self.obj()
+                    .add_pad(&gst::Pad::from_template(&templ))
+                    .unwrap();
+            }
+        }
+
+        impl GstObjectImpl for CudaElement {}
+
+        impl ElementImpl for CudaElement {
+            fn pad_templates() -> &'static [gst::PadTemplate] {
+                static TEMPLATES: std::sync::LazyLock<Vec<gst::PadTemplate>> =
+                    std::sync::LazyLock::new(|| {
+                        vec![
+                            gst::PadTemplate::new(
+                                "src",
+                                gst::PadDirection::Src,
+                                gst::PadPresence::Always,
+                                &gst::Caps::new_any(),
+                            )
+                            .unwrap(),
+                        ]
+                    });
+                TEMPLATES.as_ref()
+            }
+        }
+    }
+
+    glib::wrapper! {
+        pub struct CudaElement(ObjectSubclass<fake::CudaElement>) @extends gst::Element, gst::Object;
+    }
+
+    fn cuda_element(gpu: i32) -> gst::Element {
+        glib::Object::builder::<CudaElement>()
+            .property("cuda-device-id", gpu)
+            .build()
+            .upcast()
+    }
+
+    fn element(factory: &str) -> gst::Element {
+        gst::ElementFactory::make(factory).build().unwrap()
+    }
+
+    #[test]
+    fn the_gpu_of_a_cuda_element_upstream_is_found_through_queues_and_bins() {
+        gst::init().unwrap();
+        // decoder(GPU 1) ! queue ! identity: the identity's frames are on GPU 1.
+        let pipeline = gst::Pipeline::new();
+        let (decoder, queue, sink) = (cuda_element(1), element("queue"), element("identity"));
+        pipeline.add_many([&decoder, &queue, &sink]).unwrap();
+        gst::Element::link_many([&decoder, &queue, &sink]).unwrap();
+        assert_eq!(device_upstream(&sink.static_pad("sink").unwrap()), Some(1));
+
+        // The decoder inside a bin, behind its ghost pad, then a converter: still GPU 1.
+        let pipeline = gst::Pipeline::new();
+        let bin = gst::Bin::new();
+        let decoder = cuda_element(1);
+        bin.add(&decoder).unwrap();
+        let ghost = gst::GhostPad::with_target(&decoder.static_pad("src").unwrap()).unwrap();
+        bin.add_pad(&ghost).unwrap();
+        let (convert, sink) = (element("videoconvert"), element("identity"));
+        pipeline
+            .add_many([bin.upcast_ref(), &convert, &sink])
+            .unwrap();
+        gst::Element::link_many([bin.upcast_ref(), &convert, &sink]).unwrap();
+        assert_eq!(device_upstream(&sink.static_pad("sink").unwrap()), Some(1));
+    }
+
+    #[test]
+    fn frames_with_no_cuda_element_upstream_have_no_gpu() {
+        gst::init().unwrap();
+        let pipeline = gst::Pipeline::new();
+        let (source, sink) = (element("videotestsrc"), element("identity"));
+        pipeline.add_many([&source, &sink]).unwrap();
+        source.link(&sink).unwrap();
+        assert_eq!(device_upstream(&sink.static_pad("sink").unwrap()), None);
+        // A CUDA element of any GPU says nothing either.
+        let pipeline = gst::Pipeline::new();
+        let (any_gpu, sink) = (cuda_element(-1), element("identity"));
+        pipeline.add_many([&any_gpu, &sink]).unwrap();
+        any_gpu.link(&sink).unwrap();
+        assert_eq!(device_upstream(&sink.static_pad("sink").unwrap()), None);
+        // Nor does an unlinked pad.
+        assert_eq!(
+            device_upstream(&element("identity").static_pad("sink").unwrap()),
+            None
+        );
     }
 }

@@ -326,6 +326,20 @@ impl Instance {
     }
 }
 
+/// The streams of the process's GPU engines (backend `cuda`, or `auto`), by GPU: where an
+/// element with `gpu-id=-1` goes when its frames do not say.
+pub fn streams_per_gpu() -> std::collections::BTreeMap<u32, usize> {
+    let mut per_gpu = std::collections::BTreeMap::new();
+    let instances = INSTANCES.lock().unwrap_or_else(|e| e.into_inner());
+    for instance in instances.iter().filter_map(Weak::upgrade) {
+        if instance.key.backend != Backend::Cpu {
+            *per_gpu.entry(instance.key.options.gpu_id).or_default() +=
+                instance.counters.streams.load(Ordering::Relaxed);
+        }
+    }
+    per_gpu
+}
+
 /// Joins the instance for `key`, building its engine with `build` when no stream of the
 /// process has it yet. Joiners of an instance whose engine is being built wait for it; a
 /// failed build is the failing joiner's error, and the next joiner tries again. `build` is
@@ -537,13 +551,13 @@ impl Inner {
 
     /// Runs every queued frame and hands out the scores; wakes the streams that got some,
     /// except `caller`, which collects its own. A failed batch fails its frames, and the
-    /// engine is built again before the next.
-    fn run(&mut self, counters: &Counters, caller: StreamId) {
+    /// engine is built again before the next. `started`: when the batch's run began, for its
+    /// time (an engine may run a full batch within the push that fills it).
+    fn run(&mut self, counters: &Counters, caller: StreamId, started: Instant) {
         if self.queued.is_empty() {
             return;
         }
         let tickets = std::mem::take(&mut self.queued);
-        let started = Instant::now();
         let scores = match self.call(counters, |engine| engine.run_pushed()) {
             Ok(scores) if scores.len() == tickets.len() => {
                 self.failures = 0;
@@ -736,6 +750,7 @@ impl Stream {
         let Some(mut inner) = self.engage(false, until) else {
             return Ok(Pushed::Busy);
         };
+        let started = Instant::now();
         let counters = &self.instance.counters;
         let epoch = self.slot.mailbox().epoch;
         let before = inner.queued.len();
@@ -762,7 +777,7 @@ impl Stream {
             items,
         ));
         if inner.queued.len() >= self.batch_size {
-            inner.run(counters, self.id);
+            inner.run(counters, self.id, started);
         }
         Ok(Pushed::Queued)
     }
@@ -775,7 +790,7 @@ impl Stream {
             return false;
         };
         if inner.queued.iter().any(|t| t.stream == self.id) {
-            inner.run(&self.instance.counters, self.id);
+            inner.run(&self.instance.counters, self.id, Instant::now());
         }
         true
     }
@@ -858,7 +873,8 @@ mod tests {
     /// An engine whose "score" for a frame is the frame's first byte, so a test can tell
     /// which frame a result belongs to; it fails on demand: runs and builds as its script
     /// says, a push of 255 is refused, a push of 254 panics, and a run with a 253 in it
-    /// panics.
+    /// panics. A push of 252 takes 30 ms, as the push that fills a GPU engine's batch runs
+    /// that batch.
     struct Fake {
         info: ModelInfo,
         pushed: Vec<f32>,
@@ -882,6 +898,7 @@ mod tests {
             match first {
                 255 => return Err(EngineError::Inference("a frame the engine refuses".into())),
                 254 => panic!("a bug in push"),
+                252 => std::thread::sleep(Duration::from_millis(30)),
                 _ => (),
             }
             for i in 0..crops.len() {
@@ -1206,6 +1223,18 @@ mod tests {
         assert_eq!(push(&a, 4).ok(), Some(Pushed::Queued));
         assert_eq!(values(a.take_scores()), [4.0]);
         assert_eq!(script.builds.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn the_batch_time_counts_a_batch_run_within_the_push_that_filled_it() {
+        let script = Arc::new(Script::default());
+        let (wake, _) = counter();
+        let (stream, _) = join(key("slow-push", 2), wake, fake(&script)).unwrap();
+        push(&stream, 1).unwrap();
+        push(&stream, 252).unwrap();
+        assert_eq!(values(stream.take_scores()), [1.0, 252.0]);
+        let took = stream.batch_time();
+        assert!(took >= Duration::from_millis(30), "{took:?}");
     }
 
     #[test]

@@ -319,6 +319,53 @@ fn cuda_fp32_agrees_with_cpu() {
     }
 }
 
+/// Engines built on several threads at once (each capturing its plans as CUDA graphs in the
+/// context they share) while other engines are built and dropped beside them all build and
+/// agree with the cpu backend: a capture is not invalidated by another engine's setup.
+#[test]
+fn engines_built_together_on_one_gpu_all_run() {
+    if !gpu("engines_built_together_on_one_gpu_all_run") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (input, frames) = reference_frames("colors_reference.json");
+    let data = &input[..];
+    let path = common::model("colors.onnx");
+    let want = CpuEngine::build(&options(&path, 1, Precision::Fp32))
+        .expect("cpu engine")
+        .infer(data, frames)
+        .expect("cpu inference");
+    std::thread::scope(|scope| {
+        let builders: Vec<_> = (0..6)
+            .map(|i| {
+                let (dir, path) = (dir.path(), &path);
+                scope.spawn(move || {
+                    // Two rounds: the second's builds overlap the first's engines dropping.
+                    (0..2)
+                        .map(|round| {
+                            let mut o = options(path, 4, Precision::Fp16);
+                            o.engine_location = Some(dir.join(format!("{i}-{round}.engine")));
+                            let mut engine = CudaEngine::build(&o)
+                                .unwrap_or_else(|e| panic!("engine {i}, round {round}: {e}"));
+                            engine.infer(data, frames).expect("cuda inference")
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (i, builder) in builders.into_iter().enumerate() {
+            let results = builder.join().expect("a builder panicked");
+            assert_eq!(results.len(), 2, "engine {i}: two rounds");
+            for got in results {
+                assert_eq!(got.len(), want.len(), "engine {i}: one result per frame");
+                for (f, (g, w)) in got.iter().zip(&want).enumerate() {
+                    compare(&format!("engine {i}, frame {f}"), g, w, 2e-2, 2e-2);
+                }
+            }
+        }
+    });
+}
+
 /// The GPU compiler's part that runs on the CPU (import, passes, lowering) takes a model past
 /// 2 GiB, and the plan it makes passes the engine file's checks: this runs without a GPU.
 #[test]
@@ -1176,4 +1223,100 @@ fn streams_sharing_a_gpu_engine_agree_with_each_alone() {
             );
         }
     }
+}
+
+/// The GPU each element's engine runs on, from its `stats`.
+fn placed_gpus(pipeline: &gst::Pipeline, names: &[String]) -> Vec<u32> {
+    names
+        .iter()
+        .map(|name| {
+            let element = pipeline.by_name(name).expect("named element");
+            let stats = element.property::<gst::Structure>("stats");
+            stats
+                .get::<u32>("gpu")
+                .unwrap_or_else(|_| panic!("{name}: no gpu in {stats}"))
+        })
+        .collect()
+}
+
+/// With `gpu-id=-1` (the default) on a machine of several GPUs, elements fed from system
+/// memory spread evenly over the GPUs, and an element fed by a GPU's NVDEC decoder
+/// (`nvh264dec` for GPU 0, `nvh264deviceNdec` for GPU N) classifies on that GPU, with the
+/// clip's colours.
+#[test]
+fn elements_run_on_their_frames_gpu_or_spread_over_the_gpus() {
+    let test = "elements_run_on_their_frames_gpu_or_spread_over_the_gpus";
+    if !cuda_elements(test) {
+        return;
+    }
+    let gpus = cuda::gpu_count();
+    if gpus < 2 {
+        skipped(&format!(
+            "{test}: {gpus} GPU here, the test needs 2 or more"
+        ));
+        return;
+    }
+    let element = common::colors_element("backend=cuda batch-size=4 top-k=1");
+    let names: Vec<String> = (0..2 * gpus).map(|i| format!("c{i}")).collect();
+    let launch: String = names
+        .iter()
+        .map(|name| {
+            format!(
+                "videotestsrc num-buffers=8 pattern=blue ! video/x-raw,format=NV12,width=64,height=48 ! \
+                 {element} name={name} ! fakesink "
+            )
+        })
+        .collect();
+    let pipeline = common::launch(&launch);
+    common::run_to_eos(&pipeline).expect("system-memory branches");
+    let mut per_gpu = vec![0; gpus];
+    for gpu in placed_gpus(&pipeline, &names) {
+        per_gpu[gpu as usize] += 1;
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert_eq!(per_gpu, vec![2; gpus], "two elements a GPU");
+
+    let mut decoders = Vec::new();
+    let mut launch = String::new();
+    for gpu in 0..gpus {
+        let decoder = match gpu {
+            0 => "nvh264dec".to_owned(),
+            n => format!("nvh264device{n}dec"),
+        };
+        if gst::ElementFactory::find(&decoder).is_none() {
+            skipped(&format!("{test}: no {decoder} here"));
+            continue;
+        }
+        launch += &format!(
+            "filesrc location={} ! qtdemux ! h264parse ! {decoder} ! queue ! {element} name=d{gpu} ! \
+             fakesink ",
+            common::clip("h264.mp4")
+        );
+        decoders.push(gpu as u32);
+    }
+    if decoders.len() < 2 {
+        return;
+    }
+    let names: Vec<String> = decoders.iter().map(|g| format!("d{g}")).collect();
+    let pipeline = common::launch(&launch);
+    common::run_to_eos(&pipeline).expect("decoder branches");
+    assert_eq!(
+        placed_gpus(&pipeline, &names),
+        decoders,
+        "each on its decoder's GPU"
+    );
+    for name in &names {
+        let stats = pipeline
+            .by_name(name)
+            .unwrap()
+            .property::<gst::Structure>("stats");
+        let frames = stats.get::<u64>("frames-in").unwrap();
+        assert!(frames > 0, "{name}: {stats}");
+        assert_eq!(
+            stats.get::<u64>("classified").unwrap(),
+            frames,
+            "{name}: {stats}"
+        );
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
 }

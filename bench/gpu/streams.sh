@@ -17,6 +17,12 @@
 # another phase of the frame period; the time in
 # trtclassify is then what a CCTV user sees, where without it every stream decodes as fast as
 # it can and frames queue for the saturated GPU).
+# GPUS=N spreads the streams over N GPUs: stream i is decoded by GPU (i mod N)'s decoder
+# (nvh264dec for GPU 0, nvh264device1dec, ... for the others) and classified where its frames
+# are (trtclassify's gpu-id=-1, the default); STREAMS then counts all streams. PROCS=gpu runs
+# one gst-launch-1.0 per GPU side by side instead of one for all (frames/s: all frames over
+# the slowest process's time). With several GPUs the GPU columns are the means over the GPUs'
+# samples and the memory column the GPU that grew most.
 # Logs go to $GPU_OUT (or /tmp/gpu-out); rows are appended to streams.md there. Exits 1 if
 # any pipeline failed (its row's exit column says which), after running them all.
 set -uo pipefail
@@ -45,9 +51,17 @@ element() { # MODEL [INSTANCE]
     "batch-size=$batch batch-timeout=$timeout ${2:+model-instance-id=$2}"
 }
 
+gpus=${GPUS:-1}
+# The decoder of GPU $1: nvh264dec, nvh264device1dec, ...
+decoder_of() {
+  if [ "$1" -eq 0 ]; then echo "$dec"; else echo "${dec%dec}device$1dec"; fi
+}
+
 for n in "$@"; do
   branches=""
+  declare -A per_gpu=()
   for i in $(seq "$n"); do
+    gpu=$(( (i - 1) % gpus ))
     # Cameras do not tick together: stream i's frames come i/n of a frame period early.
     [ -n "${LIVE:-}" ] && pace="identity sync=true ts-offset=-$((i * 33333333 / n)) !"
     case $mode in
@@ -56,21 +70,38 @@ for n in "$@"; do
       own:*) tail="$(element "${mode#own:}" "stream$i") !" ;;
       *) tail="$(element "$mode") !" ;;
     esac
-    branches+=" filesrc location=$video ! qtdemux ! $parse ! $dec ! $pace $tail fakesink sync=false async=false"
+    branch=" filesrc location=$video ! qtdemux ! $parse ! $(decoder_of "$gpu") ! $pace $tail fakesink sync=false async=false"
+    branches+=$branch
+    per_gpu[$gpu]+=$branch
   done
   name="${LABEL:-$mode}-$n"
   name=${name//[:\/]/_}
-  idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
   nvidia-smi --query-gpu=utilization.gpu,utilization.decoder,memory.used \
     --format=csv,noheader,nounits -lms 200 >"$out/smi-$name.csv" 2>/dev/null &
   smi=$!
   cpu_before=$(head -1 /proc/stat)
-  # shellcheck disable=SC2086
   # No segfault handler: it would wait for a debugger forever (NVDEC's teardown of 128
   # decoders has crashed once after EOS); a run that hangs is stopped after 5 minutes.
-  GST_DEBUG="trtclassify:4${GST_DEBUG:+,$GST_DEBUG}" GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e $branches \
-    >"$out/run-$name.txt" 2>"$out/run-$name.log"
-  rc=$?
+  if [ "${PROCS:-one}" = gpu ]; then
+    # One process per GPU; the row takes the slowest one's time and every process's log.
+    pids=()
+    for g in "${!per_gpu[@]}"; do
+      # shellcheck disable=SC2086
+      GST_DEBUG="trtclassify:4${GST_DEBUG:+,$GST_DEBUG}" GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e ${per_gpu[$g]} \
+        >"$out/run-$name-gpu$g.txt" 2>"$out/run-$name-gpu$g.log" &
+      pids+=($!)
+    done
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    cat "$out"/run-"$name"-gpu*.log >"$out/run-$name.log"
+    grep -h "Execution ended after" "$out"/run-"$name"-gpu*.txt | sort -k4 | tail -1 >"$out/run-$name.txt"
+  else
+    # shellcheck disable=SC2086
+    GST_DEBUG="trtclassify:4${GST_DEBUG:+,$GST_DEBUG}" GST_DEBUG_NO_COLOR=1 timeout 300 gst-launch-1.0 --gst-disable-segtrap -e $branches \
+      >"$out/run-$name.txt" 2>"$out/run-$name.log"
+    rc=$?
+  fi
   [ "$rc" -eq 0 ] || status=1
   cpu_after=$(head -1 /proc/stat)
   kill "$smi" 2>/dev/null

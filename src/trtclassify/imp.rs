@@ -22,6 +22,7 @@ use super::batcher::{Released, Unscored};
 use super::joining::Updates;
 use super::latency;
 use super::overload::{self, Qos, Upstream};
+use super::placement;
 use super::settings::{
     DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_CHANNEL_ORDER,
     DEFAULT_GPU_ID, DEFAULT_INTERVAL, DEFAULT_MAX_LATENESS_MS, DEFAULT_PRECISION,
@@ -67,6 +68,12 @@ pub struct TrtClassify {
     pub(super) device_frames: AtomicU8,
     /// The CUDA context shared with CUDA elements (decoders, converters) of the pipeline.
     cuda_context: Mutex<Option<cudamem::Context>>,
+    /// The GPU the element works on: the running engine's, or before the engine is there,
+    /// the one its CUDA context is for (see `placement`).
+    pub(super) gpu: Mutex<Option<u32>>,
+    /// With `gpu-id=-1`, the GPU the frames in CUDA memory came from, where it was not the
+    /// engine's (the engine moves there), and the context of the last frame looked at.
+    pub(super) frames_gpu: Mutex<(Option<u32>, usize)>,
     /// What the latency query upstream said (`None`: not asked since the caps).
     upstream: Mutex<Option<Upstream>>,
     /// Downstream's QoS reports.
@@ -142,9 +149,13 @@ impl ObjectImpl for TrtClassify {
                     .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32)")
                     .mutable_playing()
                     .build(),
-                glib::ParamSpecUInt::builder("gpu-id")
+                glib::ParamSpecInt::builder("gpu-id")
                     .nick("GPU id")
-                    .blurb("Index of the GPU that GPU backends run on")
+                    .blurb("Index of the GPU that GPU backends run on, from 0; -1: chosen by \
+                            the frames: the GPU of the decoder upstream (frames in CUDA \
+                            memory), else the GPU with the fewest trtclassify streams of the \
+                            process, so that cameras spread over the GPUs")
+                    .minimum(-1)
                     .maximum(63)
                     .default_value(DEFAULT_GPU_ID)
                     .mutable_playing()
@@ -473,11 +484,13 @@ impl ElementImpl for TrtClassify {
     }
 
     fn set_context(&self, context: &gst::Context) {
-        let gpu_id = self.settings.lock().unwrap().gpu_id;
+        // A context of another GPU (a bin hands on the context of any element) is refused
+        // once the element knows its GPU.
+        let gpu = self.gpu.lock().unwrap().map_or(-1, |gpu| gpu as i32);
         cudamem::handle_set_context(
             self.obj().upcast_ref(),
             context,
-            gpu_id,
+            gpu,
             &mut self.cuda_context.lock().unwrap(),
         );
         self.parent_set_context(context)
@@ -490,11 +503,17 @@ impl ElementImpl for TrtClassify {
         // Before the decoders upstream open (elements go up from the sinks), so that they
         // take the context the engine runs in.
         if transition == gst::StateChange::NullToReady && self.may_use_cuda() {
-            self.ensure_cuda_context(true);
+            let gpu = self.gpu_before_start();
+            *self.gpu.lock().unwrap() = gpu;
+            if gpu.is_some() {
+                self.ensure_cuda_context(true);
+            }
         }
         let result = self.parent_change_state(transition)?;
         if transition == gst::StateChange::ReadyToNull {
             *self.cuda_context.lock().unwrap() = None;
+            *self.gpu.lock().unwrap() = None;
+            *self.frames_gpu.lock().unwrap() = (None, 0);
         }
         Ok(result)
     }
@@ -517,11 +536,87 @@ impl TrtClassify {
         }
     }
 
-    /// The CUDA context to share: one set on us (by the application or the bin), else one
-    /// wrapping the primary context of `gpu-id`, which the cuda engine runs in.
+    /// The GPU to offer decoders a context of, before the engine is there: `gpu-id`; with
+    /// `gpu-id=-1`, the GPU of a CUDA element upstream, or GPU 0 on a machine of one GPU.
+    /// `None`: not known before start (the element then offers no context, so that each
+    /// decoder keeps its own GPU).
+    fn gpu_before_start(&self) -> Option<u32> {
+        let gpu_id = self.settings.lock().unwrap().gpu_id;
+        if let Ok(gpu) = u32::try_from(gpu_id) {
+            return Some(gpu);
+        }
+        let sinkpad = self.obj().static_pad("sink").expect("always there");
+        cudamem::device_upstream(&sinkpad)
+            .or_else(|| (crate::engine::cuda::gpu_count() <= 1).then_some(0))
+    }
+
+    /// The GPU of the engine for `settings`: `gpu-id`; with `gpu-id=-1`, the GPU of the
+    /// frames (seen, or said by a CUDA element upstream), else the GPU with the fewest
+    /// streams (see `placement`).
+    pub(super) fn choose_gpu(&self, settings: &Settings) -> u32 {
+        if settings.gpu_id != placement::AUTOMATIC
+            || settings.backend == crate::engine::Backend::Cpu
+        {
+            return placement::choose(settings.gpu_id, None, 0, &Default::default());
+        }
+        let frames_on = self.frames_gpu.lock().unwrap().0.or_else(|| {
+            let sinkpad = self.obj().static_pad("sink").expect("always there");
+            cudamem::device_upstream(&sinkpad)
+        });
+        let gpu = placement::choose(
+            settings.gpu_id,
+            frames_on,
+            crate::engine::cuda::gpu_count(),
+            &crate::instance::streams_per_gpu(),
+        );
+        gst::info!(
+            CAT,
+            imp = self,
+            "gpu-id=-1: GPU {gpu} ({})",
+            match frames_on {
+                Some(on) if on == gpu => "the frames' GPU",
+                _ => "the GPU with the fewest streams",
+            }
+        );
+        gpu
+    }
+
+    /// With `gpu-id=-1`, moves the engine to the GPU of frames in CUDA memory that came from
+    /// another (a decoder plugged in after start, one that kept a GPU of its own): once per
+    /// GPU and context, as a live update.
+    fn follow_frames(&self, frame: &cudamem::DeviceFrame) {
+        let context = frame.context();
+        {
+            let mut seen = self.frames_gpu.lock().unwrap();
+            if seen.1 == context {
+                return;
+            }
+            seen.1 = context;
+            if self.settings.lock().unwrap().gpu_id != placement::AUTOMATIC {
+                return;
+            }
+            let Some(on) = frame.device() else { return };
+            if Some(on) == *self.gpu.lock().unwrap() || seen.0 == Some(on) {
+                return;
+            }
+            seen.0 = Some(on);
+        }
+        self.schedule_update("the frames' GPU");
+    }
+
+    /// The CUDA context to share: one set on us (by the application or the bin) for the
+    /// element's GPU, else one wrapping the primary context of that GPU, which the cuda
+    /// engine runs in.
     fn ensure_cuda_context(&self, announce: bool) -> Option<cudamem::Context> {
-        if let Some(ctx) = self.cuda_context.lock().unwrap().clone() {
-            return Some(ctx);
+        let gpu = (*self.gpu.lock().unwrap())?;
+        {
+            let mut held = self.cuda_context.lock().unwrap();
+            match held.as_ref() {
+                Some(ctx) if ctx.device().is_none_or(|d| d == gpu) => return Some(ctx.clone()),
+                // Taken before the element knew its GPU.
+                Some(_) => *held = None,
+                None => (),
+            }
         }
         let obj = self.obj();
         if announce {
@@ -535,7 +630,7 @@ impl TrtClassify {
                 return Some(ctx);
             }
         }
-        let gpu_id = self.settings.lock().unwrap().gpu_id;
+        let gpu_id = gpu;
         let ctx = match cudamem::primary_context(gpu_id) {
             Ok(ctx) => ctx,
             Err(e) => {
@@ -1013,6 +1108,7 @@ impl TrtClassify {
         {
             let frame = cudamem::DeviceFrame::map(buffer.as_ref(), info)
                 .map_err(|e| unreadable(&format!("a buffer in CUDA memory cannot be read: {e}")))?;
+            self.follow_frames(&frame);
             state.stream.push_device(&frame.planes(), crops, until)
         } else {
             let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)

@@ -53,6 +53,8 @@ pub(super) struct Prepared {
     timer: Option<Arc<BatchTimer>>,
     joined: Joined,
     ready_in: Duration,
+    /// The GPU it was built for.
+    gpu: u32,
 }
 
 /// Live updates in flight: the latest asked for, and the engine built for it.
@@ -69,7 +71,7 @@ impl TrtClassify {
     pub(crate) fn instance_key(&self) -> Result<InstanceKey, gst::ErrorMessage> {
         let settings = self.settings.lock().unwrap().clone();
         settings
-            .instance_key(engine::Progress::default())
+            .instance_key(engine::Progress::default(), self.choose_gpu(&settings))
             .map_err(|text| Problem::new(gst::LibraryError::Settings, text).error)
     }
 
@@ -102,8 +104,9 @@ impl TrtClassify {
         settings: Settings,
         timer: Option<Arc<BatchTimer>>,
     ) -> Result<Prepared, Problem> {
+        let gpu = self.choose_gpu(&settings);
         let key = settings
-            .instance_key(self.progress_reporter())
+            .instance_key(self.progress_reporter(), gpu)
             .map_err(|text| Problem::new(gst::LibraryError::Settings, text))?;
         let location = key.options.model.to_string_lossy().into_owned();
         let labels = load_labels(&settings)?;
@@ -134,6 +137,7 @@ impl TrtClassify {
             timer,
             joined,
             ready_in,
+            gpu,
         })
     }
 
@@ -146,13 +150,18 @@ impl TrtClassify {
             timer,
             joined,
             ready_in,
+            gpu,
         } = prepared;
         self.publish_model_info(stream.info());
+        let gpu = (stream.info().backend == engine::Backend::Cuda).then_some(gpu);
+        if gpu.is_some() {
+            *self.gpu.lock().unwrap() = gpu;
+        }
         let location = settings.onnx_location.as_deref().unwrap_or_default();
         self.stats
             .lock()
             .unwrap()
-            .engine(location, &stream, joined, ready_in);
+            .engine(location, &stream, gpu, joined, ready_in);
         let mut state = State::new(stream, &settings, timer, outputs);
         if let Some(old) = old {
             state.input.info = old.input.info.clone();
@@ -275,7 +284,10 @@ impl TrtClassify {
         // Leaving the old engine may free it (GPU memory, threads): not on this thread.
         let _ = std::thread::Builder::new()
             .name("trtclassify-drop".into())
-            .spawn(move || drop(old));
+            .spawn(move || {
+                drop(old);
+                return_freed_memory();
+            });
         Ok(())
     }
 
@@ -442,5 +454,17 @@ fn start_problem(err: EngineError) -> Problem {
         EngineError::Unavailable { .. } => Problem::new(gst::LibraryError::Init, text),
         EngineError::UnsupportedOps { .. } => Problem::new(gst::CoreError::NotImplemented, text),
         _ => Problem::new(gst::LibraryError::Settings, text),
+    }
+}
+
+/// Hands the heap memory freed by an engine and its build back to the system. A model's load
+/// and build take hundreds of MiB for a moment (the parsed model, the weights as imported,
+/// then packed) on the update's thread; glibc keeps what they free in that thread's arena, so
+/// without this a server whose model is updated every day would hold each update's peak.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and trims glibc's own heaps.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

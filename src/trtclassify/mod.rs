@@ -45,6 +45,7 @@ mod imp;
 mod joining;
 mod latency;
 mod overload;
+mod placement;
 mod settings;
 mod state;
 mod stats;

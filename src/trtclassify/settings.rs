@@ -17,7 +17,7 @@ use crate::regions::{RegionFilter, RoiMode};
 // The defaults of the properties, which `imp.rs` declares with them.
 pub(crate) const DEFAULT_BACKEND: Backend = Backend::Auto;
 pub(crate) const DEFAULT_PRECISION: Precision = Precision::Fp16;
-pub(crate) const DEFAULT_GPU_ID: u32 = 0;
+pub(crate) const DEFAULT_GPU_ID: i32 = super::placement::AUTOMATIC;
 pub(crate) const DEFAULT_BATCH_SIZE: u32 = 1;
 /// The largest `batch-size`.
 pub(crate) const MAX_BATCH_SIZE: u32 = 64;
@@ -45,7 +45,8 @@ pub(crate) struct Settings {
     pub(crate) model_instance_id: Option<String>,
     pub(crate) backend: Backend,
     pub(crate) precision: Precision,
-    pub(crate) gpu_id: u32,
+    /// -1: chosen by the frames (`placement`).
+    pub(crate) gpu_id: i32,
     pub(crate) threads: u32,
     pub(crate) batch_size: u32,
     pub(crate) input_width: u32,
@@ -145,9 +146,14 @@ impl Settings {
         (!self.roi_filter.types.is_empty()).then(|| self.roi_filter.types.join(","))
     }
 
-    /// What the properties make of the engine the element joins: its options, checked, and
-    /// the instance they share; or what is wrong with them.
-    pub(crate) fn instance_key(&self, progress: engine::Progress) -> Result<InstanceKey, String> {
+    /// What the properties make of the engine the element joins on GPU `gpu` (`gpu-id`, or
+    /// where `placement` put it): its options, checked, and the instance they share; or what
+    /// is wrong with them.
+    pub(crate) fn instance_key(
+        &self,
+        progress: engine::Progress,
+        gpu: u32,
+    ) -> Result<InstanceKey, String> {
         if let Some((_, problem)) = &self.refused {
             return Err(format!("Invalid property value: {problem}"));
         }
@@ -172,7 +178,7 @@ impl Settings {
                 batch_size: self.batch_size as usize,
                 input_size,
                 precision: self.precision,
-                gpu_id: self.gpu_id,
+                gpu_id: gpu,
                 threads: self.threads as usize,
                 engine_location: self.engine_location.clone().map(Into::into),
                 progress,
@@ -318,14 +324,14 @@ mod tests {
         };
         assert!(s.set_channel_values("mean", &array(&[0.5, 0.5])).is_err());
         assert!(s.set_channel_values("std", &array(&[0.5])).is_ok());
-        let err = s.instance_key(Default::default()).unwrap_err();
+        let err = s.instance_key(Default::default(), 0).unwrap_err();
         assert!(err.contains("mean: 2 values given"), "{err}");
         // Set right, the element may start (or update) again.
         assert!(
             s.set_channel_values("mean", &array(&[0.1, 0.2, 0.3]))
                 .is_ok()
         );
-        assert!(s.instance_key(Default::default()).is_ok());
+        assert!(s.instance_key(Default::default(), 0).is_ok());
         assert_eq!(s.mean, [0.1, 0.2, 0.3]);
     }
 

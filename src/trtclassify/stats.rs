@@ -39,6 +39,8 @@ struct EngineSummary {
     model: String,
     backend: String,
     precision: String,
+    /// The GPU it runs on (GPU backends).
+    gpu: Option<u32>,
     /// How the element got it: "built", "loaded" (from its engine file), "shared".
     origin: &'static str,
     ready_in: Duration,
@@ -72,8 +74,16 @@ impl Stats {
         (self.classified, self.late, self.qos)
     }
 
-    /// The element runs `stream`'s engine now, got `how` in `ready_in`, for `model`.
-    pub(crate) fn engine(&mut self, model: &str, stream: &Stream, how: Joined, ready_in: Duration) {
+    /// The element runs `stream`'s engine now, on `gpu` (GPU backends), got `how` in
+    /// `ready_in`, for `model`.
+    pub(crate) fn engine(
+        &mut self,
+        model: &str,
+        stream: &Stream,
+        gpu: Option<u32>,
+        how: Joined,
+        ready_in: Duration,
+    ) {
         let info: &ModelInfo = stream.info();
         let loaded = info.engine_file.as_ref().map(|f| f.loaded);
         if self.engine.is_some() {
@@ -83,6 +93,7 @@ impl Stats {
             model: model.to_owned(),
             backend: format!("{:?}", info.backend).to_lowercase(),
             precision: format!("{:?}", info.precision).to_lowercase(),
+            gpu,
             origin: match (how, loaded) {
                 (Joined::Shared, _) => "shared",
                 (Joined::Built, Some(true)) => "loaded",
@@ -151,6 +162,9 @@ impl Stats {
             s.set("model", &e.model);
             s.set("backend", &e.backend);
             s.set("precision", &e.precision);
+            if let Some(gpu) = e.gpu {
+                s.set("gpu", gpu);
+            }
             s.set("engine", e.origin);
             s.set("engine-ready-time", ns(e.ready_in));
             if let Some(file) = &e.engine_file {

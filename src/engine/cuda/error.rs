@@ -47,9 +47,10 @@ pub enum Error {
         /// cuBLASLt's status.
         source: CublasError,
     },
-    /// No algorithm cuDNN offers runs a convolution within the workspace.
-    #[error("cuDNN found no algorithm for a convolution")]
-    NoConvAlgorithm,
+    /// No algorithm cuDNN offers runs a convolution within the workspace; what each try
+    /// found.
+    #[error("cuDNN found no algorithm for a convolution ({0})")]
+    NoConvAlgorithm(String),
     /// NVRTC did not compile kernels.cu (the log is in the error).
     #[error("NVRTC could not compile the kernels: {0:?}")]
     Nvrtc(cudarc::nvrtc::CompileError),
@@ -90,6 +91,12 @@ pub enum Error {
 pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Whether a graph capture was invalidated by another thread of the context.
+    pub(crate) fn is_capture_invalidated(&self) -> bool {
+        matches!(self, Error::Driver { source, .. }
+            if source.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+    }
+
     /// A `map_err` for driver calls: `CUDA {what}: {error}`.
     pub(crate) fn driver(what: &'static str) -> impl Fn(DriverError) -> Error {
         move |source| Error::Driver { what, source }

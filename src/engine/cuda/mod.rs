@@ -46,6 +46,15 @@ pub fn unavailable_reason() -> Option<String> {
     })
 }
 
+/// The CUDA devices of this machine; 0 where the driver is missing or finds none.
+pub fn gpu_count() -> usize {
+    // SAFETY: only tries to dlopen the driver and closes it again.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
 /// The cuda backend's engine: a `runtime::Runtime` fed frames preprocessed on the GPU, or on
 /// the CPU where the GPU cannot read them.
 pub struct CudaEngine {
@@ -546,8 +555,9 @@ impl Engine for CudaEngine {
             self.foreign_frames = true;
             gst::info!(
                 CAT,
-                "frames in CUDA memory of another CUDA context: each is copied on the GPU \
-                 first (an element upstream did not take the shared gst.cuda.context)"
+                "frames in CUDA memory of another CUDA context (a decoder that made its own, \
+                 or one of another GPU): each is copied into the engine's context first \
+                 (with gpu-id=-1, the engine follows the frames' GPU)"
             );
         }
         let before = self.pending();

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! What this machine offers the runtime: the libraries it loads, their versions, and the GPU.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::cublaslt::sys as lt;
 use cudarc::driver::{CudaContext, sys as drv};
@@ -27,6 +28,24 @@ pub(crate) fn missing_libraries() -> Vec<&'static str> {
         .filter(|(_, ok)| !ok)
         .map(|(name, _)| name)
         .collect()
+}
+
+/// The setup lock of the GPU of `ordinal`, held while an engine is set up on it.
+///
+/// The engines of a process share each GPU's primary context, and a CUDA graph being captured
+/// is invalidated when another thread of the context makes a call that synchronises it (a
+/// memory free, cuDNN's algorithm search, a module load): engines built together would fail
+/// with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. So one engine at a time is set up per GPU;
+/// running engines do not take the lock (their launches and copies are stream-ordered).
+pub(crate) fn setup_lock(ordinal: usize) -> MutexGuard<'static, ()> {
+    static LOCKS: Mutex<BTreeMap<usize, &'static Mutex<()>>> = Mutex::new(BTreeMap::new());
+    let lock: &'static Mutex<()> = LOCKS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(ordinal)
+        .or_insert_with(|| Box::leak(Box::default()));
+    // A panic while setting up leaves nothing the lock protects half-done.
+    lock.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A GPU that answers: its context, name and compute capability.

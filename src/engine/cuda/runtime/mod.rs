@@ -125,6 +125,7 @@ impl Runtime {
         wide: Option<Wide>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self> {
+        let _setup = device::setup_lock(gpu.ctx.ordinal());
         let ctx = gpu.ctx.clone();
         // One stream, one user: cudarc's cross-stream event tracking is not needed, and
         // its events would end up in the captured graphs.

@@ -71,8 +71,28 @@ impl Runtime {
     }
 
     /// Times cuDNN's algorithms for `c` on its real shapes and keeps the fastest that fits
-    /// the workspace; then checks whether the fused call takes it.
+    /// the workspace. A search that finds none is tried again a few times: with other
+    /// engines busy on the GPU, one was seen to come back empty where the next finds
+    /// several; the error says what each search found.
     fn tune(&mut self, c: &ConvStep, d: &ConvDescs) -> Result<Tuned> {
+        const SEARCHES: u64 = 3;
+        let mut found = Vec::new();
+        for search in 1..=SEARCHES {
+            match self.search(c, d)? {
+                Ok(tuned) => return Ok(tuned),
+                Err(why) => found.push(format!("search {search}: {why}")),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20 * search));
+        }
+        Err(Error::NoConvAlgorithm(found.join("; ")))
+    }
+
+    /// One search for `tune`: the fastest algorithm, or what the search found instead.
+    fn search(
+        &mut self,
+        c: &ConvStep,
+        d: &ConvDescs,
+    ) -> Result<std::result::Result<Tuned, String>> {
         let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 8] =
             // SAFETY: a plain C struct for cuDNN to fill.
             unsafe { std::mem::zeroed() };
@@ -102,7 +122,8 @@ impl Runtime {
         // cuDNN ranks the algorithms by its own timing of the plain convolution; what runs is
         // that convolution followed by our bias + activation kernel, or cuDNN's fused call,
         // whose speed can differ a lot. So the leading candidates are timed as they will run.
-        let candidates = perf[..returned as usize]
+        let offered = &perf[..returned as usize];
+        let candidates = offered
             .iter()
             .filter(|p| {
                 p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
@@ -120,16 +141,35 @@ impl Runtime {
             // The fused call applies ReLU or nothing; other activations need our kernel.
             .filter(|t| !t.fused || matches!(c.act, Act::Relu | Act::None));
         let mut best: Option<(f32, Tuned)> = None;
+        let mut refused = Vec::new();
         for tuned in candidates {
             // The fused call refuses some algorithms and activations: those are skipped.
-            let Ok(ms) = self.time_conv(c, d, &tuned) else {
-                continue;
+            let ms = match self.time_conv(c, d, &tuned) {
+                Ok(ms) => ms,
+                Err(e) => {
+                    refused.push(format!(
+                        "algorithm {} (fused: {}): {e}",
+                        tuned.algo, tuned.fused
+                    ));
+                    continue;
+                }
             };
             if best.is_none_or(|(fastest, _)| ms < fastest) {
                 best = Some((ms, tuned));
             }
         }
-        best.map(|(_, tuned)| tuned).ok_or(Error::NoConvAlgorithm)
+        Ok(best.map(|(_, tuned)| tuned).ok_or_else(|| {
+            let offered: Vec<String> = offered
+                .iter()
+                .map(|p| format!("{} {:?} {} B", p.algo as i32, p.status, p.memory))
+                .collect();
+            format!(
+                "offered [{}] for a workspace of {} B; timing refused [{}]",
+                offered.join(", "),
+                self.workspace.len(),
+                refused.join(", ")
+            )
+        }))
     }
 
     /// GPU milliseconds of five runs of the convolution `c` as `tuned` says, after one to

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU run, on the GPU host, from the repository root, after pack.sh (see
 # bench/gpu/README.md). Stages, all by default:
-#   tests    the cuda tests (engine, CUDA-memory input, shared engines), the exports on the
+#   tests    the cuda tests (engine, CUDA-memory input, shared engines; one at a time, then
+#            side by side), the exports on the
 #            cpu plan (engine tests), then the element, pipeline, scenario, memory,
 #            reliability, failure and region tests with backend=cuda; a GPU is expected, so a
 #            skip fails
@@ -56,6 +57,11 @@ if has tests; then
   for t in /tmp/gpubin/cuda-*; do
     "$t" --nocapture --test-threads=1 >"$out/cuda-test.txt" 2>"$out/cuda-test.log"
     note $? "cuda tests"
+    # Again side by side, as engines of one process are built and run: what one engine's
+    # setup does to another's (a CUDA graph capture, cuDNN's algorithm search) shows here.
+    "$t" >"$out/cuda-test-parallel.txt" 2>"$out/cuda-test-parallel.log"
+    note $? "cuda tests in parallel"
+    grep -E "^test result|panicked" "$out/cuda-test-parallel.txt" | head -5
   done
   grep -E "^test |largest|cached start|formats tested|decoders tested|runs in fp32|run in f32|came from|failed|panicked|SKIPPED" \
     "$out/cuda-test.txt" "$out/cuda-test.log" | cut -c1-300 | head -60

@@ -545,9 +545,14 @@ impl TrtClassify {
         if let Ok(gpu) = u32::try_from(gpu_id) {
             return Some(gpu);
         }
+        self.gpu_upstream()
+            .or_else(|| (crate::engine::cuda::gpu_count() <= 1).then_some(0))
+    }
+
+    /// The GPU a CUDA element upstream says the frames are on (see `cudamem::device_upstream`).
+    fn gpu_upstream(&self) -> Option<u32> {
         let sinkpad = self.obj().static_pad("sink").expect("always there");
         cudamem::device_upstream(&sinkpad)
-            .or_else(|| (crate::engine::cuda::gpu_count() <= 1).then_some(0))
     }
 
     /// The GPU of the engine for `settings`: `gpu-id`; with `gpu-id=-1`, the GPU of the
@@ -559,10 +564,12 @@ impl TrtClassify {
         {
             return placement::choose(settings.gpu_id, None, 0, &Default::default());
         }
-        let frames_on = self.frames_gpu.lock().unwrap().0.or_else(|| {
-            let sinkpad = self.obj().static_pad("sink").expect("always there");
-            cudamem::device_upstream(&sinkpad)
-        });
+        let frames_on = self
+            .frames_gpu
+            .lock()
+            .unwrap()
+            .0
+            .or_else(|| self.gpu_upstream());
         let gpu = placement::choose(
             settings.gpu_id,
             frames_on,

@@ -64,6 +64,7 @@ fn main() {
                     threads,
                     engine_location: None,
                     progress: Default::default(),
+                    server: Default::default(),
                     preprocess: PreprocessOptions::default(),
                 };
                 let mut engine = CpuEngine::build(&options).unwrap();
@@ -100,6 +101,7 @@ fn print_scores(model: &str) {
         threads: 0,
         engine_location: None,
         progress: Default::default(),
+        server: Default::default(),
         preprocess: PreprocessOptions::default(),
     };
     let mut engine = CpuEngine::build(&options).unwrap();

@@ -938,6 +938,7 @@ mod tests {
                 engine_location: None,
                 preprocess: Default::default(),
                 progress: Default::default(),
+                server: Default::default(),
             },
             model_file: None,
         }

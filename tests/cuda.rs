@@ -22,6 +22,7 @@ fn options(model: &str, batch_size: usize, precision: Precision) -> EngineOption
         threads: 0,
         engine_location: None,
         progress: Default::default(),
+        server: Default::default(),
         preprocess: PreprocessOptions::default(),
     }
 }

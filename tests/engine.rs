@@ -17,6 +17,7 @@ fn options(model: &str, batch_size: usize) -> EngineOptions {
         threads: 0,
         engine_location: None,
         progress: Default::default(),
+        server: Default::default(),
         preprocess: PreprocessOptions::default(),
     }
 }

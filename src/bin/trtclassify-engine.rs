@@ -123,6 +123,7 @@ fn options(args: &Args, model: &Path, batch_size: usize, engine: Option<PathBuf>
         engine_location: engine,
         preprocess: PreprocessOptions::default(),
         progress: Progress::new(|msg| eprintln!("  {msg}")),
+        server: Default::default(),
     }
 }
 

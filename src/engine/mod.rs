@@ -9,6 +9,7 @@ pub mod compiler;
 pub mod cpu;
 pub mod cuda;
 pub mod external_data;
+pub mod kserve;
 pub mod onnx;
 mod ranks;
 
@@ -49,6 +50,12 @@ pub enum Backend {
     /// TensorRT; this build lacks it, so asking for it is an error.
     #[enum_value(name = "TensorRT: where TensorRT 10 is installed", nick = "tensorrt")]
     Tensorrt = 3,
+    /// A remote server speaking the KServe v2 protocol over gRPC (Triton, KServe, MLServer).
+    #[enum_value(
+        name = "KServe: a remote Triton / KServe v2 server (server-url, server-model)",
+        nick = "kserve"
+    )]
+    Kserve = 4,
 }
 
 /// The number type an engine computes in: the element's `precision` property.
@@ -90,6 +97,8 @@ pub struct EngineOptions {
     pub preprocess: PreprocessOptions,
     /// Hears what a long engine build is doing.
     pub progress: Progress,
+    /// The server of `backend=kserve`; unused by the other backends.
+    pub server: kserve::ServerOptions,
 }
 
 /// A callback for progress messages while an engine builds.
@@ -357,6 +366,11 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
     };
     let cuda = || guarded("cuda", &|| Ok(Box::new(cuda::CudaEngine::build(options)?)));
     let cpu = || guarded("cpu", &|| Ok(Box::new(cpu::CpuEngine::build(options)?)));
+    let kserve = || {
+        guarded("kserve", &|| {
+            Ok(Box::new(kserve::KserveEngine::build(options)?))
+        })
+    };
     match backend {
         Backend::Auto => {
             match cuda() {
@@ -374,6 +388,7 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
         }
         Backend::Cpu => cpu(),
         Backend::Cuda => cuda(),
+        Backend::Kserve => kserve(),
         Backend::Tensorrt => Err(EngineError::Unavailable {
             backend: "tensorrt",
             reason: "this plugin was built without TensorRT support".into(),

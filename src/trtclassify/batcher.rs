@@ -18,6 +18,8 @@ pub(crate) enum Unscored {
     Late,
     /// Downstream said it was late already (QoS).
     Qos,
+    /// The engine's server did not answer for it (`backend=kserve`).
+    Unanswered,
 }
 
 /// A frame held until its scores arrive and every frame before it has left.
@@ -178,6 +180,17 @@ impl<F> Batcher<F> {
         }
     }
 
+    /// The oldest item still waiting gets no scores (the server did not answer for it): its
+    /// frame leaves carrying the last result (`Unanswered`). `Err` when none waits.
+    pub(crate) fn unanswered(&mut self) -> Result<(), ()> {
+        let held = self.held.iter_mut().find(|h| h.waiting > 0).ok_or(())?;
+        held.waiting -= 1;
+        held.scores.clear();
+        held.unscored = Some(Unscored::Unanswered);
+        self.unscored -= 1;
+        Ok(())
+    }
+
     /// Takes, in order, every frame at the front that has its result: scored fresh frames and
     /// the carried frames after them.
     pub(crate) fn release(&mut self) -> Vec<Released<F>> {
@@ -280,6 +293,32 @@ mod tests {
         );
         assert_eq!((b.unscored(), b.len()), (0, 0));
         assert_eq!(b.score(vec![9.0]), Err(vec![9.0]), "no frame waits");
+    }
+
+    #[test]
+    fn a_frame_with_an_item_the_server_did_not_answer_leaves_unscored_in_its_turn() {
+        let mut b = Batcher::default();
+        b.admit('a', 1, (Instant::now(), None), 1, None);
+        b.admit('b', 1, (Instant::now(), None), 2, None);
+        b.admit('c', 1, (Instant::now(), None), 1, None);
+        b.score(vec![1.0]).unwrap();
+        b.score(vec![2.0]).unwrap();
+        b.unanswered().unwrap();
+        b.score(vec![3.0]).unwrap();
+        let got: Vec<(char, bool, Option<Unscored>)> = b
+            .release()
+            .into_iter()
+            .map(|r| (r.frame, r.scores.is_some(), r.unscored))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ('a', true, None),
+                ('b', false, Some(Unscored::Unanswered)),
+                ('c', true, None)
+            ]
+        );
+        assert_eq!(b.unanswered(), Err(()), "no frame waits");
     }
 
     #[test]

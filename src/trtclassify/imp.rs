@@ -26,8 +26,8 @@ use super::placement;
 use super::settings::{
     DEFAULT_BACKEND, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_CHANNEL_ORDER,
     DEFAULT_GPU_ID, DEFAULT_INTERVAL, DEFAULT_MAX_LATENESS_MS, DEFAULT_PRECISION,
-    DEFAULT_RESIZE_MODE, DEFAULT_ROI, DEFAULT_SCALE, DEFAULT_SOFTMAX, DEFAULT_THRESHOLD,
-    DEFAULT_TOP_K, MAX_BATCH_SIZE, Settings, Tunables,
+    DEFAULT_RESIZE_MODE, DEFAULT_ROI, DEFAULT_SCALE, DEFAULT_SERVER_TIMEOUT_MS, DEFAULT_SOFTMAX,
+    DEFAULT_THRESHOLD, DEFAULT_TOP_K, MAX_BATCH_SIZE, Settings, Tunables,
 };
 use super::state::{Held, Outputs, State};
 use super::stats::Stats;
@@ -142,6 +142,44 @@ impl ObjectImpl for TrtClassify {
                 glib::ParamSpecEnum::builder_with_default("backend", DEFAULT_BACKEND)
                     .nick("Backend")
                     .blurb("Inference backend; one that is not built in or not usable fails at start")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("server-url")
+                    .nick("Server URL")
+                    .blurb("backend=kserve: the KServe v2 / Triton gRPC server, grpc://host:port (grpcs://host:port for TLS)")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("server-model")
+                    .nick("Server model")
+                    .blurb("backend=kserve: the model's name on the server; onnx-location, where also set, is checked against the server's metadata, and is optional otherwise")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("server-model-version")
+                    .nick("Server model version")
+                    .blurb("backend=kserve: the model's version on the server; unset: the server's choice")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("server-timeout")
+                    .nick("Server timeout")
+                    .blurb("backend=kserve: the longest a batch waits for the server, in milliseconds, retries included; past it, its frames pass on unclassified (counted in stats as unclassified-server) and the server is tried again after a pause")
+                    .minimum(1)
+                    .maximum(600_000)
+                    .default_value(DEFAULT_SERVER_TIMEOUT_MS)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("server-ca-location")
+                    .nick("Server CA location")
+                    .blurb("backend=kserve with grpcs://: PEM file of the CA that signed the server's certificate; unset: the system's CAs")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("server-cert-location")
+                    .nick("Client certificate location")
+                    .blurb("backend=kserve with grpcs://: PEM certificate this client presents (mutual TLS), with server-key-location")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("server-key-location")
+                    .nick("Client key location")
+                    .blurb("backend=kserve with grpcs://: PEM private key of server-cert-location")
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("precision", DEFAULT_PRECISION)
@@ -305,7 +343,7 @@ impl ObjectImpl for TrtClassify {
                     .blurb("What the element did since it started, as an \
                             application/x-trtclassify-stats structure: frames-in, frames-out, \
                             classified, carried (interval), unclassified-late and \
-                            unclassified-qos (passed on by the overload policy), latency-p50, \
+                            unclassified-qos (passed on by the overload policy), unclassified-server (backend=kserve: no answer), latency-p50, \
                             latency-p99 and latency-max (time in the element, ns), \
                             lateness-p50, lateness-p99 and lateness-max (with a live source: \
                             how long after it was due a frame left, ns), batches, \
@@ -340,6 +378,13 @@ impl ObjectImpl for TrtClassify {
             "model-instance-id" => settings.model_instance_id.to_value(),
             "results-location" => settings.results_location.to_value(),
             "backend" => settings.backend.to_value(),
+            "server-url" => settings.server.url.to_value(),
+            "server-model" => settings.server.model.to_value(),
+            "server-model-version" => settings.server.version.to_value(),
+            "server-timeout" => settings.server.timeout_ms.to_value(),
+            "server-ca-location" => settings.server.ca.to_value(),
+            "server-cert-location" => settings.server.cert.to_value(),
+            "server-key-location" => settings.server.key.to_value(),
             "precision" => settings.precision.to_value(),
             "gpu-id" => settings.gpu_id.to_value(),
             "threads" => settings.threads.to_value(),
@@ -388,6 +433,23 @@ impl TrtClassify {
                 settings.model_instance_id = value.get().expect("type checked upstream")
             }
             "backend" => settings.backend = value.get().expect("type checked upstream"),
+            "server-url" => settings.server.url = value.get().expect("type checked upstream"),
+            "server-model" => settings.server.model = value.get().expect("type checked upstream"),
+            "server-model-version" => {
+                settings.server.version = value.get().expect("type checked upstream")
+            }
+            "server-timeout" => {
+                settings.server.timeout_ms = value.get().expect("type checked upstream")
+            }
+            "server-ca-location" => {
+                settings.server.ca = value.get().expect("type checked upstream")
+            }
+            "server-cert-location" => {
+                settings.server.cert = value.get().expect("type checked upstream")
+            }
+            "server-key-location" => {
+                settings.server.key = value.get().expect("type checked upstream")
+            }
             "precision" => settings.precision = value.get().expect("type checked upstream"),
             "gpu-id" => settings.gpu_id = value.get().expect("type checked upstream"),
             "threads" => settings.threads = value.get().expect("type checked upstream"),
@@ -1171,7 +1233,10 @@ impl TrtClassify {
                     stats.lateness.record(frame, due);
                 }
             }
-            if matches!(unscored, Some(Unscored::Late | Unscored::Qos)) {
+            if matches!(
+                unscored,
+                Some(Unscored::Late | Unscored::Qos | Unscored::Unanswered)
+            ) {
                 unclassified = Some((buffer.clone(), arrived));
             }
             state.queue.ready.push_back(buffer);
@@ -1231,18 +1296,43 @@ impl TrtClassify {
             state.queue.engine_busy = false;
         }
         for scores in taken {
-            let refused =
-                match scores {
-                    Ok(scores) => state.queue.batcher.score(scores).err().map(|_| {
-                        "the engine returned scores for frames it was not given".to_owned()
-                    }),
-                    Err(e) => Some(e.to_string()),
-                };
-            if let Some(problem) = refused {
-                return Err(self.fail(state, &problem));
+            let refused = match scores {
+                Ok(scores) if scores.is_empty() => {
+                    self.server_unanswered(state);
+                    state.queue.batcher.unanswered().err()
+                }
+                Ok(scores) => {
+                    if std::mem::take(&mut state.queue.server_away) {
+                        gst::info!(CAT, imp = self, "the server answers again");
+                    }
+                    state.queue.batcher.score(scores).err().map(|_| ())
+                }
+                Err(e) => return Err(self.fail(state, &e.to_string())),
+            };
+            if refused.is_some() {
+                let problem = "the engine returned scores for frames it was not given";
+                return Err(self.fail(state, problem));
             }
         }
         Ok(())
+    }
+
+    /// The server (`backend=kserve`) did not answer for an item: said once in a warning
+    /// until it answers again; the frames pass on unclassified, counted.
+    fn server_unanswered(&self, state: &mut State) {
+        if std::mem::replace(&mut state.queue.server_away, true) {
+            return;
+        }
+        let server = &self.settings.lock().unwrap().server;
+        gst::element_imp_warning!(
+            self,
+            gst::ResourceError::Read,
+            [
+                "{}: the server {} did not answer; frames pass on unclassified (stats: unclassified-server) until it does",
+                state.outputs.model_name,
+                server.url.as_deref().unwrap_or_default()
+            ]
+        );
     }
 
     /// The result of a frame that may leave: the top classes of each of its items (or the

@@ -108,7 +108,7 @@ impl TrtClassify {
         let key = settings
             .instance_key(self.progress_reporter(), gpu)
             .map_err(|text| Problem::new(gst::LibraryError::Settings, text))?;
-        let location = key.options.model.to_string_lossy().into_owned();
+        let location = settings.model_location();
         let labels = load_labels(&settings)?;
         // The timer thread exists before the engine is joined: another stream's batch can
         // wake it as soon as this element is in.
@@ -157,11 +157,11 @@ impl TrtClassify {
         if gpu.is_some() {
             *self.gpu.lock().unwrap() = gpu;
         }
-        let location = settings.onnx_location.as_deref().unwrap_or_default();
+        let location = settings.model_location();
         self.stats
             .lock()
             .unwrap()
-            .engine(location, &stream, gpu, joined, ready_in);
+            .engine(&location, &stream, gpu, joined, ready_in);
         let mut state = State::new(stream, &settings, timer, outputs);
         if let Some(old) = old {
             state.input.info = old.input.info.clone();

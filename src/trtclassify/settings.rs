@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use gst::prelude::*;
 
+use crate::engine::kserve::ServerOptions;
 use crate::engine::{self, Backend, EngineOptions, Precision};
 use crate::instance::{FileStamp, InstanceKey};
 use crate::outputs::postprocess::Softmax;
@@ -33,6 +34,7 @@ pub(crate) const DEFAULT_CHANNEL_ORDER: ChannelOrder = ChannelOrder::Rgb;
 pub(crate) const DEFAULT_RESIZE_MODE: ResizeMode = ResizeMode::Stretch;
 pub(crate) const DEFAULT_INTERVAL: u32 = 1;
 pub(crate) const DEFAULT_ROI: RoiMode = RoiMode::Frame;
+pub(crate) const DEFAULT_SERVER_TIMEOUT_MS: u32 = 2_000;
 
 /// The values of the element's properties, each field the property of the same name (`_ms`
 /// and `roi_filter` aside); copied out of its lock before any work.
@@ -60,10 +62,66 @@ pub(crate) struct Settings {
     pub(crate) roi: RoiMode,
     pub(crate) roi_filter: RegionFilter,
     pub(crate) tunables: Tunables,
+    /// The `server-*` properties (`backend=kserve`).
+    pub(crate) server: Server,
     /// A property value that was refused, by property name; `start()` fails with it (and a
     /// live update with a warning) until that property is set right, so that a typo in a
     /// launch line never runs silently with the old value.
     refused: Option<(String, String)>,
+}
+
+/// The `server-*` properties, as set.
+#[derive(Debug, Clone)]
+pub(crate) struct Server {
+    pub(crate) url: Option<String>,
+    pub(crate) model: Option<String>,
+    pub(crate) version: Option<String>,
+    pub(crate) timeout_ms: u32,
+    pub(crate) ca: Option<String>,
+    pub(crate) cert: Option<String>,
+    pub(crate) key: Option<String>,
+}
+
+impl Default for Server {
+    fn default() -> Self {
+        Self {
+            url: None,
+            model: None,
+            version: None,
+            timeout_ms: DEFAULT_SERVER_TIMEOUT_MS,
+            ca: None,
+            cert: None,
+            key: None,
+        }
+    }
+}
+
+impl Server {
+    /// The server options of `backend=kserve`, or what is missing.
+    fn options(&self) -> Result<ServerOptions, String> {
+        let (Some(url), Some(model)) = (&self.url, &self.model) else {
+            return Err(
+                "backend=kserve needs server-url (grpc://host:port) and server-model".into(),
+            );
+        };
+        let identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some((cert.into(), key.into())),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "set both server-cert-location and server-key-location, or neither".into(),
+                );
+            }
+        };
+        Ok(ServerOptions {
+            url: url.clone(),
+            model: model.clone(),
+            version: self.version.clone().unwrap_or_default(),
+            timeout: Duration::from_millis(self.timeout_ms.into()),
+            ca: self.ca.as_ref().map(Into::into),
+            identity,
+        })
+    }
 }
 
 /// What may change while playing; copied out for every buffer.
@@ -106,6 +164,7 @@ impl Default for Settings {
                 threshold: DEFAULT_THRESHOLD,
                 interval: DEFAULT_INTERVAL,
             },
+            server: Server::default(),
             refused: None,
         }
     }
@@ -157,10 +216,19 @@ impl Settings {
         if let Some((_, problem)) = &self.refused {
             return Err(format!("Invalid property value: {problem}"));
         }
-        let Some(location) = self.onnx_location.clone() else {
-            return Err(
-                "onnx-location is not set: give the path of an ONNX image classifier".into(),
-            );
+        let server = match self.backend {
+            Backend::Kserve => self.server.options()?,
+            _ => ServerOptions::default(),
+        };
+        // A server's model may come without a local copy: its metadata says the rest.
+        let location = match (self.onnx_location.clone(), self.backend) {
+            (Some(location), _) => location,
+            (None, Backend::Kserve) => String::new(),
+            (None, _) => {
+                return Err(
+                    "onnx-location is not set: give the path of an ONNX image classifier".into(),
+                );
+            }
         };
         let input_size = match (self.input_height, self.input_width) {
             (0, 0) => None,
@@ -183,8 +251,19 @@ impl Settings {
                 engine_location: self.engine_location.clone().map(Into::into),
                 progress,
                 preprocess: self.preprocess_options(),
+                server,
             },
         })
+    }
+
+    /// The model as results and messages name it: `onnx-location`, or for `backend=kserve`
+    /// without one, `server-model`.
+    pub(crate) fn model_location(&self) -> String {
+        match (&self.onnx_location, self.backend) {
+            (Some(location), _) => location.clone(),
+            (None, Backend::Kserve) => self.server.model.clone().unwrap_or_default(),
+            (None, _) => String::new(),
+        }
     }
 
     /// `scale`, `mean`, `std`, `channel-order` and `resize-mode`, as the engine takes them.

@@ -58,6 +58,7 @@ impl State {
                 ready: VecDeque::new(),
                 timer,
                 engine_busy: false,
+                server_away: false,
             },
             outputs,
             failure: Failure::default(),
@@ -110,6 +111,9 @@ pub(crate) struct Queue {
     /// The engine was busy with other streams' batches when this stream's partial batch was
     /// due: the timer waits for the frames' deadline before it tries again.
     pub(crate) engine_busy: bool,
+    /// The server (`backend=kserve`) did not answer the last item: said once, until it
+    /// answers again.
+    pub(crate) server_away: bool,
 }
 
 impl Queue {

@@ -23,6 +23,8 @@ pub(crate) struct Stats {
     carried: u64,
     late: u64,
     qos: u64,
+    /// Passed on unclassified: the server did not answer (`backend=kserve`).
+    unanswered: u64,
     /// Time in the element.
     pub(crate) latency: Latencies,
     /// Frames of a live source: how long after they were due they left.
@@ -61,12 +63,14 @@ impl Stats {
             Some(Unscored::Carried) => self.carried += 1,
             Some(Unscored::Late) => self.late += 1,
             Some(Unscored::Qos) => self.qos += 1,
+            Some(Unscored::Unanswered) => self.unanswered += 1,
         }
     }
 
-    /// Frames classified, and passed on unclassified by the overload policy (late or QoS).
+    /// Frames classified, and passed on unclassified by the overload policy (late or QoS)
+    /// or for want of a server's answer.
     pub(crate) fn processed_and_dropped(&self) -> (u64, u64) {
-        (self.classified, self.late + self.qos)
+        (self.classified, self.late + self.qos + self.unanswered)
     }
 
     /// Frames classified, passed on unclassified late, and passed on unclassified by QoS.
@@ -137,6 +141,7 @@ impl Stats {
             .field("carried", self.carried)
             .field("unclassified-late", self.late)
             .field("unclassified-qos", self.qos)
+            .field("unclassified-server", self.unanswered)
             .field("latency-p50", ns(latency.quantile(0.5)))
             .field("latency-p99", ns(latency.quantile(0.99)))
             .field("latency-max", ns(self.latency.all.max()))

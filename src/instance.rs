@@ -268,6 +268,9 @@ pub struct Stream {
     slot: Arc<Slot>,
     info: ModelInfo,
     batch_size: usize,
+    /// Queued items that make the engine run: `batch_size` times the batches the engine may
+    /// hold in flight.
+    run_at: usize,
     /// The longest this stream waited for the instance's lock, in nanoseconds.
     longest_wait: AtomicU64,
 }
@@ -416,6 +419,7 @@ pub fn join(
             id,
             slot,
             served: Mutex::new(Instant::now()),
+            run_at: batch_size * info.batches_in_flight.max(1),
             info,
             batch_size,
             longest_wait: AtomicU64::new(0),
@@ -558,10 +562,17 @@ impl Inner {
             return;
         }
         let tickets = std::mem::take(&mut self.queued);
+        // An engine with batches in flight ran one for each model batch of the run.
+        let batches = match &self.engine {
+            Some(e) if e.info().batches_in_flight > 1 => {
+                tickets.len().div_ceil(e.info().model_batch.max(1))
+            }
+            _ => 1,
+        };
         let scores = match self.call(counters, |engine| engine.run_pushed()) {
             Ok(scores) if scores.len() == tickets.len() => {
                 self.failures = 0;
-                counters.record_batch(tickets.len(), started.elapsed());
+                counters.record_batch(batches, tickets.len(), started.elapsed());
                 Ok(scores)
             }
             Ok(scores) => Err(Arc::new(EngineError::Inference(format!(
@@ -631,9 +642,9 @@ fn same_model(a: &ModelInfo, b: &ModelInfo) -> bool {
 }
 
 impl Counters {
-    /// A batch of `items` ran in `took`.
-    fn record_batch(&self, items: usize, took: Duration) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
+    /// `batches` model batches of `items` in all ran in `took`.
+    fn record_batch(&self, batches: usize, items: usize, took: Duration) {
+        self.batches.fetch_add(batches as u64, Ordering::Relaxed);
         self.items.fetch_add(items as u64, Ordering::Relaxed);
         // A moving average over about the last 8 batches: recent enough to follow a change
         // of load, steady enough not to follow one slow batch.
@@ -776,7 +787,7 @@ impl Stream {
             },
             items,
         ));
-        if inner.queued.len() >= self.batch_size {
+        if inner.queued.len() >= self.run_at {
             inner.run(counters, self.id, started);
         }
         Ok(Pushed::Queued)
@@ -973,6 +984,7 @@ mod tests {
                     precision: crate::engine::Precision::Fp32,
                     precision_note: None,
                     reads_device_frames: false,
+                    batches_in_flight: 1,
                     non_finite: Default::default(),
                     engine_file: None,
                 },

@@ -189,6 +189,7 @@ fn setup_shared(
                 precision: Precision::Fp32,
                 precision_note: script.precision_note.map(String::from),
                 reads_device_frames: false,
+                batches_in_flight: 1,
                 non_finite: Default::default(),
                 engine_file: None,
             },

@@ -40,7 +40,11 @@ struct Served {
     onnx: &'static str,
     input: (&'static str, &'static [i64]),
     output: (&'static str, &'static [i64]),
+    /// The datatype the server declares for the input.
+    input_type: &'static str,
     delay_ms: u32,
+    /// Where the runtime keeps its record (`onnx_runtime.py`).
+    record_file: Option<PathBuf>,
 }
 
 /// The colour model, as it is.
@@ -50,7 +54,9 @@ fn colors() -> Served {
         onnx: "colors.onnx",
         input: ("image", &[-1, 3, 16, 16]),
         output: ("scores", &[-1, 6]),
+        input_type: "FP32",
         delay_ms: 0,
+        record_file: None,
     }
 }
 
@@ -90,13 +96,16 @@ impl Server {
                 folder.join("onnx_runtime.py"),
             )
             .unwrap();
-            let tensor = |(name, shape): (&str, &[i64])| serde_json::json!({"name": name, "datatype": "FP32", "shape": shape});
+            let tensor = |(name, shape): (&str, &[i64]), datatype: &str| serde_json::json!({"name": name, "datatype": datatype, "shape": shape});
             let settings = serde_json::json!({
                 "name": model.name,
                 "implementation": "onnx_runtime.OnnxModel",
-                "parameters": {"uri": "./model.onnx", "extra": {"delay_ms": model.delay_ms}},
-                "inputs": [tensor(model.input)],
-                "outputs": [tensor(model.output)],
+                "parameters": {"uri": "./model.onnx", "extra": {
+                    "delay_ms": model.delay_ms,
+                    "record_file": model.record_file,
+                }},
+                "inputs": [tensor(model.input, model.input_type)],
+                "outputs": [tensor(model.output, "FP32")],
             });
             std::fs::write(folder.join("model-settings.json"), settings.to_string()).unwrap();
         }
@@ -165,6 +174,11 @@ impl Drop for Server {
     }
 }
 
+/// The record the model runtime keeps (`record_file`).
+fn record(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn runtime_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/kserve")
@@ -222,6 +236,31 @@ fn the_servers_scores_equal_the_cpu_backends() {
     let alone = classify(&remote).unwrap();
     assert!(largest_difference(&cpu, &alone) <= 1e-5);
     assert!(alone.iter().all(|c| c.model == "colors"), "{:?}", alone[0]);
+}
+
+#[test]
+fn a_model_that_takes_fp16_gets_fp16_images() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let half = Served {
+        name: "half",
+        input_type: "FP16",
+        record_file: Some(file.path().into()),
+        ..colors()
+    };
+    let Some(server) = Server::start("a_model_that_takes_fp16_gets_fp16_images", &[half]) else {
+        return;
+    };
+    let onnx = common::model("colors.onnx");
+    let cpu = classify(&format!("onnx-location={onnx} backend=cpu")).unwrap();
+    let remote = classify(&format!(
+        "onnx-location={onnx} backend=kserve server-url={} server-model=half name=c",
+        server.url()
+    ))
+    .unwrap();
+    assert_eq!(record(file.path())["input_datatype"], "FP16");
+    let d = largest_difference(&cpu, &remote);
+    println!("largest difference from backend=cpu with FP16 images: {d:e}");
+    assert!(d < 1e-3, "{d}");
 }
 
 #[test]
@@ -404,6 +443,56 @@ fn a_server_slower_than_server_timeout_leaves_frames_unclassified_in_order() {
     assert!(warnings.iter().any(|w| w.contains("did not answer")));
 }
 
+#[test]
+fn batches_are_in_flight_together_and_answered_in_order() {
+    // Each answer takes 300 ms: the element sends the next batches while it waits, and the
+    // server has several at once; every frame still gets its own result, in order.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let slow = Served {
+        delay_ms: 300,
+        record_file: Some(file.path().into()),
+        ..colors()
+    };
+    let Some(server) = Server::start(
+        "batches_are_in_flight_together_and_answered_in_order",
+        &[slow],
+    ) else {
+        return;
+    };
+    let patterns = ["red", "green", "blue", "white"];
+    let branches: Vec<String> = patterns
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                "videotestsrc num-buffers=16 pattern={p} ! video/x-raw,format=RGB,width=32,height=24 ! \
+                 trtclassify onnx-location={} labels-location={} batch-size=4 batch-timeout=-1 \
+                 backend=kserve server-url={} server-model=colors ! appsink name=sink{i}",
+                common::model("colors.onnx"),
+                common::model("colors.txt"),
+                server.url()
+            )
+        })
+        .collect();
+    let sinks: Vec<String> = (0..patterns.len()).map(|i| format!("sink{i}")).collect();
+    let sinks: Vec<&str> = sinks.iter().map(String::as_str).collect();
+    let results = common::run_pipeline_sinks(&branches.join(" "), &sinks).unwrap();
+    for (pattern, (results, _)) in patterns.iter().zip(&results) {
+        let frames: Vec<u64> = results.iter().map(|r| r.frame).collect();
+        assert_eq!(frames, (0..16).collect::<Vec<_>>());
+        assert!(
+            results
+                .iter()
+                .all(|r| r.fresh && r.classes[0].label == *pattern),
+            "{pattern}: {:?}",
+            results.iter().find(|r| r.classes[0].label != *pattern)
+        );
+    }
+    let most = record(file.path())["most_at_once"].as_u64().unwrap();
+    println!("the server had up to {most} requests at once");
+    assert!(most >= 2, "{most} request(s) at once");
+}
+
 /// A CA and a certificate for `localhost` signed by it, made with openssl in `dir`.
 fn certificates(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let openssl = |args: &[&str]| {
@@ -489,7 +578,8 @@ fn grpcs_with_the_servers_ca_classifies_and_without_it_fails_at_start() {
         .args([&port.to_string(), &server.grpc.to_string()])
         .args([&cert, &key])
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        // It logs the refused handshake, which the test makes on purpose.
+        .stderr(Stdio::null())
         .spawn()
         .expect("the TLS front starts");
     let mut ready = [0u8; 5];

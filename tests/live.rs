@@ -106,6 +106,7 @@ fn slow_engine(element: &gst::Element, cost: Cost) -> Stream {
                 precision: Precision::Fp32,
                 precision_note: None,
                 reads_device_frames: false,
+                batches_in_flight: 1,
                 non_finite: Default::default(),
                 engine_file: None,
             },

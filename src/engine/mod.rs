@@ -159,6 +159,11 @@ pub struct ModelInfo {
     /// Whether `Engine::push_device` reads frames in GPU memory where they are; frames in
     /// CUDA memory are otherwise mapped to system memory (a copy) before `push`.
     pub reads_device_frames: bool,
+    /// How many full batches the engine may hold sent and unanswered before the streams wait
+    /// for their scores: 1 for engines that run a batch where they are; more for a remote
+    /// server, whose answers come back while the next batches gather, so that the network's
+    /// round trip does not idle the server.
+    pub batches_in_flight: usize,
     /// Where a run's values first became infinite or NaN (the step and the ONNX node), once
     /// the engine has looked: the first time its scores were not finite. Shared by every
     /// copy of this info, and set before those scores leave the engine, so that the element

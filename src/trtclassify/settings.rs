@@ -291,13 +291,22 @@ impl Settings {
 
     /// Whether frames wait for batch-mates, so that the element needs its timer thread.
     pub(crate) fn batches(&self) -> bool {
-        self.batch_size > 1
+        self.held_items() > 1
     }
 
-    /// How many frames the element may hold beyond the one being pushed: `batch-size − 1`
+    /// The most fresh frames held for their scores: `batch-size`, times the batches a
+    /// remote server may have in flight (`backend=kserve`).
+    fn held_items(&self) -> u32 {
+        match self.backend {
+            Backend::Kserve => self.batch_size * engine::kserve::IN_FLIGHT as u32,
+            _ => self.batch_size,
+        }
+    }
+
+    /// How many frames the element may hold beyond the one being pushed: `held_items − 1`
     /// fresh frames, and the carried frames (`interval`) between them.
     pub(crate) fn held_frames(&self) -> u32 {
-        (self.batch_size - 1) * self.tunables.interval
+        (self.held_items() - 1) * self.tunables.interval
     }
 
     /// How many frames the element holds at most beyond the one being pushed, at `framerate`:
@@ -430,5 +439,35 @@ mod tests {
         assert_eq!(s.held_frames_at(fps(30)), 450, "no timeout, no bound");
         s.batch_size = 1;
         assert_eq!(s.held_frames_at(fps(30)), 0);
+    }
+
+    #[test]
+    fn a_remote_server_needs_its_url_and_model_and_no_local_file() {
+        let mut s = Settings {
+            backend: Backend::Kserve,
+            ..Default::default()
+        };
+        let err = s.instance_key(Default::default(), 0).unwrap_err();
+        assert!(err.contains("needs server-url"), "{err}");
+        s.server.url = Some("grpc://127.0.0.1:8001".into());
+        s.server.model = Some("resnet".into());
+        s.server.cert = Some("client.pem".into());
+        let err = s.instance_key(Default::default(), 0).unwrap_err();
+        assert!(err.contains("server-key-location"), "{err}");
+        s.server.key = Some("client.key".into());
+        let key = s.instance_key(Default::default(), 0).unwrap();
+        assert_eq!(key.options.server.model, "resnet");
+        assert_eq!(key.options.server.timeout, Duration::from_secs(2));
+        assert!(key.options.model.as_os_str().is_empty(), "no onnx-location");
+        assert_eq!(s.model_location(), "resnet");
+        // A batch being gathered while the earlier ones are on the wire.
+        s.batch_size = 8;
+        assert_eq!(s.held_frames(), 8 * engine::kserve::IN_FLIGHT as u32 - 1);
+        s.batch_size = 1;
+        assert!(s.batches(), "frames wait for the batches in flight");
+        s.backend = Backend::Cpu;
+        assert!(!s.batches());
+        let err = s.instance_key(Default::default(), 0).unwrap_err();
+        assert!(err.contains("onnx-location is not set"), "{err}");
     }
 }

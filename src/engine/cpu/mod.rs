@@ -141,6 +141,7 @@ impl CpuEngine {
             precision: Precision::Fp32,
             precision_note: None,
             reads_device_frames: false,
+            batches_in_flight: 1,
             non_finite: Default::default(),
             engine_file: None,
         };

@@ -263,6 +263,7 @@ impl CudaEngine {
                 (None, None) => None,
             },
             reads_device_frames: frame_pre.is_some(),
+            batches_in_flight: 1,
             non_finite: Default::default(),
             engine_file: Some(super::EngineFileUse {
                 path: path.clone(),

@@ -33,8 +33,10 @@ use proto::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use proto::model_metadata_response::TensorMetadata;
 use proto::{ModelInferRequest, ModelInferResponse, ModelMetadataResponse};
 
-/// Requests on the wire at once; a push that would send one more first waits for the oldest.
-const IN_FLIGHT: usize = 4;
+/// Requests on the wire at once: the answers to the first come back while the last gathers
+/// (`ModelInfo::batches_in_flight`); a push that would send one more first waits for the
+/// oldest.
+pub const IN_FLIGHT: usize = 4;
 
 /// The first pause after a request failed; doubled while the server stays away.
 const FIRST_OUTAGE_PAUSE: Duration = Duration::from_millis(500);
@@ -297,6 +299,7 @@ impl KserveEngine {
             },
             precision_note: None,
             reads_device_frames: false,
+            batches_in_flight: IN_FLIGHT,
             non_finite: Default::default(),
             engine_file: None,
         };

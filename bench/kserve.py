@@ -8,7 +8,7 @@ the frames per second, the time of a batch (the element's `batch-time`: for kser
 trip of one request with the server's work) and the median time a frame spent in the
 element. Run with Debian's python3 (python3-gi) and the plugin on GST_PLUGIN_PATH:
 
-    GST_PLUGIN_PATH=target/release /usr/bin/python3 bench/kserve.py [FRAMES] [RUNS]
+    GST_PLUGIN_PATH=target/release [SIDE=224] /usr/bin/python3 bench/kserve.py [FRAMES] [RUNS]
 
 Each configuration runs RUNS times (default 3), alternating the backends; the medians are
 printed.
@@ -34,7 +34,7 @@ MLSERVER = os.environ.get(
     "TRTCLASSIFY_MLSERVER",
     os.path.expanduser("~/.local/share/trtclassify/mlserver/bin/mlserver"),
 )
-SIDE = 224
+SIDE = int(os.environ.get("SIDE", "224"))
 
 
 def free_port():

@@ -335,7 +335,7 @@ pub fn streams_per_gpu() -> std::collections::BTreeMap<u32, usize> {
     let mut per_gpu = std::collections::BTreeMap::new();
     let instances = INSTANCES.lock().unwrap_or_else(|e| e.into_inner());
     for instance in instances.iter().filter_map(Weak::upgrade) {
-        if instance.key.backend != Backend::Cpu {
+        if !matches!(instance.key.backend, Backend::Cpu | Backend::Kserve) {
             *per_gpu.entry(instance.key.options.gpu_id).or_default() +=
                 instance.counters.streams.load(Ordering::Relaxed);
         }

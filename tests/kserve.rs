@@ -42,9 +42,13 @@ struct Served {
     output: (&'static str, &'static [i64]),
     /// The datatype the server declares for the input.
     input_type: &'static str,
+    /// How late the answers after the first `fast_requests` come.
     delay_ms: u32,
+    fast_requests: u32,
     /// Where the runtime keeps its record (`onnx_runtime.py`).
     record_file: Option<PathBuf>,
+    /// While this file exists, the runtime fails every request.
+    fail_file: Option<PathBuf>,
 }
 
 /// The colour model, as it is.
@@ -56,7 +60,9 @@ fn colors() -> Served {
         output: ("scores", &[-1, 6]),
         input_type: "FP32",
         delay_ms: 0,
+        fast_requests: 0,
         record_file: None,
+        fail_file: None,
     }
 }
 
@@ -102,7 +108,9 @@ impl Server {
                 "implementation": "onnx_runtime.OnnxModel",
                 "parameters": {"uri": "./model.onnx", "extra": {
                     "delay_ms": model.delay_ms,
+                    "fast_requests": model.fast_requests,
                     "record_file": model.record_file,
+                    "fail_file": model.fail_file,
                 }},
                 "inputs": [tensor(model.input, model.input_type)],
                 "outputs": [tensor(model.output, "FP32")],
@@ -270,9 +278,14 @@ fn a_model_the_server_lacks_or_that_differs_fails_at_start_naming_it() {
         input: ("image", &[-1, 3, 32, 32]),
         ..colors()
     };
+    let liar = Served {
+        name: "liar",
+        onnx: "cnn.onnx",
+        ..colors()
+    };
     let Some(server) = Server::start(
         "a_model_the_server_lacks_or_that_differs_fails_at_start_naming_it",
-        &[colors(), other],
+        &[colors(), other, liar],
     ) else {
         return;
     };
@@ -297,6 +310,16 @@ fn a_model_the_server_lacks_or_that_differs_fails_at_start_naming_it() {
     ))
     .unwrap_err();
     assert!(e.contains("does not answer"), "{e}");
+    // Metadata that says 16×16 images of 6 classes, for a model that takes 32×32: the
+    // request the element tries at start fails, with the server's reason.
+    let e = classify(&format!(
+        "backend=kserve server-url={url} server-model=liar"
+    ))
+    .unwrap_err();
+    assert!(
+        e.contains("server-model liar: a request of 4 image(s) failed"),
+        "{e}"
+    );
     let e = classify(&format!(
         "onnx-location={onnx} backend=kserve server-url=127.0.0.1:{} server-model=colors",
         server.grpc
@@ -416,8 +439,10 @@ fn frames_keep_flowing_while_the_server_is_away_and_classification_resumes() {
 
 #[test]
 fn a_server_slower_than_server_timeout_leaves_frames_unclassified_in_order() {
+    // The element's request at start is answered at once; then the server slows down.
     let slow = Served {
         delay_ms: 2_000,
+        fast_requests: 1,
         ..colors()
     };
     let Some(server) = Server::start(
@@ -491,6 +516,90 @@ fn batches_are_in_flight_together_and_answered_in_order() {
     let most = record(file.path())["most_at_once"].as_u64().unwrap();
     println!("the server had up to {most} requests at once");
     assert!(most >= 2, "{most} request(s) at once");
+}
+
+#[test]
+fn answers_keep_their_frames_when_requests_fail_among_those_in_flight() {
+    // A server that takes one image a request: a batch of 8 goes as 8 requests, and a run
+    // collects 32, more than are on the wire at once. The server fails every request for a
+    // while in the middle; each frame of its own colour must get its own colour back, or
+    // none.
+    let dir = tempfile::tempdir().unwrap();
+    let fail = dir.path().join("fail");
+    let one = Served {
+        input: ("image", &[1, 3, 16, 16]),
+        output: ("scores", &[1, 6]),
+        fail_file: Some(fail.clone()),
+        ..colors()
+    };
+    let Some(server) = Server::start(
+        "answers_keep_their_frames_when_requests_fail_among_those_in_flight",
+        &[one],
+    ) else {
+        return;
+    };
+    common::init();
+    let frames = 240u64;
+    let pipeline = common::launch(&format!(
+        "appsrc name=src format=time block=true max-bytes=1536 \
+         caps=video/x-raw,format=RGB,width=16,height=16,framerate=25/1 ! \
+         trtclassify name=c onnx-location={} labels-location={} batch-size=8 batch-timeout=-1 \
+         backend=kserve server-url={} server-model=colors server-timeout=1000 ! appsink name=sink",
+        common::model("colors.onnx"),
+        common::model("colors.txt"),
+        server.url()
+    ));
+    let src = pipeline
+        .by_name("src")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    let arrivals: Arc<Mutex<Vec<(u64, Classification)>>> = Default::default();
+    let into = arrivals.clone();
+    common::appsink(&pipeline, "sink").set_callbacks(
+        gst_app::AppSinkCallbacks::builder()
+            .new_sample(move |sink| {
+                let sample = sink.pull_sample().map_err(|_| gst::FlowError::Eos)?;
+                into.lock()
+                    .unwrap()
+                    .push(common::index_and_result(sample.buffer().unwrap()));
+                Ok(gst::FlowSuccess::Ok)
+            })
+            .build(),
+    );
+    let feeder = std::thread::spawn(move || {
+        for i in 0..frames {
+            // Requests fail from frame 60 to 120, while others are on the wire.
+            if i == 60 {
+                std::fs::write(&fail, b"").unwrap();
+            }
+            if i == 120 {
+                std::fs::remove_file(&fail).unwrap();
+                // Past the element's pause before it tries the server again.
+                std::thread::sleep(Duration::from_secs(3));
+            }
+            let (_, rgb) = common::COLORS[i as usize % common::COLORS.len()];
+            src.push_buffer(common::solid_rgb(16, 16, rgb, i)).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        src.end_of_stream().unwrap();
+    });
+    let (stats, _) = run_with_stats(&pipeline, "c");
+    feeder.join().unwrap();
+    println!("{stats}");
+    let arrivals = arrivals.lock().unwrap();
+    let order: Vec<u64> = arrivals.iter().map(|a| a.0).collect();
+    assert_eq!(order, (0..frames).collect::<Vec<_>>());
+    for (i, result) in arrivals.iter() {
+        let (colour, _) = common::COLORS[*i as usize % common::COLORS.len()];
+        if result.fresh {
+            assert_eq!(result.classes[0].label, colour, "frame {i}");
+        }
+    }
+    let unanswered = count(&stats, "unclassified-server");
+    assert!(unanswered > 0, "{stats}");
+    assert_eq!(count(&stats, "classified") + unanswered, frames, "{stats}");
+    assert!(arrivals.iter().rev().take(40).all(|a| a.1.fresh), "resumed");
 }
 
 /// A CA and a certificate for `localhost` signed by it, made with openssl in `dir`.

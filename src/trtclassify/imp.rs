@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 use std::sync::{LazyLock, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gst::glib;
 use gst::prelude::*;
@@ -343,7 +343,8 @@ impl ObjectImpl for TrtClassify {
                     .blurb("What the element did since it started, as an \
                             application/x-trtclassify-stats structure: frames-in, frames-out, \
                             classified, carried (interval), unclassified-late and \
-                            unclassified-qos (passed on by the overload policy), unclassified-server (backend=kserve: no answer), latency-p50, \
+                            unclassified-qos (passed on by the overload policy), \
+                            unclassified-server (backend=kserve: no answer), latency-p50, \
                             latency-p99 and latency-max (time in the element, ns), \
                             lateness-p50, lateness-p99 and lateness-max (with a live source: \
                             how long after it was due a frame left, ns), batches, \
@@ -621,8 +622,12 @@ impl TrtClassify {
     /// frames (seen, or said by a CUDA element upstream), else the GPU with the fewest
     /// streams (see `placement`).
     pub(super) fn choose_gpu(&self, settings: &Settings) -> u32 {
+        // Engines that run on no GPU here all share the same key (GPU 0).
         if settings.gpu_id != placement::AUTOMATIC
-            || settings.backend == crate::engine::Backend::Cpu
+            || matches!(
+                settings.backend,
+                crate::engine::Backend::Cpu | crate::engine::Backend::Kserve
+            )
         {
             return placement::choose(settings.gpu_id, None, 0, &Default::default());
         }
@@ -1317,20 +1322,28 @@ impl TrtClassify {
         Ok(())
     }
 
-    /// The server (`backend=kserve`) did not answer for an item: said once in a warning
-    /// until it answers again; the frames pass on unclassified, counted.
+    /// The server (`backend=kserve`) did not answer for an item: said in a warning when it
+    /// goes away, at most once a minute (a flaky server would otherwise warn on every flip);
+    /// the frames pass on unclassified, counted.
     fn server_unanswered(&self, state: &mut State) {
-        if std::mem::replace(&mut state.queue.server_away, true) {
+        if std::mem::replace(&mut state.queue.server_away, true)
+            || state
+                .queue
+                .server_warned
+                .is_some_and(|t| t.elapsed() < SERVER_WARNING_EVERY)
+        {
             return;
         }
-        let server = &self.settings.lock().unwrap().server;
+        state.queue.server_warned = Some(Instant::now());
+        // Copied out: a bus handler that reads a property must not find the settings locked.
+        let url = self.settings.lock().unwrap().server.url.clone();
         gst::element_imp_warning!(
             self,
             gst::ResourceError::Read,
             [
-                "{}: the server {} did not answer; frames pass on unclassified (stats: unclassified-server) until it does",
+                "{}: the server {} did not answer; frames pass on unclassified (stats: unclassified-server) until it does (GST_DEBUG=trtclassify-engine:2 says why)",
                 state.outputs.model_name,
-                server.url.as_deref().unwrap_or_default()
+                url.unwrap_or_default()
             ]
         );
     }
@@ -1510,7 +1523,7 @@ impl TrtClassify {
             return;
         }
         let mut hint = match info.precision {
-            Precision::Fp16 if info.backend != Backend::Cpu => {
+            Precision::Fp16 if info.backend == Backend::Cuda => {
                 "; with precision=fp16 this is usually a value beyond fp16's range: try precision=fp32".to_owned()
             }
             _ => String::new(),
@@ -1530,6 +1543,9 @@ impl TrtClassify {
         );
     }
 }
+
+/// The shortest time between two warnings that the server did not answer.
+const SERVER_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 // Partial batches, pushes from outside the streaming thread, and the failure relay.
 impl TrtClassify {

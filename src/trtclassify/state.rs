@@ -59,6 +59,7 @@ impl State {
                 timer,
                 engine_busy: false,
                 server_away: false,
+                server_warned: None,
             },
             outputs,
             failure: Failure::default(),
@@ -111,9 +112,10 @@ pub(crate) struct Queue {
     /// The engine was busy with other streams' batches when this stream's partial batch was
     /// due: the timer waits for the frames' deadline before it tries again.
     pub(crate) engine_busy: bool,
-    /// The server (`backend=kserve`) did not answer the last item: said once, until it
-    /// answers again.
+    /// The server (`backend=kserve`) did not answer the last item.
     pub(crate) server_away: bool,
+    /// When the element last warned that the server did not answer.
+    pub(crate) server_warned: Option<Instant>,
 }
 
 impl Queue {

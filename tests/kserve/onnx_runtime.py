@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: MPL-2.0
 """An MLServer runtime that runs an ONNX model with onnxruntime: the KServe v2 server that
 tests/kserve.rs starts on loopback. `parameters.extra` in model-settings.json: `delay_ms` makes
-every answer that late (a slow server); `record_file` names a file the runtime keeps a JSON
-record in: the most requests it had at once, and the datatype of the last input it got."""
+every answer after the first `fast_requests` that late (a server that slows down); `record_file` names a file the runtime keeps a JSON
+record in: the most requests it had at once, and the datatype of the last input it got;
+while the file `fail_file` names exists, every request fails."""
 
 import asyncio
 import json
+import os
 
 import numpy as np
 import onnxruntime as ort
@@ -22,7 +24,10 @@ class OnnxModel(MLModel):
         )
         extra = self._settings.parameters.extra or {}
         self._delay = float(extra.get("delay_ms", 0)) / 1000
+        self._fast = int(extra.get("fast_requests", 0))
+        self._requests = 0
         self._record_file = extra.get("record_file")
+        self._fail_file = extra.get("fail_file")
         self._active = self._most = 0
         return True
 
@@ -34,7 +39,10 @@ class OnnxModel(MLModel):
             with open(self._record_file, "w") as f:
                 json.dump(record, f)
         try:
-            if self._delay:
+            if self._fail_file and os.path.exists(self._fail_file):
+                raise RuntimeError("failing on purpose: " + self._fail_file)
+            self._requests += 1
+            if self._delay and self._requests > self._fast:
                 await asyncio.sleep(self._delay)
             return self._run(payload)
         finally:

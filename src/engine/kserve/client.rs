@@ -43,12 +43,42 @@ const TRIES: u32 = 3;
 /// The pause before the first retry; doubled before the next.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 
-/// A connection to the server: cheap to clone, usable from any thread.
-#[derive(Clone)]
+/// A connection to the server, usable from any thread.
 pub(crate) struct Client {
     grpc: GrpcInferenceServiceClient<Channel>,
-    runtime: std::sync::Arc<tokio::runtime::Runtime>,
+    /// Taken by `drop`.
+    runtime: Option<tokio::runtime::Runtime>,
     pub(crate) options: ServerOptions,
+}
+
+/// An answer on its way: the task that waits for it, and where it arrives.
+pub(crate) struct Pending<T> {
+    task: tokio::task::JoinHandle<()>,
+    answer: std::sync::mpsc::Receiver<T>,
+}
+
+impl<T> Pending<T> {
+    /// Waits for the answer; `None` where the task ended without one (cancelled). The wait
+    /// is a plain channel's, not the runtime's `block_on`, which panics when the caller is
+    /// itself inside a tokio runtime (an application that drives GStreamer from async code).
+    pub(crate) fn wait(self) -> Option<T> {
+        self.answer.recv().ok()
+    }
+
+    /// Gives the answer up.
+    pub(crate) fn cancel(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Client {
+    /// Stops the runtime without waiting for its threads (a DNS lookup may hold one), and
+    /// without the panic a plain drop raises inside a tokio runtime.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Client {
@@ -71,34 +101,35 @@ impl Client {
             .max_encoding_message_size(MAX_MESSAGE);
         Ok(Self {
             grpc,
-            runtime: std::sync::Arc::new(runtime),
+            runtime: Some(runtime),
             options: options.clone(),
         })
     }
 
-    /// Runs `f` on the client's runtime and waits for it.
-    pub(crate) fn block_on<T>(&self, f: impl Future<Output = T>) -> T {
-        self.runtime.block_on(f)
-    }
-
     /// Starts `f` on the client's runtime.
-    pub(crate) fn spawn<T: Send + 'static>(
+    pub(crate) fn start<T: Send + 'static>(
         &self,
         f: impl Future<Output = T> + Send + 'static,
-    ) -> tokio::task::JoinHandle<T> {
-        self.runtime.spawn(f)
+    ) -> Pending<T> {
+        let (sender, answer) = std::sync::mpsc::channel();
+        let runtime = self.runtime.as_ref().expect("taken only by drop");
+        let task = runtime.spawn(async move {
+            let _ = sender.send(f.await);
+        });
+        Pending { task, answer }
     }
 
     /// The server is live, the model ready; its metadata.
     pub(crate) fn check(&self) -> Result<ModelMetadataResponse, String> {
-        let (url, name, version) = (
-            &self.options.url,
-            &self.options.model,
-            &self.options.version,
-        );
+        let ServerOptions {
+            url,
+            model: name,
+            version,
+            timeout,
+            ..
+        } = self.options.clone();
         let mut grpc = self.grpc.clone();
-        let timeout = self.options.timeout;
-        self.block_on(async move {
+        self.start(async move {
             let live = with_timeout(timeout, grpc.server_live(ServerLiveRequest {}))
                 .await
                 .map_err(|e| format!("server-url {url}: the server does not answer: {e}"))?;
@@ -115,7 +146,7 @@ impl Client {
             if !ready.ready {
                 return Err(format!(
                     "server-model {name}{}: the model is not ready on {url}",
-                    version_note(version)
+                    version_note(&version)
                 ));
             }
             let metadata = ModelMetadataRequest {
@@ -126,6 +157,8 @@ impl Client {
                 .await
                 .map_err(|e| format!("server-model {name}: no metadata: {e}"))
         })
+        .wait()
+        .unwrap_or_else(|| Err("the gRPC client stopped".into()))
     }
 
     /// Sends `request`, retrying what may pass on a second try (the server restarting,

@@ -21,8 +21,8 @@ use prost::bytes::Bytes;
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::engine::CAT;
 use crate::preprocess::{Crop, InputSpec, Layout, Preprocessor};
-use client::Client;
 pub use client::ServerOptions;
+use client::{Client, Pending};
 
 #[allow(clippy::all, clippy::pedantic)]
 mod proto {
@@ -190,9 +190,10 @@ fn remote_model(
 
 fn names(tensors: &[TensorMetadata]) -> String {
     let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
-    match names.is_empty() {
-        true => "none declared".into(),
-        false => names.join(", "),
+    if names.is_empty() {
+        "none declared".into()
+    } else {
+        names.join(", ")
     }
 }
 
@@ -228,10 +229,11 @@ fn compare(remote: &RemoteModel, local: &OnnxModel, local_input: InputSpec) -> R
     Ok(())
 }
 
-/// A request on the wire: its items, and its answer when it comes.
+/// A request on the wire, in push order: its items, and its answer when it comes (`None`:
+/// not sent, the server being away; its items get no scores).
 struct InFlight {
     items: usize,
-    answer: tokio::task::JoinHandle<Result<ModelInferResponse, String>>,
+    answer: Option<Pending<Result<ModelInferResponse, String>>>,
 }
 
 /// A server that did not answer: when it is tried again, and the pause after that.
@@ -260,10 +262,12 @@ impl KserveEngine {
     /// model's metadata; compares it with the ONNX file at `options.model` where one is set.
     pub fn build(options: &EngineOptions) -> Result<Self, EngineError> {
         let server = &options.server;
+        // Messages name the ONNX file, or the server's model (their text names the server).
         let fail = |reason: String| EngineError::Build {
-            path: match options.model.as_os_str().is_empty() {
-                true => format!("{} on {}", server.model, server.url).into(),
-                false => options.model.clone(),
+            path: if options.model.as_os_str().is_empty() {
+                server.model.clone().into()
+            } else {
+                options.model.clone()
             },
             reason,
         };
@@ -273,9 +277,10 @@ impl KserveEngine {
                 reason: "set server-url (grpc://host:port) and server-model".into(),
             });
         }
-        let local = match options.model.as_os_str().is_empty() {
-            true => None,
-            false => Some(OnnxModel::load(&options.model)?),
+        let local = if options.model.as_os_str().is_empty() {
+            None
+        } else {
+            Some(OnnxModel::load(&options.model)?)
         };
         let client = Client::new(server).map_err(fail)?;
         let metadata = client.check().map_err(fail)?;
@@ -285,6 +290,19 @@ impl KserveEngine {
             compare(&remote, local, local_input).map_err(fail)?;
         }
         let model_batch = remote.fixed_batch.unwrap_or(options.batch_size.max(1));
+        if model_batch != options.batch_size.max(1) {
+            gst::warning!(
+                CAT,
+                "kserve: {} fixes its batch at {model_batch}; batch-size is {}: requests go as batches of {model_batch}{}",
+                server.model,
+                options.batch_size,
+                if model_batch > options.batch_size {
+                    ", padded"
+                } else {
+                    ""
+                }
+            );
+        }
         let preprocessor =
             Preprocessor::new(options.preprocess.clone(), remote.input).map_err(fail)?;
         let info = ModelInfo {
@@ -307,9 +325,10 @@ impl KserveEngine {
             CAT,
             "kserve: {}{} on {}: input `{}` {} {:?} {}x{}x{}, {} classes, {model_batch} image(s) a request",
             server.model,
-            match server.version.as_str() {
-                "" => String::new(),
-                v => format!(" version {v}"),
+            if server.version.is_empty() {
+                String::new()
+            } else {
+                format!(" version {}", server.version)
             },
             server.url,
             remote.input_name,
@@ -320,7 +339,7 @@ impl KserveEngine {
             remote.input.width,
             remote.num_classes
         );
-        Ok(Self {
+        let mut engine = Self {
             info,
             client,
             remote,
@@ -329,7 +348,31 @@ impl KserveEngine {
             in_flight: VecDeque::new(),
             ran: Vec::new(),
             outage: None,
-        })
+        };
+        engine.try_request(model_batch).map_err(fail)?;
+        Ok(engine)
+    }
+
+    /// Sends one request of `n` blank images and reads its answer: a server that refuses the
+    /// element's requests (a batch above its maximum, a datatype it does not take) fails the
+    /// start, rather than every frame later.
+    fn try_request(&mut self, n: usize) -> Result<(), String> {
+        self.input = vec![0.0; n * self.info.input.frame_len()];
+        let request = self.request(n);
+        self.input.clear();
+        let (grpc, timeout) = (self.client.grpc(), self.client.options.timeout);
+        self.client
+            .start(Client::infer(grpc, request, timeout))
+            .wait()
+            .unwrap_or_else(|| Err("the gRPC client stopped".into()))
+            .and_then(|response| self.scores(&response, n))
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "server-model {}: a request of {n} image(s) failed: {e}",
+                    self.client.options.model
+                )
+            })
     }
 
     /// The request for the `n` images in `input`, padded to the model's fixed batch.
@@ -365,31 +408,26 @@ impl KserveEngine {
     }
 
     /// Sends the items gathered in `input` as one request, after waiting for the oldest
-    /// request on the wire if `IN_FLIGHT` are; while the server is away, they get no scores
-    /// without being sent.
+    /// request on the wire if `IN_FLIGHT` are; while the server is away, they are not sent,
+    /// and get no scores in their turn.
     fn send(&mut self) {
         let n = self.input.len() / self.info.input.frame_len();
         if n == 0 {
             return;
         }
-        if self
-            .outage
-            .as_ref()
-            .is_some_and(|o| Instant::now() < o.retry_at)
-        {
-            self.input.clear();
-            self.ran.extend(std::iter::repeat_n(Vec::new(), n));
-            return;
-        }
         if self.in_flight.len() >= IN_FLIGHT {
             self.receive_oldest();
         }
-        let request = self.request(n);
+        let away = self
+            .outage
+            .as_ref()
+            .is_some_and(|o| Instant::now() < o.retry_at);
+        let answer = (!away).then(|| {
+            let request = self.request(n);
+            let (grpc, timeout) = (self.client.grpc(), self.client.options.timeout);
+            self.client.start(Client::infer(grpc, request, timeout))
+        });
         self.input.clear();
-        let (grpc, timeout) = (self.client.grpc(), self.client.options.timeout);
-        let answer = self
-            .client
-            .spawn(async move { Client::infer(grpc, request, timeout).await });
         self.in_flight.push_back(InFlight { items: n, answer });
     }
 
@@ -399,10 +437,14 @@ impl KserveEngine {
         let Some(request) = self.in_flight.pop_front() else {
             return;
         };
-        let answer = match self.client.block_on(request.answer) {
-            Ok(answer) => answer,
-            Err(e) => Err(format!("the request was lost: {e}")),
+        let Some(answer) = request.answer else {
+            self.ran
+                .extend(std::iter::repeat_n(Vec::new(), request.items));
+            return;
         };
+        let answer = answer
+            .wait()
+            .unwrap_or_else(|| Err("the request was given up".into()));
         match answer.and_then(|response| self.scores(&response, request.items)) {
             Ok(scores) => {
                 if self.outage.take().is_some() {
@@ -481,9 +523,10 @@ impl KserveEngine {
                 .map(|c| c.fp32_contents.clone())
                 .unwrap_or_default(),
         };
-        if values.len() < items * classes {
+        let sent = self.remote.fixed_batch.unwrap_or(items);
+        if values.len() != sent * classes {
             return Err(format!(
-                "the answer holds {} scores for {items} image(s) of {classes} classes",
+                "the answer holds {} scores for {sent} image(s) of {classes} classes",
                 values.len()
             ));
         }
@@ -560,7 +603,9 @@ impl Engine for KserveEngine {
     fn discard(&mut self) {
         self.input.clear();
         for request in self.in_flight.drain(..) {
-            request.answer.abort();
+            if let Some(answer) = request.answer {
+                answer.cancel();
+            }
         }
         self.ran.clear();
     }

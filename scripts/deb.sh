@@ -29,6 +29,9 @@ install -Dm644 "$built/libgsttrtclassify.so" "$stage/usr/lib/$multiarch/gstreame
 install -Dm755 "$built/trtclassify-engine" "$stage/usr/bin/trtclassify-engine"
 install -Dm644 -t "$stage/usr/share/gst-plugin-trtclassify/models" models/colors.onnx models/colors.txt
 install -Dm644 README.md "$stage/usr/share/doc/gst-plugin-trtclassify/README.md"
+# The README's links into docs/ hold in the installed copy.
+install -Dm644 -t "$stage/usr/share/doc/gst-plugin-trtclassify/docs" docs/guide.md docs/scaling.md \
+    docs/bad-inputs.md
 strip --strip-unneeded "$stage/usr/lib/$multiarch/gstreamer-1.0/libgsttrtclassify.so" \
     "$stage/usr/bin/trtclassify-engine"
 # The GStreamer libraries the plugin links (GStreamer 1.20 is the oldest it supports); the

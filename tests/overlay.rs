@@ -119,7 +119,7 @@ fn labels_follow_the_font_and_leave_out_the_confidence_when_asked() {
     );
 }
 
-/// The README's MP4 line, as `pipelines/overlay-mp4.sh` runs it: the file decodes back to
+/// The guide's MP4 line, as `pipelines/overlay-mp4.sh` runs it: the file decodes back to
 /// every frame, with the label on it.
 #[test]
 fn an_mp4_with_the_labels_decodes_back_with_every_frame() {

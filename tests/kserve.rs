@@ -330,20 +330,11 @@ fn a_model_the_server_lacks_or_that_differs_fails_at_start_naming_it() {
 
 /// Stats of the element `name` once `pipeline` has run to EOS, with the warnings on the bus.
 fn run_with_stats(pipeline: &gst::Pipeline, name: &str) -> (gst::Structure, Vec<String>) {
-    let bus = pipeline.bus().unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let mut warnings = Vec::new();
-    loop {
-        let msg = bus
-            .timed_pop(gst::ClockTime::from_seconds(60))
-            .expect("EOS within a minute");
-        match msg.view() {
-            gst::MessageView::Eos(_) => break,
-            gst::MessageView::Error(_) => panic!("{}", common::message_text(&msg)),
-            gst::MessageView::Warning(_) => warnings.push(common::message_text(&msg)),
-            _ => (),
-        }
-    }
+    let warnings = common::play_to_eos(pipeline)
+        .iter()
+        .filter(|m| matches!(m.view(), gst::MessageView::Warning(_)))
+        .map(common::message_text)
+        .collect();
     let stats = pipeline
         .by_name(name)
         .unwrap()

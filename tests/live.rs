@@ -188,20 +188,10 @@ fn run_cameras(
     let arrivals: Vec<_> = (0..n)
         .map(|i| record(&pipeline, &format!("sink{i}")))
         .collect();
-    let bus = pipeline.bus().unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let mut qos = Vec::new();
-    loop {
-        let msg = bus
-            .timed_pop(gst::ClockTime::from_seconds(60))
-            .expect("EOS within a minute");
-        match msg.view() {
-            gst::MessageView::Eos(_) => break,
-            gst::MessageView::Error(e) => panic!("{} ({:?})", e.error(), e.debug()),
-            gst::MessageView::Qos(_) => qos.push(msg.clone()),
-            _ => (),
-        }
-    }
+    let qos: Vec<gst::Message> = common::play_to_eos(&pipeline)
+        .into_iter()
+        .filter(|m| matches!(m.view(), gst::MessageView::Qos(_)))
+        .collect();
     let stats = (0..n)
         .map(|i| {
             pipeline

@@ -253,6 +253,26 @@ pub fn run_pipeline_sinks(description: &str, sinks: &[&str]) -> Result<Vec<SinkR
     outcome.map(|_| results)
 }
 
+/// Plays `pipeline` to EOS, panicking on an error (or a minute without a message), and
+/// returns the warnings and QoS messages it posted on the way; leaves it playing, so that
+/// the caller can still read its elements' `stats`.
+pub fn play_to_eos(pipeline: &gst::Pipeline) -> Vec<gst::Message> {
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let mut posted = Vec::new();
+    loop {
+        let msg = bus
+            .timed_pop(gst::ClockTime::from_seconds(60))
+            .expect("EOS within a minute");
+        match msg.view() {
+            gst::MessageView::Eos(_) => return posted,
+            gst::MessageView::Error(_) => panic!("{}", message_text(&msg)),
+            gst::MessageView::Warning(_) | gst::MessageView::Qos(_) => posted.push(msg.clone()),
+            _ => (),
+        }
+    }
+}
+
 /// Plays `pipeline` until EOS (Ok) or an error (Err with the error and its debug text).
 pub fn run_to_eos(pipeline: &gst::Pipeline) -> Result<(), String> {
     let bus = pipeline.bus().unwrap();

@@ -161,43 +161,35 @@ impl Client {
         .unwrap_or_else(|| Err("the gRPC client stopped".into()))
     }
 
-    /// Sends `request`, retrying what may pass on a second try (the server restarting,
-    /// overloaded) with a pause that doubles, until `timeout` from now.
-    pub(crate) async fn infer(
-        mut grpc: GrpcInferenceServiceClient<Channel>,
+    /// Sends `request` on the runtime, retrying what may pass on a second try (the server
+    /// restarting, overloaded) with a pause that doubles, until `server-timeout` from now.
+    pub(crate) fn infer(
+        &self,
         request: ModelInferRequest,
-        timeout: Duration,
-    ) -> Result<ModelInferResponse, String> {
-        let until = Instant::now() + timeout;
-        let mut pause = FIRST_RETRY;
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let left = until.saturating_duration_since(Instant::now());
-            let answer = with_timeout(left, grpc.model_infer(request.clone())).await;
-            match answer {
-                Ok(response) => return Ok(response),
-                Err(Failure::Status(status))
-                    if tries < TRIES
-                        && retriable(status.code())
-                        && Instant::now() + pause < until =>
-                {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                Err(e) => {
-                    return Err(match tries {
-                        1 => e.to_string(),
-                        n => format!("{e} (after {n} tries)"),
-                    });
+    ) -> Pending<Result<ModelInferResponse, String>> {
+        let (mut grpc, timeout) = (self.grpc.clone(), self.options.timeout);
+        self.start(async move {
+            let until = Instant::now() + timeout;
+            let mut pause = FIRST_RETRY;
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let left = until.saturating_duration_since(Instant::now());
+                match with_timeout(left, grpc.model_infer(request.clone())).await {
+                    Ok(response) => return Ok(response),
+                    Err(Failure::Status(status))
+                        if tries < TRIES
+                            && retriable(status.code())
+                            && Instant::now() + pause < until =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                    }
+                    Err(e) if tries == 1 => return Err(e.to_string()),
+                    Err(e) => return Err(format!("{e} (after {tries} tries)")),
                 }
             }
-        }
-    }
-
-    /// The generated client, for requests started on the runtime.
-    pub(crate) fn grpc(&self) -> GrpcInferenceServiceClient<Channel> {
-        self.grpc.clone()
+        })
     }
 }
 

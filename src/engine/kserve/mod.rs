@@ -360,9 +360,8 @@ impl KserveEngine {
         self.input = vec![0.0; n * self.info.input.frame_len()];
         let request = self.request(n);
         self.input.clear();
-        let (grpc, timeout) = (self.client.grpc(), self.client.options.timeout);
         self.client
-            .start(Client::infer(grpc, request, timeout))
+            .infer(request)
             .wait()
             .unwrap_or_else(|| Err("the gRPC client stopped".into()))
             .and_then(|response| self.scores(&response, n))
@@ -424,8 +423,7 @@ impl KserveEngine {
             .is_some_and(|o| Instant::now() < o.retry_at);
         let answer = (!away).then(|| {
             let request = self.request(n);
-            let (grpc, timeout) = (self.client.grpc(), self.client.options.timeout);
-            self.client.start(Client::infer(grpc, request, timeout))
+            self.client.infer(request)
         });
         self.input.clear();
         self.in_flight.push_back(InFlight { items: n, answer });

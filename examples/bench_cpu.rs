@@ -162,6 +162,7 @@ fn bench_element(model: &str, runs: usize, tag: &str) {
         let buffer = gst::Buffer::from_mut_slice(vec![128u8; info.size()]);
         let frame =
             gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).unwrap();
+        let view = gsttrtclassify::video::view(&frame).unwrap();
         let input = InputSpec {
             layout: Layout::Nchw,
             channels: 3,
@@ -170,9 +171,9 @@ fn bench_element(model: &str, runs: usize, tag: &str) {
         };
         let mut pre = Preprocessor::new(PreprocessOptions::default(), input).unwrap();
         let mut out = vec![0f32; input.frame_len()];
-        pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
+        pre.run(&view, &[Crop::Whole], &mut out).unwrap();
         let times: Vec<f64> = (0..runs.max(50))
-            .map(|_| time_ms(|| pre.run(&frame, &[Crop::Whole], &mut out).unwrap()))
+            .map(|_| time_ms(|| pre.run(&view, &[Crop::Whole], &mut out).unwrap()))
             .collect();
         println!("preprocess_{height}p_ms {:.2}", median(times));
     }

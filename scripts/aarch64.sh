@@ -6,8 +6,8 @@
 #   scripts/aarch64.sh build    build only: target/aarch64-unknown-linux-gnu/debug/libgsttrtclassify.so
 #   scripts/aarch64.sh smoke    build, then the element's and the engine's tests (CI)
 #
-# Without the overlay element (--no-default-features): its Pango and Cairo would need their
-# arm64 -dev packages too. Debug builds: dependencies are optimised (opt-level 2, see
+# The classifier's plugin only, not the overlay's (crates/overlay): its Pango and Cairo would
+# need their arm64 -dev packages too. Debug builds: dependencies are optimised (opt-level 2, see
 # Cargo.toml), so tract runs fast enough under qemu, and the build is quicker than release.
 #
 # Debian's arm64 runtime packages install beside the machine's own (multiarch), but its
@@ -76,18 +76,20 @@ export GST_REGISTRY_FORK=no
 export GST_REGISTRY=$PWD/target/aarch64-registry.bin
 export GST_PLUGIN_SYSTEM_PATH=/usr/lib/aarch64-linux-gnu/gstreamer-1.0
 
-features=(--locked --no-default-features --target "$target")
-cargo build "${features[@]}" --lib
+features=(--locked --target "$target")
+cargo build "${features[@]}" -p gst-plugin-trtclassify --lib
 file "target/$target/debug/libgsttrtclassify.so"
 [ "${1:-}" = build ] && exit 0
 
 # 3. The CPU backend's tests, built for aarch64, run under qemu: the element, the engine
 #    against onnxruntime's outputs, regions of interest, the CUDA tests (which must skip
-#    cleanly: no CUDA under qemu) and the unit tests. CI runs the first two; the unit tests
-#    take about 9 minutes under qemu.
+#    cleanly: no CUDA under qemu) and the unit tests, the compiler's and the CPU runtime's
+#    included. CI runs the first two; the unit tests take about 10 minutes under qemu.
 tests=(--test element --test engine)
 [ "${1:-}" = smoke ] || tests+=(--test regions --test cuda --lib)
 log=$(mktemp)
-cargo test "${features[@]}" "${tests[@]}" 2>&1 | tee "$log"
+cargo test "${features[@]}" -p gst-plugin-trtclassify "${tests[@]}" 2>&1 | tee "$log"
+[ "${1:-}" = smoke ] ||
+    cargo test "${features[@]}" -p trtclassify-compiler -p trtclassify-cpu --lib 2>&1 | tee -a "$log"
 awk '/^SKIPPED / { s++ } /^test result:/ { p += $4; f += $6; i += $8 } END { printf "aarch64 under qemu: %d passed, %d failed, %d skipped\n", p - s, f, i + s }' "$log"
 rm -f "$log"

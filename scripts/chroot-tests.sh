@@ -88,6 +88,6 @@ chroot --userspec="$user" "$root" /usr/bin/env -i HOME="$home" PATH="$cargo_home
     CARGO_TARGET_DIR="$repo/target/$suite" \
     bash -euo pipefail -c 'cd "$0"; . /etc/os-release; echo "GStreamer $(pkg-config --modversion gstreamer-1.0) on $PRETTY_NAME"
         # cargo build first, as in the README: the Python test loads the built plugin.
-        cargo build --locked --features analytics
-        cargo test --features analytics "$@"' "$repo" "$@"
+        cargo build --locked --features gst-plugin-trtclassify/analytics
+        cargo test --features gst-plugin-trtclassify/analytics "$@"' "$repo" "$@"
 INSIDE

@@ -6,7 +6,7 @@
 #   scripts/deb.sh debug      package the debug build instead (what CI checks)
 #   sudo apt-get install ./target/debian/gst-plugin-trtclassify_*.deb
 #
-# The package holds the plugin, the engine tool (trtclassify-engine), the colour model with its
+# The package holds the two plugins (trtclassify, trtclassifyoverlay), the engine tool (trtclassify-engine), the colour model with its
 # labels (under /usr/share/gst-plugin-trtclassify) and the README. The GPU libraries are not
 # dependencies: they are loaded at run time where they exist (backend=auto falls back to the CPU).
 set -euo pipefail
@@ -25,21 +25,20 @@ built=target/$profile
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 chmod 755 "$stage"
-install -Dm644 "$built/libgsttrtclassify.so" "$stage/usr/lib/$multiarch/gstreamer-1.0/libgsttrtclassify.so"
+plugins=$stage/usr/lib/$multiarch/gstreamer-1.0
+install -Dm644 -t "$plugins" "$built/libgsttrtclassify.so" "$built/libgsttrtclassifyoverlay.so"
 install -Dm755 "$built/trtclassify-engine" "$stage/usr/bin/trtclassify-engine"
 install -Dm644 -t "$stage/usr/share/gst-plugin-trtclassify/models" models/colors.onnx models/colors.txt
 install -Dm644 README.md "$stage/usr/share/doc/gst-plugin-trtclassify/README.md"
 # The README's links into docs/ hold in the installed copy.
 install -Dm644 -t "$stage/usr/share/doc/gst-plugin-trtclassify/docs" docs/guide.md docs/scaling.md \
     docs/bad-inputs.md
-strip --strip-unneeded "$stage/usr/lib/$multiarch/gstreamer-1.0/libgsttrtclassify.so" \
-    "$stage/usr/bin/trtclassify-engine"
+strip --strip-unneeded "$plugins"/*.so "$stage/usr/bin/trtclassify-engine"
 # The GStreamer libraries the plugin links (GStreamer 1.20 is the oldest it supports); the
 # C library and the others through the shared-library dependencies of the GStreamer ones.
 depends="libc6, libgcc-s1, libgstreamer1.0-0 (>= 1.20), libgstreamer-plugins-base1.0-0 (>= 1.20)"
-if [ -n "$(objdump -p "$built/libgsttrtclassify.so" | awk '/NEEDED/ && /pango/')" ]; then
-    depends="$depends, libpangocairo-1.0-0, libcairo2"
-fi
+# The overlay's plugin draws with Pango and Cairo; the classifier's does not link them.
+depends="$depends, libpangocairo-1.0-0, libcairo2"
 mkdir -p "$stage/DEBIAN"
 cat > "$stage/DEBIAN/control" <<CONTROL
 Package: gst-plugin-trtclassify

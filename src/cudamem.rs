@@ -350,15 +350,15 @@ impl DeviceFrame {
     }
 
     /// The planes as the engine reads them.
-    pub fn planes(&self) -> crate::engine::DevicePlanes {
+    pub fn planes(&self) -> Result<crate::engine::DevicePlanes, String> {
         let info = self.info();
         let n = info.n_planes() as usize;
-        crate::engine::DevicePlanes {
+        Ok(crate::engine::DevicePlanes {
+            format: crate::video::frame_format(&info)?,
             ptrs: (0..n).map(|i| self.frame.data[i] as u64).collect(),
             strides: info.stride()[..n].to_vec(),
             context: self.context,
-            info,
-        }
+        })
     }
 }
 

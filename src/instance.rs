@@ -34,9 +34,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::MutexGuard;
 
+use crate::engine::frame::FrameView;
 use crate::engine::{
-    Backend, CAT, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
+    Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
 };
+use crate::logging::ENGINE_CAT as CAT;
 use crate::preprocess::Crop;
 
 /// What makes two elements' engines interchangeable.
@@ -722,7 +724,7 @@ impl Stream {
     /// Pushes `crops` of a frame in system memory; see `push_with`.
     pub fn push(
         &self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        frame: &FrameView,
         crops: &[Crop],
         until: Option<Instant>,
     ) -> Result<Pushed, Arc<EngineError>> {
@@ -868,6 +870,7 @@ impl Drop for Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::frame::PixelFormat;
     use crate::preprocess::{InputSpec, Layout};
 
     /// What the fake engines of one instance share: counts, and failures on demand.
@@ -900,12 +903,8 @@ mod tests {
             unreachable!()
         }
         /// Each crop's score is the frame's first byte plus 1000 times the crop's place.
-        fn push(
-            &mut self,
-            frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
-            crops: &[Crop],
-        ) -> Result<(), EngineError> {
-            let first = frame.plane_data(0).unwrap()[0];
+        fn push(&mut self, frame: &FrameView, crops: &[Crop]) -> Result<(), EngineError> {
+            let first = frame.planes[0][0];
             match first {
                 255 => return Err(EngineError::Inference("a frame the engine refuses".into())),
                 254 => panic!("a bug in push"),
@@ -1012,13 +1011,9 @@ mod tests {
         crops: usize,
         until: Option<Instant>,
     ) -> Result<Pushed, Arc<EngineError>> {
-        gst::init().unwrap();
-        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, 4, 4)
-            .build()
-            .unwrap();
-        let mut buffer = gst::Buffer::with_size(info.size()).unwrap();
-        buffer.get_mut().unwrap().map_writable().unwrap()[0] = value;
-        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buffer, &info).unwrap();
+        let mut pixels = [0; 16];
+        pixels[0] = value;
+        let frame = FrameView::packed_frame(PixelFormat::Gray8, 4, 4, &pixels);
         stream.push(&frame, &vec![Crop::Whole; crops], until)
     }
 

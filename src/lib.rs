@@ -19,14 +19,13 @@ pub mod analytics;
 pub mod cudamem;
 pub mod engine;
 pub mod instance;
+pub mod logging;
 pub mod outputs;
-/// The `trtclassifyoverlay` element, which draws the results on the video.
-#[cfg(feature = "overlay")]
-pub mod overlay;
 pub mod preprocess;
 pub mod regions;
 /// The `trtclassify` element.
 pub mod trtclassify;
+pub mod video;
 
 // The output modules lived at the crate's root before they moved to `outputs/` (issue 11).
 // Applications embedding the plugin use them by those paths (`gsttrtclassify::meta::
@@ -34,10 +33,9 @@ pub mod trtclassify;
 pub use outputs::{labels, meta, postprocess, results};
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    logging::forward_engine_logs();
     meta::register();
     trtclassify::register(plugin)?;
-    #[cfg(feature = "overlay")]
-    overlay::register(plugin)?;
     Ok(())
 }
 
@@ -57,7 +55,8 @@ mod plugin {
         "MPL",
         env!("CARGO_PKG_NAME"),
         env!("CARGO_PKG_NAME"),
-        env!("CARGO_PKG_REPOSITORY"),
+        // No public home yet: GStreamer's own words for a plugin without one.
+        "Unknown package origin",
         env!("BUILD_REL_DATE")
     );
 }

@@ -1,275 +1,33 @@
 // SPDX-License-Identifier: MPL-2.0
 //! CPU preprocessing: any supported video frame to the model's float input.
 //!
-//! Colour conversion goes through GStreamer's own `GstVideoConverter` (the code behind
-//! `videoconvert`), which reads every raw format with its strides and colorimetry into packed
-//! RGB or grey; the crop, resize and letterbox border use fast_image_resize (antialiased
+//! Colour conversion: frames already packed in the model's channel order are read where they
+//! are; other packed RGB formats have their bytes picked; anything else goes through the
+//! frame's `PackedSource`, which in the plugin is GStreamer's own `GstVideoConverter` (the code
+//! behind `videoconvert`, reading every raw format with its strides and colorimetry). The crop, resize and letterbox border use fast_image_resize (antialiased
 //! bilinear, as PIL and torchvision resize for training, and as the GPU kernels do); then the
 //! per-channel normalisation `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table
 //! per channel, writes the model's layout.
 
+use std::any::Any;
+
 use fast_image_resize as fr;
-use gst_video::prelude::*;
 
-/// How frames are fitted to the model's input size.
-#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
-#[repr(u32)]
-#[enum_type(name = "GstTrtClassifyResizeMode")]
-pub enum ResizeMode {
-    /// Scales the frame to the input size, ignoring its aspect ratio.
-    #[default]
-    #[enum_value(
-        name = "Stretch: scale to the input size, ignoring the aspect ratio",
-        nick = "stretch"
-    )]
-    Stretch = 0,
-    /// Keeps the aspect ratio and fills the rest with the mean colour, which normalises to about 0.
-    #[enum_value(
-        name = "Letterbox: keep the aspect ratio, pad the rest with the mean colour",
-        nick = "letterbox"
-    )]
-    Letterbox = 1,
-    /// Keeps the aspect ratio and cuts the middle of the frame to the input's proportions.
-    #[enum_value(
-        name = "Center crop: keep the aspect ratio, crop the middle of the frame",
-        nick = "center-crop"
-    )]
-    CenterCrop = 2,
-}
+use crate::engine::frame::{FrameFormat, FrameView, PixelFormat};
 
-/// Order of the colour channels the model expects.
-#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
-#[repr(u32)]
-#[enum_type(name = "GstTrtClassifyChannelOrder")]
-pub enum ChannelOrder {
-    /// Red, green, blue along the channel axis.
-    #[default]
-    #[enum_value(name = "RGB", nick = "rgb")]
-    Rgb = 0,
-    /// Blue, green, red along the channel axis.
-    #[enum_value(name = "BGR", nick = "bgr")]
-    Bgr = 1,
-}
-
-/// Memory layout of the model's image input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layout {
-    /// Planar: `[batch, channels, height, width]`.
-    Nchw,
-    /// Interleaved: `[batch, height, width, channels]`.
-    Nhwc,
-}
-
-/// The model's image input, batch axis left out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InputSpec {
-    /// Where the channel axis is.
-    pub layout: Layout,
-    /// Colour channels: 1 (grey) or 3.
-    pub channels: usize,
-    /// Height in pixels.
-    pub height: usize,
-    /// Width in pixels.
-    pub width: usize,
-}
-
-impl Layout {
-    /// The 4-D shape of `batch` images of `channels` × `height` × `width` in this layout.
-    pub fn shape(self, batch: usize, channels: usize, height: usize, width: usize) -> [usize; 4] {
-        match self {
-            Layout::Nchw => [batch, channels, height, width],
-            Layout::Nhwc => [batch, height, width, channels],
-        }
-    }
-}
-
-impl InputSpec {
-    /// Values in one preprocessed frame.
-    pub fn frame_len(&self) -> usize {
-        self.channels * self.height * self.width
-    }
-
-    /// The model input's shape for `batch` frames.
-    pub fn batch_shape(&self, batch: usize) -> [usize; 4] {
-        self.layout
-            .shape(batch, self.channels, self.height, self.width)
-    }
-}
-
-/// How frames become model input: `(pixel × scale − mean[c]) / std[c]` after the fit to size.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PreprocessOptions {
-    /// Multiplies the 0..=255 pixel values before `mean` and `std`: 1/255 maps them to 0..=1.
-    pub scale: f32,
-    /// One value, or one per channel in the model's channel order.
-    pub mean: Vec<f32>,
-    /// One value, or one per channel in the model's channel order; all > 0.
-    pub std: Vec<f32>,
-    /// The order of the colour channels the model takes.
-    pub channel_order: ChannelOrder,
-    /// How frames are fitted to the input size.
-    pub resize: ResizeMode,
-}
-
-impl Default for PreprocessOptions {
-    fn default() -> Self {
-        Self {
-            scale: 1.0 / 255.0,
-            mean: vec![0.485, 0.456, 0.406],
-            std: vec![0.229, 0.224, 0.225],
-            channel_order: ChannelOrder::Rgb,
-            resize: ResizeMode::Stretch,
-        }
-    }
-}
-
-impl PreprocessOptions {
-    /// The letterbox border's value in a channel of mean `mean`: the mean colour rounded to
-    /// a pixel value, which normalises to about zero (the CPU and GPU paths share it).
-    pub fn border_value(&self, mean: f32) -> u8 {
-        (mean / self.scale).round().clamp(0.0, 255.0) as u8
-    }
-
-    /// Mean and std with one value per model channel. A single value applies to every channel;
-    /// for a one-channel model, three values are averaged (the grey of an RGB mean).
-    pub fn per_channel(&self, channels: usize) -> Result<(Vec<f32>, Vec<f32>), String> {
-        let fit = |name: &str, values: &[f32]| -> Result<Vec<f32>, String> {
-            match values.len() {
-                n if n == channels => Ok(values.to_vec()),
-                1 => Ok(vec![values[0]; channels]),
-                3 if channels == 1 => Ok(vec![values.iter().sum::<f32>() / 3.0]),
-                n => Err(format!(
-                    "{name} has {n} values but the model takes {channels} channel(s): give 1 or {channels}"
-                )),
-            }
-        };
-        Ok((fit("mean", &self.mean)?, fit("std", &self.std)?))
-    }
-}
-
-/// A rectangle in pixels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rect {
-    /// Left edge, in pixels; negative where a region starts left of the frame.
-    pub x: i32,
-    /// Top edge, in pixels; negative where a region starts above the frame.
-    pub y: i32,
-    /// Width in pixels.
-    pub w: i32,
-    /// Height in pixels.
-    pub h: i32,
-}
-
-/// The part of a frame that one model input is made of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Crop {
-    /// The whole frame.
-    #[default]
-    Whole,
-    /// A rectangle of the frame, in the frame's pixels (a region of interest).
-    Region(Rect),
-}
-
-impl Crop {
-    /// The rectangle of a `width`×`height` frame this crop reads: a region is clipped to the
-    /// frame; `None` when nothing of it is left. A region's own aspect ratio is what
-    /// `ResizeMode` then keeps or stretches.
-    pub fn within(&self, width: u32, height: u32) -> Option<Rect> {
-        let (fw, fh) = (
-            i64::from(width).min(i64::from(i32::MAX)),
-            i64::from(height).min(i64::from(i32::MAX)),
-        );
-        let (x0, y0, x1, y1) = match *self {
-            Crop::Whole => (0, 0, fw, fh),
-            Crop::Region(r) => (
-                i64::from(r.x).clamp(0, fw),
-                i64::from(r.y).clamp(0, fh),
-                (i64::from(r.x) + i64::from(r.w)).clamp(0, fw),
-                (i64::from(r.y) + i64::from(r.h)).clamp(0, fh),
-            ),
-        };
-        (x1 > x0 && y1 > y0).then(|| Rect {
-            x: x0 as i32,
-            y: y0 as i32,
-            w: (x1 - x0) as i32,
-            h: (y1 - y0) as i32,
-        })
-    }
-}
-
-/// Where the pixels of `crop` in a frame of size `frame` are read from (in the frame's
-/// coordinates) and where they land in a model input of size `dst`; `None` when the crop
-/// leaves nothing of the frame.
-pub fn crop_geometry(
-    frame: (u32, u32),
-    crop: Crop,
-    dst: (i32, i32),
-    mode: ResizeMode,
-) -> Option<(Rect, Rect)> {
-    let area = crop.within(frame.0, frame.1)?;
-    let (mut src, dst) = geometry((area.w, area.h), dst, mode);
-    src.x += area.x;
-    src.y += area.y;
-    Some((src, dst))
-}
-
-/// Where the frame is read from and where it lands in the model input.
-pub fn geometry(src: (i32, i32), dst: (i32, i32), mode: ResizeMode) -> (Rect, Rect) {
-    let (sw, sh) = src;
-    let (dw, dh) = dst;
-    let full_src = Rect {
-        x: 0,
-        y: 0,
-        w: sw,
-        h: sh,
-    };
-    let full_dst = Rect {
-        x: 0,
-        y: 0,
-        w: dw,
-        h: dh,
-    };
-    match mode {
-        ResizeMode::Stretch => (full_src, full_dst),
-        ResizeMode::Letterbox => {
-            let scale = f64::min(dw as f64 / sw as f64, dh as f64 / sh as f64);
-            let w = ((sw as f64 * scale).round() as i32).clamp(1, dw);
-            let h = ((sh as f64 * scale).round() as i32).clamp(1, dh);
-            (
-                full_src,
-                Rect {
-                    x: (dw - w) / 2,
-                    y: (dh - h) / 2,
-                    w,
-                    h,
-                },
-            )
-        }
-        ResizeMode::CenterCrop => {
-            let scale = f64::max(dw as f64 / sw as f64, dh as f64 / sh as f64);
-            let w = ((dw as f64 / scale).round() as i32).clamp(1, sw);
-            let h = ((dh as f64 / scale).round() as i32).clamp(1, sh);
-            (
-                Rect {
-                    x: (sw - w) / 2,
-                    y: (sh - h) / 2,
-                    w,
-                    h,
-                },
-                full_dst,
-            )
-        }
-    }
-}
+pub use crate::engine::compiler::spec::{
+    ChannelOrder, Crop, InputSpec, Layout, PreprocessOptions, Rect, ResizeMode, crop_geometry,
+    geometry,
+};
 
 /// Why a frame cannot be made into the model's input.
 #[derive(Debug, thiserror::Error)]
 pub enum PreprocessError {
-    /// GStreamer's converter cannot read the frame, or a buffer does not map.
+    /// The frame cannot be converted to the model's colours, or a buffer does not map.
     #[error("cannot convert {format:?} {width}x{height} to the model input: {reason}")]
     Convert {
-        /// The frame's video format.
-        format: gst_video::VideoFormat,
+        /// The frame's pixel format.
+        format: PixelFormat,
         /// The frame's width in pixels.
         width: u32,
         /// The frame's height in pixels.
@@ -295,22 +53,16 @@ pub enum PreprocessError {
     },
 }
 
-/// Colour conversion for one input format and size, made again when the caps change.
-struct Converter {
-    in_info: gst_video::VideoInfo,
-    /// `None` when the frames already are tightly packed pixels of the wanted format.
-    converter: Option<gst_video::VideoConverter>,
-    packed_info: gst_video::VideoInfo,
-    packed: gst::Buffer,
-}
-
 /// The CPU preprocessing for one model input, keeping its tables and buffers between frames.
 pub struct Preprocessor {
     options: PreprocessOptions,
     input: InputSpec,
     /// `table[c][p]` is the normalised value of pixel value `p` in channel `c`.
     table: Vec<[f32; 256]>,
-    converter: Option<Converter>,
+    /// What a frame's [`PackedSource`] keeps between frames (GStreamer's converter).
+    source_cache: Option<Box<dyn Any + Send>>,
+    /// Packed pixels of the model's channel order, where the engine converts them itself.
+    packed: Vec<u8>,
     resizer: fr::Resizer,
     /// The frame at the model's size, packed pixels in the model's channel order.
     resized: Vec<u8>,
@@ -334,7 +86,8 @@ impl Preprocessor {
             options,
             input,
             table,
-            converter: None,
+            source_cache: None,
+            packed: Vec::new(),
             resizer: fr::Resizer::new(),
             resized: vec![0; input.frame_len()],
         })
@@ -349,61 +102,82 @@ impl Preprocessor {
     /// (`input.frame_len()` values each). The colour conversion runs once for all of them.
     pub fn run(
         &mut self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        frame: &FrameView,
         crops: &[Crop],
         out: &mut [f32],
     ) -> Result<(), PreprocessError> {
-        let info = frame.info();
+        let format = frame.format;
         let fail = |reason: String| PreprocessError::Convert {
-            format: info.format(),
-            width: info.width(),
-            height: info.height(),
+            format: format.format,
+            width: format.width,
+            height: format.height,
             reason,
         };
-        if self.converter.as_ref().is_none_or(|c| &c.in_info != info) {
-            self.converter = Some(self.make_converter(info).map_err(fail)?);
-        }
-        let converter = self.converter.as_mut().expect("just made");
-
-        // 1. Colour: packed pixels of the model's channel order, at the frame's own size. The
-        //    size stays, so no resampling happens here (GStreamer's converter is exact then).
-        let converted;
-        let pixels: &[u8] = match &converter.converter {
-            None => frame.plane_data(0).map_err(|e| fail(e.to_string()))?,
-            Some(c) => {
-                let packed = converter.packed.make_mut();
-                let mut dest = gst_video::VideoFrameRef::from_buffer_ref_writable(
-                    packed,
-                    &converter.packed_info,
-                )
-                .map_err(|e| fail(e.to_string()))?;
-                c.frame_ref(frame, &mut dest);
-                drop(dest);
-                converted = converter
-                    .packed
-                    .map_readable()
-                    .map_err(|e| fail(e.to_string()))?;
-                converted.as_slice()
-            }
-        };
-
-        // 2. Size: crop, scale and place with fast_image_resize (antialiased bilinear, as
-        //    PIL and torchvision resize for training); 3. normalisation and layout.
-        let pixel_type = match self.input.channels {
-            1 => fr::PixelType::U8,
-            _ => fr::PixelType::U8x3,
-        };
-        let src_image = fr::images::ImageRef::new(info.width(), info.height(), pixels, pixel_type)
-            .map_err(|e| fail(e.to_string()))?;
         let frame_len = self.input.frame_len();
         assert_eq!(
             out.len(),
             crops.len() * frame_len,
             "one model input per crop"
         );
+        // 1. Colour: packed pixels of the model's channel order, at the frame's own size. The
+        //    size stays, so no resampling happens here (a converter is exact then).
+        let wanted = match (self.input.channels, self.options.channel_order) {
+            (1, _) => PixelFormat::Gray8,
+            (_, ChannelOrder::Rgb) => PixelFormat::Rgb,
+            (_, ChannelOrder::Bgr) => PixelFormat::Bgr,
+        };
+        let row = format.width as usize * self.input.channels;
+        if format.format == wanted && frame.strides.first() == Some(&(row as i32)) {
+            let pixels = frame.planes[0]
+                .get(..row * format.height as usize)
+                .ok_or_else(|| fail("a plane shorter than its rows".into()))?;
+            return self.fit(pixels, format, crops, out);
+        }
+        if let Some(source) = &frame.packed {
+            let mut cache = self.source_cache.take();
+            let mut fitted = Ok(());
+            let converted = source.with_packed(wanted, &mut cache, &mut |pixels| {
+                fitted = self.fit(pixels, format, crops, out);
+            });
+            self.source_cache = cache;
+            converted.map_err(fail)?;
+            return fitted;
+        }
+        let mut packed = std::mem::take(&mut self.packed);
+        let result = pack(frame, wanted, &mut packed)
+            .map_err(fail)
+            .and_then(|()| self.fit(&packed, format, crops, out));
+        self.packed = packed;
+        result
+    }
+
+    /// Steps 2 and 3 for packed pixels of the model's channel order: crop, scale and place
+    /// with fast_image_resize (antialiased bilinear, as PIL and torchvision resize for
+    /// training), then normalisation and layout.
+    fn fit(
+        &mut self,
+        pixels: &[u8],
+        format: FrameFormat,
+        crops: &[Crop],
+        out: &mut [f32],
+    ) -> Result<(), PreprocessError> {
+        let (width, height) = (format.width, format.height);
+        let fail = |reason: String| PreprocessError::Convert {
+            format: format.format,
+            width,
+            height,
+            reason,
+        };
+        let pixel_type = match self.input.channels {
+            1 => fr::PixelType::U8,
+            _ => fr::PixelType::U8x3,
+        };
+        let src_image = fr::images::ImageRef::new(width, height, pixels, pixel_type)
+            .map_err(|e| fail(e.to_string()))?;
+        let frame_len = self.input.frame_len();
         for (crop, out) in crops.iter().zip(out.chunks_exact_mut(frame_len)) {
             let (src, dst) = crop_geometry(
-                (info.width(), info.height()),
+                (width, height),
                 *crop,
                 (self.input.width as i32, self.input.height as i32),
                 self.options.resize,
@@ -417,8 +191,8 @@ impl Preprocessor {
                     y: r.y,
                     w: r.w,
                     h: r.h,
-                    width: info.width(),
-                    height: info.height(),
+                    width,
+                    height,
                 }
             })?;
             if dst.w as usize != self.input.width || dst.h as usize != self.input.height {
@@ -457,45 +231,46 @@ impl Preprocessor {
         }
         Ok(())
     }
+}
 
-    fn make_converter(&self, in_info: &gst_video::VideoInfo) -> Result<Converter, String> {
-        let format = match (self.input.channels, self.options.channel_order) {
-            (1, _) => gst_video::VideoFormat::Gray8,
-            (_, ChannelOrder::Rgb) => gst_video::VideoFormat::Rgb,
-            (_, ChannelOrder::Bgr) => gst_video::VideoFormat::Bgr,
-        };
-        let (width, height) = (in_info.width(), in_info.height());
-        let channels = self.input.channels as i32;
-        // Rows without padding, as fast_image_resize reads them.
-        let stride = [width as i32 * channels];
-        // Same rate, aspect and interlacing as the input: the converter only changes colour.
-        let packed_info = gst_video::VideoInfo::builder(format, width, height)
-            .fps(in_info.fps())
-            .par(in_info.par())
-            .interlace_mode(in_info.interlace_mode())
-            .stride(&stride)
-            .build()
-            .map_err(|e| e.to_string())?;
-        let already_packed = in_info.format() == format && in_info.stride()[0] == stride[0];
-        let converter = if already_packed {
-            None
-        } else {
-            let mut config = gst_video::VideoConverterConfig::new();
-            config.set_dither_method(gst_video::VideoDitherMethod::None);
-            config.set_threads(1);
-            Some(
-                gst_video::VideoConverter::new(in_info, &packed_info, Some(config))
-                    .map_err(|e| e.to_string())?,
-            )
-        };
-        let packed = gst::Buffer::with_size(packed_info.size()).map_err(|e| e.to_string())?;
-        Ok(Converter {
-            in_info: in_info.clone(),
-            converter,
-            packed_info,
-            packed,
-        })
+/// Packs `frame` as `to` (RGB, BGR or grey) into `out` without a converter: packed RGB
+/// formats by picking their bytes, grey by dropping row padding. Other conversions need the
+/// frame's [`PackedSource`] (in the plugin, GStreamer's converter).
+fn pack(frame: &FrameView, to: PixelFormat, out: &mut Vec<u8>) -> Result<(), String> {
+    let format = frame.format;
+    let (width, height) = (format.width as usize, format.height as usize);
+    let stride = *frame.strides.first().ok_or("a frame without planes")? as usize;
+    let plane = frame.planes.first().ok_or("a frame without planes")?;
+    let rows = |bytes: usize| (0..height).map(move |y| plane.get(y * stride..y * stride + bytes));
+    out.clear();
+    match (format.format.packed_rgb(), to) {
+        (Some((size, [r, g, b])), PixelFormat::Rgb | PixelFormat::Bgr) => {
+            let order = if to == PixelFormat::Rgb {
+                [r, g, b]
+            } else {
+                [b, g, r]
+            };
+            out.reserve(width * height * 3);
+            for row in rows(width * size) {
+                let row = row.ok_or("a plane shorter than its rows")?;
+                for pixel in row.chunks_exact(size) {
+                    out.extend(order.map(|c| pixel[c]));
+                }
+            }
+        }
+        (None, PixelFormat::Gray8) if format.format == PixelFormat::Gray8 => {
+            for row in rows(width) {
+                out.extend_from_slice(row.ok_or("a plane shorter than its rows")?);
+            }
+        }
+        _ => {
+            return Err(format!(
+                "no conversion of {:?} to {to:?} without a converter (give the frame a PackedSource)",
+                format.format
+            ));
+        }
     }
+    Ok(())
 }
 
 /// Packed 8-bit pixels (`channels` per pixel, rows `stride` bytes apart) to normalised floats
@@ -529,6 +304,7 @@ fn normalise(data: &[u8], stride: usize, input: &InputSpec, table: &[[f32; 256]]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gst_video::prelude::*;
 
     fn init() {
         let _ = gst::init();
@@ -637,7 +413,12 @@ mod tests {
         let mut pre = Preprocessor::new(options, input).unwrap();
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
         let mut out = vec![f32::NAN; input.frame_len()];
-        pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
+        pre.run(
+            &crate::video::view(&frame).unwrap(),
+            &[Crop::Whole],
+            &mut out,
+        )
+        .unwrap();
         out
     }
 
@@ -757,7 +538,8 @@ mod tests {
             ];
             let crops: Vec<Crop> = regions.iter().map(|&r| Crop::Region(r)).collect();
             let mut out = vec![f32::NAN; 2 * input.frame_len()];
-            pre.run(&frame, &crops, &mut out).unwrap();
+            pre.run(&crate::video::view(&frame).unwrap(), &crops, &mut out)
+                .unwrap();
             for (r, got) in regions.iter().zip(out.chunks(input.frame_len())) {
                 let (alone_buf, alone_info) = gray(r.w as u32, r.h as u32, &|x, y| {
                     pattern(x + r.x as u32, y + r.y as u32)
@@ -766,7 +548,12 @@ mod tests {
                     gst_video::VideoFrameRef::from_buffer_ref_readable(&alone_buf, &alone_info)
                         .unwrap();
                 let mut want = vec![f32::NAN; input.frame_len()];
-                pre.run(&alone, &[Crop::Whole], &mut want).unwrap();
+                pre.run(
+                    &crate::video::view(&alone).unwrap(),
+                    &[Crop::Whole],
+                    &mut want,
+                )
+                .unwrap();
                 // Inside, the same values; the edge pixels' filter also reads the frame's
                 // pixels around the region (as for center-crop), where the region alone has
                 // none.
@@ -791,7 +578,11 @@ mod tests {
                 h: 5,
             });
             let err = pre
-                .run(&frame, &[outside], &mut out[..input.frame_len()])
+                .run(
+                    &crate::video::view(&frame).unwrap(),
+                    &[outside],
+                    &mut out[..input.frame_len()],
+                )
                 .unwrap_err();
             assert!(err.to_string().contains("outside the 64x48 frame"), "{err}");
         }
@@ -819,7 +610,12 @@ mod tests {
         let mut pre = Preprocessor::new(options, input).unwrap();
         let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
         let mut out = vec![f32::NAN; input.frame_len()];
-        pre.run(&frame, &[Crop::Whole], &mut out).unwrap();
+        pre.run(
+            &crate::video::view(&frame).unwrap(),
+            &[Crop::Whole],
+            &mut out,
+        )
+        .unwrap();
         for c in 0..3 {
             let plane = &out[c * 64..(c + 1) * 64];
             assert!(plane[0].abs() < 0.03, "border of channel {c}: {}", plane[0]);

@@ -134,8 +134,7 @@ pub(crate) fn clip(x: i32, y: i32, w: i32, h: i32, width: u32, height: u32) -> O
     Crop::Region(Rect { x, y, w, h }).within(width, height)
 }
 
-/// The name of the param structure each classifier adds to a region's meta.
-pub const PARAM_NAME: &str = "classification";
+pub use crate::meta::PARAM_NAME;
 
 /// Adds a region's result to its ROI meta as a param structure named [`PARAM_NAME`]: the top
 /// class in the fields DL Streamer's readers use (`label`, `label_id`, `confidence`), with

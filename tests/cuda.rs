@@ -760,11 +760,12 @@ fn gpu_region_crops_match_the_cpu() {
         let truth_frame =
             gst_video::VideoFrameRef::from_buffer_ref_readable(truth_buffer.as_ref(), &truth_info)
                 .unwrap();
+        let truth_frame = gsttrtclassify::video::view(&truth_frame).unwrap();
         for format in [Rgb, Bgrx, Nv12, I420, P01010le] {
             let (buffer, info) = picture(format, 320, 240);
             let frame =
                 gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).unwrap();
-            let frames = [frame];
+            let frames = [gsttrtclassify::video::view(&frame).unwrap()];
             for r in regions {
                 let what = format!("{mode:?} {format:?} {r:?}");
                 let crop = [Crop::Region(r)];
@@ -838,6 +839,7 @@ fn gpu_preprocessing_matches_the_cpu() {
                     &truth_info,
                 )
                 .unwrap();
+                let truth_frame = gsttrtclassify::video::view(&truth_frame).unwrap();
                 let mut truth = vec![0.0; spec.frame_len()];
                 pre.run(&truth_frame, &[Crop::Whole], &mut truth).unwrap();
                 let truth_scores = cpu.classify(&[truth_frame]).unwrap();
@@ -850,7 +852,7 @@ fn gpu_preprocessing_matches_the_cpu() {
                     let frame =
                         gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info)
                             .unwrap();
-                    let frames = [frame];
+                    let frames = [gsttrtclassify::video::view(&frame).unwrap()];
                     let got = gpu
                         .gpu_preprocess(&frames, Crop::Whole)
                         .unwrap()
@@ -935,10 +937,13 @@ fn pushed_frames_match_the_cpu_in_order() {
             convert(&rgb, &rgb_info, formats[i % formats.len()])
         })
         .collect();
-    let frame = |i: usize| {
-        gst_video::VideoFrameRef::from_buffer_ref_readable(frames[i].0.as_ref(), &frames[i].1)
-            .unwrap()
-    };
+    let mapped: Vec<_> = frames
+        .iter()
+        .map(|(buffer, info)| {
+            gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info).unwrap()
+        })
+        .collect();
+    let frame = |i: usize| gsttrtclassify::video::view(&mapped[i]).unwrap();
     for i in [3, 1, 4] {
         gpu.push(&frame(i), &[Crop::Whole]).expect("push");
     }

@@ -153,9 +153,11 @@ fn pushed_frames_run_in_order_and_discard_forgets() {
     let buffers: Vec<gst::Buffer> = (0..9)
         .map(|i| common::solid_rgb(32, 24, common::COLORS[i % 6].1, i as u64))
         .collect();
-    let frame = |i: usize| {
-        gst_video::VideoFrameRef::from_buffer_ref_readable(buffers[i].as_ref(), &info).unwrap()
-    };
+    let frames: Vec<_> = buffers
+        .iter()
+        .map(|b| gst_video::VideoFrameRef::from_buffer_ref_readable(b.as_ref(), &info).unwrap())
+        .collect();
+    let frame = |i: usize| gsttrtclassify::video::view(&frames[i]).unwrap();
     let label = |scores: &[f32]| {
         let best = (0..scores.len())
             .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{index_and_result, rgb_caps, solid_rgb};
 use gst::prelude::*;
+use gsttrtclassify::engine::frame::FrameView;
 use gsttrtclassify::engine::{Backend, Engine, EngineError, ModelInfo, Precision};
 use gsttrtclassify::instance::{self, Stream};
 use gsttrtclassify::preprocess::{Crop, InputSpec, Layout};
@@ -65,11 +66,7 @@ impl Engine for ScriptedEngine {
         Err(EngineError::Inference("not used by the element".into()))
     }
 
-    fn push(
-        &mut self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
-        crops: &[Crop],
-    ) -> Result<(), EngineError> {
+    fn push(&mut self, frame: &FrameView, crops: &[Crop]) -> Result<(), EngineError> {
         assert_eq!(
             crops,
             [Crop::Whole],
@@ -79,7 +76,7 @@ impl Engine for ScriptedEngine {
         if self.script.refuse_push == Some(pushes) {
             return Err(EngineError::Inference("CUDA_ERROR_OUT_OF_MEMORY".into()));
         }
-        if self.script.refuse_marked && frame.plane_data(0).unwrap()[1] == 255 {
+        if self.script.refuse_marked && frame.planes[0][1] == 255 {
             return Err(EngineError::Inference(
                 "a frame the GPU preprocessing cannot read".into(),
             ));
@@ -87,8 +84,7 @@ impl Engine for ScriptedEngine {
         if self.script.panic_push == Some(pushes) {
             panic!("index out of bounds in push");
         }
-        self.pushed
-            .push(usize::from(frame.plane_data(0).unwrap()[0]));
+        self.pushed.push(usize::from(frame.planes[0][0]));
         Ok(())
     }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::{COLORS, index_and_result, rgb_caps, solid_rgb};
 use gst::prelude::*;
+use gsttrtclassify::engine::frame::FrameView;
 use gsttrtclassify::engine::{Backend, Engine, EngineError, ModelInfo, Precision};
 use gsttrtclassify::instance::{self, Stream};
 use gsttrtclassify::meta::Classification;
@@ -54,11 +55,7 @@ impl Engine for SlowEngine {
         Err(EngineError::Inference("not used by the element".into()))
     }
 
-    fn push(
-        &mut self,
-        _: &gst_video::VideoFrameRef<&gst::BufferRef>,
-        crops: &[Crop],
-    ) -> Result<(), EngineError> {
+    fn push(&mut self, _: &FrameView, crops: &[Crop]) -> Result<(), EngineError> {
         std::thread::sleep(self.cost.per_push);
         self.pushed += crops.len();
         Ok(())

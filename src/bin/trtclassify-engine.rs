@@ -139,6 +139,7 @@ fn main() -> ExitCode {
         eprintln!("trtclassify-engine: GStreamer: {e}");
         return ExitCode::FAILURE;
     }
+    gsttrtclassify::logging::forward_engine_logs();
     let result = match args.command.as_str() {
         "build" => build(&args),
         _ => bench(&args),
@@ -256,8 +257,10 @@ fn bench(args: &Args) -> Result<(), String> {
                 let info =
                     gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, w, h).build();
                 let ms = info.map_err(|e| e.to_string()).and_then(|info| {
+                    let format = gsttrtclassify::video::frame_format(&info)?;
+                    let offsets: Vec<i64> = info.offset().iter().map(|&o| o as i64).collect();
                     engine
-                        .time_device_preprocess(&info, 20)
+                        .time_device_preprocess(&format, &offsets, info.stride(), 20)
                         .map_err(|e| e.to_string())
                 })?;
                 preprocess.push(format!(

@@ -5,73 +5,51 @@
 //! of video frames, and returns one score vector per frame. Each backend does its own
 //! preprocessing so that a GPU backend can do it on the GPU.
 
-pub mod compiler;
+/// The model compiler (its own crate, free of GStreamer).
+pub use trtclassify_compiler as compiler;
 pub mod cpu;
 pub mod cuda;
-pub mod external_data;
 pub mod kserve;
-pub mod onnx;
-mod ranks;
+
+pub use compiler::{class_count, external_data, frame, onnx, panic_message};
 
 use std::path::PathBuf;
-use std::sync::LazyLock;
 
 use crate::preprocess::{Crop, InputSpec, PreprocessError, PreprocessOptions};
+use frame::{FrameFormat, FrameView};
 pub use onnx::{Dim, ModelError, OnnxModel};
 
-/// The engines' own debug category (`GST_DEBUG=trtclassify-engine:4`): builds, engine files,
-/// fallbacks. An engine may serve several elements, so its lines name the model, not an element.
-pub static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
-    gst::DebugCategory::new(
-        "trtclassify-engine",
-        gst::DebugColorFlags::empty(),
-        Some("trtclassify inference engines"),
-    )
-});
+/// The `log` target of the engines' lines (builds, engine files, fallbacks). The plugin shows
+/// them in its `trtclassify-engine` debug category (`GST_DEBUG=trtclassify-engine:4`); a
+/// program without GStreamer sees them through its own `log` logger. An engine may serve
+/// several elements, so its lines name the model, not an element.
+pub const LOG_TARGET: &str = "trtclassify-engine";
 
 /// The inference backend: the element's `backend` property.
-#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default)]
 #[repr(u32)]
-#[enum_type(name = "GstTrtClassifyBackend")]
 pub enum Backend {
     /// The CUDA engine where a GPU can build it, else the CPU.
     #[default]
-    #[enum_value(
-        name = "Auto: the fastest backend that works on this machine",
-        nick = "auto"
-    )]
     Auto = 0,
     /// The embedded CPU engine, always fp32.
-    #[enum_value(name = "CPU: embedded, works anywhere (fp32)", nick = "cpu")]
     Cpu = 1,
     /// Our own CUDA engine (cuDNN, cuBLASLt and compiled kernels) on an NVIDIA GPU.
-    #[enum_value(name = "CUDA: our fp16 engine on NVIDIA GPUs", nick = "cuda")]
     Cuda = 2,
     /// TensorRT; this build lacks it, so asking for it is an error.
-    #[enum_value(name = "TensorRT: where TensorRT 10 is installed", nick = "tensorrt")]
     Tensorrt = 3,
     /// A remote server speaking the KServe v2 protocol over gRPC (Triton, KServe, MLServer).
-    #[enum_value(
-        name = "KServe: a remote Triton / KServe v2 server (server-url, server-model)",
-        nick = "kserve"
-    )]
     Kserve = 4,
 }
 
 /// The number type an engine computes in: the element's `precision` property.
-#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default, glib::Enum)]
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, Default)]
 #[repr(u32)]
-#[enum_type(name = "GstTrtClassifyPrecision")]
 pub enum Precision {
     /// Half precision on GPUs; the CPU backend runs fp32 anyway.
     #[default]
-    #[enum_value(
-        name = "FP16: half precision on GPUs (the CPU backend runs fp32)",
-        nick = "fp16"
-    )]
     Fp16 = 0,
     /// Single precision everywhere.
-    #[enum_value(name = "FP32: single precision", nick = "fp32")]
     Fp32 = 1,
 }
 
@@ -187,8 +165,8 @@ pub struct EngineFileUse {
 /// pointers for the duration of a `push_device`.
 #[derive(Debug)]
 pub struct DevicePlanes {
-    /// Format, size and colorimetry; its strides are those of the mapped planes.
-    pub info: gst_video::VideoInfo,
+    /// Format, size and colorimetry.
+    pub format: FrameFormat,
     /// The device address of each plane.
     pub ptrs: Vec<u64>,
     /// Bytes between rows, one per plane.
@@ -250,11 +228,7 @@ pub trait Engine: Send {
     /// GPU: the frame uploaded once, then each crop preprocessed there) while their
     /// batch-mates are awaited, and a full model batch runs at once. The frame may be
     /// released on return.
-    fn push(
-        &mut self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
-        crops: &[Crop],
-    ) -> Result<(), EngineError>;
+    fn push(&mut self, frame: &FrameView, crops: &[Crop]) -> Result<(), EngineError>;
 
     /// As `push`, for a frame in GPU memory; only called where `info().reads_device_frames`.
     fn push_device(&mut self, _frame: &DevicePlanes, _crops: &[Crop]) -> Result<(), EngineError> {
@@ -281,10 +255,7 @@ pub trait Engine: Send {
     fn pending(&self) -> usize;
 
     /// Pushes and runs `frames`.
-    fn classify(
-        &mut self,
-        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
-    ) -> Result<Vec<Vec<f32>>, EngineError> {
+    fn classify(&mut self, frames: &[FrameView]) -> Result<Vec<Vec<f32>>, EngineError> {
         for frame in frames {
             if let Err(e) = self.push(frame, &[Crop::Whole]) {
                 self.discard();
@@ -383,10 +354,10 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
                 // No GPU is the normal case of auto; a GPU that fails to build this model
                 // is worth a warning.
                 Err(EngineError::Unavailable { reason, .. }) => {
-                    gst::info!(CAT, "backend=auto: using cpu: {reason}")
+                    log::info!(target: crate::engine::LOG_TARGET, "backend=auto: using cpu: {reason}")
                 }
                 Err(e) => {
-                    gst::warning!(CAT, "backend=auto: the cuda engine failed, using cpu: {e}")
+                    log::warn!(target: crate::engine::LOG_TARGET, "backend=auto: the cuda engine failed, using cpu: {e}")
                 }
             }
             cpu()
@@ -401,27 +372,6 @@ pub fn build(backend: Backend, options: &EngineOptions) -> Result<Box<dyn Engine
     }
 }
 
-/// The number of classes in a model output of `shape` for `batch` frames: after the batch
-/// axis, one axis of scores; other axes must be 1 (`[N, classes, 1, 1]` is read as
-/// `[N, classes]`), so that an output that is not one score vector per image (`[N, 3, 4]`)
-/// is refused rather than read as 12 classes.
-pub fn class_count(shape: &[usize], batch: usize) -> Result<usize, String> {
-    let Some((_, rest)) = shape.split_first().filter(|(n, _)| **n == batch) else {
-        return Err(format!(
-            "the output shape {shape:?} does not start with the batch axis ({batch}); class scores per image are expected"
-        ));
-    };
-    if rest.contains(&0) {
-        return Err(format!("the output shape {shape:?} holds no class scores"));
-    }
-    match rest.iter().filter(|&&d| d != 1).count() {
-        0 | 1 => Ok(rest.iter().product()),
-        _ => Err(format!(
-            "the output shape {shape:?} is not one vector of class scores per image ([N, classes], or [N, classes, 1, 1])"
-        )),
-    }
-}
-
 /// Runs `f`, turning a panic inside it into the error `on_panic` makes of the panic's
 /// message, so that a bug in an engine fails one start or one batch instead of unwinding
 /// into GStreamer (which marks the element as panicked for good) or a timer thread.
@@ -431,42 +381,4 @@ pub fn unpanic<T>(
 ) -> Result<T, EngineError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
         .unwrap_or_else(|panic| Err(on_panic(panic_message(&*panic))))
-}
-
-/// The text a panic was raised with.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::class_count;
-
-    #[test]
-    fn class_count_takes_one_axis_of_scores_after_the_batch() {
-        assert_eq!(class_count(&[8, 1000], 8), Ok(1000));
-        assert_eq!(class_count(&[8, 1000, 1, 1], 8), Ok(1000));
-        assert_eq!(class_count(&[8, 1, 1000], 8), Ok(1000));
-        assert_eq!(class_count(&[8, 1], 8), Ok(1));
-        assert!(
-            class_count(&[8, 3, 4], 8)
-                .unwrap_err()
-                .contains("not one vector")
-        );
-        assert!(
-            class_count(&[8, 0], 8)
-                .unwrap_err()
-                .contains("no class scores")
-        );
-        assert!(
-            class_count(&[4, 10], 8)
-                .unwrap_err()
-                .contains("batch axis (8)")
-        );
-        assert!(class_count(&[], 8).unwrap_err().contains("batch axis"));
-    }
 }

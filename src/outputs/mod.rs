@@ -8,6 +8,7 @@
 //! re-exports them at their former paths (`gsttrtclassify::meta`, ...).
 
 pub mod labels;
-pub mod meta;
+/// The classification metadata (its own crate, shared with `trtclassifyoverlay`).
+pub use trtclassify_meta as meta;
 pub mod postprocess;
 pub mod results;

@@ -19,6 +19,7 @@ use gst_base::subclass::base_transform::GenerateOutputSuccess;
 use gst_base::subclass::prelude::*;
 
 use super::batcher::{Released, Unscored};
+use super::enums::Backend;
 use super::joining::Updates;
 use super::latency;
 use super::overload::{self, Qos, Upstream};
@@ -32,7 +33,7 @@ use super::settings::{
 use super::state::{Held, Outputs, State};
 use super::stats::Stats;
 use crate::cudamem;
-use crate::engine::{self, Backend, ModelInfo, Precision};
+use crate::engine::{self, ModelInfo};
 use crate::instance::Pushed;
 use crate::outputs::meta::{ClassEntry, Classification, RegionResult};
 use crate::outputs::postprocess;
@@ -624,10 +625,7 @@ impl TrtClassify {
     pub(super) fn choose_gpu(&self, settings: &Settings) -> u32 {
         // Engines that run on no GPU here all share the same key (GPU 0).
         if settings.gpu_id != placement::AUTOMATIC
-            || matches!(
-                settings.backend,
-                crate::engine::Backend::Cpu | crate::engine::Backend::Kserve
-            )
+            || matches!(settings.backend, Backend::Cpu | Backend::Kserve)
         {
             return placement::choose(settings.gpu_id, None, 0, &Default::default());
         }
@@ -1183,11 +1181,13 @@ impl TrtClassify {
             let frame = cudamem::DeviceFrame::map(buffer.as_ref(), info)
                 .map_err(|e| unreadable(&format!("a buffer in CUDA memory cannot be read: {e}")))?;
             self.follow_frames(&frame);
-            state.stream.push_device(&frame.planes(), crops, until)
+            let planes = frame.planes().map_err(|e| unreadable(&e))?;
+            state.stream.push_device(&planes, crops, until)
         } else {
             let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
                 .map_err(|_| unreadable("a buffer does not match its caps"))?;
-            state.stream.push(&frame, crops, until)
+            let view = crate::video::view(&frame).map_err(|e| unreadable(&e))?;
+            state.stream.push(&view, crops, until)
         };
         pushed.map_err(|e| {
             let problem = format!(
@@ -1523,7 +1523,7 @@ impl TrtClassify {
             return;
         }
         let mut hint = match info.precision {
-            Precision::Fp16 if info.backend == Backend::Cuda => {
+            engine::Precision::Fp16 if info.backend == engine::Backend::Cuda => {
                 "; with precision=fp16 this is usually a value beyond fp16's range: try precision=fp32".to_owned()
             }
             _ => String::new(),

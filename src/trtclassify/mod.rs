@@ -41,6 +41,7 @@ use gst::prelude::*;
 use gst::subclass::prelude::*;
 
 mod batcher;
+pub mod enums;
 mod imp;
 mod joining;
 mod latency;
@@ -70,9 +71,8 @@ impl TrtClassify {
 
 /// Registers the element and the enums of its properties (documented as plugin API).
 pub(crate) fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
-    use crate::engine::{Backend, Precision};
     use crate::outputs::postprocess::Softmax;
-    use crate::preprocess::{ChannelOrder, ResizeMode};
+    use enums::{Backend, ChannelOrder, Precision, ResizeMode};
     Backend::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
     Precision::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());
     Softmax::static_type().mark_as_plugin_api(gst::PluginAPIFlags::empty());

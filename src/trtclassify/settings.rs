@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use gst::prelude::*;
 
+use super::enums::{Backend, ChannelOrder, Precision, ResizeMode};
 use crate::engine::kserve::ServerOptions;
-use crate::engine::{self, Backend, EngineOptions, Precision};
+use crate::engine::{self, EngineOptions};
 use crate::instance::{FileStamp, InstanceKey};
 use crate::outputs::postprocess::Softmax;
-use crate::preprocess::{ChannelOrder, PreprocessOptions, ResizeMode};
+use crate::preprocess::PreprocessOptions;
 use crate::regions::{RegionFilter, RoiMode};
 
 // The defaults of the properties, which `imp.rs` declares with them.
@@ -240,12 +241,12 @@ impl Settings {
         Ok(InstanceKey {
             model_file: FileStamp::of(location.as_ref()),
             id: self.model_instance_id.clone().unwrap_or_default(),
-            backend: self.backend,
+            backend: self.backend.into(),
             options: EngineOptions {
                 model: location.into(),
                 batch_size: self.batch_size as usize,
                 input_size,
-                precision: self.precision,
+                precision: self.precision.into(),
                 gpu_id: gpu,
                 threads: self.threads as usize,
                 engine_location: self.engine_location.clone().map(Into::into),
@@ -272,8 +273,8 @@ impl Settings {
             scale: self.scale as f32,
             mean: self.mean.iter().map(|v| *v as f32).collect(),
             std: self.std.iter().map(|v| *v as f32).collect(),
-            channel_order: self.channel_order,
-            resize: self.resize_mode,
+            channel_order: self.channel_order.into(),
+            resize: self.resize_mode.into(),
         }
     }
 

@@ -101,11 +101,21 @@ pub fn model(name: &str) -> String {
     repo_file("TRTCLASSIFY_MODELS_DIR", "models", name)
 }
 
+/// The repository's root: these helpers also serve the tests of the crates under `crates/`.
+pub fn repo() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if here.join("models").is_dir() {
+        here
+    } else {
+        here.join("../..")
+    }
+}
+
 /// `name` in `folder` of the repository, or in the folder that `variable` names.
 fn repo_file(variable: &str, folder: &str, name: &str) -> String {
     std::env::var_os(variable)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(folder))
+        .unwrap_or_else(|| repo().join(folder))
         .join(name)
         .to_str()
         .unwrap()

@@ -3,22 +3,15 @@
 //! one the CUDA engine runs too, here in fp32), run by our own kernels (`plan_runner`), for
 //! every model the compiler takes; tract (`tract`) for the others.
 
-mod batched_tail;
-mod kernels;
-mod plan_runner;
-#[cfg(test)]
-mod tests;
 mod tract;
-mod vector;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
-use crate::engine::CAT;
 use crate::preprocess::{Crop, Preprocessor};
-use plan_runner::PlanRunner;
-pub use plan_runner::cores;
 use tract::TractRunner;
+use trtclassify_cpu::PlanRunner;
+pub use trtclassify_cpu::cores;
 
 /// A fixed batch above this is taken for a broken model rather than allocated.
 const MAX_MODEL_BATCH: usize = 256;
@@ -71,9 +64,7 @@ impl CpuEngine {
             reason,
         };
         if options.precision == Precision::Fp16 {
-            gst::info!(
-                CAT,
-                "the cpu backend runs fp32 (precision=fp16 applies to GPU backends)"
+            log::info!(target: crate::engine::LOG_TARGET, "the cpu backend runs fp32 (precision=fp16 applies to GPU backends)"
             );
         }
         let input = model.input_spec(options.input_size).map_err(fail)?;
@@ -101,9 +92,7 @@ impl CpuEngine {
                     Some(_) => frames,
                     None => fixed.unwrap_or(frames.min(threads)),
                 };
-                gst::info!(
-                    CAT,
-                    "{}: cpu engine: {} steps of {} frame(s), {threads} thread(s){}",
+                log::info!(target: crate::engine::LOG_TARGET, "{}: cpu engine: {} steps of {} frame(s), {threads} thread(s){}",
                     model.path.display(),
                     plan.steps(),
                     plan.batch(),
@@ -115,9 +104,7 @@ impl CpuEngine {
                 (Runner::Plan(plan), model_batch)
             }
             Err(reason) => {
-                gst::info!(
-                    CAT,
-                    "{}: the cpu engine runs it with tract, on one thread: {reason}",
+                log::info!(target: crate::engine::LOG_TARGET, "{}: the cpu engine runs it with tract, on one thread: {reason}",
                     model.path.display()
                 );
                 // tract runs one thread per call; measured on MobileNetV2
@@ -145,9 +132,7 @@ impl CpuEngine {
             non_finite: Default::default(),
             engine_file: None,
         };
-        gst::info!(
-            CAT,
-            "{}: cpu engine ready: input {:?} {}x{}x{}, {} classes, {} frame(s) per call",
+        log::info!(target: crate::engine::LOG_TARGET, "{}: cpu engine ready: input {:?} {}x{}x{}, {} classes, {} frame(s) per call",
             model.path.display(),
             input.layout,
             input.channels,
@@ -210,7 +195,7 @@ impl Engine for CpuEngine {
 
     fn push(
         &mut self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        frame: &crate::engine::frame::FrameView,
         crops: &[Crop],
     ) -> Result<(), EngineError> {
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);

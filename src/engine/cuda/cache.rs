@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::engine_file::{self, EngineFile, Key};
-use crate::engine::CAT;
 
 /// The variable that bounds the size of the default folder's engines, in gigabytes (10⁹
 /// bytes).
@@ -58,9 +57,22 @@ impl Place {
     }
 }
 
-/// The per-user engine cache: `$XDG_CACHE_HOME/trtclassify` (usually `~/.cache/trtclassify`).
+/// The per-user engine cache: `$XDG_CACHE_HOME/trtclassify` (usually `~/.cache/trtclassify`),
+/// found as GLib finds the user's cache folder, without linking it.
 pub(crate) fn dir() -> PathBuf {
-    glib::user_cache_dir().join("trtclassify")
+    let set = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let base = set("XDG_CACHE_HOME")
+        .or_else(|| set("HOME").map(|home| home.join(".cache")))
+        // No home (a bare service account): a folder of this user's own in the temporary
+        // folder, which the cache's ownership checks then guard like any other.
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("{}.cache", unsafe { libc::getuid() }))
+        });
+    base.join("trtclassify")
 }
 
 /// Creates the folder `dir` of an engine file where it is missing: the cache folder itself
@@ -291,9 +303,7 @@ pub(crate) fn load_or_build<T, E>(
         Ok(lock) => Some(lock),
         Err(e) => {
             let at = lock_path(path).unwrap_or_else(|_| path.to_owned());
-            gst::warning!(
-                CAT,
-                "cannot lock {}: {e}; building without the lock (a process starting now may \
+            log::warn!(target: crate::engine::LOG_TARGET, "cannot lock {}: {e}; building without the lock (a process starting now may \
                  build this engine too)",
                 at.display()
             );
@@ -309,10 +319,10 @@ pub(crate) fn load_or_build<T, E>(
     let (file, built) = build(progress)?;
     match engine_file::save(path, &file, place) {
         Ok(()) => progress(&format!("saved engine file {}", path.display())),
-        Err(e) => gst::warning!(
-            CAT,
-            "{e}; the engine runs without being saved, and is built again next time"
-        ),
+        Err(e) => {
+            log::warn!(target: crate::engine::LOG_TARGET, "{e}; the engine runs without being saved, and is built again next time"
+            )
+        }
     }
     let now = SystemTime::now();
     match place {
@@ -341,9 +351,7 @@ fn look(
         }
         Ok(None) => None,
         Err(reason) => {
-            gst::warning!(
-                CAT,
-                "engine file {}: {reason}; building the engine again",
+            log::warn!(target: crate::engine::LOG_TARGET, "engine file {}: {reason}; building the engine again",
                 path.display()
             );
             None
@@ -363,9 +371,7 @@ fn max_bytes_from(value: Option<&str>) -> u64 {
         Some(value) => match value.trim().parse::<f64>() {
             Ok(gb) if gb.is_finite() && gb >= 0.0 => gb,
             _ => {
-                gst::warning!(
-                    CAT,
-                    "{MAX_GB_VAR}={value:?} is not a number of gigabytes; the engine cache \
+                log::warn!(target: crate::engine::LOG_TARGET, "{MAX_GB_VAR}={value:?} is not a number of gigabytes; the engine cache \
                      keeps up to {DEFAULT_MAX_GB} GB"
                 );
                 DEFAULT_MAX_GB
@@ -392,7 +398,7 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) => {
-            gst::debug!(CAT, "cannot list {} to clean it: {e}", dir.display());
+            log::debug!(target: crate::engine::LOG_TARGET, "cannot list {} to clean it: {e}", dir.display());
             return Vec::new();
         }
     };
@@ -537,7 +543,7 @@ fn remove_engine(path: &Path) -> bool {
         Err(_) => return false,
     };
     if let Err(e) = fs::remove_file(path) {
-        gst::debug!(CAT, "cannot remove {}: {e}", path.display());
+        log::debug!(target: crate::engine::LOG_TARGET, "cannot remove {}: {e}", path.display());
         return false;
     }
     if held.is_some() {
@@ -565,7 +571,7 @@ fn open_lock(path: &Path) -> io::Result<File> {
 }
 
 fn log_removed(path: &Path, why: &str) {
-    gst::info!(CAT, "engine cache: removed {}: {why}", path.display());
+    log::info!(target: crate::engine::LOG_TARGET, "engine cache: removed {}: {why}", path.display());
 }
 
 /// An age in days or hours.

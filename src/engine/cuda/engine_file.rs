@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cache::{self, CHUNK, Place};
-use crate::engine::CAT;
 use crate::engine::compiler::check;
 use crate::engine::compiler::plan::{DType, Plan, weight_type};
 
@@ -320,7 +319,7 @@ pub(crate) fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<En
     let input = BufReader::with_capacity(CHUNK, &file);
     let engine = read_engine(input, meta.len(), key, frame_len)?;
     if let Err(e) = file.set_modified(SystemTime::now()) {
-        gst::debug!(CAT, "{}: cannot mark it used: {e}", path.display());
+        log::debug!(target: crate::engine::LOG_TARGET, "{}: cannot mark it used: {e}", path.display());
     }
     Ok(Some(engine))
 }

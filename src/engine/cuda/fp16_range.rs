@@ -108,7 +108,7 @@ mod tests {
 
     use crate::engine::OnnxModel;
     use crate::engine::compiler::plan::{DType, Step};
-    use crate::engine::compiler::tests::{assert_close, reference_frames};
+    use crate::engine::compiler::testing::{assert_close, reference_frames};
     use crate::engine::compiler::{compile, compile_mixed, sim};
 
     #[test]

@@ -4,10 +4,9 @@
 //! conversion, resampling, crop or letterbox, normalisation and layout happen in one kernel
 //! pass, with the same geometry and filter as the CPU preprocessing (`crate::preprocess`).
 
-use gst_video::VideoFormat;
-
 use super::abi::FrameLayout;
 pub(crate) use super::abi::Pre;
+use crate::engine::frame::{FrameFormat, PixelFormat};
 use crate::preprocess::{ChannelOrder, Crop, InputSpec, Layout, PreprocessOptions, crop_geometry};
 
 impl Pre {
@@ -66,12 +65,13 @@ impl FramePreprocess {
         }))
     }
 
-    /// The kernel parameters for `crop` of a frame described by `info` whose planes are
-    /// uploaded one after the other, each `plane_len` bytes; `None` for a format the kernel
-    /// does not read, or a crop outside the frame.
+    /// The kernel parameters for `crop` of a frame of `format` whose planes, rows `strides`
+    /// bytes apart, are uploaded one after the other, each `plane_len` bytes; `None` for a
+    /// format the kernel does not read, or a crop outside the frame.
     pub(crate) fn params(
         &self,
-        info: &gst_video::VideoInfo,
+        format: &FrameFormat,
+        strides: &[i32],
         plane_lens: &[usize],
         crop: Crop,
     ) -> Option<Pre> {
@@ -83,7 +83,7 @@ impl FramePreprocess {
                 Some(start)
             })
             .collect();
-        self.params_at(info, &offsets, info.stride(), crop)
+        self.params_at(format, &offsets, strides, crop)
     }
 
     /// The kernel parameters for `crop` of a frame whose planes start `offsets` bytes after
@@ -92,47 +92,37 @@ impl FramePreprocess {
     /// only, so a crop clipped to the frame keeps its reads inside the planes).
     pub(crate) fn params_at(
         &self,
-        info: &gst_video::VideoInfo,
+        format: &FrameFormat,
         offsets: &[i64],
         strides: &[i32],
         crop: Crop,
     ) -> Option<Pre> {
         let mut p = self.base;
-        let finfo = info.format_info();
-        let layout = match info.format() {
-            VideoFormat::Nv12 => FrameLayout::Nv12,
-            VideoFormat::I420 => FrameLayout::I420,
-            VideoFormat::P01010le => FrameLayout::P010,
-            VideoFormat::Rgb
-            | VideoFormat::Bgr
-            | VideoFormat::Rgba
-            | VideoFormat::Bgra
-            | VideoFormat::Rgbx
-            | VideoFormat::Bgrx
-            | VideoFormat::Xrgb
-            | VideoFormat::Xbgr => FrameLayout::Packed,
-            _ => return None,
+        let layout = match format.format {
+            PixelFormat::Nv12 => FrameLayout::Nv12,
+            PixelFormat::I420 => FrameLayout::I420,
+            PixelFormat::P01010le => FrameLayout::P010,
+            PixelFormat::Gray8 => return None,
+            _ => FrameLayout::Packed,
         };
         p.format = layout.id();
-        if layout == FrameLayout::Packed {
-            p.pixel_stride = finfo.pixel_stride()[0];
-            let off = finfo.poffset();
-            p.off = [off[0] as i32, off[1] as i32, off[2] as i32];
+        if let Some((pixel_stride, off)) = format.format.packed_rgb() {
+            p.pixel_stride = pixel_stride as i32;
+            p.off = off.map(|o| o as i32);
         } else {
-            p.m = yuv_to_rgb(info);
-            let site = info.chroma_site();
+            p.m = yuv_to_rgb(format);
             p.cosited = [
-                i32::from(site.contains(gst_video::VideoChromaSite::H_COSITED)),
-                i32::from(site.contains(gst_video::VideoChromaSite::V_COSITED)),
+                i32::from(format.colour.h_cosited),
+                i32::from(format.colour.v_cosited),
             ];
         }
-        p.size = [info.width() as i32, info.height() as i32];
+        p.size = [format.width as i32, format.height as i32];
         for (i, (offset, stride)) in offsets.iter().zip(strides).enumerate().take(3) {
             p.plane[i] = *offset;
             p.stride[i] = *stride;
         }
         let (src, dst) = crop_geometry(
-            (info.width(), info.height()),
+            (format.width, format.height),
             crop,
             (p.out_w, p.out_h),
             self.resize,
@@ -146,19 +136,15 @@ impl FramePreprocess {
 /// Rows of the affine map from Y, U, V on the 8-bit scale (P010's samples are read as
 /// value / 256) to R, G, B in 0..255, from the frame's
 /// colorimetry (matrix and range), as GStreamer's converter applies it.
-fn yuv_to_rgb(info: &gst_video::VideoInfo) -> [f32; 12] {
-    let colorimetry = info.colorimetry();
-    let (kr, kb) = colorimetry
-        .matrix()
-        .kr_kb()
-        .unwrap_or(if info.height() >= 720 {
-            (0.2126, 0.0722)
-        } else {
-            (0.299, 0.114)
-        });
+fn yuv_to_rgb(format: &FrameFormat) -> [f32; 12] {
+    let (kr, kb) = format.colour.kr_kb.unwrap_or(if format.height >= 720 {
+        (0.2126, 0.0722)
+    } else {
+        (0.299, 0.114)
+    });
     let (kr, kb) = (kr as f32, kb as f32);
     let kg = 1.0 - kr - kb;
-    let full = colorimetry.range() == gst_video::VideoColorRange::Range0_255;
+    let full = format.colour.full_range;
     // Y' = ys·(Y − y0), U' = cs·(U − 128), V' = cs·(V − 128).
     let (ys, y0, cs) = if full {
         (1.0, 0.0, 1.0)
@@ -186,25 +172,33 @@ mod tests {
         })
     }
 
+    fn frame(format: PixelFormat, width: u32, height: u32) -> FrameFormat {
+        FrameFormat {
+            format,
+            width,
+            height,
+            colour: Default::default(),
+        }
+    }
+
     #[test]
     fn bt709_limited_range_maps_black_white_and_red() {
-        gst::init().unwrap();
-        let info = gst_video::VideoInfo::builder(VideoFormat::Nv12, 1920, 1080)
-            .colorimetry(&"bt709".parse().unwrap())
-            .build()
-            .unwrap();
-        let m = yuv_to_rgb(&info);
+        let mut nv12 = frame(PixelFormat::Nv12, 1920, 1080);
+        nv12.colour.kr_kb = Some((0.2126, 0.0722));
+        let m = yuv_to_rgb(&nv12);
         let near = |a: [f32; 3], b: [f32; 3]| a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1.0);
         assert!(near(rgb_of(&m, [16.0, 128.0, 128.0]), [0.0; 3]));
         assert!(near(rgb_of(&m, [235.0, 128.0, 128.0]), [255.0; 3]));
         // BT.709 red in limited range: Y 63, Cb 102, Cr 240.
         let red = rgb_of(&m, [63.0, 102.0, 240.0]);
         assert!(near(red, [255.0, 0.0, 0.0]), "{red:?}");
+        // Without a matrix, 1080 lines are BT.709 too.
+        nv12.colour.kr_kb = None;
+        assert_eq!(yuv_to_rgb(&nv12), m);
     }
 
     #[test]
     fn params_follow_format_and_geometry() {
-        gst::init().unwrap();
         let input = InputSpec {
             layout: Layout::Nchw,
             channels: 3,
@@ -216,38 +210,37 @@ mod tests {
             ..Default::default()
         };
         let pre = FramePreprocess::new(&options, input).unwrap().unwrap();
-        let info = gst_video::VideoInfo::builder(VideoFormat::Bgrx, 1920, 1080)
-            .build()
+        let bgrx = frame(PixelFormat::Bgrx, 1920, 1080);
+        let p = pre
+            .params(&bgrx, &[1920 * 4], &[1920 * 1080 * 4], Crop::Whole)
             .unwrap();
-        let p = pre.params(&info, &[1920 * 1080 * 4], Crop::Whole).unwrap();
         assert_eq!((p.format, p.pixel_stride, p.off), (0, 4, [2, 1, 0]));
         assert_eq!(p.crop, [0, 0, 1920, 1080]);
         assert_eq!(p.dst, [0, 49, 224, 126]);
         // The border is the mean colour: about zero once normalised.
         assert!(p.border.iter().all(|v| v.abs() < 0.02), "{:?}", p.border);
-        let i420 = gst_video::VideoInfo::builder(VideoFormat::I420, 64, 48)
-            .build()
-            .unwrap();
+        let i420 = frame(PixelFormat::I420, 64, 48);
         let p = pre
-            .params(&i420, &[64 * 48, 32 * 24, 32 * 24], Crop::Whole)
+            .params(
+                &i420,
+                &[64, 32, 32],
+                &[64 * 48, 32 * 24, 32 * 24],
+                Crop::Whole,
+            )
             .unwrap();
         assert_eq!(
             (p.format, p.plane, p.stride),
             (2, [0, 3072, 3840], [64, 32, 32])
         );
         // P010: NV12's layout with two bytes a sample.
-        let p010 = gst_video::VideoInfo::builder(VideoFormat::P01010le, 64, 48)
-            .build()
-            .unwrap();
+        let p010 = frame(PixelFormat::P01010le, 64, 48);
         let p = pre
-            .params(&p010, &[64 * 48 * 2, 64 * 24 * 2], Crop::Whole)
+            .params(&p010, &[128, 128], &[64 * 48 * 2, 64 * 24 * 2], Crop::Whole)
             .unwrap();
         assert_eq!((p.format, p.plane[1], p.stride), (3, 6144, [128, 128, 0]));
         assert_eq!(p.extent(), 64 * 48 * 2 + 24 * 128);
-        let gray = gst_video::VideoInfo::builder(VideoFormat::Gray8, 64, 48)
-            .build()
-            .unwrap();
-        assert!(pre.params(&gray, &[64 * 48], Crop::Whole).is_none());
+        let gray = frame(PixelFormat::Gray8, 64, 48);
+        assert!(pre.params(&gray, &[64], &[64 * 48], Crop::Whole).is_none());
         let grey_model = InputSpec {
             channels: 1,
             ..input

@@ -25,12 +25,10 @@ mod tests;
 
 use std::time::Instant;
 
-use gst_video::prelude::*;
-
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
-use crate::engine::CAT;
 use crate::engine::compiler::plan::DType;
 use crate::engine::compiler::{batch_sizes, compile_mixed, import};
+use crate::engine::frame::{FrameFormat, FrameView};
 use crate::preprocess::{Crop, Preprocessor};
 use engine_file::{EngineFile, Key};
 
@@ -138,9 +136,7 @@ impl CudaEngine {
             ),
         };
         let mut progress = |msg: &str| {
-            gst::info!(
-                CAT,
-                "{}: {msg} ({:.1?})",
+            log::info!(target: crate::engine::LOG_TARGET, "{}: {msg} ({:.1?})",
                 model.path.display(),
                 started.elapsed()
             );
@@ -189,9 +185,7 @@ impl CudaEngine {
                     // Its GPU memory goes before the next build's is taken.
                     drop(runtime);
                     if kept.contains(&overflow.node) || found.len() == fp16_range::ROUNDS {
-                        gst::warning!(
-                            CAT,
-                            "{}: precision=fp16: {because}; the engine is built in fp32",
+                        log::warn!(target: crate::engine::LOG_TARGET, "{}: precision=fp16: {because}; the engine is built in fp32",
                             model.path.display()
                         );
                         progress(&format!("{because}: building the engine in fp32"));
@@ -217,7 +211,7 @@ impl CudaEngine {
                     .as_ref()
                     .filter(|_| file.fp32_because.is_none())
                 {
-                    gst::warning!(CAT, "{}: {}", model.path.display(), mixed_note(k));
+                    log::warn!(target: crate::engine::LOG_TARGET, "{}: {}", model.path.display(), mixed_note(k));
                 }
             }
             // What is saved: the plans with the algorithms tuned for them.
@@ -233,9 +227,7 @@ impl CudaEngine {
             None => open(&mut file, &mut progress)?,
         };
         let num_classes = file.num_classes;
-        gst::info!(
-            CAT,
-            "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {:?}",
+        log::info!(target: crate::engine::LOG_TARGET, "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {:?}",
             model.path.display(),
             started.elapsed(),
             gpu.name,
@@ -286,14 +278,15 @@ impl CudaEngine {
     /// model input, over `runs` full batches; for benchmarks.
     pub fn time_device_preprocess(
         &mut self,
-        info: &gst_video::VideoInfo,
+        format: &FrameFormat,
+        offsets: &[i64],
+        strides: &[i32],
         runs: usize,
     ) -> Result<f64, EngineError> {
-        let offsets: Vec<i64> = info.offset().iter().map(|&o| o as i64).collect();
         let params = self
             .frame_pre
             .as_ref()
-            .and_then(|pre| pre.params_at(info, &offsets, info.stride(), Crop::Whole))
+            .and_then(|pre| pre.params_at(format, offsets, strides, Crop::Whole))
             .ok_or_else(|| EngineError::Inference("no GPU preprocessing for this model".into()))?;
         self.runtime
             .time_device_preprocess(&params, runs)
@@ -371,29 +364,25 @@ impl CudaEngine {
     /// can preprocess it; `None` sends it through the CPU preprocessing.
     fn gpu_frame<'a>(
         &self,
-        frame: &'a gst_video::VideoFrameRef<&gst::BufferRef>,
+        frame: &FrameView<'a>,
         crops: &[Crop],
     ) -> Result<Option<CroppedFrame<'a>>, EngineError> {
         let Some(pre) = &self.frame_pre else {
             return Ok(None);
         };
-        let planes = (0..frame.n_planes())
-            .map(|p| frame.plane_data(p))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| EngineError::Inference(format!("cannot read a frame: {e}")))?;
-        let lens: Vec<usize> = planes.iter().map(|p| p.len()).collect();
+        let lens: Vec<usize> = frame.planes.iter().map(|p| p.len()).collect();
         Ok(crops
             .iter()
-            .map(|&crop| pre.params(frame.info(), &lens, crop))
+            .map(|&crop| pre.params(&frame.format, &frame.strides, &lens, crop))
             .collect::<Option<Vec<_>>>()
-            .map(|params| (params, planes)))
+            .map(|params| (params, frame.planes.clone())))
     }
 
     /// The model input the GPU makes of `crop` of each of `frames`, or `None` where the CPU
     /// would make it; for tests that compare the two.
     pub fn gpu_preprocess(
         &mut self,
-        frames: &[gst_video::VideoFrameRef<&gst::BufferRef>],
+        frames: &[FrameView],
         crop: Crop,
     ) -> Result<Option<Vec<f32>>, EngineError> {
         let mut raw = Vec::with_capacity(frames.len());
@@ -453,7 +442,7 @@ impl CudaEngine {
             Ok(None) => "run again step by step, the frames gave finite values".into(),
             Err(e) => format!("looking for the step that made them failed: {e}"),
         };
-        gst::warning!(CAT, "scores that are not finite: {found}");
+        log::warn!(target: crate::engine::LOG_TARGET, "scores that are not finite: {found}");
         let _ = self.info.non_finite.set(found);
     }
 }
@@ -474,11 +463,7 @@ impl Engine for CudaEngine {
         })
     }
 
-    fn push(
-        &mut self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
-        crops: &[Crop],
-    ) -> Result<(), EngineError> {
+    fn push(&mut self, frame: &FrameView, crops: &[Crop]) -> Result<(), EngineError> {
         let gpu = self.gpu_frame(frame, crops)?;
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
         let before = self.pending();
@@ -527,7 +512,7 @@ impl Engine for CudaEngine {
         let unreadable = || {
             EngineError::Inference(format!(
                 "the GPU preprocessing cannot read {:?} frames",
-                frame.info.format()
+                frame.format.format
             ))
         };
         let pre = self.frame_pre.as_ref().ok_or_else(unreadable)?;
@@ -538,25 +523,22 @@ impl Engine for CudaEngine {
         let mut params = Vec::with_capacity(crops.len());
         for &crop in crops {
             if crop
-                .within(frame.info.width(), frame.info.height())
+                .within(frame.format.width, frame.format.height)
                 .is_none()
             {
                 return Err(EngineError::Inference(format!(
                     "{crop:?} lies outside the {}x{} frame",
-                    frame.info.width(),
-                    frame.info.height()
+                    frame.format.width, frame.format.height
                 )));
             }
             params.push(
-                pre.params_at(&frame.info, &offsets, &frame.strides, crop)
+                pre.params_at(&frame.format, &offsets, &frame.strides, crop)
                     .ok_or_else(unreadable)?,
             );
         }
         if frame.context != self.runtime.context_handle() && !self.foreign_frames {
             self.foreign_frames = true;
-            gst::info!(
-                CAT,
-                "frames in CUDA memory of another CUDA context (a decoder that made its own, \
+            log::info!(target: crate::engine::LOG_TARGET, "frames in CUDA memory of another CUDA context (a decoder that made its own, \
                  or one of another GPU): each is copied into the engine's context first \
                  (with gpu-id=-1, the engine follows the frames' GPU)"
             );

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use prost::bytes::Bytes;
 
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
-use crate::engine::CAT;
 use crate::preprocess::{Crop, InputSpec, Layout, Preprocessor};
 pub use client::ServerOptions;
 use client::{Client, Pending};
@@ -291,9 +290,7 @@ impl KserveEngine {
         }
         let model_batch = remote.fixed_batch.unwrap_or(options.batch_size.max(1));
         if model_batch != options.batch_size.max(1) {
-            gst::warning!(
-                CAT,
-                "kserve: {} fixes its batch at {model_batch}; batch-size is {}: requests go as batches of {model_batch}{}",
+            log::warn!(target: crate::engine::LOG_TARGET, "kserve: {} fixes its batch at {model_batch}; batch-size is {}: requests go as batches of {model_batch}{}",
                 server.model,
                 options.batch_size,
                 if model_batch > options.batch_size {
@@ -321,9 +318,7 @@ impl KserveEngine {
             non_finite: Default::default(),
             engine_file: None,
         };
-        gst::info!(
-            CAT,
-            "kserve: {}{} on {}: input `{}` {} {:?} {}x{}x{}, {} classes, {model_batch} image(s) a request",
+        log::info!(target: crate::engine::LOG_TARGET, "kserve: {}{} on {}: input `{}` {} {:?} {}x{}x{}, {} classes, {model_batch} image(s) a request",
             server.model,
             if server.version.is_empty() {
                 String::new()
@@ -446,7 +441,7 @@ impl KserveEngine {
         match answer.and_then(|response| self.scores(&response, request.items)) {
             Ok(scores) => {
                 if self.outage.take().is_some() {
-                    gst::info!(CAT, "kserve: {} answers again", self.client.options.url);
+                    log::info!(target: crate::engine::LOG_TARGET, "kserve: {} answers again", self.client.options.url);
                 }
                 self.ran.extend(scores);
             }
@@ -464,9 +459,7 @@ impl KserveEngine {
             Some(o) => (o.pause * 2).min(LONGEST_OUTAGE_PAUSE),
             None => FIRST_OUTAGE_PAUSE,
         };
-        gst::warning!(
-            CAT,
-            "kserve: {} model {}: {problem}; frames pass on unclassified, the server is tried again in {pause:.1?}",
+        log::warn!(target: crate::engine::LOG_TARGET, "kserve: {} model {}: {problem}; frames pass on unclassified, the server is tried again in {pause:.1?}",
             self.client.options.url,
             self.client.options.model
         );
@@ -559,7 +552,7 @@ impl Engine for KserveEngine {
 
     fn push(
         &mut self,
-        frame: &gst_video::VideoFrameRef<&gst::BufferRef>,
+        frame: &crate::engine::frame::FrameView,
         crops: &[Crop],
     ) -> Result<(), EngineError> {
         let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);

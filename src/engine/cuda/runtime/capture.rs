@@ -25,9 +25,7 @@ impl Runtime {
         loop {
             match self.capture_once(i) {
                 Err(e) if e.is_capture_invalidated() && tries < CAPTURE_TRIES => {
-                    gst::debug!(
-                        crate::engine::CAT,
-                        "the capture of batch size {} was invalidated by another thread ({tries} of {CAPTURE_TRIES})",
+                    log::debug!(target: crate::engine::LOG_TARGET, "the capture of batch size {} was invalidated by another thread ({tries} of {CAPTURE_TRIES})",
                         self.plans[i].plan.batch
                     );
                     tries += 1;

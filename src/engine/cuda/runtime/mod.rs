@@ -151,9 +151,7 @@ impl Runtime {
         let zero_copy =
             integrated || std::env::var_os("TRTCLASSIFY_ZERO_COPY").is_some_and(|v| v == "1");
         if zero_copy {
-            gst::info!(
-                crate::engine::CAT,
-                "{}: the preprocessing reads frames from page-locked host memory, with no upload",
+            log::info!(target: crate::engine::LOG_TARGET, "{}: the preprocessing reads frames from page-locked host memory, with no upload",
                 if integrated {
                     "an integrated GPU"
                 } else {

@@ -1,0 +1,650 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The steps of a plan (`compiler::plan`, lowered in f32) run on the CPU: convolutions and
+//! matrix products with constant weights on weights packed once (`panels`: AVX-512, AVX2/FMA
+//! or NEON tiles), depthwise convolutions in AVX-512 or AVX2 register tiles (`conv`; loops
+//! the compiler vectorises elsewhere), products of computed matrices (attention) and grouped
+//! convolutions through the `gemm` crate, and the rest (pooling, element-wise steps) as loops
+//! over NHWC channels that the compiler vectorises.
+//!
+//! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,
+//! `product`, `panels` and `elementwise` hold the rest.
+//!
+//! Steps read and write through raw pointers: the plan places several tensors in one arena,
+//! and an element-wise step may write where it reads. `Plan` checks (`check_plan` in
+//! `plan_runner`) keep every span a step touches inside its buffer before anything runs.
+
+use std::sync::Arc;
+
+use super::vector::{activate as activate_with, fma};
+use trtclassify_compiler::ir::Act;
+use trtclassify_compiler::plan::{ConvStep, Loc, Step};
+
+/// f32 values that start on a cache line (64 bytes), as AVX-512's 64-byte loads want (one
+/// across two lines costs two): the activation arena, whose buffers the plan places at
+/// multiples of 128 values, and packed weights.
+#[derive(Clone, Default)]
+pub struct Aligned {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Aligned {
+    pub fn from_slice(values: &[f32]) -> Aligned {
+        let mut aligned = Aligned::default();
+        aligned.resize(values.len());
+        aligned.as_mut_slice().copy_from_slice(values);
+        aligned
+    }
+
+    /// `len` values, the new ones zero.
+    pub fn resize(&mut self, len: usize) {
+        self.lines.resize(len.div_ceil(16), Line::default());
+        self.len = len;
+    }
+
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: the lines hold at least `len` initialised f32 values, contiguous.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as `as_slice`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast(), self.len) }
+    }
+}
+
+/// Where the plan's buffers are for one run.
+pub struct Buffers<'a> {
+    pub arena: *mut f32,
+    pub input: *const f32,
+    pub output: *mut f32,
+    pub weights: &'a [Arc<Vec<f32>>],
+}
+
+impl Buffers<'_> {
+    fn at(&self, loc: Loc) -> *const f32 {
+        // SAFETY (for every `add` here): the plan was checked to keep each span inside its
+        // buffer, so the offset lies within the allocation.
+        unsafe {
+            match loc {
+                Loc::Arena(o) => self.arena.add(o),
+                Loc::Input(o) => self.input.add(o),
+                Loc::Output(o) => self.output.add(o),
+                Loc::Weight { index, offset } => self.weights[index].as_ptr().add(offset),
+                Loc::Temp { .. } => unreachable!("checked: plans hold no unplaced buffers"),
+                Loc::Wide(_) => unreachable!("checked: f32 plans keep no f32 arena apart"),
+            }
+        }
+    }
+
+    fn at_mut(&self, loc: Loc) -> *mut f32 {
+        match loc {
+            Loc::Arena(_) | Loc::Output(_) => self.at(loc) as *mut f32,
+            _ => unreachable!("checked: steps write the arena and the scores only"),
+        }
+    }
+}
+
+/// Weights of a convolution rearranged once, when the plan is loaded, for its kernel.
+pub enum Packed {
+    None,
+    /// Depthwise: `[kernel positions][channels]`, so that the channel loop reads both
+    /// operands in order.
+    Depthwise(Arc<Aligned>),
+    /// A grouped convolution's, per group, `[kernel positions × input channels of the
+    /// group][output channels of the group]`: the right-hand matrix of the product with the
+    /// unfolded input.
+    Gemm(Arc<Vec<f32>>),
+    /// The constant right-hand matrix of a product (a convolution's `[kernel positions ×
+    /// input channels][output channels]`) in panels, and the activation of a following step
+    /// where the product does it.
+    Panels(Panels, Option<Act>),
+    /// A product's panels (and fused activation) whose input the step before scales per
+    /// channel (that step skipped): the panels are scaled for each frame (`scaled_input`),
+    /// and `x`, the unscaled input, read.
+    ScaledInput {
+        panels: Panels,
+        act: Option<Act>,
+        x: Loc,
+        scale: Loc,
+    },
+    /// A 3×3 convolution of stride 1 by Winograd's F(2×2, 3×3) (`winograd`): its weights
+    /// transformed into 16 matrices of input × output channels, each in panels.
+    Winograd(Vec<Panels>),
+    /// A product whose output the next step activates in place: done here, on data still
+    /// in the cache, and that step skipped.
+    Activated(Act),
+    Skip,
+}
+
+impl Packed {
+    /// The packing of the same weights for the same step of another plan (another batch),
+    /// sharing the values; without what `fuse_activations` and `fuse_scales` made of it,
+    /// for them to decide again there.
+    pub fn shared(&self) -> Packed {
+        match self {
+            Packed::Depthwise(w) => Packed::Depthwise(w.clone()),
+            Packed::Gemm(w) => Packed::Gemm(w.clone()),
+            Packed::Panels(panels, _) | Packed::ScaledInput { panels, .. } => {
+                Packed::Panels(panels.clone(), None)
+            }
+            Packed::Winograd(u) => Packed::Winograd(u.clone()),
+            Packed::None | Packed::Activated(_) | Packed::Skip => Packed::None,
+        }
+    }
+}
+
+/// How a step may use threads (`gemm`'s own split over the machine's shared pool, and
+/// rows of the direct kernels spread over it), and whether its kernels may use AVX-512.
+#[derive(Clone, Copy)]
+pub struct Threads {
+    pub(super) count: usize,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) avx512: bool,
+}
+
+impl Threads {
+    /// `count` threads; AVX-512 where `avx512` and the CPU has it.
+    pub fn new(count: usize, avx512: bool) -> Threads {
+        Threads {
+            count,
+            avx512: avx512 && avx512_available(),
+        }
+    }
+
+    /// The same, on the calling thread alone.
+    fn single(self) -> Threads {
+        Threads { count: 1, ..self }
+    }
+
+    fn gemm(self) -> gemm::Parallelism {
+        // The team's helpers spin through a frame's run: `gemm` sharing its products over
+        // the pool's threads beside them would oversubscribe the cores.
+        if Team::active() {
+            return gemm::Parallelism::None;
+        }
+        match self.count {
+            0 | 1 => gemm::Parallelism::None,
+            n => gemm::Parallelism::Rayon(n),
+        }
+    }
+
+    /// Runs `f` on each of `0..n`, spread over the threads: the team's, awake, where the
+    /// run holds it (`Team::run`), else the pool's.
+    fn for_each(self, n: usize, f: impl Fn(usize) + Sync + Send) {
+        use rayon::prelude::*;
+        match self.count {
+            0 | 1 => (0..n).for_each(f),
+            t => {
+                if Team::for_each(n, &f).is_none() {
+                    (0..n)
+                        .into_par_iter()
+                        .with_min_len(n.div_ceil(t * 4).max(1))
+                        .for_each(f)
+                }
+            }
+        }
+    }
+}
+
+// SAFETY: the buffers are read by every thread of a step and written by each in its own
+// rows of the output only (`Threads::for_each` hands out disjoint rows).
+unsafe impl Sync for Buffers<'_> {}
+
+/// Defines `$name(args)` to run `$imp::<true>(args)` compiled for AVX2 and FMA where the
+/// CPU has them, and `$imp::<FMA>` for the target's baseline elsewhere (aarch64 always has
+/// NEON and FMA). Code that threads run (closures) does not inherit the features of the
+/// function it is written in, so each row of a parallel kernel dispatches for itself.
+macro_rules! wide {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) => $imp:ident) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide($($arg: $ty),*) {
+                    $imp::<true>($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `wide` is compiled for.
+                    return unsafe { wide($($arg),*) };
+                }
+            }
+            $imp::<{ cfg!(target_arch = "aarch64") }>($($arg),*)
+        }
+    };
+}
+
+/// Whether the kernels that have an AVX-512 form may use it: where the CPU has it, unless
+/// `TRTCLASSIFY_CPU_AVX512=0` keeps them to AVX2 (to compare the two on one machine).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            std::env::var("TRTCLASSIFY_CPU_AVX512").map_or(true, |v| v != "0")
+                && std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The bounds of an activation that is a clamp (ReLU, clipping), which the kernels apply to
+/// their sums in registers; `None` for the others.
+fn clamp_of(act: Act) -> Option<(f32, f32)> {
+    match act {
+        Act::Relu => Some((0.0, f32::INFINITY)),
+        Act::Clip(lo, hi) => Some((lo, hi)),
+        _ => None,
+    }
+}
+
+wide! {
+    /// `vector::activate` with FMA where the CPU has it, for kernels that are not generic
+    /// over it themselves.
+    fn activate(act: Act, v: &mut [f32]) => activate_with
+}
+
+// After `wide!`, which they use.
+mod conv;
+mod elementwise;
+mod panels;
+mod product;
+#[cfg(target_arch = "x86_64")]
+mod rows_avx512;
+mod scaled_input;
+mod team;
+mod winograd;
+
+use conv::{conv_gemm, depthwise};
+use elementwise::elementwise;
+use panels::Panels;
+pub use product::fuse_activations;
+use product::{Product, Weights};
+pub use scaled_input::fuse_scales;
+pub use team::Team;
+
+/// The weights of `step` rearranged for its kernel, once, when the plan is loaded: those of
+/// convolutions and of products whose weights are constants (up to `PACKED_MAX` values: a
+/// larger matrix, a fully connected layer of hundreds of MB, is read once per product
+/// anyway, and copying it would double the memory it takes).
+pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
+    const PACKED_MAX: usize = 1 << 24;
+    match step {
+        Step::Conv(_) => conv::pack(step, weights),
+        &Step::Gemm {
+            batch: 1,
+            alpha,
+            n,
+            k,
+            w: Loc::Weight { index, offset },
+            w_transposed,
+            ..
+        } if k * n <= PACKED_MAX => {
+            let w = &weights[index][offset..];
+            let at = |i, j| {
+                if w_transposed {
+                    w[j * k + i]
+                } else {
+                    w[i * n + j]
+                }
+            };
+            Packed::Panels(Panels::pack(k, n, alpha, at), None)
+        }
+        _ => Packed::None,
+    }
+}
+
+/// The weight that `packed` holds a rearranged copy of, which `step` then does not read.
+pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
+    match (step, packed) {
+        (
+            Step::Conv(c),
+            Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..) | Packed::Winograd(_),
+        ) => Some(c.weight),
+        (Step::Gemm { w, .. }, Packed::Panels(..) | Packed::ScaledInput { .. }) => Some(*w),
+        _ => None,
+    }
+}
+
+/// What a run of the plan's steps keeps between them, to use again: the unfolded input of
+/// a convolution, panels scaled for a frame.
+#[derive(Default)]
+pub struct Scratch {
+    col: Vec<f32>,
+    scaled: Panels,
+}
+
+/// Runs `step`, picking the widest SIMD the CPU has for the loops written here.
+pub fn run(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) {
+    run_step(step, packed, buf, scratch, threads)
+}
+
+wide! {
+    fn run_step(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) => run_with
+}
+
+#[inline(always)]
+fn run_with<const FMA: bool>(
+    step: &Step,
+    packed: &Packed,
+    buf: &Buffers,
+    scratch: &mut Scratch,
+    threads: Threads,
+) {
+    let col = &mut scratch.col;
+    if matches!(packed, Packed::Skip) {
+        return;
+    }
+    match step {
+        Step::Ew {
+            op,
+            act,
+            cast: _,
+            dims,
+            out,
+            a,
+            b,
+        } => elementwise(buf, *op, *act, dims, out, a, b.as_ref(), threads),
+        Step::Zero { loc, len } => {
+            // SAFETY: checked span.
+            unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*loc), *len) }.fill(0.0)
+        }
+        Step::Conv(c) => {
+            // Weights computed by the plan are packed on the fly, from a copy.
+            let on_the_fly;
+            let packed = match packed {
+                Packed::None => {
+                    let weight = Loc::Weight {
+                        index: 0,
+                        offset: 0,
+                    };
+                    let step = Step::Conv(ConvStep {
+                        weight,
+                        ..c.clone()
+                    });
+                    on_the_fly = pack(&step, &[Arc::new(krsc_of(buf, c))]);
+                    &on_the_fly
+                }
+                packed => packed,
+            };
+            match packed {
+                Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
+                Packed::Gemm(w) => {
+                    conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads)
+                }
+                Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
+                Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
+                _ => unreachable!("a convolution's weight packs"),
+            }
+        }
+        Step::Gemm {
+            batch,
+            alpha,
+            rows,
+            n,
+            k,
+            x,
+            x_batch,
+            w,
+            bias,
+            residual,
+            act,
+            y,
+            y_batch,
+            w_transposed,
+        } => {
+            let mut unscaled = *x;
+            let act = match packed {
+                Packed::Activated(act)
+                | Packed::Panels(_, Some(act))
+                | Packed::ScaledInput { act: Some(act), .. } => *act,
+                _ => *act,
+            };
+            let panels = match packed {
+                Packed::Panels(panels, _) => Some(panels),
+                Packed::ScaledInput {
+                    panels, x, scale, ..
+                } => {
+                    // SAFETY: checked span: the scaling step's operand, one value per row
+                    // of the weights.
+                    let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *k) };
+                    panels.scale_rows(scale, &mut scratch.scaled);
+                    unscaled = *x;
+                    Some(&scratch.scaled)
+                }
+                _ => None,
+            };
+            let (x, w, y) = (buf.at(unscaled), buf.at(*w), buf.at_mut(*y));
+            for p in 0..*batch {
+                // SAFETY: checked spans of `batch` matrices each.
+                let product = unsafe {
+                    Product {
+                        rows: *rows,
+                        n: *n,
+                        k: *k,
+                        x: x.add(p * x_batch),
+                        x_stride: *k,
+                        taps: None,
+                        w: match panels {
+                            Some(panels) => Weights::Panels(panels),
+                            // Strides along k and along n.
+                            None => Weights::Strided {
+                                ptr: w.add(p * k * n),
+                                strides: if *w_transposed { (1, *k) } else { (*n, 1) },
+                            },
+                        },
+                        y: y.add(p * y_batch),
+                        y_stride: *n,
+                        // Packed weights hold alpha.
+                        alpha: if panels.is_some() { 1.0 } else { *alpha },
+                        bias: bias.map(|b| buf.at(b).add(p * n)),
+                        residual: residual.map(|z| buf.at(z).add(p * y_batch)),
+                        act,
+                    }
+                };
+                product.run(threads);
+            }
+        }
+        Step::Pool { n, oh, .. } => threads.for_each(n * oh, |row| pool_row(buf, step, row)),
+        Step::GlobalAvgPool { n, hw, c, x, y } => {
+            // Sums over blocks of pixels, added up in order: the same result on any number
+            // of threads, each of which takes a share of the blocks (the rows it wrote the
+            // step before).
+            const BLOCK: usize = 64;
+            let blocks = hw.div_ceil(BLOCK);
+            let parts = threads.count.clamp(1, blocks.max(1));
+            for b in 0..*n {
+                let sums = std::sync::Mutex::new(vec![0.0f32; blocks * c]);
+                threads.for_each(parts, |part| {
+                    let mine = part * blocks / parts..(part + 1) * blocks / parts;
+                    let mut local = vec![0.0f32; mine.len() * c];
+                    for (block, sum) in mine.clone().zip(local.chunks_mut(*c)) {
+                        for p in block * BLOCK..(block * BLOCK + BLOCK).min(*hw) {
+                            // SAFETY: checked span.
+                            let row = unsafe {
+                                std::slice::from_raw_parts(buf.at(*x).add((b * hw + p) * c), *c)
+                            };
+                            sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+                        }
+                    }
+                    let mut sums = sums.lock().unwrap_or_else(|e| e.into_inner());
+                    sums[mine.start * c..mine.end * c].copy_from_slice(&local);
+                });
+                let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
+                // SAFETY: checked span.
+                let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*y).add(b * c), *c) };
+                out.fill(0.0);
+                for sum in sums.chunks(*c) {
+                    out.iter_mut().zip(sum).for_each(|(o, &s)| *o += s);
+                }
+                let scale = 1.0 / *hw as f32;
+                out.iter_mut().for_each(|o| *o *= scale);
+            }
+        }
+        Step::Softmax { rows, len, x, y } => {
+            for r in 0..*rows {
+                let (x, y) = (rows_in(buf, *x, r, *len), rows_out(buf, *y, r, *len));
+                let max = x.iter().copied().fold(f32::MIN, f32::max);
+                y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - max);
+                activate_with::<FMA>(Act::Exp, y);
+                let scale = 1.0 / y.iter().sum::<f32>();
+                y.iter_mut().for_each(|o| *o *= scale);
+            }
+        }
+        Step::LayerNorm {
+            rows,
+            len,
+            epsilon,
+            x,
+            scale,
+            bias,
+            y,
+        } => {
+            let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *len) };
+            let bias = bias.map(|b| unsafe { std::slice::from_raw_parts(buf.at(b), *len) });
+            for r in 0..*rows {
+                let x = rows_in(buf, *x, r, *len);
+                let mean = x.iter().sum::<f32>() / *len as f32;
+                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / *len as f32;
+                let inv = 1.0 / (var + epsilon).sqrt();
+                let y = rows_out(buf, *y, r, *len);
+                for i in 0..*len {
+                    y[i] = (x[i] - mean) * inv * scale[i] + bias.map_or(0.0, |b| b[i]);
+                }
+            }
+        }
+        Step::RowMean { rows, len, x, y } => {
+            let y = buf.at_mut(*y);
+            for r in 0..*rows {
+                let mean = rows_in(buf, *x, r, *len).iter().sum::<f32>() / *len as f32;
+                unsafe { *y.add(r) = mean };
+            }
+        }
+        // Fused attention comes in fp16 plans only (`check_plan` refuses it in the f32 plans
+        // this runner takes); computed plainly all the same.
+        Step::Attention(a) => {
+            // SAFETY: checked spans.
+            for (loc, v) in a.run(|loc| unsafe { *buf.at(loc) }) {
+                unsafe { *buf.at_mut(loc) = v };
+            }
+        }
+        Step::Lrn {
+            pixels,
+            c,
+            size,
+            alpha,
+            beta,
+            bias,
+            x,
+            y,
+        } => {
+            for p in 0..*pixels {
+                let (x, y) = (rows_in(buf, *x, p, *c), rows_out(buf, *y, p, *c));
+                for ch in 0..*c {
+                    let lo = ch.saturating_sub((size - 1) / 2);
+                    let hi = (ch + size / 2).min(c - 1);
+                    let sq: f32 = x[lo..=hi].iter().map(|v| v * v).sum();
+                    y[ch] = x[ch] / (bias + alpha / *size as f32 * sq).powf(*beta);
+                }
+            }
+        }
+    }
+}
+
+wide! {
+    /// One output row of a pooling step.
+    fn pool_row(buf: &Buffers, step: &Step, row: usize) => pool_row_with
+}
+
+#[inline(always)]
+fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &Step, row: usize) {
+    let Step::Pool {
+        h,
+        w,
+        c,
+        oh,
+        ow,
+        kernel,
+        strides,
+        pads,
+        max,
+        count_include_pad,
+        x,
+        y,
+        ..
+    } = step
+    else {
+        unreachable!("a pooling step");
+    };
+    let (h, w, c, oh, ow) = (*h, *w, *c, *oh, *ow);
+    let (x, y) = (buf.at(*x), buf.at_mut(*y));
+    let (b, oy) = (row / oh, row % oh);
+    for ox in 0..ow {
+        // SAFETY: checked span; rows are disjoint between threads.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(y.add(((b * oh + oy) * ow + ox) * c), c) };
+        out.fill(if *max { f32::NEG_INFINITY } else { 0.0 });
+        let (mut count, mut padded) = (0, 0);
+        for ky in 0..kernel[0] {
+            for kx in 0..kernel[1] {
+                let yy = (oy * strides[0] + ky) as isize - pads[0] as isize;
+                let xx = (ox * strides[1] + kx) as isize - pads[1] as isize;
+                if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
+                    padded +=
+                        usize::from(yy < (h + pads[2]) as isize && xx < (w + pads[3]) as isize);
+                    continue;
+                }
+                count += 1;
+                let input = unsafe {
+                    std::slice::from_raw_parts(
+                        x.add(((b * h + yy as usize) * w + xx as usize) * c),
+                        c,
+                    )
+                };
+                if *max {
+                    out.iter_mut().zip(input).for_each(|(o, &v)| *o = o.max(v));
+                } else {
+                    out.iter_mut().zip(input).for_each(|(o, &v)| *o += v);
+                }
+            }
+        }
+        if !*max {
+            let divisor = if *count_include_pad {
+                count + padded
+            } else {
+                count
+            };
+            let scale = 1.0 / divisor as f32;
+            out.iter_mut().for_each(|o| *o *= scale);
+        }
+    }
+}
+
+/// Row `r` of a `[rows, len]` operand.
+fn rows_in<'a>(buf: &Buffers, loc: Loc, r: usize, len: usize) -> &'a [f32] {
+    // SAFETY: checked span; the plan never writes an operand it reads in the same
+    // row step (those steps read `x` and write another `y`).
+    unsafe { std::slice::from_raw_parts(buf.at(loc).add(r * len), len) }
+}
+
+fn rows_out<'a>(buf: &Buffers, loc: Loc, r: usize, len: usize) -> &'a mut [f32] {
+    // SAFETY: as `rows_in`.
+    unsafe { std::slice::from_raw_parts_mut(buf.at_mut(loc).add(r * len), len) }
+}
+
+/// A convolution's KRSC weights, copied from wherever the plan keeps them.
+fn krsc_of(buf: &Buffers, c: &ConvStep) -> Vec<f32> {
+    let len = c.k * c.kernel[0] * c.kernel[1] * (c.c / c.group);
+    // SAFETY: checked span.
+    unsafe { std::slice::from_raw_parts(buf.at(c.weight), len) }.to_vec()
+}

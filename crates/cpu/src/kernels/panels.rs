@@ -1,0 +1,960 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Matrix products with constant weights, packed once when the plan is loaded: columns in
+//! panels of 16, the activations read where they lie (NHWC rows are the left-hand matrix as
+//! they are; a convolution's taps through a pointer per row and tap, `Lhs::Taps`), and the
+//! epilogue (bias, residual, activation) applied to each tile while it is in registers or in
+//! the cache.
+//!
+//! The `gemm` crate packs both operands on every call: on the late layers of a network
+//! (49 rows, weights of 512 × 2048) that packing cost more than the arithmetic, and its
+//! epilogue had to be a pass of its own over the whole output. onnxruntime's MLAS packs the
+//! weights once the same way; this is that scheme, a tile's sums held in registers (the
+//! compiler does not keep them there on its own):
+//! - AVX-512: 12 rows × two panels (24 of the 32 registers, two loads of the panels and
+//!   twelve broadcasts for 24 products along k), in assembly over a matrix's rows
+//!   (`rows_avx512`);
+//! - AVX2/FMA: 6 rows × one panel (twelve of the 16 registers);
+//! - NEON on aarch64 (the inner loop), plain loops elsewhere.
+//!
+//! The x86 path is chosen at run time, so that one build uses AVX-512 where the CPU has it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::product::Product;
+#[cfg(target_arch = "x86_64")]
+use super::rows_avx512;
+use super::{Aligned, Threads, activate_with, clamp_of, fma};
+use trtclassify_compiler::ir::Act;
+
+/// Columns of a panel; a last panel of 8 where no more than 8 columns remain.
+const WIDTH: usize = 16;
+/// Rows of a tile (AVX2 and the others; AVX-512's have 12).
+const ROWS: usize = 6;
+/// Steps along k per block of a matrix, at most: all of k in the products of the models we
+/// measure (up to 2048), so that a tile adds to the output once. Blocks of 256, whose panel
+/// block (16 KB) stays in the L1 cache (MLAS's choice), read and wrote the output again after
+/// each: 1 % of ResNet-50 on Zen 3, 3–6 % of its late 1×1 layers. The panels stream from the
+/// L2 cache as fast as the FMAs take them.
+const KC: usize = 2048;
+/// The same for a convolution's taps read where they lie: all of k in one block but in the
+/// last 3×3 convolutions of ResNet-50 (4608, in two). Blocks of 256 cost those convolutions
+/// 4 %, blocks of 1024 1 %.
+const KC_TAPS: usize = 4096;
+/// Steps along k that a tile asks for its panels' values ahead of reading them. The panels
+/// of a model's late layers (4 MB in ResNet-50's 2048 × 512) arrive from memory or the L3
+/// cache at batch 1, once for each row tile, and the hardware's prefetcher alone left the
+/// tile waiting on them: asked for 32 steps (2 KB) ahead, 49 × 2048 · 2048 × 512 went from
+/// 0.93–1.01 to 0.75–0.81 ms with the panels cold and from 0.73 to 0.61 ms with them in the
+/// L2 cache (Xeon, AVX-512); distances from 8 to 96 steps did about as well.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) const AHEAD: usize = 32;
+/// Rows per block: their values are read again for each panel of the block's columns.
+const MC: usize = 120;
+/// Columns per block: the part of the output that an activation the tile cannot apply in
+/// registers revisits in the L2 cache.
+const NC: usize = 128;
+
+/// A `k × n` weight matrix in column panels (16 columns, the last 8 where 8 or fewer
+/// remain), each panel `k` rows of its columns, zeros past column `n`.
+/// Cloned, it shares the packed values (the batch plan's last steps use the one-frame plan's).
+#[derive(Clone, Default)]
+pub struct Panels {
+    data: Arc<Aligned>,
+    k: usize,
+    n: usize,
+}
+
+impl Panels {
+    /// Packs `alpha · w`, `w[i][j]` being `at(i, j)` for `i < k`, `j < n`.
+    pub fn pack(k: usize, n: usize, alpha: f32, at: impl Fn(usize, usize) -> f32) -> Panels {
+        let mut data = Vec::with_capacity(k * n.next_multiple_of(8));
+        for (col, width) in spans(n, 0..n) {
+            for i in 0..k {
+                data.extend((col..col + width).map(|j| if j < n { alpha * at(i, j) } else { 0.0 }));
+            }
+        }
+        Panels {
+            data: Arc::new(Aligned::from_slice(&data)),
+            k,
+            n,
+        }
+    }
+
+    /// `diag(scale) · w` into `into`: row `i` of the matrix times `scale[i]`.
+    pub fn scale_rows(&self, scale: &[f32], into: &mut Panels) {
+        into.k = self.k;
+        into.n = self.n;
+        let to = Arc::make_mut(&mut into.data);
+        to.resize(self.data.as_slice().len());
+        let (from, to) = (self.data.as_slice(), to.as_mut_slice());
+        let mut at = 0;
+        for (_, width) in spans(self.n, 0..self.n) {
+            for &s in &scale[..self.k] {
+                let (from, to) = (&from[at..at + width], &mut to[at..at + width]);
+                to.iter_mut().zip(from).for_each(|(t, &f)| *t = f * s);
+                at += width;
+            }
+        }
+    }
+}
+
+/// The panels `(first column, width)` of an `n`-column matrix that lie in `cols` (whose
+/// ends are panel boundaries, or `n`).
+fn spans(n: usize, cols: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
+    (cols.start..cols.end)
+        .step_by(WIDTH)
+        .map(move |col| (col, if n - col <= 8 { 8 } else { WIDTH }))
+}
+
+/// Splits the columns `0..n` into about `parts` ranges that start on panel boundaries.
+pub(super) fn column_shares(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let panels = n.div_ceil(WIDTH);
+    let per = panels.div_ceil(parts.max(1)) * WIDTH;
+    (0..n).step_by(per).map(|c| c..(c + per).min(n)).collect()
+}
+
+/// `y = act(x·w + bias + residual)` for the columns `cols` of `p` (its `w` being `panels`),
+/// with the widest tiles the CPU has (AVX-512 where `threads` may use it).
+pub(super) fn run_panels(p: &Product, panels: &Panels, cols: Range<usize>, threads: Threads) {
+    #[cfg(target_arch = "x86_64")]
+    if threads.avx512 {
+        // SAFETY: the CPU has AVX-512F (`Threads::new`).
+        return unsafe { run_avx512(p, panels, cols) };
+    }
+    let _ = threads;
+    run_narrow(p, panels, cols)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn run_avx512(p: &Product, panels: &Panels, cols: Range<usize>) {
+    run::<true, true>(p, panels, cols)
+}
+
+wide! {
+    /// Tiles of AVX2 registers, NEON's or plain loops.
+    fn run_narrow(product: &Product, panels: &Panels, cols: Range<usize>) => run_narrow_with
+}
+
+#[inline(always)]
+fn run_narrow_with<const FMA: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
+    run::<FMA, false>(p, panels, cols)
+}
+
+/// The product in blocks that fit the caches, each block's panels in tiles: with
+/// `AVX512`, pairs of full panels in tiles of 12 rows.
+#[inline(always)]
+fn run<const FMA: bool, const AVX512: bool>(p: &Product, panels: &Panels, cols: Range<usize>) {
+    debug_assert_eq!((panels.k, panels.n), (p.k, p.n));
+    // ReLU and clipping happen in the registers; other activations over each block of the
+    // output once its sums are complete, while it is still in the cache.
+    let clamp = clamp_of(p.act);
+    let pass = clamp.is_none() && !matches!(p.act, Act::None);
+    let blocks = match p.taps {
+        Some(taps) => k_blocks(taps.count(), taps.len(), KC_TAPS),
+        None => k_blocks(1, p.k, KC),
+    };
+    let (mut table, mut scratch) = (Vec::new(), Vec::new());
+    for r0 in (0..p.rows).step_by(MC) {
+        let r1 = (r0 + MC).min(p.rows);
+        if let Some(taps) = p.taps {
+            taps.find(p.x, r0..r1, &mut table, &mut scratch);
+        }
+        for c0 in (cols.start..cols.end).step_by(NC) {
+            let c1 = (c0 + NC).min(cols.end);
+            for block in &blocks {
+                let ks = block.ks.clone();
+                let clamp = clamp.filter(|_| ks.end == p.k);
+                let lhs = match p.taps {
+                    None => Lhs::Rows {
+                        x: p.x.wrapping_add(r0 * p.x_stride + ks.start),
+                        stride: p.x_stride,
+                        len: ks.len(),
+                    },
+                    Some(taps) => Lhs::Taps {
+                        table: table.as_ptr().wrapping_add(block.tap),
+                        taps: taps.count(),
+                        segments: block.segments,
+                        offset: block.offset,
+                        len: ks.len() / block.segments,
+                    },
+                };
+                let mut spans = spans(panels.n, c0..c1);
+                while let Some((col, width)) = spans.next() {
+                    // SAFETY: the panels' blocks lie inside `data` (`pack` wrote k rows of
+                    // `width` for each panel, in order).
+                    let at = |col: usize, width| unsafe {
+                        panels
+                            .data
+                            .as_slice()
+                            .as_ptr()
+                            .add(col * p.k + ks.start * width)
+                    };
+                    // A full panel with the next, a last panel of 8 included: two panels'
+                    // sums for each broadcast (MobileNetV2's 24 channels at 56×56 had read
+                    // their rows once for each panel).
+                    let pair = if AVX512 && width == WIDTH {
+                        spans.next().map(|s| s.1)
+                    } else {
+                        None
+                    };
+                    let b2_width = pair.unwrap_or(0);
+                    let width = if pair.is_some() { 2 * WIDTH } else { width };
+                    let tile = Tile {
+                        col,
+                        cols: width.min(p.n - col),
+                        ks: ks.clone(),
+                        lhs,
+                        b: at(col, width.min(WIDTH)),
+                        b2: if pair.is_some() {
+                            at(col + WIDTH, b2_width)
+                        } else {
+                            std::ptr::null()
+                        },
+                        b2_width,
+                        clamp,
+                    };
+                    let mut r = r0;
+                    for rows in even_parts(r1 - r0, if AVX512 { 2 * ROWS } else { ROWS }) {
+                        tile.run::<FMA, AVX512>(p, r, r - r0, rows, width);
+                        r += rows;
+                    }
+                }
+            }
+            if pass {
+                for r in r0..r1 {
+                    // SAFETY: row `r` of the output, columns `c0..c1`, inside the
+                    // caller's checked span.
+                    let out = unsafe {
+                        std::slice::from_raw_parts_mut(p.y.add(r * p.y_stride + c0), c1 - c0)
+                    };
+                    activate_with::<FMA>(p.act, out);
+                }
+            }
+        }
+    }
+}
+
+/// `total` in as few parts of at most `most` as there can be, as even as they go.
+///
+/// The rows of a block in tiles: a tile of fewer than 4 rows has too few sums to keep both
+/// FMA units busy while each sum waits on its last addition, so that the 49 rows of a 7×7
+/// layer as 8 tiles of 6 and one of 1 took 8.7 tiles' time, against 8.2 as 4 tiles of 6
+/// and 5 of 5. A convolution's taps in blocks of k: each block after the first reads and
+/// writes the output once more, and a short one does little between.
+fn even_parts(total: usize, most: usize) -> impl Iterator<Item = usize> {
+    let parts = total.div_ceil(most);
+    (0..parts).map(move |t| total / parts + usize::from(t < total % parts))
+}
+
+/// A block of k: the panels' rows `ks`, and where they lie in the left-hand matrix.
+#[derive(Debug, PartialEq)]
+struct KBlock {
+    ks: Range<usize>,
+    /// The block's first tap, its number of taps (1 where a tap has more values than a block
+    /// takes) and the offset into each.
+    tap: usize,
+    segments: usize,
+    offset: usize,
+}
+
+/// The blocks of k, `count` taps of `len` values each (a matrix's rows being one tap), at
+/// most `most` a block: whole taps, as many in each as there can be, or even parts of one.
+fn k_blocks(count: usize, len: usize, most: usize) -> Vec<KBlock> {
+    let mut blocks = Vec::new();
+    if len <= most {
+        let mut tap = 0;
+        for taps in even_parts(count, most / len.max(1)) {
+            blocks.push(KBlock {
+                ks: tap * len..(tap + taps) * len,
+                tap,
+                segments: taps,
+                offset: 0,
+            });
+            tap += taps;
+        }
+        return blocks;
+    }
+    for tap in 0..count {
+        let mut offset = 0;
+        for part in even_parts(len, most) {
+            let k0 = tap * len + offset;
+            blocks.push(KBlock {
+                ks: k0..k0 + part,
+                tap,
+                segments: 1,
+                offset,
+            });
+            offset += part;
+        }
+    }
+    blocks
+}
+
+/// Where a tile's rows of the left-hand matrix lie over a block of k: `segments()` runs of
+/// values, each row's part of each run at an address of its own.
+#[derive(Clone, Copy)]
+enum Lhs {
+    /// Row `r`'s block at `x + r · stride`: one run of `len`.
+    Rows {
+        x: *const f32,
+        stride: usize,
+        len: usize,
+    },
+    /// Row `r`'s run `s` at `table[r · taps + s] + offset`, `len` values: a convolution's
+    /// taps, whole (`offset` 0) or a part of one.
+    Taps {
+        table: *const *const f32,
+        taps: usize,
+        segments: usize,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl Lhs {
+    /// The same from `rows` rows further on.
+    fn skip(self, rows: usize) -> Lhs {
+        match self {
+            Lhs::Rows { x, stride, len } => Lhs::Rows {
+                x: x.wrapping_add(rows * stride),
+                stride,
+                len,
+            },
+            Lhs::Taps {
+                table,
+                taps,
+                segments,
+                offset,
+                len,
+            } => Lhs::Taps {
+                table: table.wrapping_add(rows * taps),
+                taps,
+                segments,
+                offset,
+                len,
+            },
+        }
+    }
+
+    fn segments(&self) -> usize {
+        match *self {
+            Lhs::Rows { .. } => 1,
+            Lhs::Taps { segments, .. } => segments,
+        }
+    }
+
+    /// Where run `s` of rows `0..R` begins, and its length.
+    ///
+    /// # Safety
+    /// With taps, the table holds the run's pointers for the `R` rows.
+    #[inline(always)]
+    unsafe fn segment<const R: usize>(&self, s: usize) -> ([*const f32; R], usize) {
+        match *self {
+            Lhs::Rows { x, stride, len } => {
+                (std::array::from_fn(|r| x.wrapping_add(r * stride)), len)
+            }
+            Lhs::Taps {
+                table,
+                taps,
+                offset,
+                len,
+                ..
+            } => (
+                std::array::from_fn(|r| {
+                    // SAFETY: the caller's.
+                    unsafe { *table.add(r * taps + s) }.wrapping_add(offset)
+                }),
+                len,
+            ),
+        }
+    }
+}
+
+/// One panel's block of k, to run over the rows of a block.
+struct Tile {
+    col: usize,
+    /// Columns of the panel inside the matrix (the rest is padding).
+    cols: usize,
+    ks: Range<usize>,
+    /// The block's rows of the left-hand matrix, from its first row.
+    lhs: Lhs,
+    /// The panel's first value at `ks.start`.
+    b: *const f32,
+    /// The next panel's, where the tile takes two (null otherwise), and its width.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    b2: *const f32,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    b2_width: usize,
+    /// The clamp of the block's results: ReLU or clipping, on the last block of k.
+    clamp: Option<(f32, f32)>,
+}
+
+impl Tile {
+    #[inline(always)]
+    fn run<const FMA: bool, const AVX512: bool>(
+        &self,
+        p: &Product,
+        row: usize,
+        in_block: usize,
+        rows: usize,
+        width: usize,
+    ) {
+        let lhs = self.lhs.skip(in_block);
+        macro_rules! dispatch {
+            ($($r:literal)*) => {
+                match (rows, width) {
+                    $(($r, 8) => self.sums::<$r, 8, FMA, AVX512>(p, row, lhs),
+                      ($r, 16) => self.sums::<$r, 16, FMA, AVX512>(p, row, lhs),
+                      ($r, _) => self.sums::<$r, 32, FMA, AVX512>(p, row, lhs),)*
+                    _ => unreachable!("tiles of 1 to {} rows", 2 * ROWS),
+                }
+            };
+        }
+        if AVX512 {
+            dispatch!(1 2 3 4 5 6 7 8 9 10 11 12)
+        } else {
+            dispatch!(1 2 3 4 5 6)
+        }
+    }
+
+    /// Rows `row..row + R` (of the left-hand matrix, `x`) times the panel (width `W`; 32
+    /// for two) over the block's k: the sums start from the bias and residual on the first
+    /// block and from the output on the others.
+    #[inline(always)]
+    fn sums<const R: usize, const W: usize, const FMA: bool, const AVX512: bool>(
+        &self,
+        p: &Product,
+        row: usize,
+        x: Lhs,
+    ) {
+        // SAFETY (all of it): rows `row..row + R` and columns `col..col + cols` of `x`,
+        // `y` and the residual lie in the caller's checked spans, the bias holds `n` values,
+        // and the panel `ks.len()` rows of `W`.
+        unsafe {
+            let at = Operands {
+                x,
+                b: self.b,
+                y: p.y.add(row * p.y_stride + self.col),
+                y_stride: p.y_stride,
+                cols: self.cols,
+                start: if self.ks.start > 0 {
+                    Start::Output
+                } else {
+                    Start::Epilogue {
+                        bias: p.bias.map(|b| b.add(self.col)),
+                        residual: p.residual.map(|z| z.add(row * p.y_stride + self.col)),
+                    }
+                },
+                clamp: self.clamp,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if AVX512 {
+                return match W {
+                    32 => tile_avx512::<R, 2>(&at, self.b2, [WIDTH, self.b2_width]),
+                    _ => tile_avx512::<R, 1>(&at, self.b2, [W, 0]),
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if FMA && W <= WIDTH {
+                return tile_avx2::<R, W>(&at);
+            }
+            if W <= WIDTH {
+                return tile::<R, W, FMA>(&at);
+            }
+            unreachable!("pairs of panels with AVX-512 only")
+        }
+    }
+}
+
+/// A tile's operands: `R` rows of `x` from its block of k, the panel's block, the output.
+struct Operands {
+    x: Lhs,
+    b: *const f32,
+    y: *mut f32,
+    y_stride: usize,
+    /// Columns of the output the tile writes (the panel's others are padding).
+    cols: usize,
+    start: Start,
+    clamp: Option<(f32, f32)>,
+}
+
+/// What a tile's sums start from.
+enum Start {
+    /// The output: the sums of the previous blocks of k.
+    Output,
+    /// The bias and the residual (which may be the output itself, read before it is
+    /// written), or zeros.
+    Epilogue {
+        bias: Option<*const f32>,
+        residual: Option<*const f32>,
+    },
+}
+
+/// A tile in plain loops over arrays (NEON's inner loop on aarch64).
+///
+/// # Safety
+/// As `Tile::sums`.
+#[inline(always)]
+unsafe fn tile<const R: usize, const W: usize, const FMA: bool>(at: &Operands) {
+    let mut acc = [[0.0f32; W]; R];
+    let cols = at.cols;
+    // SAFETY: the caller's.
+    unsafe {
+        match at.start {
+            Start::Output => {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    load(acc, at.y.add(r * at.y_stride), cols);
+                }
+            }
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let mut b = [0.0; W];
+                    load(&mut b, bias, cols);
+                    acc.iter_mut().for_each(|a| *a = b);
+                }
+                if let Some(z) = residual {
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let mut v = [0.0; W];
+                        load(&mut v, z.add(r * at.y_stride), cols);
+                        acc.iter_mut().zip(v).for_each(|(a, v)| *a += v);
+                    }
+                }
+            }
+        }
+        let mut b = at.b;
+        for s in 0..at.x.segments() {
+            let (x, k) = at.x.segment::<R>(s);
+            accumulate::<R, W, FMA>(&mut acc, k, &x, b);
+            b = b.add(k * W);
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            if let Some((lo, hi)) = at.clamp {
+                acc.iter_mut().for_each(|s| *s = s.max(lo).min(hi));
+            }
+            store(acc, at.y.add(r * at.y_stride), cols);
+        }
+    }
+}
+
+/// A tile in 8-wide registers, start to end: `R` × `W / 8` sums (up to twelve), the
+/// panel's row in one or two, a broadcast of `x`; the bias, residual and clamp on the sums
+/// in registers; masked loads and stores where the panel runs past the output's columns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const R: usize, const W: usize>(at: &Operands) {
+    use std::arch::x86_64::*;
+    let v = W / 8;
+    let full = at.cols == W;
+    // SAFETY: the caller's (`Tile::sums`): masked loads and stores touch the first `cols`
+    // columns only.
+    unsafe {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = |j: usize| {
+            let valid = at.cols.saturating_sub(8 * j) as i32;
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lanes)
+        };
+        let masks = [mask(0), mask(1)];
+        let get = |p: *const f32, j: usize| {
+            if full {
+                _mm256_loadu_ps(p.add(8 * j))
+            } else {
+                _mm256_maskload_ps(p.add(8 * j), masks[j])
+            }
+        };
+        // As with AVX-512's tiles: the sums start from zero and take what they add to (the
+        // output of the previous blocks of k, or the bias and the residual) after the loop,
+        // so that the rows of those, asked for here, arrive while the loop runs. (Loaded
+        // first, a residual's rows from memory stalled ResNet-50's short products: k = 64.)
+        let added = match at.start {
+            Start::Output => Some(at.y as *const f32),
+            Start::Epilogue { residual, .. } => residual,
+        };
+        if let Some(z) = added {
+            for r in 0..R {
+                // A row's `W` values span at most two lines. A prefetch does not fault.
+                let row = z.wrapping_add(r * at.y_stride);
+                _mm_prefetch::<_MM_HINT_T0>(row as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(W - 1) as *const i8);
+            }
+        }
+        let mut s = [[_mm256_setzero_ps(); 2]; R];
+        let mut bi = at.b;
+        for seg in 0..at.x.segments() {
+            let (x, k) = at.x.segment::<R>(seg);
+            for i in 0..k {
+                // A line a step, or every other step for a panel of 8.
+                if W == WIDTH || i % 2 == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(bi.wrapping_add(AHEAD * W) as *const i8);
+                }
+                let w = [_mm256_loadu_ps(bi), _mm256_loadu_ps(bi.add(8 * (v - 1)))];
+                for (r, row) in s.iter_mut().enumerate() {
+                    let a = _mm256_broadcast_ss(&*x[r].add(i));
+                    for (x, &w) in row.iter_mut().zip(&w).take(v) {
+                        *x = _mm256_fmadd_ps(a, w, *x);
+                    }
+                    // A row's broadcast, then its products: left to itself, the compiler
+                    // hoisted the broadcasts of a 5-row tile ahead of all the products, ran
+                    // out of registers and kept three sums on the stack, which doubled the
+                    // time of ResNet-50's 49-row layers. (An empty `asm!` that may touch
+                    // memory is a fence to its scheduler, and costs nothing.)
+                    std::arch::asm!("", options(nostack, preserves_flags));
+                }
+                bi = bi.add(W);
+            }
+        }
+        let add_rows = |s: &mut [[__m256; 2]; R], z: *const f32| {
+            for (r, row) in s.iter_mut().enumerate() {
+                for (j, x) in row.iter_mut().take(v).enumerate() {
+                    *x = _mm256_add_ps(*x, get(z.add(r * at.y_stride), j));
+                }
+            }
+        };
+        match at.start {
+            Start::Output => add_rows(&mut s, at.y),
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let b = [get(bias, 0), get(bias, v - 1)];
+                    for row in s.iter_mut() {
+                        for (x, &b) in row.iter_mut().zip(&b).take(v) {
+                            *x = _mm256_add_ps(*x, b);
+                        }
+                    }
+                }
+                if let Some(z) = residual {
+                    add_rows(&mut s, z);
+                }
+            }
+        }
+        if let Some((lo, hi)) = at.clamp {
+            let (lo, hi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+            for row in s.iter_mut() {
+                for x in row.iter_mut().take(v) {
+                    *x = _mm256_min_ps(_mm256_max_ps(*x, lo), hi);
+                }
+            }
+        }
+        for (r, row) in s.iter().enumerate() {
+            let y = at.y.add(r * at.y_stride);
+            for (j, &x) in row.iter().take(v).enumerate() {
+                if full {
+                    _mm256_storeu_ps(y.add(8 * j), x);
+                } else {
+                    _mm256_maskstore_ps(y.add(8 * j), masks[j], x);
+                }
+            }
+        }
+    }
+}
+
+/// A tile in 16-wide registers: `R` × `V` sums (up to 24), one panel's row or two panels'
+/// (`b` and `b2`; the second may be a last panel of 8) in one or two registers, `steps`
+/// values along k apart, broadcasts of `x`; masked loads and stores for the columns past
+/// the output's.
+///
+/// # Safety
+/// As `Tile::sums`; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_avx512<const R: usize, const V: usize>(
+    at: &Operands,
+    b2: *const f32,
+    steps: [usize; 2],
+) {
+    use std::arch::x86_64::*;
+    let mask = |j: usize| -> __mmask16 {
+        let valid = at.cols.saturating_sub(16 * j).min(16);
+        ((1u32 << valid) - 1) as __mmask16
+    };
+    let masks = [mask(0), mask(1)];
+    // SAFETY: the caller's: masked loads and stores touch the first `cols` columns only.
+    unsafe {
+        let get = |p: *const f32, j: usize| _mm512_maskz_loadu_ps(masks[j], p.add(16 * j));
+        // The sums start from zero and take what they add to (the output of the previous
+        // blocks of k, or the bias and the residual) after the loop: the rows of those,
+        // asked for here, arrive from memory while the loop runs instead of stalling it.
+        let added = match at.start {
+            Start::Output => Some(at.y as *const f32),
+            Start::Epilogue { residual, .. } => residual,
+        };
+        if let Some(z) = added {
+            for r in 0..R {
+                for j in 0..V {
+                    // A prefetch does not fault; the address may pass the columns.
+                    let line = z.wrapping_add(r * at.y_stride + 16 * j) as *const i8;
+                    _mm_prefetch::<_MM_HINT_T0>(line);
+                }
+            }
+        }
+        let mut s = match (R, at.x) {
+            // Twelve rows where they lie: in assembly (`rows_avx512`).
+            (12, Lhs::Rows { x, stride, len }) => {
+                // SAFETY: as above; a block of k is never empty (`k_blocks` of a k of at
+                // least 1, which the plan's check requires).
+                debug_assert!(len > 0);
+                let sums = rows_avx512::sums::<V>(x, stride, len, [at.b, b2], steps);
+                std::array::from_fn(|r| sums[r])
+            }
+            _ => sums_avx512::<R, V>(&at.x, [at.b, b2], steps),
+        };
+        match at.start {
+            Start::Output => {
+                for (r, row) in s.iter_mut().enumerate() {
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x = _mm512_add_ps(*x, get(at.y.add(r * at.y_stride), j));
+                    }
+                }
+            }
+            Start::Epilogue { bias, residual } => {
+                if let Some(bias) = bias {
+                    let mut b = [_mm512_setzero_ps(); V];
+                    for (j, b) in b.iter_mut().enumerate() {
+                        *b = get(bias, j);
+                    }
+                    for row in s.iter_mut() {
+                        for (x, &b) in row.iter_mut().zip(&b) {
+                            *x = _mm512_add_ps(*x, b);
+                        }
+                    }
+                }
+                if let Some(z) = residual {
+                    for (r, row) in s.iter_mut().enumerate() {
+                        for (j, x) in row.iter_mut().enumerate() {
+                            *x = _mm512_add_ps(*x, get(z.add(r * at.y_stride), j));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((lo, hi)) = at.clamp {
+            let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+            for row in s.iter_mut() {
+                for x in row.iter_mut() {
+                    *x = _mm512_min_ps(_mm512_max_ps(*x, lo), hi);
+                }
+            }
+        }
+        for (r, row) in s.iter().enumerate() {
+            let y = at.y.add(r * at.y_stride);
+            for (j, &x) in row.iter().enumerate() {
+                _mm512_mask_storeu_ps(y.add(16 * j), masks[j], x);
+            }
+        }
+    }
+}
+
+/// `tile_avx512`'s sums over the segments of `lhs`, from zero.
+///
+/// # Safety
+/// As `tile_avx512`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn sums_avx512<const R: usize, const V: usize>(
+    lhs: &Lhs,
+    mut panels: [*const f32; 2],
+    steps: [usize; 2],
+) -> [[std::arch::x86_64::__m512; V]; R] {
+    use std::arch::x86_64::*;
+    let mut s = [[_mm512_setzero_ps(); V]; R];
+    // SAFETY: the caller's.
+    unsafe {
+        for seg in 0..lhs.segments() {
+            let (x, k) = lhs.segment::<R>(seg);
+            for i in 0..k {
+                for j in 0..V {
+                    // Past the block's end this asks for what follows it: the panel's next
+                    // block of k, or the next panel. A prefetch does not fault.
+                    let ahead = panels[j].wrapping_add((i + AHEAD) * steps[j]);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                }
+                let mut w = [_mm512_setzero_ps(); V];
+                for (j, w) in w.iter_mut().enumerate() {
+                    // A panel of 8 is read with its 8 values only.
+                    *w = _mm512_maskz_loadu_ps(
+                        if steps[j] < 16 { 0xFF } else { 0xFFFF },
+                        panels[j].add(i * steps[j]),
+                    );
+                }
+                for (r, row) in s.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*x[r].add(i));
+                    for (x, &w) in row.iter_mut().zip(&w) {
+                        *x = _mm512_fmadd_ps(a, w, *x);
+                    }
+                }
+            }
+            panels = [0, 1].map(|j| panels[j].wrapping_add(k * steps[j]));
+        }
+    }
+    s
+}
+
+/// `acc[r] += Σ_i x[r][i] · b[i]` over `i < k`, `b` `k` rows of `W` values: the tile's
+/// inner loop, in NEON registers on aarch64.
+///
+/// # Safety
+/// `k` readable values at each of `x`, `k × W` at `b`.
+#[inline(always)]
+unsafe fn accumulate<const R: usize, const W: usize, const FMA: bool>(
+    acc: &mut [[f32; W]; R],
+    k: usize,
+    x: &[*const f32; R],
+    b: *const f32,
+) {
+    // SAFETY: the caller's.
+    unsafe {
+        #[cfg(target_arch = "aarch64")]
+        return accumulate_neon(acc, k, x, b);
+        #[allow(unreachable_code)]
+        for i in 0..k {
+            let b = &*(b.add(i * W) as *const [f32; W]);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a = *x[r].add(i);
+                for (s, &b) in acc.iter_mut().zip(b) {
+                    *s = fma::<FMA>(a, b, *s);
+                }
+            }
+        }
+    }
+}
+
+/// `accumulate` in 4-wide registers: up to 24 sums, the panel's row in four.
+#[cfg(target_arch = "aarch64")]
+unsafe fn accumulate_neon<const R: usize, const W: usize>(
+    acc: &mut [[f32; W]; R],
+    k: usize,
+    x: &[*const f32; R],
+    b: *const f32,
+) {
+    use std::arch::aarch64::*;
+    let v = W / 4;
+    // SAFETY: the caller's.
+    unsafe {
+        let mut s = [[vdupq_n_f32(0.0); 4]; R];
+        for (row, acc) in s.iter_mut().zip(acc.iter()) {
+            for (j, x) in row.iter_mut().take(v).enumerate() {
+                *x = vld1q_f32(acc.as_ptr().add(4 * j));
+            }
+        }
+        for i in 0..k {
+            let bi = b.add(i * W);
+            let mut w = [vdupq_n_f32(0.0); 4];
+            for (j, w) in w.iter_mut().take(v).enumerate() {
+                *w = vld1q_f32(bi.add(4 * j));
+            }
+            for (r, row) in s.iter_mut().enumerate() {
+                let a = vdupq_n_f32(*x[r].add(i));
+                for (x, &w) in row.iter_mut().zip(&w).take(v) {
+                    *x = vfmaq_f32(*x, a, w);
+                }
+            }
+        }
+        for (row, acc) in s.iter().zip(acc.iter_mut()) {
+            for (j, &x) in row.iter().take(v).enumerate() {
+                vst1q_f32(acc.as_mut_ptr().add(4 * j), x);
+            }
+        }
+    }
+}
+
+/// The first `cols` values at `src` into `dst` (all of it in one go when full).
+#[inline(always)]
+unsafe fn load<const W: usize>(dst: &mut [f32; W], src: *const f32, cols: usize) {
+    // SAFETY: the caller's: `cols` readable values at `src`.
+    unsafe {
+        if cols == W {
+            *dst = std::ptr::read_unaligned(src as *const [f32; W]);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), cols);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn store<const W: usize>(src: &[f32; W], dst: *mut f32, cols: usize) {
+    // SAFETY: the caller's: `cols` writable values at `dst`.
+    unsafe {
+        if cols == W {
+            std::ptr::write_unaligned(dst as *mut [f32; W], *src);
+        } else {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, cols);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KBlock, KC, KC_TAPS, even_parts, k_blocks};
+
+    #[test]
+    fn k_splits_into_blocks_of_whole_taps_or_even_parts_of_one() {
+        let block = |ks: std::ops::Range<usize>, tap, segments, offset| KBlock {
+            ks,
+            tap,
+            segments,
+            offset,
+        };
+        // 3×3 of 64 channels: all in one block.
+        assert_eq!(k_blocks(9, 64, KC_TAPS), [block(0..576, 0, 9, 0)]);
+        // 3×3 of 512 channels: 8 taps fit a block; 5 and 4 instead of 8 and 1.
+        assert_eq!(
+            k_blocks(9, 512, KC_TAPS),
+            [block(0..2560, 0, 5, 0), block(2560..4608, 5, 4, 0)]
+        );
+        // A matrix (one tap) of 5000 rows: three even parts.
+        assert_eq!(
+            k_blocks(1, 5000, KC),
+            [
+                block(0..1667, 0, 1, 0),
+                block(1667..3334, 0, 1, 1667),
+                block(3334..5000, 0, 1, 3334)
+            ]
+        );
+        // Every value of k once, in order, at most `most` a block.
+        for most in [KC, KC_TAPS] {
+            for (count, len) in [(9, 32), (49, 300), (25, 300), (1, 4097), (3, 5000), (49, 3)] {
+                let blocks = k_blocks(count, len, most);
+                let mut next = 0;
+                for b in &blocks {
+                    assert_eq!(b.ks.start, next, "{count} × {len}: {blocks:?}");
+                    assert!(b.ks.len() <= most, "{count} × {len}: {blocks:?}");
+                    assert_eq!(b.ks.start, b.tap * len + b.offset, "{count} × {len}");
+                    assert_eq!(
+                        b.ks.len(),
+                        b.segments * len.min(b.ks.len()),
+                        "{count} × {len}"
+                    );
+                    next = b.ks.end;
+                }
+                assert_eq!(next, count * len);
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_share_the_rows_evenly() {
+        assert_eq!(
+            even_parts(49, 6).collect::<Vec<_>>(),
+            [6, 6, 6, 6, 5, 5, 5, 5, 5]
+        );
+        assert_eq!(even_parts(49, 12).collect::<Vec<_>>(), [10, 10, 10, 10, 9]);
+        for most in [6, 12] {
+            for rows in 1..=300 {
+                let tiles: Vec<usize> = even_parts(rows, most).collect();
+                assert_eq!(
+                    tiles.iter().sum::<usize>(),
+                    rows,
+                    "{rows} rows, {most} a tile"
+                );
+                assert_eq!(tiles.len(), rows.div_ceil(most), "{rows} rows: {tiles:?}");
+                let (least, largest) = (tiles.iter().min(), tiles.iter().max());
+                assert!(largest <= Some(&most), "{rows} rows: {tiles:?}");
+                assert!(
+                    largest.unwrap() - least.unwrap() <= 1,
+                    "{rows} rows: {tiles:?}"
+                );
+            }
+        }
+    }
+}

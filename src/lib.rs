@@ -17,11 +17,12 @@ use gst::glib;
 #[cfg(feature = "analytics")]
 pub mod analytics;
 pub mod cudamem;
-pub mod engine;
+/// The inference engines (their own crate, free of GStreamer).
+pub use trtclassify_engine as engine;
 pub mod instance;
 pub mod logging;
 pub mod outputs;
-pub mod preprocess;
+pub use trtclassify_engine::preprocess;
 pub mod regions;
 /// The `trtclassify` element.
 pub mod trtclassify;

@@ -161,6 +161,10 @@ impl PackedSource for Converted<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::preprocess::{
+        ChannelOrder, Crop, InputSpec, Layout, PreprocessOptions, Preprocessor, Rect, ResizeMode,
+        geometry,
+    };
 
     /// The engines' table of packed formats (bytes per pixel, where R, G and B are) is
     /// GStreamer's, and every format of the element's caps has a name there.
@@ -183,6 +187,256 @@ mod tests {
                 }
                 None => assert!(info.is_yuv() || info.is_gray(), "{format:?}"),
             }
+        }
+    }
+
+    // The CPU preprocessing of GStreamer frames: colour through GStreamer's converter, then
+    // the engine's resize and normalisation.
+
+    /// A solid frame in `format` converted and normalised; returns the NCHW output.
+    fn solid(
+        format: gst_video::VideoFormat,
+        rgb: [u8; 3],
+        options: PreprocessOptions,
+        layout: Layout,
+    ) -> Vec<f32> {
+        gst::init().unwrap();
+        // Draw the colour in RGB, then let a converter produce the test format, as upstream would.
+        let rgb_info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, 64, 48)
+            .build()
+            .unwrap();
+        let mut rgb_buf = gst::Buffer::with_size(rgb_info.size()).unwrap();
+        {
+            let mut f =
+                gst_video::VideoFrameRef::from_buffer_ref_writable(rgb_buf.make_mut(), &rgb_info)
+                    .unwrap();
+            let stride = f.plane_stride()[0] as usize;
+            let data = f.plane_data_mut(0).unwrap();
+            for y in 0..48 {
+                for x in 0..64 {
+                    data[y * stride + x * 3..y * stride + x * 3 + 3].copy_from_slice(&rgb);
+                }
+            }
+        }
+        let info = gst_video::VideoInfo::builder(format, 64, 48)
+            .build()
+            .unwrap();
+        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+        {
+            let conv = gst_video::VideoConverter::new(&rgb_info, &info, None).unwrap();
+            let src =
+                gst_video::VideoFrameRef::from_buffer_ref_readable(&rgb_buf, &rgb_info).unwrap();
+            let mut dst =
+                gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info).unwrap();
+            conv.frame_ref(&src, &mut dst);
+        }
+        let input = InputSpec {
+            layout,
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        let mut pre = Preprocessor::new(options, input).unwrap();
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
+        let mut out = vec![f32::NAN; input.frame_len()];
+        pre.run(&view(&frame).unwrap(), &[Crop::Whole], &mut out)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn every_format_normalises_to_the_same_values() {
+        let expected = [
+            (200.0 / 255.0 - 0.485) / 0.229,
+            (100.0 / 255.0 - 0.456) / 0.224,
+            (50.0 / 255.0 - 0.406) / 0.225,
+        ];
+        use gst_video::VideoFormat::*;
+        for format in [Rgb, Bgr, Rgba, Bgra, Rgbx, Bgrx, Xrgb, Xbgr, Nv12, I420] {
+            let out = solid(
+                format,
+                [200, 100, 50],
+                PreprocessOptions::default(),
+                Layout::Nchw,
+            );
+            // RGB formats are exact; YUV formats go through a lossy 8-bit 4:2:0 round trip.
+            let levels = if matches!(format, Nv12 | I420) {
+                4.0
+            } else {
+                0.5
+            };
+            let tol = levels / 255.0 / 0.224;
+            for c in 0..3 {
+                for v in &out[c * 64..(c + 1) * 64] {
+                    assert!(
+                        (v - expected[c]).abs() < tol,
+                        "{format:?} channel {c}: {v} vs {}",
+                        expected[c]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bgr_order_and_nhwc_layout() {
+        let options = PreprocessOptions {
+            mean: vec![0.0],
+            std: vec![1.0],
+            channel_order: ChannelOrder::Bgr,
+            ..Default::default()
+        };
+        let out = solid(
+            gst_video::VideoFormat::Rgb,
+            [255, 0, 51],
+            options,
+            Layout::Nhwc,
+        );
+        for px in out.chunks(3) {
+            assert!(
+                (px[0] - 0.2).abs() < 1e-6 && px[1].abs() < 1e-6 && (px[2] - 1.0).abs() < 1e-6,
+                "{px:?}"
+            );
+        }
+    }
+
+    /// A region's model input is that of a frame made of the region's pixels alone, for
+    /// each crop of one run (the colour conversion shared), and crops outside are refused.
+    #[test]
+    fn a_region_is_classified_as_if_it_were_the_frame() {
+        gst::init().unwrap();
+        let gray = |w: u32, h: u32, at: &dyn Fn(u32, u32) -> u8| {
+            let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, w, h)
+                .build()
+                .unwrap();
+            let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+            {
+                let mut f =
+                    gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info)
+                        .unwrap();
+                let stride = f.plane_stride()[0] as usize;
+                let data = f.plane_data_mut(0).unwrap();
+                for y in 0..h {
+                    for x in 0..w {
+                        data[y as usize * stride + x as usize] = at(x, y);
+                    }
+                }
+            }
+            (buf, info)
+        };
+        let pattern = |x: u32, y: u32| ((x * 7 + y * 13) % 256) as u8;
+        let (frame_buf, frame_info) = gray(64, 48, &pattern);
+        let frame =
+            gst_video::VideoFrameRef::from_buffer_ref_readable(&frame_buf, &frame_info).unwrap();
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        for resize in [
+            ResizeMode::Stretch,
+            ResizeMode::Letterbox,
+            ResizeMode::CenterCrop,
+        ] {
+            let options = PreprocessOptions {
+                resize,
+                ..Default::default()
+            };
+            let mut pre = Preprocessor::new(options, input).unwrap();
+            let regions = [
+                Rect {
+                    x: 5,
+                    y: 3,
+                    w: 21,
+                    h: 9,
+                },
+                Rect {
+                    x: 40,
+                    y: 30,
+                    w: 24,
+                    h: 18,
+                },
+            ];
+            let crops: Vec<Crop> = regions.iter().map(|&r| Crop::Region(r)).collect();
+            let mut out = vec![f32::NAN; 2 * input.frame_len()];
+            pre.run(&view(&frame).unwrap(), &crops, &mut out).unwrap();
+            for (r, got) in regions.iter().zip(out.chunks(input.frame_len())) {
+                let (alone_buf, alone_info) = gray(r.w as u32, r.h as u32, &|x, y| {
+                    pattern(x + r.x as u32, y + r.y as u32)
+                });
+                let alone =
+                    gst_video::VideoFrameRef::from_buffer_ref_readable(&alone_buf, &alone_info)
+                        .unwrap();
+                let mut want = vec![f32::NAN; input.frame_len()];
+                pre.run(&view(&alone).unwrap(), &[Crop::Whole], &mut want)
+                    .unwrap();
+                // Inside, the same values; the edge pixels' filter also reads the frame's
+                // pixels around the region (as for center-crop), where the region alone has
+                // none.
+                let (_, dst) = geometry((r.w, r.h), (8, 8), resize);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let (y, x) = (((i / 8) % 8) as i32, (i % 8) as i32);
+                    let edge = y == dst.y
+                        || x == dst.x
+                        || y == dst.y + dst.h - 1
+                        || x == dst.x + dst.w - 1;
+                    let tolerance = if edge { 1.0 } else { 1e-6 };
+                    assert!(
+                        (g - w).abs() <= tolerance,
+                        "{resize:?} {r:?}: value {i} is {g}, alone {w}"
+                    );
+                }
+            }
+            let outside = Crop::Region(Rect {
+                x: 64,
+                y: 0,
+                w: 5,
+                h: 5,
+            });
+            let err = pre
+                .run(
+                    &view(&frame).unwrap(),
+                    &[outside],
+                    &mut out[..input.frame_len()],
+                )
+                .unwrap_err();
+            assert!(err.to_string().contains("outside the 64x48 frame"), "{err}");
+        }
+    }
+
+    #[test]
+    fn letterbox_border_is_the_mean() {
+        gst::init().unwrap();
+        // A white 64x16 frame letterboxed into 8x8: rows 0-2 and 5-7 are border.
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Gray8, 64, 16)
+            .build()
+            .unwrap();
+        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+        buf.make_mut().map_writable().unwrap().fill(255);
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        let options = PreprocessOptions {
+            resize: ResizeMode::Letterbox,
+            ..Default::default()
+        };
+        let mut pre = Preprocessor::new(options, input).unwrap();
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(&buf, &info).unwrap();
+        let mut out = vec![f32::NAN; input.frame_len()];
+        pre.run(&view(&frame).unwrap(), &[Crop::Whole], &mut out)
+            .unwrap();
+        for c in 0..3 {
+            let plane = &out[c * 64..(c + 1) * 64];
+            assert!(plane[0].abs() < 0.03, "border of channel {c}: {}", plane[0]);
+            assert!(
+                plane[4 * 8 + 4] > 2.0,
+                "picture of channel {c}: {}",
+                plane[36]
+            );
         }
     }
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Compiles src/engine/cuda/kernels.cu with NVRTC on the GPU host (fp16 and fp32), as the
+"""Compiles crates/cuda/src/kernels.cu with NVRTC on the GPU host (fp16 and fp32), as the
 engine does, and counts the vector loads and 64-bit divisions of the vectorised kernels: a
 quick check of a kernel change before a full build. Usage: python3 bench/gpu/nvrtc_check.py
-src/engine/cuda/kernels.cu"""
+crates/cuda/src/kernels.cu"""
 import ctypes, glob, sys
 lib = sorted(glob.glob('/usr/local/cuda/lib64/libnvrtc.so*'))[0]
 nvrtc = ctypes.CDLL(lib)

@@ -8,14 +8,12 @@
 
 use std::path::Path;
 
-use gsttrtclassify::engine::OnnxModel;
-use gsttrtclassify::engine::compiler::{self, import, plan::DType};
-use gsttrtclassify::engine::cuda::{self, engine_file};
+use trtclassify_compiler::OnnxModel;
+use trtclassify_compiler::{self as compiler, import, plan::DType};
+use trtclassify_cuda::{self as cuda, engine_file};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| gst::init().unwrap());
     let path = Path::new("fuzz.onnx");
     let Ok(model) = OnnxModel::from_bytes(path, data) else {
         return;

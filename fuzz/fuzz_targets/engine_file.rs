@@ -17,9 +17,9 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use gsttrtclassify::engine::OnnxModel;
-use gsttrtclassify::engine::compiler::{self, plan::DType};
-use gsttrtclassify::engine::cuda::{self, engine_file};
+use trtclassify_compiler::OnnxModel;
+use trtclassify_compiler::{self as compiler, plan::DType};
+use trtclassify_cuda::{self as cuda, engine_file};
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
 
@@ -121,8 +121,6 @@ fn file_with(seed: &Seed, header: &serde_json::Value) -> Vec<u8> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    static INIT: std::sync::Once = std::sync::Once::new();
-    INIT.call_once(|| gst::init().unwrap());
     let Some((&first, rest)) = data.split_first() else {
         return;
     };

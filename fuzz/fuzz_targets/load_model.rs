@@ -5,16 +5,13 @@
 #![no_main]
 
 use std::path::Path;
-use std::sync::Once;
 
-use gsttrtclassify::engine::cpu::CpuEngine;
-use gsttrtclassify::engine::{EngineOptions, OnnxModel, Precision};
-use gsttrtclassify::preprocess::PreprocessOptions;
+use trtclassify_engine::cpu::CpuEngine;
+use trtclassify_engine::{EngineOptions, OnnxModel, Precision};
+use trtclassify_engine::preprocess::PreprocessOptions;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| gst::init().unwrap());
     let path = Path::new("fuzz.onnx");
     let Ok(model) = OnnxModel::from_bytes(path, data) else {
         return;

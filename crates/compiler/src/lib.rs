@@ -40,6 +40,12 @@ pub mod testing;
 mod tests;
 
 pub use onnx::{Dim, ModelError, OnnxModel, class_count};
+
+/// The `log` target of the engines' lines (builds, engine files, fallbacks), from every
+/// crate of the engine. The plugin shows them in its `trtclassify-engine` debug category
+/// (`GST_DEBUG=trtclassify-engine:4`); a program without GStreamer sees them through its own
+/// `log` logger.
+pub const LOG_TARGET: &str = "trtclassify-engine";
 use plan::{DType, Plan, Weights};
 
 /// Why a model does not compile, or a plan does not pass its checks.

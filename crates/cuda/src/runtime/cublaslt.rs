@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Owners of cuBLASLt's handle and descriptors: each is destroyed by its `Drop`, from the
+//! moment it is created, so that no error path leaks one.
+//!
+//! cudarc's safe cuBLASLt layer (`CudaBlasLT`, `Matmul`) is not used: its layout, descriptor
+//! and preference types are private to cudarc, `CudaBlasLT::new` allocates a workspace of
+//! its own (after querying the compute capability), and its matmul takes typed slices and
+//! one data type for all operands and for the scale, where ours are raw arena addresses
+//! with an fp32 scale and compute for fp16 operands. The `cublasLtMatmul` call itself stays
+//! with its caller, in an `unsafe` block: its soundness rests on the plan's addresses.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::{result as ltr, sys as lt};
+
+use crate::error::{Error, Result};
+use trtclassify_compiler::ir::Act;
+use trtclassify_compiler::plan::DType;
+
+/// A cuBLASLt handle.
+pub(super) struct Handle(lt::cublasLtHandle_t);
+
+impl Handle {
+    /// A new handle.
+    pub(super) fn new() -> Result<Self> {
+        ltr::create_handle()
+            .map(Handle)
+            .map_err(Error::cublas("handle"))
+    }
+
+    /// The handle, for calls on it.
+    pub(super) fn raw(&self) -> lt::cublasLtHandle_t {
+        self.0
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created in `Handle::new` and used by nothing now.
+        let _ = unsafe { ltr::destroy_handle(self.0) };
+    }
+}
+
+/// A matrix product's types and epilogue.
+pub(super) struct MatmulDesc(lt::cublasLtMatmulDesc_t);
+
+impl MatmulDesc {
+    /// The descriptor, for calls on it.
+    pub(super) fn raw(&self) -> lt::cublasLtMatmulDesc_t {
+        self.0
+    }
+}
+
+impl Drop for MatmulDesc {
+    fn drop(&mut self) {
+        // SAFETY: created in `GemmDescs::new` and used by nothing else.
+        let _ = unsafe { ltr::destroy_matmul_desc(self.0) };
+    }
+}
+
+/// One operand's type, shape, leading dimension and batch.
+pub(super) struct MatrixLayout(lt::cublasLtMatrixLayout_t);
+
+impl MatrixLayout {
+    fn new(ty: lt::cudaDataType_t, rows: usize, cols: usize, ld: usize) -> Result<Self> {
+        ltr::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64)
+            .map(MatrixLayout)
+            .map_err(Error::cublas("layout"))
+    }
+
+    /// The layout, for calls on it.
+    pub(super) fn raw(&self) -> lt::cublasLtMatrixLayout_t {
+        self.0
+    }
+
+    /// `count` matrices, `stride` elements apart.
+    fn set_batch(&self, count: i32, stride: i64) -> Result<()> {
+        // SAFETY: attributes of the types cuBLASLt documents for them, on a live layout.
+        unsafe {
+            ltr::set_matrix_layout_attribute(
+                self.0,
+                lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                &count as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )
+            .map_err(Error::cublas("batch count"))?;
+            ltr::set_matrix_layout_attribute(
+                self.0,
+                lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                &stride as *const i64 as *const c_void,
+                std::mem::size_of::<i64>(),
+            )
+            .map_err(Error::cublas("batch stride"))
+        }
+    }
+}
+
+impl Drop for MatrixLayout {
+    fn drop(&mut self) {
+        // SAFETY: created in `MatrixLayout::new` and used by nothing else.
+        let _ = unsafe { ltr::destroy_matrix_layout(self.0) };
+    }
+}
+
+/// What the algorithm search may use: here, the workspace size.
+struct MatmulPref(lt::cublasLtMatmulPreference_t);
+
+impl Drop for MatmulPref {
+    fn drop(&mut self) {
+        // SAFETY: created in `GemmDescs::new` and used by nothing else.
+        let _ = unsafe { ltr::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// cuBLASLt descriptors and the chosen algorithm of one matrix product (destroyed in field
+/// order).
+pub(super) struct GemmDescs {
+    pub(super) desc: MatmulDesc,
+    pub(super) a: MatrixLayout,
+    pub(super) b: MatrixLayout,
+    pub(super) c: MatrixLayout,
+    pub(super) algo: lt::cublasLtMatmulAlgo_t,
+    /// The activation left for an element-wise pass after the product: GELU where no
+    /// algorithm of cuBLASLt takes it in the epilogue for this shape.
+    pub(super) act_after: Act,
+}
+
+/// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n],
+/// `x` and `y` matrices `x_batch` and `y_batch` elements apart (`x_batch` 0: one `x` for
+/// all), `w` stored as `[n, k]` where `w_transposed`, `y` in f32 where `y_f32` (the scores).
+pub(super) struct GemmShape {
+    pub(super) batch: usize,
+    pub(super) rows: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) x_batch: usize,
+    pub(super) y_batch: usize,
+    pub(super) w_transposed: bool,
+    pub(super) y_f32: bool,
+}
+
+impl GemmDescs {
+    /// The descriptors of `shape` in `dtype`, with the bias at device address `bias` and
+    /// `act` (None, ReLU or GELU) in the epilogue, and the algorithm cuBLASLt's heuristic
+    /// picks for a workspace of `workspace` bytes. Where no algorithm takes GELU in its
+    /// epilogue, the product is planned without it and GELU left to `act_after`.
+    pub(super) fn new(
+        handle: &Handle,
+        dtype: DType,
+        shape: &GemmShape,
+        bias: Option<u64>,
+        act: Act,
+        workspace: usize,
+    ) -> Result<Self> {
+        match Self::with_epilogue(handle, dtype, shape, bias, act, workspace) {
+            Err(Error::NoGemmAlgorithm { .. }) if act == Act::Gelu => {
+                let descs = Self::with_epilogue(handle, dtype, shape, bias, Act::None, workspace)?;
+                Ok(GemmDescs {
+                    act_after: Act::Gelu,
+                    ..descs
+                })
+            }
+            descs => descs,
+        }
+    }
+
+    fn with_epilogue(
+        handle: &Handle,
+        dtype: DType,
+        shape: &GemmShape,
+        bias: Option<u64>,
+        act: Act,
+        workspace: usize,
+    ) -> Result<Self> {
+        let GemmShape {
+            batch,
+            rows,
+            n,
+            k,
+            x_batch,
+            y_batch,
+            w_transposed,
+            y_f32,
+        } = *shape;
+        let ty = match dtype {
+            DType::F16 => lt::cudaDataType_t::CUDA_R_16F,
+            DType::F32 => lt::cudaDataType_t::CUDA_R_32F,
+        };
+        // Row-major y[rows, n] = x[rows, k] · w[k, n] is, column-major, yᵀ = wᵀ · xᵀ:
+        // A = w as n×k (ld n), B = x as k×rows (ld k), C = y as n×rows (ld n); the bias runs
+        // along C's rows, one value per output.
+        let desc = ltr::create_matmul_desc(
+            lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lt::cudaDataType_t::CUDA_R_32F,
+        )
+        .map(MatmulDesc)
+        .map_err(Error::cublas("descriptor"))?;
+        // A `w` stored as row-major [n, k] is, column-major, k×n (ld k): A is its transpose.
+        let a = match w_transposed {
+            false => MatrixLayout::new(ty, n, k, n)?,
+            true => MatrixLayout::new(ty, k, n, k)?,
+        };
+        let b = MatrixLayout::new(ty, k, rows, k)?;
+        // fp16 operands with an f32 result is one of cuBLASLt's documented combinations.
+        let c_ty = match y_f32 {
+            true => lt::cudaDataType_t::CUDA_R_32F,
+            false => ty,
+        };
+        let c = MatrixLayout::new(c_ty, n, rows, n)?;
+        if batch > 1 {
+            // Consecutive weights; `x` and `y` at their strides (a stride of 0 reads one
+            // matrix for every product, as cuBLASLt allows).
+            let count = i32::try_from(batch).map_err(|_| Error::TooManyProducts(batch))?;
+            for (layout, stride) in [(&a, n * k), (&b, x_batch), (&c, y_batch)] {
+                layout.set_batch(count, stride as i64)?;
+            }
+        }
+        use lt::cublasLtEpilogue_t as E;
+        let epilogue = match (bias.is_some(), act) {
+            (true, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (false, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU,
+            (true, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
+            (false, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU,
+            (true, Act::None) => E::CUBLASLT_EPILOGUE_BIAS,
+            (false, Act::None) => E::CUBLASLT_EPILOGUE_DEFAULT,
+            _ => {
+                return Err(Error::Plan(
+                    "a matrix product with an activation its epilogue lacks",
+                ));
+            }
+        };
+        // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors.
+        let algo = unsafe {
+            ltr::set_matmul_desc_attribute(
+                desc.0,
+                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                &epilogue as *const _ as *const c_void,
+                std::mem::size_of_val(&epilogue),
+            )
+            .map_err(Error::cublas("epilogue"))?;
+            if w_transposed {
+                // cublasOperation_t's CUBLAS_OP_T (cuBLAS's enum, not in cudarc's cuBLASLt
+                // bindings): an int32 attribute.
+                let op: i32 = 1;
+                ltr::set_matmul_desc_attribute(
+                    desc.0,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &op as *const _ as *const c_void,
+                    std::mem::size_of_val(&op),
+                )
+                .map_err(Error::cublas("transpose"))?;
+            }
+            if let Some(ptr) = bias {
+                ltr::set_matmul_desc_attribute(
+                    desc.0,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &ptr as *const u64 as *const c_void,
+                    std::mem::size_of::<u64>(),
+                )
+                .map_err(Error::cublas("bias"))?;
+                // Each product its own bias: `n` values apart.
+                let stride = n as i64;
+                ltr::set_matmul_desc_attribute(
+                    desc.0,
+                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                    &stride as *const i64 as *const c_void,
+                    std::mem::size_of::<i64>(),
+                )
+                .map_err(Error::cublas("bias stride"))?;
+            }
+            let pref = ltr::create_matmul_pref()
+                .map(MatmulPref)
+                .map_err(Error::cublas("preference"))?;
+            ltr::set_matmul_pref_attribute(
+                pref.0,
+                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &workspace as *const usize as *const c_void,
+                std::mem::size_of::<usize>(),
+            )
+            .map_err(Error::cublas("preference"))?;
+            ltr::get_matmul_algo_heuristic(handle.raw(), desc.0, a.0, b.0, c.0, c.0, pref.0)
+                .map_err(|source| Error::NoGemmAlgorithm { rows, k, n, source })?
+                .algo
+            // `pref` is destroyed here, as soon as the search is done.
+        };
+        Ok(GemmDescs {
+            desc,
+            a,
+            b,
+            c,
+            algo,
+            act_after: Act::None,
+        })
+    }
+}

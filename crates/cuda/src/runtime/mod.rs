@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Runs plans on the GPU: weights uploaded once, one activation arena shared by the plans of
+//! every batch size (one runs at a time, on one stream), cuDNN convolutions with the
+//! algorithm timed fastest, cuBLASLt matrix products with the bias in the epilogue, NVRTC
+//! kernels for the rest, and each plan captured as a CUDA graph so a batch is one launch.
+//!
+//! This module holds the `Runtime` and its life: made (`Runtime::new`), fed a batch and run
+//! (`run`, `run_staged`). Its other parts, one `impl Runtime` each where they need it:
+//! - `device`: the libraries and the GPU found, their versions;
+//! - `kernels`: kernels.cu compiled by NVRTC and loaded, and their launch shapes;
+//! - `cudnn`, `cublaslt`: owners of the libraries' handles and descriptors;
+//! - `tuning`: each step's descriptors, and the convolution algorithms timed;
+//! - `steps`: launching one step of a plan; `capture`: a plan as a CUDA graph;
+//! - `staging`: frames into the model input (uploaded, copied, preprocessed on the GPU);
+//! - `overflow`: a plan run step by step to find where its values leave fp16's range;
+//! - `timing`: graph replays, latencies and step profiles, for the bench binary.
+
+mod capture;
+mod cublaslt;
+mod cudnn;
+mod device;
+mod kernels;
+mod overflow;
+mod staging;
+mod steps;
+mod timing;
+mod tuning;
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys as drv,
+};
+
+use super::error::{Error, Result};
+pub use device::{Gpu, open_gpu};
+pub use device::{library_versions, missing_libraries};
+use kernels::Kernels;
+pub use kernels::{KERNELS, compile};
+use trtclassify_compiler::plan::{DType, Loc, MAX_WORKSPACE, Plan, Step, weight_type};
+
+/// What a step needs prepared before it runs: its library descriptors.
+/// The part of a mixed-precision engine kept in f32: its kernels (kernels.cu compiled for
+/// f32) and whether each weight is f32.
+pub struct Wide<'a> {
+    /// PTX of the f32 kernels.
+    pub ptx: &'a str,
+    /// Parallel to the weights: true where a weight was uploaded in f32.
+    pub weights: &'a [bool],
+}
+
+enum Prepared {
+    Conv(Box<cudnn::ConvDescs>),
+    Gemm(Box<cublaslt::GemmDescs>),
+    None,
+}
+
+/// A plan of one batch size, its steps' descriptors and its captured graph.
+struct BatchPlan {
+    plan: Plan,
+    prepared: Vec<Prepared>,
+    graph: Option<CudaGraph>,
+}
+
+/// The engine's state on the GPU: buffers, library handles, and a captured plan per batch
+/// size.
+pub struct Runtime {
+    // Fields drop in order: the graphs and descriptors go before the handles they were made
+    // with, and the handles before the context's other resources.
+    plans: Vec<BatchPlan>,
+    cudnn: cudnn::Handle,
+    cublaslt: cublaslt::Handle,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    dtype: DType,
+    kernels: Kernels,
+    /// The f32 kernels of a mixed-precision engine, for the nodes kept in f32.
+    wide_kernels: Option<Kernels>,
+    arena: CudaSlice<u8>,
+    /// The f32 values of the nodes kept in f32 (`Loc::Wide`).
+    wide_arena: CudaSlice<u8>,
+    weights: Vec<CudaSlice<u8>>,
+    /// Each weight's type on the device: the plans' or, read by a node kept in f32, f32.
+    weight_types: Vec<DType>,
+    input: CudaSlice<f32>,
+    output: CudaSlice<f32>,
+    workspace: CudaSlice<u8>,
+    lt_workspace: CudaSlice<u8>,
+    sm_count: u32,
+    /// Page-locked staging buffers, so that copies run at full speed and asynchronously.
+    host_in: PinnedHostSlice<f32>,
+    host_out: PinnedHostSlice<f32>,
+    /// Raw frames: staged in page-locked memory, uploaded, preprocessed on the GPU; sized
+    /// for a full batch of the largest frames seen.
+    raw_host: Option<PinnedHostSlice<u8>>,
+    raw: Option<CudaSlice<u8>>,
+    /// Kernels read staged frames from page-locked host memory where they are, with no
+    /// upload into `raw`: on integrated GPUs (Jetson), whose memory is the host's, the upload
+    /// would only copy within the same memory. `TRTCLASSIFY_ZERO_COPY=1` forces it on a
+    /// discrete GPU too, where the kernels then read over PCIe (for tests).
+    zero_copy: bool,
+    /// Bytes of `raw_host` holding frames whose copies may still be in flight.
+    raw_used: usize,
+    /// Frames in GPU memory of another CUDA context, copied here slot by slot before the
+    /// preprocessing kernel reads them; and the bytes each slot holds.
+    peer: Option<(CudaSlice<u8>, usize)>,
+    /// The preprocessing's first pass, the frame's rows at the model's width; one frame at a
+    /// time (the passes run in stream order), sized for the largest frame seen.
+    pre_rows: Option<CudaSlice<f32>>,
+}
+
+// SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
+// engine is only used through `&mut self`, and every call binds the context first.
+unsafe impl Send for Runtime {}
+
+impl Runtime {
+    /// Uploads the weights, loads the kernels and prepares every plan; plans without tuned
+    /// algorithms are tuned now. `progress` hears about each plan tuned.
+    pub fn new(
+        gpu: &Gpu,
+        ptx: &str,
+        dtype: DType,
+        weights: &[Vec<u8>],
+        plans: Vec<Plan>,
+        wide: Option<Wide>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        let _setup = device::setup_lock(gpu.ctx.ordinal());
+        let ctx = gpu.ctx.clone();
+        // One stream, one user: cudarc's cross-stream event tracking is not needed, and
+        // its events would end up in the captured graphs.
+        // SAFETY: no other stream touches these buffers.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(Error::driver("stream"))?;
+        let kernels = Kernels::load(&ctx, ptx, dtype)?;
+        let wide_kernels = match &wide {
+            Some(w) => Some(Kernels::load(&ctx, w.ptx, DType::F32)?),
+            None => None,
+        };
+        let wide_weights = wide.as_ref().map_or(&[][..], |w| w.weights);
+        let weight_types: Vec<DType> = (0..weights.len())
+            .map(|i| weight_type(wide_weights, i, dtype))
+            .collect();
+        let sm_count = ctx
+            .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(Error::driver("attribute"))? as u32;
+        let integrated = ctx
+            .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .map_err(Error::driver("attribute"))?
+            != 0;
+        let zero_copy =
+            integrated || std::env::var_os("TRTCLASSIFY_ZERO_COPY").is_some_and(|v| v == "1");
+        if zero_copy {
+            log::info!(target: trtclassify_compiler::LOG_TARGET, "{}: the preprocessing reads frames from page-locked host memory, with no upload",
+                if integrated {
+                    "an integrated GPU"
+                } else {
+                    "TRTCLASSIFY_ZERO_COPY=1"
+                }
+            );
+        }
+
+        let weights = weights
+            .iter()
+            .map(|w| stream.clone_htod(w).map_err(Error::driver("weight upload")))
+            .collect::<Result<Vec<_>>>()?;
+        let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
+        let arena = stream
+            .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
+            .map_err(Error::driver("arena allocation"))?;
+        let wide_arena = stream
+            .alloc_zeros::<u8>(max(|p| p.wide_len) * 4)
+            .map_err(Error::driver("arena allocation"))?;
+        let input = stream
+            .alloc_zeros::<f32>(max(|p| p.input_len))
+            .map_err(Error::driver("input allocation"))?;
+        let output = stream
+            .alloc_zeros::<f32>(max(|p| p.output_len))
+            .map_err(Error::driver("output allocation"))?;
+        let lt_workspace = stream
+            .alloc_zeros::<u8>(32 << 20)
+            .map_err(Error::driver("workspace allocation"))?;
+        // Owned from here on: an error below destroys them.
+        let cudnn = cudnn::Handle::new(&stream)?;
+        let cublaslt = cublaslt::Handle::new()?;
+        let ctx_for_pinned = ctx.clone();
+        let mut rt = Runtime {
+            plans: Vec::new(),
+            cudnn,
+            cublaslt,
+            ctx,
+            stream: stream.clone(),
+            dtype,
+            kernels,
+            wide_kernels,
+            arena,
+            wide_arena,
+            weights,
+            weight_types,
+            input,
+            output,
+            workspace: stream
+                .alloc_zeros::<u8>(1)
+                .map_err(Error::driver("allocation"))?,
+            lt_workspace,
+            sm_count,
+            // SAFETY: both are written before they are read (`run`). The input is only written
+            // by the host, so write-combined memory suits it; the output is read by the host.
+            host_in: unsafe { ctx_for_pinned.alloc_pinned::<f32>(max(|p| p.input_len)) }
+                .map_err(Error::driver("pinned allocation"))?,
+            host_out: unsafe {
+                ctx_for_pinned.alloc_pinned_with_flags::<f32>(max(|p| p.output_len), 0)
+            }
+            .map_err(Error::driver("pinned allocation"))?,
+            raw_host: None,
+            raw: None,
+            zero_copy,
+            raw_used: 0,
+            peer: None,
+            pre_rows: None,
+        };
+        let tune = plans.iter().any(|p| {
+            p.steps
+                .iter()
+                .any(|s| matches!(s, Step::Conv(c) if c.algo.is_none()))
+        });
+        if tune {
+            rt.workspace = stream
+                .alloc_zeros::<u8>(MAX_WORKSPACE)
+                .map_err(Error::driver("tuning workspace allocation"))?;
+        }
+        for plan in plans {
+            let batch = plan.batch;
+            let prepared = rt.prepare(plan)?;
+            rt.plans.push(prepared);
+            if tune {
+                progress(&format!("tuned batch size {batch}"));
+            }
+        }
+        // Keep only the workspace the chosen algorithms need.
+        let needed = rt
+            .plans
+            .iter()
+            .flat_map(|p| &p.plan.steps)
+            .filter_map(|s| match s {
+                Step::Conv(c) => c.algo.map(|a| a.workspace),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        if needed != rt.workspace.len() {
+            rt.workspace = stream
+                .alloc_zeros::<u8>(needed)
+                .map_err(Error::driver("workspace allocation"))?;
+        }
+        for i in 0..rt.plans.len() {
+            rt.capture(i)?;
+        }
+        Ok(rt)
+    }
+
+    /// The device address of `loc`.
+    fn ptr(&self, loc: Loc) -> u64 {
+        let base = |s: &CudaSlice<u8>| s.device_ptr(&self.stream).0;
+        let size = self.dtype.size() as u64;
+        match loc {
+            Loc::Arena(o) => base(&self.arena) + o as u64 * size,
+            Loc::Wide(o) => base(&self.wide_arena) + o as u64 * 4,
+            Loc::Weight { index, offset } => {
+                base(&self.weights[index]) + offset as u64 * self.weight_types[index].size() as u64
+            }
+            Loc::Input(o) => self.input.device_ptr(&self.stream).0 + o as u64 * 4,
+            Loc::Output(o) => self.output.device_ptr(&self.stream).0 + o as u64 * 4,
+            Loc::Temp { .. } => unreachable!("plans hold placed buffers only"),
+        }
+    }
+
+    /// The device address of a byte buffer.
+    fn ptr_u8(&self, s: &CudaSlice<u8>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    /// Runs `n` frames (f32, the model's input layout, one after the other) through the
+    /// smallest plan that holds them; returns the scores, `n` times the output per frame.
+    pub fn run(&mut self, input: &[f32], n: usize) -> Result<&[f32]> {
+        let i = self.plan_holding(n)?;
+        let plan = &self.plans[i].plan;
+        let len_in = n * plan.input_len / plan.batch;
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("context"))?;
+        let input_ptr = self.input.device_ptr(&self.stream).0;
+        let host_in = self
+            .host_in
+            .as_mut_slice()
+            .map_err(Error::driver("staging"))?;
+        host_in[..len_in].copy_from_slice(&input[..len_in]);
+        // SAFETY: the device buffer holds the plan's input; the pinned buffer lives as long
+        // as the runtime, and the stream is synchronised before it is written again.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                input_ptr,
+                &host_in[..len_in],
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(Error::driver("upload"))?;
+        self.launch_and_download(i, n)
+    }
+
+    /// Runs the first `n` staged frames through the smallest plan that holds them; returns the
+    /// scores as `run` does.
+    pub fn run_staged(&mut self, n: usize) -> Result<&[f32]> {
+        let i = self.plan_holding(n)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("context"))?;
+        self.launch_and_download(i, n)
+    }
+
+    /// The index of the smallest plan that runs `n` frames at once.
+    fn plan_holding(&self, n: usize) -> Result<usize> {
+        self.plans
+            .iter()
+            .position(|p| p.plan.batch >= n)
+            .ok_or(Error::NoPlanHolding(n))
+    }
+
+    /// Replays plan `i` on the input buffer, downloads the scores of its first `n` frames and
+    /// waits for them.
+    fn launch_and_download(&mut self, i: usize, n: usize) -> Result<&[f32]> {
+        let plan = &self.plans[i].plan;
+        let len_out = n * plan.output_len / plan.batch;
+        let output_ptr = self.output.device_ptr(&self.stream).0;
+        let host_out = self
+            .host_out
+            .as_mut_slice()
+            .map_err(Error::driver("staging"))?;
+        // SAFETY: the device buffer holds the plan's output; the pinned buffer outlives the
+        // synchronisation below.
+        unsafe {
+            self.plans[i]
+                .graph
+                .as_ref()
+                .ok_or(Error::Plan("the plan has no graph"))?
+                .launch()
+                .map_err(Error::driver("graph launch"))?;
+            cudarc::driver::result::memcpy_dtoh_async(
+                &mut host_out[..len_out],
+                output_ptr,
+                self.stream.cu_stream(),
+            )
+            .map_err(Error::driver("download"))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(Error::driver("inference"))?;
+        Ok(&host_out[..len_out])
+    }
+
+    /// The plans, tuned.
+    pub fn plans(&self) -> impl Iterator<Item = &Plan> {
+        self.plans.iter().map(|p| &p.plan)
+    }
+
+    /// The most frames one call runs.
+    pub fn max_batch(&self) -> usize {
+        self.plans.iter().map(|p| p.plan.batch).max().unwrap_or(1)
+    }
+}
+
+/// Constants as the plan's type, little-endian, ready to upload.
+pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
+    match dtype {
+        DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => data
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}

@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Frames into the model input, a slot per frame, asynchronously: raw frames from host
+//! memory (staged in page-locked memory, uploaded or read in place, preprocessed on the
+//! GPU), frames already in GPU memory (of our CUDA context or copied from another), and
+//! frames preprocessed on the host.
+
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg, sys as drv};
+
+use super::Runtime;
+use super::kernels::grid;
+use crate::abi;
+use crate::error::{Error, Result};
+use crate::frames::{Pre, RawFrame};
+
+impl Runtime {
+    /// Uploads one raw frame (its planes, one after the other) and preprocesses it on the GPU
+    /// into frames `slot..slot + pres.len()` of the input, one per crop's parameters,
+    /// asynchronously: the planes are copied to page-locked staging first, so the caller may
+    /// release the frame on return, and the copy and the kernels run while the host waits for
+    /// the next frame. The frame is uploaded once for all its crops.
+    pub fn stage_frame(&mut self, slot: usize, pres: &[Pre], planes: &[&[u8]]) -> Result<()> {
+        if pres.is_empty() {
+            return Ok(());
+        }
+        self.check_slot(slot + pres.len() - 1)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("context"))?;
+        let len: usize = planes.iter().map(|p| p.len()).sum();
+        let capacity = self.raw_host.as_ref().map_or(0, |r| r.len());
+        if slot == 0 || self.raw_used + len > capacity {
+            // The staging is reused from its start once the frames in it are on the GPU (at
+            // the start of a batch the stream is idle but for a discarded batch's copies).
+            self.stream.synchronize().map_err(Error::driver("sync"))?;
+            self.raw_used = 0;
+            let want = len * self.max_batch();
+            if capacity < want {
+                // SAFETY: each range is written before the copy that reads it.
+                self.raw_host = Some(
+                    unsafe { self.ctx.alloc_pinned::<u8>(want) }
+                        .map_err(Error::driver("pinned allocation"))?,
+                );
+                if !self.zero_copy {
+                    self.raw = Some(
+                        // SAFETY: each range is written by an upload before a kernel reads it.
+                        unsafe { self.stream.alloc::<u8>(want) }
+                            .map_err(Error::driver("allocation"))?,
+                    );
+                }
+            }
+        }
+        let host = self
+            .raw_host
+            .as_mut()
+            .expect("allocated above")
+            .as_mut_slice()
+            .map_err(Error::driver("staging"))?;
+        let start = self.raw_used;
+        let mut end = start;
+        for plane in planes {
+            host[end..end + plane.len()].copy_from_slice(plane);
+            end += plane.len();
+        }
+        let raw_dev = match &self.raw {
+            // With unified addressing (every 64-bit CUDA platform), page-locked host memory
+            // has the same address on the device as on the host.
+            None => host.as_ptr() as u64,
+            Some(raw) => {
+                let raw_dev = raw.device_ptr(&self.stream).0;
+                // SAFETY: the staging range stays untouched until the stream is
+                // synchronised: `raw_used` only moves back after a synchronisation.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(
+                        raw_dev + start as u64,
+                        &host[start..end],
+                        self.stream.cu_stream(),
+                    )
+                }
+                .map_err(Error::driver("frame upload"))?;
+                raw_dev
+            }
+        };
+        self.raw_used = end;
+        for (i, pre) in pres.iter().enumerate() {
+            self.launch_preprocess(slot + i, pre, raw_dev + start as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Preprocesses one frame that is already in GPU memory (GStreamer's CUDA memory, at
+    /// device address `src`, in CUDA context `context`) into frame `slot` of the input,
+    /// asynchronously. A frame of our own context is read where it is; one of another
+    /// context is first copied into ours on the GPU. The caller keeps the frame's memory
+    /// untouched until the batch has run.
+    pub fn stage_device_frame(
+        &mut self,
+        slot: usize,
+        pre: &Pre,
+        src: u64,
+        context: usize,
+    ) -> Result<()> {
+        self.check_slot(slot)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("context"))?;
+        let src = if context == self.context_handle() {
+            src
+        } else {
+            self.copy_from_peer(slot, pre, src, context)?
+        };
+        self.launch_preprocess(slot, pre, src)
+    }
+
+    /// The CUDA context (`CUcontext`) the runtime runs in.
+    pub fn context_handle(&self) -> usize {
+        self.ctx.cu_ctx() as usize
+    }
+
+    /// Copies a frame of another CUDA context into slot `slot` of `peer`; returns its address.
+    fn copy_from_peer(&mut self, slot: usize, pre: &Pre, src: u64, context: usize) -> Result<u64> {
+        let len = pre.extent();
+        if self
+            .peer
+            .as_ref()
+            .is_none_or(|(_, per_slot)| *per_slot < len)
+        {
+            // Earlier slots' kernels may still read the old buffer.
+            self.stream.synchronize().map_err(Error::driver("sync"))?;
+            let buffer =
+                // SAFETY: each slot is written by the copy below before a kernel reads it.
+                unsafe { self.stream.alloc::<u8>(len * self.max_batch()) }
+                    .map_err(Error::driver("allocation"))?;
+            self.peer = Some((buffer, len));
+        }
+        let (buffer, per_slot) = self.peer.as_ref().expect("allocated above");
+        let dst = buffer.device_ptr(&self.stream).0 + (slot * per_slot) as u64;
+        // SAFETY: both ranges are `len` bytes of live device memory (the source is the mapped
+        // frame); the copy is ordered on our stream before the kernel that reads it.
+        unsafe {
+            drv::cuMemcpyPeerAsync(
+                dst,
+                self.ctx.cu_ctx(),
+                src,
+                context as drv::CUcontext,
+                len,
+                self.stream.cu_stream(),
+            )
+            .result()
+        }
+        .map_err(Error::driver("copy from another CUDA context"))?;
+        Ok(dst)
+    }
+
+    /// Launches the two preprocessing passes on a frame at device address `src`, into `slot`.
+    pub(super) fn launch_preprocess(&mut self, slot: usize, pre: &Pre, src: u64) -> Result<()> {
+        let pixels = (pre.out_w * pre.out_h) as usize;
+        let input = self.input.device_ptr(&self.stream).0;
+        let out = input + (slot * pixels * 3 * 4) as u64;
+        let (crop_h, dst_w) = (pre.crop[3].max(0) as usize, pre.dst[2].max(1) as usize);
+        let rows_len = crop_h * dst_w * 3;
+        if self.pre_rows.as_ref().is_none_or(|r| r.len() < rows_len) {
+            // The last frame's passes may still use the old buffer.
+            self.stream.synchronize().map_err(Error::driver("sync"))?;
+            self.pre_rows = Some(
+                // SAFETY: the first pass writes every value the second reads.
+                unsafe { self.stream.alloc::<f32>(rows_len) }
+                    .map_err(Error::driver("allocation"))?,
+            );
+        }
+        let rows = self.pre_rows.as_ref().expect("allocated above");
+        let rows = rows.device_ptr(&self.stream).0;
+        let cols = columns_per_block(pre);
+        let mut l = self.stream.launch_builder(&self.kernels.preprocess_rows);
+        l.arg(pre).arg(&src).arg(&rows).arg(&cols);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                dst_w.div_ceil(cols as usize) as u32,
+                crop_h.clamp(1, 65_535) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument types match the kernel's signature (kernels.cu); `rows` holds
+        // the crop's rows at the destination's width.
+        unsafe { l.launch(cfg) }.map_err(Error::driver("kernel launch"))?;
+        let mut l = self.stream.launch_builder(&self.kernels.preprocess_cols);
+        l.arg(pre).arg(&rows).arg(&out);
+        // SAFETY: argument types match the kernel's signature (kernels.cu); one thread a pixel.
+        unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(Error::driver("kernel launch"))?;
+        Ok(())
+    }
+
+    /// Uploads one frame preprocessed on the host (f32, the model's input layout) into
+    /// frame `slot` of the input, asynchronously.
+    pub fn stage_input(&mut self, slot: usize, frame: &[f32]) -> Result<()> {
+        self.check_slot(slot)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(Error::driver("context"))?;
+        if slot == 0 {
+            // A discarded batch's copies may still read the staging.
+            self.stream.synchronize().map_err(Error::driver("sync"))?;
+        }
+        let input_ptr = self.input.device_ptr(&self.stream).0;
+        let host_in = self
+            .host_in
+            .as_mut_slice()
+            .map_err(Error::driver("staging"))?;
+        let range = slot * frame.len()..(slot + 1) * frame.len();
+        let host = host_in.get_mut(range.clone()).ok_or(Error::FrameTooLarge)?;
+        host.copy_from_slice(frame);
+        // SAFETY: each slot is written once per batch, and the stream is synchronised
+        // before the next batch, so the range stays untouched while the copy reads it.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                input_ptr + (range.start * 4) as u64,
+                &host_in[range],
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(Error::driver("upload"))
+    }
+
+    /// `Ok` where `slot` lies within the largest batch.
+    fn check_slot(&self, slot: usize) -> Result<()> {
+        match slot < self.max_batch() {
+            true => Ok(()),
+            false => Err(Error::SlotOutOfRange {
+                slot,
+                max: self.max_batch(),
+            }),
+        }
+    }
+
+    /// The model input that staging `frames` makes; for tests.
+    pub fn preprocess_frames(&mut self, frames: &[RawFrame]) -> Result<Vec<f32>> {
+        for (slot, (pre, planes)) in frames.iter().enumerate() {
+            self.stage_frame(slot, std::slice::from_ref(pre), planes)?;
+        }
+        let len: usize = frames
+            .iter()
+            .map(|(p, _)| (p.out_w * p.out_h * 3) as usize)
+            .sum();
+        let mut out = vec![0.0f32; len];
+        let input = self.input.device_ptr(&self.stream).0;
+        // SAFETY: `out` outlives the synchronisation below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out, input, self.stream.cu_stream())
+        }
+        .map_err(Error::driver("download"))?;
+        self.stream.synchronize().map_err(Error::driver("sync"))?;
+        Ok(out)
+    }
+}
+
+/// How many destination columns one block of `preprocess_rows` filters: as many as read at
+/// most `PRE_SPAN` (kernels.cu) source pixels, which the block converts once and keeps.
+fn columns_per_block(pre: &Pre) -> i32 {
+    const PRE_SPAN: f32 = abi::PRE_SPAN as f32;
+    let scale = pre.crop[2].max(1) as f32 / pre.dst[2].max(1) as f32;
+    let support = scale.max(1.0);
+    // Columns c0..c0 + n read about (n − 1)·scale + 2·support + 1 pixels.
+    let n = ((PRE_SPAN - 2.0 - 2.0 * support) / scale).floor() as i32 + 1;
+    n.clamp(1, pre.dst[2].max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pre, columns_per_block};
+
+    /// The source pixels a block of `preprocess_rows` reads, with the kernel's `taps`, fit
+    /// the pixels it keeps (`PRE_SPAN`), so each is converted once; rows up to 8K wide.
+    #[test]
+    fn a_preprocessing_block_reads_what_it_keeps() {
+        // kernels.cu's `taps`, in the same f32 arithmetic: (first, count).
+        let taps = |i: i32, n_in: i32, n_out: i32| {
+            let scale = n_in as f32 / n_out as f32;
+            let fs = scale.max(1.0);
+            let center = (i as f32 + 0.5) * scale;
+            let lo = ((center - fs + 0.5).floor() as i32).max(0);
+            let hi = ((center + fs + 0.5).floor() as i32).min(n_in);
+            (lo, hi - lo)
+        };
+        for src_w in [34, 320, 1280, 1920, 2560, 3840, 7680] {
+            for dst_w in [96, 224, 299, 384, 518] {
+                let pre = Pre {
+                    crop: [0, 0, src_w, 1],
+                    dst: [0, 0, dst_w, 1],
+                    ..Default::default()
+                };
+                let cols = columns_per_block(&pre);
+                assert!((1..=dst_w).contains(&cols));
+                for c0 in (0..dst_w).step_by(cols as usize) {
+                    let c1 = (c0 + cols).min(dst_w);
+                    let (lo, _) = taps(c0, src_w, dst_w);
+                    let (last, n) = taps(c1 - 1, src_w, dst_w);
+                    assert!(
+                        last + n - lo <= 2048,
+                        "{src_w} -> {dst_w}: columns {c0}..{c1} read {} pixels",
+                        last + n - lo
+                    );
+                }
+                if src_w <= 1920 {
+                    assert_eq!(cols, dst_w, "{src_w} -> {dst_w}: one block a row");
+                }
+            }
+        }
+    }
+}

@@ -8,9 +8,8 @@
 //! The crate is both the plugin (`cdylib`) and a library (`rlib`) whose [`meta`] module gives
 //! applications a typed reader for the classification metadata.
 //!
-//! Layout: the element (`trtclassify`, GObject glue, its settings and batch queue), engines
-//! shared between elements (`instance`) and their backends (`engine`), preprocessing
-//! (`preprocess`, `cudamem`, `regions`), and what becomes of the scores (`outputs`).
+//! Where each part lives (this crate's modules, the engine crates under `crates/`, the
+//! metadata crate and the overlay plugin): `docs/architecture.md`, the project's one map.
 
 use gst::glib;
 

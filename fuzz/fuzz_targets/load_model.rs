@@ -8,7 +8,6 @@ use std::path::Path;
 
 use trtclassify_engine::cpu::CpuEngine;
 use trtclassify_engine::{EngineOptions, OnnxModel, Precision};
-use trtclassify_engine::preprocess::PreprocessOptions;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -17,17 +16,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let options = EngineOptions {
-        model: path.into(),
         batch_size: 2,
-        // Dynamic spatial sizes get a small fixed size, so that huge declared sizes are the
-        // only way to ask for much memory.
-        input_size: None,
         precision: Precision::Fp32,
-        gpu_id: 0,
-        threads: 0,
-        engine_location: None,
-        preprocess: PreprocessOptions::default(),
-        progress: Default::default(),
+        ..EngineOptions::new(path)
     };
     let _ = CpuEngine::from_model(&model, &options);
 });

@@ -14,7 +14,11 @@
 //!
 //! Adding an ONNX operator: its name in the `OPS` of the `import/` family it belongs to
 //! (with its required inputs) and its import there; where it needs a new `ir::Op`, that
-//! op's shape rule, its evaluation in `reference` and its lowering in `lower/`.
+//! op's shape rule, its evaluation in `reference` and its lowering in `lower/`. A new plan `Step`
+//! also needs its `spans()` and `check` entry, its simulation in `sim`, and a kernel in each
+//! runtime (`trtclassify-cpu`'s `kernels/`; `trtclassify-cuda`'s `kernels.cu`,
+//! `runtime/steps.rs`, `abi.rs`). Then `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler
+//! --lib the_documented_operator_table`. The full checklist is in docs/architecture.md.
 
 pub mod check;
 mod column_split;

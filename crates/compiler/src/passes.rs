@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Rewrites that make the graph cheaper to run and leave its results unchanged (checked by
-//! the tests with `reference`): batch norms folded into convolution weights, activations,
-//! residual adds and biases fused into the operator before them.
+//! the tests with `reference`), in `optimise`'s order: batch norms folded into convolution
+//! weights; `x · sigmoid(x)` fused into SiLU and PyTorch's exact GELU into GELU; scalar
+//! scales of a product's operands (attention's query and key) into the product, and a
+//! constant add or scale along a product's columns (a bias, a batch norm over its rows) into
+//! its bias and weights; projections whose column groups are only sliced apart split into a
+//! product per group (`column_split`); residual adds and biases, then activations, fused into
+//! the operator before them; dead nodes and unused constants removed.
 
 use std::collections::HashSet;
 use std::f32::consts::{FRAC_1_SQRT_2, SQRT_2};

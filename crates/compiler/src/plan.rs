@@ -758,7 +758,16 @@ impl Step {
             Step::Ew { dims, out, .. } => covers_once(dims, &out.strides, dims.iter().product()),
             Step::Gemm { batch, .. } => *batch == 1,
             Step::Attention(_) => false,
-            _ => true,
+            // Each writes every element of its output once. Listed, not a catch-all: a new
+            // kind of step must say which it is.
+            Step::Zero { .. }
+            | Step::Conv(_)
+            | Step::Pool { .. }
+            | Step::GlobalAvgPool { .. }
+            | Step::Softmax { .. }
+            | Step::LayerNorm { .. }
+            | Step::RowMean { .. }
+            | Step::Lrn { .. } => true,
         }
     }
 

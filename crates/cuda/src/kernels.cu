@@ -15,7 +15,7 @@ __device__ __forceinline__ T st(float v) { return v; }
 
 #define MAX_RANK 6
 
-// Activation ids: `act_params` in runtime.rs.
+// Activation ids: `act_params` in abi.rs.
 __device__ __forceinline__ float act(int id, float x, float p0, float p1) {
     switch (id) {
     case 0: return x;
@@ -40,7 +40,7 @@ __device__ __forceinline__ float act(int id, float x, float p0, float p1) {
     return x;
 }
 
-// Binary ids: `binop_id` in runtime.rs; -1 for none.
+// Binary ids: `binop_id` in abi.rs; -1 for none.
 __device__ __forceinline__ float binop(int id, float a, float b) {
     switch (id) {
     case 0: return a + b;
@@ -65,9 +65,9 @@ struct Ew {
     long long sa[MAX_RANK];
     long long sb[MAX_RANK];
 };
-// The size that runtime.rs's `EwParams` asserts too, with the offsets this layout gives its
+// The size that abi.rs's `EwParams` asserts too, with the offsets this layout gives its
 // fields (NVRTC has no offsetof): a field changed on one side only stops a build.
-static_assert(sizeof(Ew) == 200, "struct Ew no longer matches EwParams (runtime.rs)");
+static_assert(sizeof(Ew) == 200, "struct Ew no longer matches EwParams (abi.rs)");
 
 // The offsets in out, a and b of element `i` of `dims`. 32-bit division where the index fits:
 // 64-bit division costs several times as much, and this runs once per element.
@@ -202,7 +202,7 @@ extern "C" __global__ void bias_act_vec(T *y, const T *bias, const T *z, long lo
 struct Pool {
     int n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr, max, include_pad;
 };
-static_assert(sizeof(Pool) == 64, "struct Pool no longer matches PoolParams (runtime.rs)");
+static_assert(sizeof(Pool) == 64, "struct Pool no longer matches PoolParams (abi.rs)");
 
 extern "C" __global__ void pool_nhwc(const Pool p, const T *x, T *y) {
     long long total = (long long)p.n * p.oh * p.ow * p.c;

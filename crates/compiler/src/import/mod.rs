@@ -5,7 +5,8 @@
 //!
 //! Operators are imported by family, one file each: `conv` (convolution, batch norm,
 //! pooling), `elementwise` (activations, arithmetic, casts), `matmul` (Gemm, MatMul),
-//! `normalization` (softmax, layer norm, LRN, reductions), `shape` (reshapes, transposes,
+//! `normalization` (softmax, layer norm, LRN, reductions), `resize` (Resize and Upsample as
+//! products with interpolation matrices), `shape` (reshapes, transposes,
 //! slices, concatenation, padding) and `shape_arithmetic` (constants and the integer
 //! arithmetic on shapes that the import evaluates). Each declares the operators it takes in
 //! its `OPS` and their required inputs in its `required_inputs`; `FAMILIES` below lists the
@@ -549,7 +550,7 @@ mod tests {
             } else {
                 panic!(
                     "docs/operators.md's table is not the code's: run \
-                     `TRTCLASSIFY_BLESS=1 cargo test --lib the_documented_operator_table`"
+                     `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler --lib the_documented_operator_table`"
                 );
             }
         }

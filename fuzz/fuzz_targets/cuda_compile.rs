@@ -53,6 +53,8 @@ fuzz_target!(|data: &[u8]| {
             .map(|w| cuda::runtime::to_bytes(w, DType::F32))
             .collect(),
         plans,
+        fp32_because: None,
+        kept_f32: None,
     };
     let bytes = engine_file::to_bytes(&file).expect("serialises");
     if let Err(e) = engine_file::from_bytes(&bytes, &file.key, spec.frame_len()) {

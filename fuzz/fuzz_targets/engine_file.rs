@@ -66,6 +66,8 @@ fn seeds() -> &'static [Seed] {
                         .map(|w| cuda::runtime::to_bytes(w, DType::F16))
                         .collect(),
                     plans,
+                    fp32_because: None,
+                    kept_f32: None,
                 };
                 let bytes = engine_file::to_bytes(&file).expect("serialises");
                 let header = header_of(&bytes);

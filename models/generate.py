@@ -17,6 +17,10 @@ the folder of this script):
                         writes the scores in f32, so the GPU engine stays in fp16)
     big_middle.onnx     a small CNN whose first two convolutions' values pass fp16's range
                         and the rest stays within it (the GPU engine keeps those two in f32)
+    ops_rare.onnx       a small random-weight CNN with the supported operators that no other
+                        committed model has (Abs, Elu, LeakyRelu, Neg, Reciprocal, Softplus,
+                        Max, Min, GlobalMaxPool, GatherND on its shape), so that every declared
+                        operator runs end to end against onnxruntime
     *_reference.json    onnxruntime outputs for fixed random inputs
     bad/*               broken or unsupported models for the error-handling tests
 
@@ -82,6 +86,8 @@ SEED_BIG_LOGITS_WEIGHTS = 11
 SEED_BIG_LOGITS_REFERENCE = 12
 SEED_BIG_MIDDLE_WEIGHTS = 13
 SEED_BIG_MIDDLE_REFERENCE = 14
+SEED_OPS_RARE_WEIGHTS = 15
+SEED_OPS_RARE_REFERENCE = 16
 BIG_LOGITS_GAIN = 2e4  # the classifier's weights: logits of ~1e5, each weight within fp16
 
 # Concrete sizes substituted for symbolic dims when the models are run.
@@ -484,6 +490,33 @@ def build_ops():
     return b.model("ops", [float_input(["N", 3, 32, 32])], [float_output(["N", 10])], opset=OPS_OPSET)
 
 
+def build_ops_rare():
+    """The supported operators that the other committed models lack, each on the image's path
+    (GatherND on its shape, which the import evaluates), ending in Softmax."""
+    rng = np.random.default_rng(SEED_OPS_RARE_WEIGHTS)
+    b = GraphBuilder(rng)
+    c = 8
+    x = b.conv(INPUT, 3, c, 3, bias=True)  # [N,8,16,16]
+    x = b.op("Elu", [x], alpha=0.7)
+    y = b.op("LeakyRelu", [b.conv(x, c, c, 3, group=c, bias=True)], alpha=0.2)
+    z = b.op("Neg", [b.op("Abs", [b.conv(x, c, c, 1, bias=True)])])
+    x = b.op("Add", [b.op("Max", [x, y]), b.op("Min", [y, z])])
+    # Reciprocal of a value kept away from zero: 1 / (1 + softplus(x)).
+    one = b.const("one", np.array(1.0, dtype=np.float32))
+    x = b.op("Mul", [x, b.op("Reciprocal", [b.op("Add", [b.op("Softplus", [x]), one])])])
+    x = b.op("Relu", [b.conv(x, c, 2 * c, 3, stride=2, bias=True)])  # [N,16,8,8]
+    x = b.op("GlobalMaxPool", [x])  # [N,16,1,1]
+    # Flatten through the batch size read from the shape: GatherND picks it.
+    batch = b.op("GatherND", [b.op("Shape", [x]), b.const("batch_index", np.array([[0]], dtype=np.int64))])
+    target = b.op("Concat", [batch, b.const("minus_one", np.array([-1], dtype=np.int64))], axis=0)
+    x = b.op("Reshape", [x, target])  # [N,16]
+    w = rng.normal(0.0, 2.0 * np.sqrt(1.0 / (2 * c)), (6, 2 * c)).astype(np.float32)
+    bias = rng.normal(0.0, 0.1, 6).astype(np.float32)
+    x = b.op("Gemm", [x, b.const("fc_w", w), b.const("fc_b", bias)], transB=1)
+    b.op("Softmax", [x], output=OUTPUT, axis=1)
+    return b.model("ops_rare", [float_input(["N", 3, 16, 16])], [float_output(["N", 6])])
+
+
 # --------------------------------------------------------------------------
 # MobileNetV2 benchmark model
 # --------------------------------------------------------------------------
@@ -842,6 +875,7 @@ def main():
         "big_activations.onnx": build_big_activations(),
         "big_logits.onnx": build_big_logits(),
         "big_middle.onnx": build_big_middle(),
+        "ops_rare.onnx": build_ops_rare(),
     }
     if args.bench:
         valid_models["mobilenet_v2_224.onnx"] = build_mobilenet_v2()
@@ -869,6 +903,7 @@ def main():
     save_reference(
         out / "big_middle.onnx", out / "big_middle_reference.json", (2, 3, 16, 16), SEED_BIG_MIDDLE_REFERENCE
     )
+    save_reference(out / "ops_rare.onnx", out / "ops_rare_reference.json", (3, 3, 16, 16), SEED_OPS_RARE_REFERENCE)
 
     # Bad models: the first three are valid ONNX, just not something the element accepts.
     save_model(build_two_inputs(), bad / "two_inputs.onnx")

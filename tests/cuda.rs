@@ -297,6 +297,7 @@ const MODELS: &[(&str, &str)] = &[
     ("colors_nhwc.onnx", "colors_reference.json"),
     ("colors_b1.onnx", "colors_reference.json"),
     ("ops.onnx", "ops_reference.json"),
+    ("ops_rare.onnx", "ops_rare_reference.json"),
 ];
 
 #[test]

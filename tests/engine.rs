@@ -99,6 +99,15 @@ fn colour_classifier_matches_onnxruntime() {
     check_against_reference("colors.onnx", "colors_reference.json", 2);
 }
 
+/// The operators no other committed model has (Abs, Elu, LeakyRelu, Neg, Reciprocal,
+/// Softplus, Max, Min, GlobalMaxPool, GatherND) through the CPU engine's plan and kernels.
+#[test]
+fn rare_operators_match_onnxruntime() {
+    for batch in [1, 4] {
+        check_against_reference("ops_rare.onnx", "ops_rare_reference.json", batch);
+    }
+}
+
 #[test]
 fn vision_transformers_run_on_the_cpu_as_onnxruntime_does() {
     // torchvision's ViT, Swin v1/v2 and MaxViT, the hybrids' patterns and the dynamo

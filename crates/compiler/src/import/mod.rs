@@ -109,7 +109,7 @@ enum Handled {
 
 /// ONNX operators the engine runs or folds away (default domain): those the families
 /// declare, sorted as a dictionary would.
-pub(super) static SUPPORTED_OPS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+pub(crate) static SUPPORTED_OPS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
     let mut ops: Vec<&str> = FAMILIES.iter().flat_map(|f| f.ops).copied().collect();
     ops.sort_by_key(|op| op.to_ascii_lowercase());
     ops

@@ -70,7 +70,9 @@ pub fn dir() -> PathBuf {
         // No home (a bare service account): a folder of this user's own in the temporary
         // folder, which the cache's ownership checks then guard like any other.
         .unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("{}.cache", unsafe { libc::getuid() }))
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            std::env::temp_dir().join(format!("{uid}.cache"))
         });
     base.join("trtclassify")
 }

@@ -53,6 +53,18 @@ pub enum PreprocessError {
     },
 }
 
+impl PreprocessError {
+    /// The frame of `format` cannot be converted, for `reason`.
+    fn convert(format: FrameFormat, reason: String) -> Self {
+        PreprocessError::Convert {
+            format: format.format,
+            width: format.width,
+            height: format.height,
+            reason,
+        }
+    }
+}
+
 /// The CPU preprocessing for one model input, keeping its tables and buffers between frames.
 pub struct Preprocessor {
     options: PreprocessOptions,
@@ -107,12 +119,7 @@ impl Preprocessor {
         out: &mut [f32],
     ) -> Result<(), PreprocessError> {
         let format = frame.format;
-        let fail = |reason: String| PreprocessError::Convert {
-            format: format.format,
-            width: format.width,
-            height: format.height,
-            reason,
-        };
+        let fail = |reason| PreprocessError::convert(format, reason);
         let frame_len = self.input.frame_len();
         assert_eq!(
             out.len(),
@@ -162,12 +169,7 @@ impl Preprocessor {
         out: &mut [f32],
     ) -> Result<(), PreprocessError> {
         let (width, height) = (format.width, format.height);
-        let fail = |reason: String| PreprocessError::Convert {
-            format: format.format,
-            width,
-            height,
-            reason,
-        };
+        let fail = |reason| PreprocessError::convert(format, reason);
         let pixel_type = match self.input.channels {
             1 => fr::PixelType::U8,
             _ => fr::PixelType::U8x3,

@@ -861,9 +861,23 @@ impl Drop for Stream {
             let engine = inner.engine.take();
             drop(inner);
             drop(engine);
+            return_freed_memory();
         } else {
             inner.discard_unwanted(counters);
         }
+    }
+}
+
+/// Hands the heap memory freed by an engine and its build back to the system. A model's load
+/// and build take hundreds of MiB for a moment (the parsed model, the weights as imported,
+/// then packed); glibc keeps what they free in its arenas, so without this a server whose
+/// model is updated every day, or whose pipelines restart as cameras come and go, would hold
+/// each load's peak (tests/memory.rs: +19 MiB over 180 restarts of a CUDA engine without it).
+pub(crate) fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks and trims glibc's own heaps.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

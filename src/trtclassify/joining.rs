@@ -286,7 +286,7 @@ impl TrtClassify {
             .name("trtclassify-drop".into())
             .spawn(move || {
                 drop(old);
-                return_freed_memory();
+                instance::return_freed_memory();
             });
         Ok(())
     }
@@ -454,17 +454,5 @@ fn start_problem(err: EngineError) -> Problem {
         EngineError::Unavailable { .. } => Problem::new(gst::LibraryError::Init, text),
         EngineError::UnsupportedOps { .. } => Problem::new(gst::CoreError::NotImplemented, text),
         _ => Problem::new(gst::LibraryError::Settings, text),
-    }
-}
-
-/// Hands the heap memory freed by an engine and its build back to the system. A model's load
-/// and build take hundreds of MiB for a moment (the parsed model, the weights as imported,
-/// then packed) on the update's thread; glibc keeps what they free in that thread's arena, so
-/// without this a server whose model is updated every day would hold each update's peak.
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks and trims glibc's own heaps.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }

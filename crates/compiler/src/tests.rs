@@ -1293,3 +1293,110 @@ fn scales_and_shifts_after_a_product_become_its_own() {
     assert_eq!(ops, ["Gemm", "Reshape", "Reshape"]);
     assert_eq!(graph.nodes[0].inputs.len(), 3, "a bias");
 }
+
+/// The plans of the committed models, one of each kind of step (and of each activation and
+/// cast an element-wise step carries), as an engine file stores them (`plan/format.json`).
+/// Engine files written before a change to the plan's types must still be read, so a change
+/// here is a change of the engine file's format (raise `FORMAT_VERSION` in
+/// trtclassify-cuda's `engine_file.rs`) or a mistake. `TRTCLASSIFY_BLESS=1` rewrites the file
+/// after a deliberate change; `TRTCLASSIFY_DUMP_PLANS=DIR` writes every plan whole, to compare
+/// the lowering before and after a change that should not alter it.
+#[test]
+fn plans_keep_the_engine_file_format() {
+    let mut samples = std::collections::BTreeMap::<String, serde_json::Value>::new();
+    let mut keep = |key: String, value: serde_json::Value| {
+        samples.entry(key).or_insert(value);
+    };
+    let dump = std::env::var_os("TRTCLASSIFY_DUMP_PLANS").map(std::path::PathBuf::from);
+    let models_and_kept: [(&str, &[&str]); 6] = [
+        ("cnn.onnx", &[]),
+        ("ops.onnx", &[]),
+        ("ops_rare.onnx", &[]),
+        ("big_activations.onnx", &["conv_0"]),
+        ("transformers/vit.onnx", &[]),
+        ("transformers/swin.onnx", &[]),
+    ];
+    for (name, kept) in models_and_kept {
+        let model = OnnxModel::load(&models().join(name)).expect("model loads");
+        let spec = (model.input_spec(None))
+            .or_else(|_| model.input_spec(Some((224, 224))))
+            .expect("an input");
+        let kept: Vec<String> = kept.iter().map(|k| k.to_string()).collect();
+        for dtype in [DType::F32, DType::F16] {
+            let (plans, _) =
+                super::compile_mixed(&model, &[2], spec, dtype, &kept).expect("compiles");
+            let mut plan = plans.into_iter().next().expect("a plan");
+            if let Some(dir) = &dump {
+                std::fs::create_dir_all(dir).expect("dump folder");
+                let file = dir.join(format!("{}.{dtype:?}.json", name.replace('/', "_")));
+                let json = serde_json::to_string_pretty(&plan).expect("serialises");
+                std::fs::write(file, json).expect("dump written");
+            }
+            for step in &plan.steps {
+                let value = serde_json::to_value(step).expect("serialises");
+                let kind = value.as_object().and_then(|o| o.keys().next().cloned());
+                let kind = kind.expect("a step is written as {kind: fields}");
+                if let Step::Ew { act, cast, op, .. } = step {
+                    keep(format!("Ew act {act:?}"), value.clone());
+                    keep(format!("Ew cast {cast:?}"), value.clone());
+                    keep(format!("Ew op {op:?}"), value.clone());
+                }
+                keep(kind, value);
+            }
+            // A convolution as tuning leaves it, with its algorithm.
+            if let Some(Step::Conv(c)) = plan.steps.iter().find(|s| matches!(s, Step::Conv(_))) {
+                let mut c = c.clone();
+                c.algo = Some(super::plan::Tuned {
+                    algo: 1,
+                    math: 2,
+                    workspace: 4096,
+                    fused: true,
+                });
+                keep(
+                    "Conv tuned".into(),
+                    serde_json::to_value(Step::Conv(c)).unwrap(),
+                );
+            }
+            plan.steps.truncate(1);
+            plan.origins.truncate(1);
+            keep(
+                format!("Plan {dtype:?}"),
+                serde_json::to_value(&plan).unwrap(),
+            );
+        }
+    }
+    // No committed model's plan has a row mean (their means are global average pools).
+    let mean = Step::RowMean {
+        rows: 2,
+        len: 3,
+        x: Loc::Arena(0),
+        y: Loc::Arena(8),
+    };
+    keep("RowMean".into(), serde_json::to_value(mean).unwrap());
+    let mut text = String::from("{\n");
+    let entries: Vec<String> = (samples.iter())
+        .map(|(k, v)| format!("  {}: {v}", serde_json::Value::from(k.as_str())))
+        .collect();
+    text += &entries.join(",\n");
+    text += "\n}\n";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/plan/format.json");
+    if std::env::var_os("TRTCLASSIFY_BLESS").is_some() {
+        std::fs::write(&path, &text).expect("plan/format.json written");
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    // Line by line, so that a failure names the kind that changed.
+    for (got, want) in text.lines().zip(want.lines()) {
+        assert_eq!(
+            got,
+            want,
+            "a step's engine-file form changed ({})",
+            path.display()
+        );
+    }
+    assert_eq!(
+        text,
+        want,
+        "the kinds of steps changed ({})",
+        path.display()
+    );
+}

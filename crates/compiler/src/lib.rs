@@ -14,8 +14,9 @@
 //!
 //! Adding an ONNX operator: its name in the `OPS` of the `import/` family it belongs to
 //! (with its required inputs) and its import there; where it needs a new `ir::Op`, that
-//! op's shape rule, its evaluation in `reference` and its lowering in `lower/`. A new plan `Step`
-//! also needs its `spans()` and `check` entry, its simulation in `sim`, and a kernel in each
+//! op's shape rule, its evaluation in `reference` and its lowering in `lower/`. A new kind
+//! of plan step is a module of `plan/` (a type implementing `plan::StepKind` and
+//! `sim::Simulate`, a `Step` variant and its line in `with_step!`), and a kernel in each
 //! runtime (`trtclassify-cpu`'s `kernels/`; `trtclassify-cuda`'s `kernels.cu`,
 //! `runtime/steps.rs`, `abi.rs`). Then `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler
 //! --lib the_documented_operator_table`. The full checklist is in docs/architecture.md.

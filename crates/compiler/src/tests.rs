@@ -5,7 +5,9 @@
 use std::path::Path;
 
 use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
-use super::plan::{Cast, DType, Loc, Plan, Step, Weights};
+use super::plan::{
+    Cast, DType, EwStep, GemmStep, Loc, Plan, RowMeanStep, SoftmaxStep, Step, Weights,
+};
 use super::{check, import, lower, passes, reference, sim};
 use crate::OnnxModel;
 use crate::testing::{assert_close, load_reference, models};
@@ -191,7 +193,7 @@ fn residual_products(plan: &Plan) -> Vec<bool> {
         .iter()
         .filter_map(|step| match step {
             Step::Conv(c) => c.residual.map(|z| z == c.y),
-            Step::Gemm { residual, y, .. } => residual.map(|z| z == *y),
+            Step::Gemm(GemmStep { residual, y, .. }) => residual.map(|z| z == *y),
             _ => None,
         })
         .collect()
@@ -301,10 +303,10 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
                 assert!(
                     matches!(
                         writers[..],
-                        [Step::Ew {
+                        [Step::Ew(EwStep {
                             cast: Cast::ToF32,
                             ..
-                        }]
+                        })]
                     ),
                     "{model} {dtype:?}: {kinds:?}"
                 );
@@ -316,17 +318,17 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
                     _ => panic!("{model}: {kinds:?}"),
                 };
                 assert!(
-                    matches!(product, Step::Gemm { bias: None, .. }),
+                    matches!(product, Step::Gemm(GemmStep { bias: None, .. })),
                     "{kinds:?}"
                 );
                 assert!(
                     matches!(
                         bias,
-                        Step::Ew {
+                        Step::Ew(EwStep {
                             cast: Cast::F32,
                             b: Some(_),
                             ..
-                        }
+                        })
                     ),
                     "{kinds:?}"
                 );
@@ -334,10 +336,10 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
                     true => assert!(
                         matches!(
                             rest,
-                            [Step::Softmax {
+                            [Step::Softmax(SoftmaxStep {
                                 x: Loc::Output(0),
                                 ..
-                            }]
+                            })]
                         ),
                         "{kinds:?}"
                     ),
@@ -547,12 +549,12 @@ fn vision_transformers_import_lower_and_match_onnxruntime() {
             .filter(|s| {
                 matches!(
                     s,
-                    Step::Gemm {
+                    Step::Gemm(GemmStep {
                         batch: 3,
                         x_batch: 0,
                         bias: Some(_),
                         ..
-                    }
+                    })
                 )
             })
             .count()
@@ -1145,7 +1147,7 @@ fn any_nodes_kept_in_f32_give_the_same_answers() {
             );
             for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
                 let wide = step.is_wide();
-                if let Step::Ew { cast, .. } = step {
+                if let Step::Ew(EwStep { cast, .. }) = step {
                     casts += usize::from(matches!(cast, Cast::ToF32 | Cast::FromF32));
                 }
                 for loc in step.locs_mut() {
@@ -1164,10 +1166,10 @@ fn any_nodes_kept_in_f32_give_the_same_answers() {
                 plan.steps.iter().any(|s| !s.is_wide()
                     && !matches!(
                         s,
-                        Step::Ew {
+                        Step::Ew(EwStep {
                             cast: Cast::ToF32 | Cast::FromF32 | Cast::F32,
                             ..
-                        }
+                        })
                     )),
                 "{what}: nothing left in fp16"
             );
@@ -1211,9 +1213,9 @@ fn the_checks_hold_each_buffer_to_its_type() {
     let cast = plan
         .steps
         .iter()
-        .position(|s| matches!(s, Step::Ew { cast: Cast::ToF32, out, .. } if matches!(out.loc, Loc::Wide(_))))
+        .position(|s| matches!(s, Step::Ew(EwStep { cast: Cast::ToF32, out, .. }) if matches!(out.loc, Loc::Wide(_))))
         .expect("the frames cast into the f32 arena");
-    let Step::Ew { cast: c, .. } = &mut plan.steps[cast] else {
+    let Step::Ew(EwStep { cast: c, .. }) = &mut plan.steps[cast] else {
         unreachable!()
     };
     *c = Cast::None;
@@ -1336,7 +1338,7 @@ fn plans_keep_the_engine_file_format() {
                 let value = serde_json::to_value(step).expect("serialises");
                 let kind = value.as_object().and_then(|o| o.keys().next().cloned());
                 let kind = kind.expect("a step is written as {kind: fields}");
-                if let Step::Ew { act, cast, op, .. } = step {
+                if let Step::Ew(EwStep { act, cast, op, .. }) = step {
                     keep(format!("Ew act {act:?}"), value.clone());
                     keep(format!("Ew cast {cast:?}"), value.clone());
                     keep(format!("Ew op {op:?}"), value.clone());
@@ -1366,12 +1368,12 @@ fn plans_keep_the_engine_file_format() {
         }
     }
     // No committed model's plan has a row mean (their means are global average pools).
-    let mean = Step::RowMean {
+    let mean = Step::RowMean(RowMeanStep {
         rows: 2,
         len: 3,
         x: Loc::Arena(0),
         y: Loc::Arena(8),
-    };
+    });
     keep("RowMean".into(), serde_json::to_value(mean).unwrap());
     let mut text = String::from("{\n");
     let entries: Vec<String> = (samples.iter())

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use trtclassify_compiler::plan::{Loc, Plan, Span, Step};
+use trtclassify_compiler::plan::{GemmStep, Loc, Plan, Span, Step};
 
 /// A step of the batch plan whose buffers hold more values than this (4 MB) runs frame by
 /// frame, unless its weights are many (`runs_alone`): MobileNetV2's 28×28 layers (4.8 MB a
@@ -175,7 +175,10 @@ impl Tail {
 /// Steps whose outputs need not hold each frame's values together after the frame before's:
 /// attention's, a product of several matrices (the heads of a frame's attention).
 fn holds_frames_apart(step: &Step) -> bool {
-    matches!(step, Step::Attention(_) | Step::Gemm { batch: 2.., .. })
+    matches!(
+        step,
+        Step::Attention(_) | Step::Gemm(GemmStep { batch: 2.., .. })
+    )
 }
 
 /// Arena values the step's buffers hold, in and out.
@@ -276,7 +279,7 @@ mod tests {
 
     /// A 1×1 convolution of `pixels` pixels (of all the frames), `k` channels to `n`.
     fn pointwise(pixels: usize, k: usize, n: usize) -> Step {
-        Step::Gemm {
+        Step::Gemm(GemmStep {
             batch: 1,
             alpha: 1.0,
             rows: pixels,
@@ -294,7 +297,7 @@ mod tests {
             act: Act::None,
             y: Loc::Arena(pixels * k),
             y_batch: 0,
-        }
+        })
     }
 
     #[test]

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::batched_tail::Tail;
 use super::kernels::{self, Buffers, Packed, Team, Threads};
 use trtclassify_compiler::OnnxModel;
-use trtclassify_compiler::plan::{DType, Loc, Plan, Step};
+use trtclassify_compiler::plan::{DType, GemmStep, Loc, Plan, Step};
 use trtclassify_compiler::spec::InputSpec;
 use trtclassify_compiler::{self as compiler, CompileError, check::check_plan};
 
@@ -446,7 +446,7 @@ fn tail_packing(
 fn weight_of(step: &Step) -> Option<Loc> {
     match step {
         Step::Conv(c) => Some(c.weight),
-        Step::Gemm { w, .. } => Some(*w),
+        Step::Gemm(GemmStep { w, .. }) => Some(*w),
         _ => None,
     }
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use super::plan_runner::PlanRunner;
 use trtclassify_compiler::ir::{Act, BinOp};
-use trtclassify_compiler::plan::{Cast, ConvStep, DType, Loc, Plan, Step, Strided, Weights};
+use trtclassify_compiler::plan::{
+    Cast, ConvStep, DType, EwStep, GemmStep, Loc, Plan, PoolStep, Step, Strided, Weights, ZeroStep,
+};
 use trtclassify_compiler::sim;
 
 /// A small deterministic generator: a failing case is its seed.
@@ -74,7 +76,7 @@ fn all(loc: Loc) -> Strided {
 
 /// A step copying `len` values from `from` to `to`.
 fn copy(from: Loc, to: Loc, len: usize) -> Step {
-    Step::Ew {
+    Step::Ew(EwStep {
         op: None,
         act: Act::None,
         cast: Cast::None,
@@ -82,7 +84,7 @@ fn copy(from: Loc, to: Loc, len: usize) -> Step {
         out: all(to),
         a: all(from),
         b: None,
-    }
+    })
 }
 
 /// `plan`, whose product reads its residual from the input at `z` and writes the output, in
@@ -94,7 +96,7 @@ fn over_residual(mut plan: Plan, z: usize) -> Plan {
     for step in &mut plan.steps {
         let residual = match step {
             Step::Conv(c) => &mut c.residual,
-            Step::Gemm { residual, .. } => residual,
+            Step::Gemm(GemmStep { residual, .. }) => residual,
             _ => &mut None,
         };
         if *residual == Some(Loc::Input(z)) {
@@ -296,7 +298,7 @@ fn pooling_agrees_with_the_plain_run() {
             continue;
         };
         let (oh, ow) = (oh / strides[0] + 1, ow / strides[1] + 1);
-        let step = Step::Pool {
+        let step = Step::Pool(PoolStep {
             n,
             h,
             w,
@@ -310,7 +312,7 @@ fn pooling_agrees_with_the_plain_run() {
             count_include_pad: rng.below(2) == 0,
             x: Loc::Input(0),
             y: Loc::Output(0),
-        };
+        });
         let what = format!("seed {seed}: {}", step.describe());
         let input = rng.values(n * h * w * c);
         let (plan, weights) = one_step(step, input.len(), n * oh * ow * c, vec![]);
@@ -367,7 +369,7 @@ fn elementwise_steps_agree_with_the_plain_run() {
         };
         let op = ops[rng.below(ops.len())];
         let act = ACTS[rng.below(ACTS.len())];
-        let step = Step::Ew {
+        let step = Step::Ew(EwStep {
             op,
             act,
             cast: Cast::None,
@@ -384,7 +386,7 @@ fn elementwise_steps_agree_with_the_plain_run() {
                 loc: Loc::Input(total),
                 strides: b_strides,
             }),
-        };
+        });
         let what = format!("seed {seed}: {}", step.describe());
         let mut input = rng.values(2 * total);
         // No division by values near zero.
@@ -419,7 +421,7 @@ fn frames_of_planes_become_pixels() {
             out.insert(0, frame);
             a.insert(0, frame);
         }
-        let step = Step::Ew {
+        let step = Step::Ew(EwStep {
             op: None,
             act: Act::None,
             cast: Cast::None,
@@ -433,7 +435,7 @@ fn frames_of_planes_become_pixels() {
                 strides: a,
             },
             b: None,
-        };
+        });
         let what = format!("{frames} frames of {planes} planes of {pixels}");
         let total = frames * pixels * planes;
         let input = Rng(seed as u64).values(total);
@@ -512,7 +514,7 @@ fn products_agree_with_the_plain_run() {
             Loc::Input(x_len)
         };
         let z = x_len + if constant { 0 } else { w_len };
-        let gemm = Step::Gemm {
+        let gemm = Step::Gemm(GemmStep {
             batch,
             alpha,
             rows,
@@ -530,7 +532,7 @@ fn products_agree_with_the_plain_run() {
             act: if act == Act::Relu { act } else { Act::None },
             y: Loc::Output(0),
             y_batch,
-        };
+        });
         let in_place = residual && seed % 2 == 1;
         let what = format!(
             "seed {seed}: {} then {act:?}{}",
@@ -541,7 +543,7 @@ fn products_agree_with_the_plain_run() {
             loc: Loc::Output(0),
             strides: vec![1],
         };
-        let activation = Step::Ew {
+        let activation = Step::Ew(EwStep {
             op: None,
             act,
             cast: Cast::None,
@@ -549,7 +551,7 @@ fn products_agree_with_the_plain_run() {
             out: whole.clone(),
             a: whole,
             b: None,
-        };
+        });
         let input = rng.values(z + if residual { y_len } else { 0 });
         let (mut plan, weights) = one_step(gemm, input.len(), y_len, weights);
         plan.steps.push(activation);
@@ -557,10 +559,10 @@ fn products_agree_with_the_plain_run() {
         // What lies between the products' outputs is theirs to leave alone: zeroed first,
         // both runs then hold the same there.
         for p in (0..batch - 1).filter(|_| y_batch > rows * n) {
-            let gap = Step::Zero {
+            let gap = Step::Zero(ZeroStep {
                 loc: Loc::Output(p * y_batch + rows * n),
                 len: y_batch - rows * n,
-            };
+            });
             plan.steps.insert(0, gap);
             plan.origins.insert(0, "gap".into());
         }
@@ -606,7 +608,7 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             strides: vec![0, 1],
         };
         let (a, b) = if seed % 2 == 0 { (x, s) } else { (s, x) };
-        let scale = Step::Ew {
+        let scale = Step::Ew(EwStep {
             op: Some(BinOp::Mul),
             act: Act::None,
             cast: Cast::None,
@@ -617,10 +619,10 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             },
             a,
             b: Some(b),
-        };
+        });
         // The 1×1 convolution, as the lowering gives it: NHWC pixels times the weights,
         // and its activation a step of its own, which the product takes over.
-        let conv = Step::Gemm {
+        let conv = Step::Gemm(GemmStep {
             batch: 1,
             alpha: 1.0,
             rows: pixels,
@@ -641,8 +643,8 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             act: Act::None,
             y,
             y_batch: 0,
-        };
-        let silu = Step::Ew {
+        });
+        let silu = Step::Ew(EwStep {
             op: None,
             act: Act::Silu,
             cast: Cast::None,
@@ -650,7 +652,7 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             out: all(y),
             a: all(y),
             b: None,
-        };
+        });
         let input = rng.values(pixels * c + c);
         let weights = vec![rng.values(k * c), rng.values(k)];
         let out_len = pixels * k + if read_again { pixels * c } else { 0 };

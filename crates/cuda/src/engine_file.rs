@@ -635,7 +635,7 @@ fn parts<'a>(
 pub(crate) mod tests {
     use super::*;
     use trtclassify_compiler::ir::Act;
-    use trtclassify_compiler::plan::{Cast, Loc, MAX_RANK, Step, Strided};
+    use trtclassify_compiler::plan::{Cast, EwStep, Loc, MAX_RANK, Step, Strided, ZeroStep};
 
     pub(crate) fn key() -> Key {
         Key {
@@ -658,7 +658,7 @@ pub(crate) mod tests {
     pub(crate) const FRAME: usize = 12;
 
     pub(crate) fn engine() -> EngineFile {
-        let step = Step::Ew {
+        let step = Step::Ew(EwStep {
             op: None,
             act: Act::Relu,
             cast: Cast::None,
@@ -675,7 +675,7 @@ pub(crate) mod tests {
                 strides: vec![1],
             },
             b: None,
-        };
+        });
         EngineFile {
             key: key(),
             num_classes: 4,
@@ -805,7 +805,7 @@ pub(crate) mod tests {
         let cases: Vec<(Damage<Step>, &str)> = vec![
             (
                 |s| {
-                    let Step::Ew { a, .. } = s else {
+                    let Step::Ew(EwStep { a, .. }) = s else {
                         unreachable!()
                     };
                     a.loc = Loc::Weight {
@@ -817,7 +817,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { out, .. } = s else {
+                    let Step::Ew(EwStep { out, .. }) = s else {
                         unreachable!()
                     };
                     out.loc = Loc::Arena(1);
@@ -826,7 +826,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { dims, .. } = s else {
+                    let Step::Ew(EwStep { dims, .. }) = s else {
                         unreachable!()
                     };
                     dims[0] = 5;
@@ -835,7 +835,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { out, .. } = s else {
+                    let Step::Ew(EwStep { out, .. }) = s else {
                         unreachable!()
                     };
                     out.strides[0] = 2;
@@ -844,7 +844,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { a, .. } = s else {
+                    let Step::Ew(EwStep { a, .. }) = s else {
                         unreachable!()
                     };
                     a.strides[0] = -1;
@@ -854,7 +854,7 @@ pub(crate) mod tests {
             (
                 |s| {
                     // An fp16 step writing the f32 scores without a cast.
-                    let Step::Ew { out, .. } = s else {
+                    let Step::Ew(EwStep { out, .. }) = s else {
                         unreachable!()
                     };
                     out.loc = Loc::Output(0);
@@ -864,7 +864,7 @@ pub(crate) mod tests {
             (
                 |s| {
                     // A cast from f32 reading fp16 weights as f32: twice their bytes.
-                    let Step::Ew { cast, .. } = s else {
+                    let Step::Ew(EwStep { cast, .. }) = s else {
                         unreachable!()
                     };
                     *cast = Cast::FromF32;
@@ -874,7 +874,7 @@ pub(crate) mod tests {
             (
                 |s| {
                     // A binary operator without its second operand reads address 0.
-                    let Step::Ew { op, .. } = s else {
+                    let Step::Ew(EwStep { op, .. }) = s else {
                         unreachable!()
                     };
                     *op = Some(trtclassify_compiler::ir::BinOp::Add);
@@ -883,7 +883,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { dims, .. } = s else {
+                    let Step::Ew(EwStep { dims, .. }) = s else {
                         unreachable!()
                     };
                     *dims = vec![1; MAX_RANK + 1];
@@ -892,7 +892,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { a, .. } = s else {
+                    let Step::Ew(EwStep { a, .. }) = s else {
                         unreachable!()
                     };
                     a.strides.push(0);
@@ -901,7 +901,7 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    let Step::Ew { out, .. } = s else {
+                    let Step::Ew(EwStep { out, .. }) = s else {
                         unreachable!()
                     };
                     out.loc = Loc::Temp { id: 0, offset: 0 };
@@ -910,10 +910,10 @@ pub(crate) mod tests {
             ),
             (
                 |s| {
-                    *s = Step::Zero {
+                    *s = Step::Zero(ZeroStep {
                         loc: Loc::Arena(2),
                         len: 3,
-                    }
+                    })
                 },
                 "touches elements 2..5 of a buffer of 4",
             ),

@@ -189,7 +189,7 @@ mod tests {
             assert_eq!(plan.wide_nodes(), in_f32, "{model}: {kinds:?}");
             assert!(
                 (plan.steps.iter())
-                    .any(|s| matches!(s, Step::Conv(_) | Step::Gemm { .. }) && !s.is_wide())
+                    .any(|s| matches!(s, Step::Conv(_) | Step::Gemm(_)) && !s.is_wide())
                     || model == "big_activations",
                 "{model}: {kinds:?}"
             );

@@ -1087,7 +1087,7 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
         const Attn p, const T *q, const T *k, const T *v, const T *bias, T *y) {               \
         attention_body<DK, DV>(p, q, k, v, bias, y);                                            \
     }
-// `ATTENTION_HEAD_DIMS` in plan.rs: every pair with dk ≤ dv.
+// `ATTENTION_HEAD_DIMS` in the compiler's plan/attention.rs: every pair with dk ≤ dv.
 ATTENTION(16, 16)
 ATTENTION(16, 32)
 ATTENTION(16, 64)

@@ -3,7 +3,7 @@
 //! alive at different times share memory. The buffers of nodes kept in f32 in an fp16 plan
 //! have an arena of their own.
 
-use crate::plan::{Loc, Step};
+use crate::plan::{GemmStep, Loc, Step};
 
 /// Buffers start at multiples of this many elements (256 bytes in fp16), as cuDNN and
 /// cuBLASLt prefer.
@@ -31,7 +31,7 @@ pub(super) fn over_residuals(steps: &[Step], storages: &[Storage]) -> Vec<Option
     for (s, step) in steps.iter().enumerate() {
         let (residual, y) = match step {
             Step::Conv(c) => (c.residual, c.y),
-            Step::Gemm { residual, y, .. } => (*residual, *y),
+            Step::Gemm(GemmStep { residual, y, .. }) => (*residual, *y),
             _ => continue,
         };
         let (Some(Loc::Temp { id: z, offset: 0 }), Loc::Temp { id: out, offset: 0 }) =

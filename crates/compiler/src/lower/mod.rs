@@ -30,7 +30,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::CompileError;
 use super::ir::{Act, Graph, Node, Op, Tensor, strides};
-use super::plan::{Cast, DType, Loc, MAX_RANK, Plan, Step, Strided, Weights};
+use super::plan::{Cast, DType, EwStep, Loc, MAX_RANK, Plan, Step, Strided, Weights};
 use arena::{Storage, over_residuals, place, resolve};
 
 /// The memory order of NCHW axes in NHWC.
@@ -278,7 +278,7 @@ impl Lowering<'_> {
         let strides = |s: &[usize]| s.iter().map(|&v| v as i64).collect::<Vec<_>>();
         let (dims, all) = merge_dims(dims.to_vec(), vec![strides(out.1), strides(src.1)]);
         self.push(
-            Step::Ew {
+            Step::Ew(EwStep {
                 op: None,
                 act: Act::None,
                 cast: self.same_type(),
@@ -292,7 +292,7 @@ impl Lowering<'_> {
                     strides: all[1].clone(),
                 },
                 b: None,
-            },
+            }),
             &[src.0, out.0],
         );
     }
@@ -351,7 +351,7 @@ impl Lowering<'_> {
             Cast::None => self.same_type(),
             cast => cast,
         };
-        self.steps.push(Step::Ew {
+        self.steps.push(Step::Ew(EwStep {
             op,
             act,
             cast,
@@ -359,7 +359,7 @@ impl Lowering<'_> {
             a: strided(inputs[0].loc, &all[1]),
             b: inputs.get(1).map(|v| strided(v.loc, &all[2])),
             dims,
-        });
+        }));
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use super::{Lowering, NHWC, Val, dims4};
 use crate::ir::{Node, Pool2d, PoolKind};
-use crate::plan::Step;
+use crate::plan::{GlobalAvgPoolStep, LrnStep, PoolStep, Step};
 
 impl Lowering<'_> {
     pub(super) fn pool(&mut self, node: &Node, p: &Pool2d, shape: &[usize]) -> Result<Val, String> {
@@ -17,7 +17,7 @@ impl Lowering<'_> {
             PoolKind::Avg { count_include_pad } => (false, count_include_pad),
         };
         self.push(
-            Step::Pool {
+            Step::Pool(PoolStep {
                 n,
                 h,
                 w,
@@ -31,7 +31,7 @@ impl Lowering<'_> {
                 count_include_pad,
                 x: x.loc,
                 y: y.loc,
-            },
+            }),
             &[x.loc, y.loc],
         );
         Ok(y)
@@ -43,13 +43,13 @@ impl Lowering<'_> {
         let [n, c, h, w] = dims4(&x.shape);
         let y = self.alloc(shape, NHWC.to_vec());
         self.push(
-            Step::GlobalAvgPool {
+            Step::GlobalAvgPool(GlobalAvgPoolStep {
                 n,
                 hw: h * w,
                 c,
                 x: x.loc,
                 y: y.loc,
-            },
+            }),
             &[x.loc, y.loc],
         );
         Ok(y)
@@ -67,7 +67,7 @@ impl Lowering<'_> {
         let x = self.require(&x, &NHWC)?;
         let y = self.alloc(shape, NHWC.to_vec());
         self.push(
-            Step::Lrn {
+            Step::Lrn(LrnStep {
                 pixels: x.len() / shape[1],
                 c: shape[1],
                 size,
@@ -76,7 +76,7 @@ impl Lowering<'_> {
                 bias,
                 x: x.loc,
                 y: y.loc,
-            },
+            }),
             &[x.loc, y.loc],
         );
         Ok(y)

@@ -5,7 +5,7 @@
 use super::arena::ALIGN;
 use super::{Lowering, NHWC, Val, dims4, identity};
 use crate::ir::{Act, Conv2d, Node, Op, Tensor};
-use crate::plan::{Cast, ConvStep, DType, Loc, Step};
+use crate::plan::{Cast, ConvStep, DType, GemmStep, Loc, Step, ZeroStep};
 
 impl Lowering<'_> {
     pub(super) fn conv(&mut self, node: &Node, c: &Conv2d, shape: &[usize]) -> Result<Val, String> {
@@ -19,10 +19,10 @@ impl Lowering<'_> {
             let padded_shape = vec![n, ci, h + top + bottom, w + left + right];
             let padded = self.alloc(&padded_shape, NHWC.to_vec());
             self.push(
-                Step::Zero {
+                Step::Zero(ZeroStep {
                     loc: padded.loc,
                     len: padded.len(),
-                },
+                }),
                 &[padded.loc],
             );
             let ps = padded.strides();
@@ -89,7 +89,7 @@ impl Lowering<'_> {
                 .chain(residual.as_ref().map(|z| z.loc))
                 .collect();
             self.push(
-                Step::Gemm {
+                Step::Gemm(GemmStep {
                     batch: 1,
                     alpha: 1.0,
                     rows: n * oh * ow,
@@ -104,7 +104,7 @@ impl Lowering<'_> {
                     act: self.epilogue(c.act),
                     y: y.loc,
                     y_batch: y.len(),
-                },
+                }),
                 &reads,
             );
             self.gemm_activation(c.act, &y)?;
@@ -169,7 +169,7 @@ impl Lowering<'_> {
         let (k, n) = (w.shape[0], w.shape[1]);
         let reads: Vec<Loc> = [x.loc, y.loc].into_iter().chain(residual).collect();
         self.push(
-            Step::Gemm {
+            Step::Gemm(GemmStep {
                 batch: 1,
                 alpha: 1.0,
                 rows: x.len() / k,
@@ -184,7 +184,7 @@ impl Lowering<'_> {
                 act: self.epilogue(act),
                 y: y.loc,
                 y_batch: y.len(),
-            },
+            }),
             &reads,
         );
         self.gemm_activation(act, &y)?;
@@ -217,7 +217,7 @@ impl Lowering<'_> {
         let (m, k, n) = (a.shape[rank - 2], a.shape[rank - 1], b.shape[rank - 1]);
         let y = self.alloc(shape, identity(rank));
         self.push(
-            Step::Gemm {
+            Step::Gemm(GemmStep {
                 batch: shape[..rank - 2].iter().product(),
                 alpha,
                 rows: m,
@@ -232,7 +232,7 @@ impl Lowering<'_> {
                 act: Act::None,
                 y: y.loc,
                 y_batch: m * n,
-            },
+            }),
             &[a.loc, b.loc, y.loc],
         );
         Ok(y)
@@ -314,7 +314,7 @@ impl Lowering<'_> {
         let y_batch = (rows * n).div_ceil(ALIGN) * ALIGN;
         let out = self.alloc(&[count * y_batch], vec![0]);
         self.push(
-            Step::Gemm {
+            Step::Gemm(GemmStep {
                 batch: count,
                 alpha: 1.0,
                 rows,
@@ -329,7 +329,7 @@ impl Lowering<'_> {
                 act: self.epilogue(act),
                 y: out.loc,
                 y_batch,
-            },
+            }),
             &[x.loc, out.loc],
         );
         let mut outputs = (0..count).map(|g| Val {

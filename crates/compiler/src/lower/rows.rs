@@ -4,7 +4,7 @@
 
 use super::{Lowering, Val, identity};
 use crate::ir::Node;
-use crate::plan::Step;
+use crate::plan::{LayerNormStep, RowMeanStep, SoftmaxStep, Step};
 
 impl Lowering<'_> {
     pub(super) fn softmax(
@@ -21,12 +21,12 @@ impl Lowering<'_> {
         let len = shape[axis];
         let rows = x.len() / len;
         let y = self.alloc(shape, perm);
-        let step = Step::Softmax {
+        let step = Step::Softmax(SoftmaxStep {
             rows,
             len,
             x: x.loc,
             y: y.loc,
-        };
+        });
         self.push(step, &[x.loc, y.loc]);
         Ok(y)
     }
@@ -57,7 +57,7 @@ impl Lowering<'_> {
             Some(b) => Some(self.get(b)?.loc),
             None => None,
         };
-        let step = Step::LayerNorm {
+        let step = Step::LayerNorm(LayerNormStep {
             rows,
             len,
             epsilon,
@@ -65,7 +65,7 @@ impl Lowering<'_> {
             scale,
             bias,
             y: y.loc,
-        };
+        });
         self.push(step, &[x.loc, y.loc]);
         Ok(y)
     }
@@ -87,12 +87,12 @@ impl Lowering<'_> {
         let len: usize = axes.iter().map(|&a| x.shape[a]).product();
         let y = self.alloc(shape, identity(shape.len()));
         self.push(
-            Step::RowMean {
+            Step::RowMean(RowMeanStep {
                 rows: x.len() / len,
                 len,
                 x: x.loc,
                 y: y.loc,
-            },
+            }),
             &[x.loc, y.loc],
         );
         Ok(y)

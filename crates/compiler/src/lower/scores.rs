@@ -8,7 +8,7 @@
 //! on the scores in place, and the copy goes.
 
 use super::super::ir::{Act, BinOp};
-use super::super::plan::{Cast, DType, Loc, Step, Strided};
+use super::super::plan::{Cast, DType, EwStep, GemmStep, Loc, SoftmaxStep, Step, Strided};
 
 /// Rewrites the end of `steps` (with their `origins`) as above where it has that form;
 /// otherwise leaves it.
@@ -20,13 +20,13 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
         return;
     };
     let copy = steps.len() - 1;
-    let Step::Ew { out, .. } = &steps[copy] else {
+    let Step::Ew(EwStep { out, .. }) = &steps[copy] else {
         return;
     };
     let scores = out.loc;
-    let Step::Gemm {
+    let Step::Gemm(GemmStep {
         n, bias, act, y, ..
-    } = &mut steps[product]
+    }) = &mut steps[product]
     else {
         return;
     };
@@ -36,7 +36,7 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
     steps.truncate(copy);
     origins.truncate(copy);
     if let Some(s) = softmax {
-        let Step::Softmax { x, y, .. } = &mut steps[s] else {
+        let Step::Softmax(SoftmaxStep { x, y, .. }) = &mut steps[s] else {
             return;
         };
         (*x, *y) = (scores, scores);
@@ -47,7 +47,7 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
             loc,
             strides: vec![n as i64, 1],
         };
-        let epilogue = Step::Ew {
+        let epilogue = Step::Ew(EwStep {
             op: bias.map(|_| BinOp::Add),
             act,
             cast: Cast::F32,
@@ -58,7 +58,7 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
                 loc,
                 strides: vec![0, 1],
             }),
-        };
+        });
         steps.insert(product + 1, epilogue);
         origins.insert(product + 1, origins[product].clone());
     }
@@ -69,7 +69,7 @@ pub(super) fn in_f32(dtype: DType, steps: &mut Vec<Step>, origins: &mut Vec<Stri
 /// the softmax's.
 fn product_before_the_copy(steps: &[Step]) -> Option<(usize, Option<usize>)> {
     let copy = steps.len().checked_sub(1)?;
-    let Step::Ew {
+    let Step::Ew(EwStep {
         op: None,
         act: Act::None,
         cast: Cast::ToF32,
@@ -77,7 +77,7 @@ fn product_before_the_copy(steps: &[Step]) -> Option<(usize, Option<usize>)> {
         out,
         a,
         b: None,
-    } = &steps[copy]
+    }) = &steps[copy]
     else {
         return None;
     };
@@ -87,19 +87,19 @@ fn product_before_the_copy(steps: &[Step]) -> Option<(usize, Option<usize>)> {
         return None;
     }
     let (product, softmax, copied) = match &steps[copy.checked_sub(1)?] {
-        Step::Softmax { rows, len: l, x, y } if *y == a.loc && rows * l == len => {
+        Step::Softmax(SoftmaxStep { rows, len: l, x, y }) if *y == a.loc && rows * l == len => {
             (copy.checked_sub(2)?, Some((copy - 1, *l)), *x)
         }
         _ => (copy - 1, None, a.loc),
     };
-    let Step::Gemm {
+    let Step::Gemm(GemmStep {
         batch,
         rows,
         n,
         residual: None,
         y,
         ..
-    } = &steps[product]
+    }) = &steps[product]
     else {
         return None;
     };

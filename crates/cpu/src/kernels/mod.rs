@@ -17,7 +17,10 @@ use std::sync::Arc;
 
 use super::vector::{activate as activate_with, fma};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{ConvStep, Loc, Step};
+use trtclassify_compiler::plan::{
+    ConvStep, EwStep, GemmStep, GlobalAvgPoolStep, LayerNormStep, Loc, LrnStep, PoolStep,
+    RowMeanStep, SoftmaxStep, Step, ZeroStep,
+};
 
 /// f32 values that start on a cache line (64 bytes), as AVX-512's 64-byte loads want (one
 /// across two lines costs two): the activation arena, whose buffers the plan places at
@@ -281,7 +284,7 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
     const PACKED_MAX: usize = 1 << 24;
     match step {
         Step::Conv(_) => conv::pack(step, weights),
-        &Step::Gemm {
+        &Step::Gemm(GemmStep {
             batch: 1,
             alpha,
             n,
@@ -289,7 +292,7 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
             w: Loc::Weight { index, offset },
             w_transposed,
             ..
-        } if k * n <= PACKED_MAX => {
+        }) if k * n <= PACKED_MAX => {
             let w = &weights[index][offset..];
             let at = |i, j| {
                 if w_transposed {
@@ -311,7 +314,9 @@ pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
             Step::Conv(c),
             Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..) | Packed::Winograd(_),
         ) => Some(c.weight),
-        (Step::Gemm { w, .. }, Packed::Panels(..) | Packed::ScaledInput { .. }) => Some(*w),
+        (Step::Gemm(GemmStep { w, .. }), Packed::Panels(..) | Packed::ScaledInput { .. }) => {
+            Some(*w)
+        }
         _ => None,
     }
 }
@@ -346,7 +351,7 @@ fn run_with<const FMA: bool>(
         return;
     }
     match step {
-        Step::Ew {
+        Step::Ew(EwStep {
             op,
             act,
             cast: _,
@@ -354,8 +359,8 @@ fn run_with<const FMA: bool>(
             out,
             a,
             b,
-        } => elementwise(buf, *op, *act, dims, out, a, b.as_ref(), threads),
-        Step::Zero { loc, len } => {
+        }) => elementwise(buf, *op, *act, dims, out, a, b.as_ref(), threads),
+        Step::Zero(ZeroStep { loc, len }) => {
             // SAFETY: checked span.
             unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*loc), *len) }.fill(0.0)
         }
@@ -387,7 +392,7 @@ fn run_with<const FMA: bool>(
                 _ => unreachable!("a convolution's weight packs"),
             }
         }
-        Step::Gemm {
+        Step::Gemm(GemmStep {
             batch,
             alpha,
             rows,
@@ -402,7 +407,7 @@ fn run_with<const FMA: bool>(
             y,
             y_batch,
             w_transposed,
-        } => {
+        }) => {
             let mut unscaled = *x;
             let act = match packed {
                 Packed::Activated(act)
@@ -455,8 +460,10 @@ fn run_with<const FMA: bool>(
                 product.run(threads);
             }
         }
-        Step::Pool { n, oh, .. } => threads.for_each(n * oh, |row| pool_row(buf, step, row)),
-        Step::GlobalAvgPool { n, hw, c, x, y } => {
+        Step::Pool(PoolStep { n, oh, .. }) => {
+            threads.for_each(n * oh, |row| pool_row(buf, step, row))
+        }
+        Step::GlobalAvgPool(GlobalAvgPoolStep { n, hw, c, x, y }) => {
             // Sums over blocks of pixels, added up in order: the same result on any number
             // of threads, each of which takes a share of the blocks (the rows it wrote the
             // step before).
@@ -491,7 +498,7 @@ fn run_with<const FMA: bool>(
                 out.iter_mut().for_each(|o| *o *= scale);
             }
         }
-        Step::Softmax { rows, len, x, y } => {
+        Step::Softmax(SoftmaxStep { rows, len, x, y }) => {
             for r in 0..*rows {
                 let (x, y) = (rows_in(buf, *x, r, *len), rows_out(buf, *y, r, *len));
                 let max = x.iter().copied().fold(f32::MIN, f32::max);
@@ -501,7 +508,7 @@ fn run_with<const FMA: bool>(
                 y.iter_mut().for_each(|o| *o *= scale);
             }
         }
-        Step::LayerNorm {
+        Step::LayerNorm(LayerNormStep {
             rows,
             len,
             epsilon,
@@ -509,7 +516,7 @@ fn run_with<const FMA: bool>(
             scale,
             bias,
             y,
-        } => {
+        }) => {
             let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *len) };
             let bias = bias.map(|b| unsafe { std::slice::from_raw_parts(buf.at(b), *len) });
             for r in 0..*rows {
@@ -523,7 +530,7 @@ fn run_with<const FMA: bool>(
                 }
             }
         }
-        Step::RowMean { rows, len, x, y } => {
+        Step::RowMean(RowMeanStep { rows, len, x, y }) => {
             let y = buf.at_mut(*y);
             for r in 0..*rows {
                 let mean = rows_in(buf, *x, r, *len).iter().sum::<f32>() / *len as f32;
@@ -538,7 +545,7 @@ fn run_with<const FMA: bool>(
                 unsafe { *buf.at_mut(loc) = v };
             }
         }
-        Step::Lrn {
+        Step::Lrn(LrnStep {
             pixels,
             c,
             size,
@@ -547,7 +554,7 @@ fn run_with<const FMA: bool>(
             bias,
             x,
             y,
-        } => {
+        }) => {
             for p in 0..*pixels {
                 let (x, y) = (rows_in(buf, *x, p, *c), rows_out(buf, *y, p, *c));
                 for ch in 0..*c {
@@ -568,7 +575,7 @@ wide! {
 
 #[inline(always)]
 fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &Step, row: usize) {
-    let Step::Pool {
+    let Step::Pool(PoolStep {
         h,
         w,
         c,
@@ -582,7 +589,7 @@ fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &Step, row: usize) {
         x,
         y,
         ..
-    } = step
+    }) = step
     else {
         unreachable!("a pooling step");
     };

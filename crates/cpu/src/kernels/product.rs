@@ -6,17 +6,17 @@
 use super::panels::{self, Panels, run_panels};
 use super::{Packed, Threads, activate_with};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{Cast, Step, covers_once};
+use trtclassify_compiler::plan::{Cast, EwStep, GemmStep, Step, covers_once};
 
 /// Moves an activation that follows a matrix product in place (the lowering's form of
 /// everything but ReLU, which cuBLASLt's epilogue takes) into the product's own epilogue.
 pub fn fuse_activations(steps: &[Step], packed: &mut [Packed]) {
     for i in 1..steps.len() {
         let (
-            Step::Gemm {
+            Step::Gemm(GemmStep {
                 batch, rows, n, y, ..
-            },
-            Step::Ew {
+            }),
+            Step::Ew(EwStep {
                 op: None,
                 act,
                 cast: Cast::None,
@@ -24,7 +24,7 @@ pub fn fuse_activations(steps: &[Step], packed: &mut [Packed]) {
                 out,
                 a,
                 b: None,
-            },
+            }),
         ) = (&steps[i - 1], &steps[i])
         else {
             continue;

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::Packed;
 use trtclassify_compiler::ir::{Act, BinOp};
-use trtclassify_compiler::plan::{Cast, Loc, Span, Step, Strided, covers_once};
+use trtclassify_compiler::plan::{Cast, EwStep, GemmStep, Loc, Span, Step, Strided, covers_once};
 
 /// Marks each product by a per-channel scale whose only reader is the 1×1 convolution (a
 /// matrix product of constant weights, NHWC pixels being its rows) right after it: the
@@ -17,7 +17,7 @@ use trtclassify_compiler::plan::{Cast, Loc, Span, Step, Strided, covers_once};
 pub fn fuse_scales(steps: &[Step], packed: &mut [Packed]) {
     for i in 1..steps.len() {
         let (
-            Step::Ew {
+            Step::Ew(EwStep {
                 op: Some(BinOp::Mul),
                 act: Act::None,
                 cast: Cast::None,
@@ -25,8 +25,8 @@ pub fn fuse_scales(steps: &[Step], packed: &mut [Packed]) {
                 out,
                 a,
                 b: Some(b),
-            },
-            Step::Gemm {
+            }),
+            Step::Gemm(GemmStep {
                 batch: 1,
                 rows,
                 n,
@@ -36,7 +36,7 @@ pub fn fuse_scales(steps: &[Step], packed: &mut [Packed]) {
                 bias,
                 residual,
                 ..
-            },
+            }),
         ) = (&steps[i - 1], &steps[i])
         else {
             continue;

@@ -15,7 +15,8 @@ use crate::abi::{AttnParams, EwParams, PoolParams, WARP_ROW_MAX, act_params};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    AttentionStep, Cast, ConvStep, DType, Loc, Rows, Step, Strided, Tuned,
+    AttentionStep, Cast, ConvStep, DType, EwStep, GemmStep, GlobalAvgPoolStep, LayerNormStep, Loc,
+    LrnStep, PoolStep, RowMeanStep, Rows, SoftmaxStep, Step, Strided, Tuned, ZeroStep,
 };
 
 /// Launches a kernel whose arguments `args` holds.
@@ -40,7 +41,7 @@ impl Runtime {
     pub(super) fn step(&self, step: &Step, prepared: &Prepared) -> Result<()> {
         match (step, prepared) {
             (
-                Step::Ew {
+                Step::Ew(EwStep {
                     op,
                     act,
                     cast,
@@ -48,7 +49,7 @@ impl Runtime {
                     out,
                     a,
                     b,
-                },
+                }),
                 _,
             ) => {
                 let dtype = match cast {
@@ -58,13 +59,13 @@ impl Runtime {
                 let p = EwParams::new(*op, *act, dtype, dims, out, a, b.as_ref());
                 self.elementwise(&p, *cast, dims, out, a, b.as_ref())
             }
-            (Step::Zero { loc, len }, _) => self.zero(*loc, *len),
+            (Step::Zero(ZeroStep { loc, len }), _) => self.zero(*loc, *len),
             (Step::Conv(c), Prepared::Conv(d)) => {
                 let tuned = c.algo.ok_or(Error::Plan("an untuned convolution"))?;
                 self.conv(c, d, &tuned)
             }
             (
-                Step::Gemm {
+                Step::Gemm(GemmStep {
                     batch,
                     alpha,
                     rows,
@@ -75,7 +76,7 @@ impl Runtime {
                     y,
                     y_batch,
                     ..
-                },
+                }),
                 Prepared::Gemm(g),
             ) => {
                 self.gemm(g, *alpha, *x, *w, *residual, *y)?;
@@ -95,17 +96,21 @@ impl Runtime {
                 let p = EwParams::new(None, g.act_after, dtype, &dims, &whole, &whole, None);
                 self.elementwise(&p, kind, &dims, &whole, &whole, None)
             }
-            (Step::Pool { .. }, _) => self.pool(step),
-            (Step::GlobalAvgPool { n, hw, c, x, y }, _) => {
+            (Step::Pool(_), _) => self.pool(step),
+            (Step::GlobalAvgPool(GlobalAvgPoolStep { n, hw, c, x, y }), _) => {
                 self.global_avg_pool(*n, *hw, *c, *x, *y)
             }
-            (Step::Softmax { rows, len, x, y }, _) => self.softmax(*rows, *len, *x, *y),
-            (Step::RowMean { rows, len, x, y }, _) => self.row_mean(*rows, *len, *x, *y),
-            (Step::LayerNorm { .. }, _) => self.layer_norm(step),
-            (Step::Lrn { .. }, _) => self.lrn(step),
+            (Step::Softmax(SoftmaxStep { rows, len, x, y }), _) => {
+                self.softmax(*rows, *len, *x, *y)
+            }
+            (Step::RowMean(RowMeanStep { rows, len, x, y }), _) => {
+                self.row_mean(*rows, *len, *x, *y)
+            }
+            (Step::LayerNorm(_), _) => self.layer_norm(step),
+            (Step::Lrn(_), _) => self.lrn(step),
             (Step::Attention(a), _) => self.attention(a),
             // No catch-all: a new kind of step fails to compile here until it runs.
-            (Step::Conv(_) | Step::Gemm { .. }, _) => {
+            (Step::Conv(_) | Step::Gemm(_), _) => {
                 Err(Error::Plan("a step without its prepared descriptors"))
             }
         }
@@ -311,7 +316,7 @@ impl Runtime {
 
     /// Max or average pooling, NHWC: 16 bytes a thread where the channels allow it.
     fn pool(&self, step: &Step) -> Result<()> {
-        let &Step::Pool {
+        let &Step::Pool(PoolStep {
             n,
             h,
             w,
@@ -325,7 +330,7 @@ impl Runtime {
             count_include_pad,
             x,
             y,
-        } = step
+        }) = step
         else {
             unreachable!("dispatched by `step`")
         };
@@ -427,7 +432,7 @@ impl Runtime {
 
     /// Layer normalisation along rows: a warp a row where it fits in registers, else a block.
     fn layer_norm(&self, step: &Step) -> Result<()> {
-        let Step::LayerNorm {
+        let Step::LayerNorm(LayerNormStep {
             rows,
             len,
             epsilon,
@@ -435,7 +440,7 @@ impl Runtime {
             scale,
             bias,
             y,
-        } = step
+        }) = step
         else {
             unreachable!("dispatched by `step`")
         };
@@ -533,7 +538,7 @@ impl Runtime {
 
     /// Local response normalisation across the channels of an NHWC tensor.
     fn lrn(&self, step: &Step) -> Result<()> {
-        let Step::Lrn {
+        let Step::Lrn(LrnStep {
             pixels,
             c,
             size,
@@ -542,7 +547,7 @@ impl Runtime {
             bias,
             x,
             y,
-        } = step
+        }) = step
         else {
             unreachable!("dispatched by `step`")
         };

@@ -12,7 +12,7 @@ use super::cudnn::{self, ConvDescs};
 use super::{BatchPlan, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{ConvStep, Loc, Plan, Step, Tuned};
+use trtclassify_compiler::plan::{ConvStep, GemmStep, Loc, Plan, Step, Tuned};
 
 impl Runtime {
     /// The descriptors of every step of `plan`; convolutions without an algorithm are tuned.
@@ -27,7 +27,7 @@ impl Runtime {
                     }
                     Prepared::Conv(Box::new(descs))
                 }
-                Step::Gemm {
+                Step::Gemm(GemmStep {
                     batch,
                     rows,
                     n,
@@ -39,7 +39,7 @@ impl Runtime {
                     y,
                     y_batch,
                     ..
-                } => {
+                }) => {
                     let shape = GemmShape {
                         batch: *batch,
                         rows: *rows,

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The convolution step: cuDNN on the GPU, packed kernels on the CPU.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Loc, MAX_WORKSPACE, Span, StepKind, residual_note};
+use crate::check::Types;
+use crate::ir::Act;
+
+/// A 2-D convolution (cuDNN on the GPU) with its bias, residual and activation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConvStep {
+    /// Input N, C, H, W (NHWC in memory); output K, OH, OW.
+    pub n: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Input height, in pixels.
+    pub h: usize,
+    /// Input width, in pixels.
+    pub w: usize,
+    /// Output channels: the number of filters.
+    pub k: usize,
+    /// Output height, in pixels.
+    pub oh: usize,
+    /// Output width, in pixels.
+    pub ow: usize,
+    /// Kernel height and width (R, S).
+    pub kernel: [usize; 2],
+    /// Symmetric: asymmetric pads are made explicit by the lowering.
+    pub pads: [usize; 2],
+    /// Vertical and horizontal stride, in pixels.
+    pub strides: [usize; 2],
+    /// Vertical and horizontal dilation; 1 = a dense kernel.
+    pub dilations: [usize; 2],
+    /// Groups the channels are split into: 1 for a plain convolution, `c` for a depthwise one.
+    pub group: usize,
+    /// Applied last, after the bias and the residual.
+    pub act: Act,
+    /// The input, `[n, h, w, c]`.
+    pub x: Loc,
+    /// KRSC.
+    pub weight: Loc,
+    /// One value per output channel (`k` elements).
+    pub bias: Loc,
+    /// Added before the activation; the same shape as `y`.
+    pub residual: Option<Loc>,
+    /// The output, `[n, oh, ow, k]`.
+    pub y: Loc,
+    /// Chosen by timing while building; `None` until then.
+    pub algo: Option<Tuned>,
+}
+
+/// The cuDNN algorithm a convolution runs with, chosen by timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tuned {
+    /// cuDNN's `cudnnConvolutionFwdAlgo_t`, as an integer: the engine file holds no cuDNN type.
+    pub algo: i32,
+    /// cuDNN's `cudnnMathType_t` (whether tensor cores may be used), as an integer.
+    pub math: i32,
+    /// Bytes of workspace the algorithm needs; at most `MAX_WORKSPACE`.
+    pub workspace: usize,
+    /// Whether cuDNN's fused convolution + bias + activation (+ residual) runs it.
+    pub fused: bool,
+}
+
+impl StepKind for ConvStep {
+    fn describe(&self) -> String {
+        let c = self;
+        format!(
+            "conv {}x{}x{}x{} k{}x{} s{} g{} -> {} {:?}{} {}",
+            c.n,
+            c.c,
+            c.h,
+            c.w,
+            c.kernel[0],
+            c.kernel[1],
+            c.strides[0],
+            c.group,
+            c.k,
+            c.act,
+            residual_note(c.residual, c.y),
+            c.algo.map_or("untuned".into(), |t| format!(
+                "algo {} math {}{}",
+                t.algo,
+                t.math,
+                if t.fused { " fused" } else { "" }
+            ))
+        )
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        let c = self;
+        let per_group = c.c.checked_div(c.group).unwrap_or(0);
+        let mut spans = vec![
+            Span::dense(c.x, &[c.n, c.h, c.w, c.c]),
+            Span::dense(c.weight, &[c.k, c.kernel[0], c.kernel[1], per_group]),
+            Span::dense(c.bias, &[c.k]),
+            self.written(),
+        ];
+        spans.extend(c.residual.map(|r| Span::dense(r, &[c.n, c.oh, c.ow, c.k])));
+        spans
+    }
+
+    fn written(&self) -> Span {
+        Span::dense(self.y, &[self.n, self.oh, self.ow, self.k])
+    }
+
+    fn writes_all(&self) -> bool {
+        true
+    }
+
+    fn locs_mut(&mut self) -> Vec<&mut Loc> {
+        let mut locs = vec![&mut self.x, &mut self.weight, &mut self.bias, &mut self.y];
+        locs.extend(self.residual.as_mut());
+        locs
+    }
+
+    fn sizes_fit(&self) -> bool {
+        let c = self;
+        let int = |v: usize| i32::try_from(v).is_ok();
+        let positive = |v: usize| v >= 1 && int(v);
+        let out_dim = |i: usize, h: usize| {
+            let reach = c.dilations[i] * (c.kernel[i] - 1) + 1;
+            (h + 2 * c.pads[i])
+                .checked_sub(reach)
+                .map(|v| v / c.strides[i] + 1)
+        };
+        [c.n, c.c, c.h, c.w, c.k, c.oh, c.ow, c.group]
+            .into_iter()
+            .chain(c.kernel)
+            .chain(c.strides)
+            .chain(c.dilations)
+            .all(positive)
+            && c.pads.into_iter().all(int)
+            && c.c.is_multiple_of(c.group)
+            && c.k.is_multiple_of(c.group)
+            && out_dim(0, c.h) == Some(c.oh)
+            && out_dim(1, c.w) == Some(c.ow)
+            && c.algo.is_none_or(|t| t.workspace <= MAX_WORKSPACE)
+    }
+
+    fn types_fit(&self, t: &Types) -> bool {
+        t.uniform(self)
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl crate::sim::Simulate for ConvStep {
+    fn simulate(&self, m: &mut crate::sim::Memory) {
+        let c = self;
+        let (cig, kg) = (c.c / c.group, c.k / c.group);
+        for n in 0..c.n {
+            for oy in 0..c.oh {
+                for ox in 0..c.ow {
+                    for k in 0..c.k {
+                        let g = k / kg;
+                        let mut acc = m.read(c.bias, k);
+                        for r in 0..c.kernel[0] {
+                            let y = (oy * c.strides[0] + r * c.dilations[0]) as isize
+                                - c.pads[0] as isize;
+                            for s in 0..c.kernel[1] {
+                                let x = (ox * c.strides[1] + s * c.dilations[1]) as isize
+                                    - c.pads[1] as isize;
+                                if y < 0 || x < 0 || y >= c.h as isize || x >= c.w as isize {
+                                    continue;
+                                }
+                                let base = ((n * c.h + y as usize) * c.w + x as usize) * c.c;
+                                for cc in 0..cig {
+                                    let wv = m.read(
+                                        c.weight,
+                                        ((k * c.kernel[0] + r) * c.kernel[1] + s) * cig + cc,
+                                    );
+                                    acc += wv * m.read(c.x, base + g * cig + cc);
+                                }
+                            }
+                        }
+                        let o = ((n * c.oh + oy) * c.ow + ox) * c.k + k;
+                        if let Some(z) = c.residual {
+                            acc += m.read(z, o);
+                        }
+                        m.write(c.y, o, c.act.apply(acc));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Compiles crates/cuda/src/kernels.cu with NVRTC on the GPU host (fp16 and fp32), as the
-engine does, and counts the vector loads and 64-bit divisions of the vectorised kernels: a
-quick check of a kernel change before a full build. Usage: python3 bench/gpu/nvrtc_check.py
-crates/cuda/src/kernels.cu"""
+"""Compiles the kernels' source with NVRTC on the GPU host (fp16 and fp32), as the engine
+does, and counts the vector loads and 64-bit divisions of the vectorised kernels: a quick
+check of a kernel change before a full build. The source is put together by the cuda crate
+(its files and what abi.rs generates); its NVRTC test writes it out:
+`TRTCLASSIFY_DUMP_KERNELS=/tmp/k cargo test -p trtclassify-cuda --lib kernels_compile_with_nvrtc`
+(with NVRTC installed), then: python3 bench/gpu/nvrtc_check.py /tmp/k/kernels.cu"""
 import ctypes, glob, sys
 lib = sorted(glob.glob('/usr/local/cuda/lib64/libnvrtc.so*'))[0]
 nvrtc = ctypes.CDLL(lib)

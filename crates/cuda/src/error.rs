@@ -51,7 +51,7 @@ pub enum Error {
     /// found.
     #[error("cuDNN found no algorithm for a convolution ({0})")]
     NoConvAlgorithm(String),
-    /// NVRTC did not compile kernels.cu (the log is in the error).
+    /// NVRTC did not compile the kernels (the log is in the error).
     #[error("NVRTC could not compile the kernels: {0:?}")]
     Nvrtc(cudarc::nvrtc::CompileError),
     /// The `gpu-id` property names a device this machine does not have.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Preprocessing on the GPU: what the `preprocess` kernel (kernels.cu) needs to turn one raw
+//! Preprocessing on the GPU: what the `preprocess` kernels (runtime/preprocess.cu) needs to turn one raw
 //! video frame into the model's input. The frame's planes are uploaded as they are; colour
 //! conversion, resampling, crop or letterbox, normalisation and layout happen in one kernel
 //! pass, with the same geometry and filter as the CPU preprocessing (the engine's `preprocess`).

@@ -6,7 +6,7 @@
 //! batches; `frames` describes video frames for the GPU preprocessing kernel; `engine_file`
 //! stores a built engine on disk (and checks every plan it loads), `cache` keeps those files
 //! (where, written how, one builder at a time, cleaned); `fp16_range` finds where fp16 would
-//! overflow; `abi` is what the Rust side and `kernels.cu` must agree on; `error` what can
+//! overflow; `abi` is what the Rust side and the kernels (`runtime/*.cu`, `runtime/steps/*.cu`) must agree on; `error` what can
 //! fail. The GPU part only needs the driver, NVRTC, cuBLASLt and cuDNN, which are loaded when
 //! an engine is built, so a program linking this crate starts where there is no CUDA at all.
 

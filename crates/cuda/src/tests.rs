@@ -18,58 +18,49 @@ fn an_fp16_floor_stays_positive() {
     assert_eq!(lo, 1e-3);
 }
 
+/// The kernels take their sizes and ids from the Rust side (abi.rs's `prelude`), and no
+/// kernel file defines one of them again; every activation and binary operation listed has
+/// its function, and the generated `act` and `binop` call each by its name (NVRTC checks
+/// that the functions exist; this checks what needs no NVRTC).
 #[test]
-fn warp_row_limit_matches_the_kernels() {
-    let define = format!("#define WARP_ROW_MAX {}\n", abi::WARP_ROW_MAX);
-    assert!(runtime::KERNELS.contains(&define), "kernels.cu: {define}");
-}
-
-#[test]
-fn preprocessing_span_matches_the_kernels() {
-    let define = format!("#define PRE_SPAN {}\n", abi::PRE_SPAN);
-    assert!(runtime::KERNELS.contains(&define), "kernels.cu: {define}");
-}
-
-#[test]
-fn kernel_ids_are_those_kernels_cu_switches_on() {
+fn the_kernels_take_their_ids_and_sizes_from_the_rust_side() {
     use trtclassify_compiler::ir::BinOp;
-    // `binop` in kernels.cu: `case 0: return a + b;` and so on.
-    for (op, expr) in [
-        (BinOp::Add, "a + b"),
-        (BinOp::Sub, "a - b"),
-        (BinOp::Mul, "a * b"),
-        (BinOp::Div, "a / b"),
-        (BinOp::Pow, "powf(a, b)"),
-        (BinOp::Max, "fmaxf(a, b)"),
-        (BinOp::Min, "fminf(a, b)"),
-    ] {
-        let case = format!("case {}: return {expr};", abi::binop_id(op));
-        assert!(runtime::KERNELS.contains(&case), "kernels.cu: {case}");
+    let source = runtime::source();
+    let prelude = abi::prelude();
+    assert!(source.starts_with(&prelude));
+    for name in ["MAX_RANK", "WARP_ROW_MAX", "PRE_SPAN"] {
+        assert_eq!(
+            source.matches(&format!("#define {name} ")).count(),
+            1,
+            "{name} is defined once, by the prelude"
+        );
     }
-    // `act` in kernels.cu, for a few activations whose formula names them.
-    for (act, expr) in [
-        (Act::None, "return x;"),
-        (Act::Relu, "return fmaxf(x, 0.f);"),
-        (Act::Tanh, "return tanhf(x);"),
-        (Act::Erf, "return erff(x);"),
-        (Act::Sqrt, "return sqrtf(x);"),
-        (Act::Neg, "return -x;"),
-        (Act::Abs, "return fabsf(x);"),
-    ] {
-        let case = format!("case {}: {expr}", abi::act_params(act, DType::F32).0);
-        assert!(runtime::KERNELS.contains(&case), "kernels.cu: {case}");
+    assert!(prelude.contains(&format!("#define WARP_ROW_MAX {}\n", abi::WARP_ROW_MAX)));
+    assert!(prelude.contains(&format!("#define PRE_SPAN {}\n", abi::PRE_SPAN)));
+    for name in abi::ACTIVATIONS {
+        let function = format!("float act_{name}(float x, float p0, float p1)");
+        assert!(source.contains(&function), "{function} is missing");
+        let case = format!(
+            "case ACT_{}: return act_{name}(x, p0, p1);",
+            name.to_uppercase()
+        );
+        assert!(source.contains(&case), "{case} is missing");
     }
-    // `format` in kernels.cu's `struct Pre`.
-    for layout in [
-        abi::FrameLayout::Packed,
-        abi::FrameLayout::Nv12,
-        abi::FrameLayout::I420,
-        abi::FrameLayout::P010,
-    ] {
+    for name in abi::BINARY_OPS {
+        let function = format!("float binop_{name}(float a, float b)");
+        assert!(source.contains(&function), "{function} is missing");
+    }
+    // The ids are the lists' positions, whatever the order of the compiler's enums.
+    assert_eq!(abi::binop_id(BinOp::Add), 0);
+    assert_eq!(abi::binop_id(BinOp::Min), 6);
+    assert_eq!(abi::act_params(Act::None, DType::F32).0, 0);
+    assert_eq!(abi::act_params(Act::Elu(1.0), DType::F32).0, 17);
+    for layout in abi::FrameLayout::ALL {
         assert_eq!(abi::FrameLayout::from_id(layout.id()), Some(layout));
+        let define = format!("#define FRAME_{} {}\n", layout.name(), layout.id());
+        assert!(prelude.contains(&define), "{define}");
     }
-    let comment = "int format;                 // 0: packed RGB-like, 1: NV12, 2: I420, 3: P010";
-    assert!(runtime::KERNELS.contains(comment), "kernels.cu: {comment}");
+    assert!(!source.contains("p.format == 0"), "frame layouts by name");
 }
 
 #[test]
@@ -104,6 +95,15 @@ fn kernels_compile_with_nvrtc() {
                 arch.0, arch.1
             )
         });
+        // TRTCLASSIFY_DUMP_KERNELS=DIR keeps the source and each PTX, to compare a change
+        // to the kernels' files that should not change what they compile to.
+        if let Some(dir) = std::env::var_os("TRTCLASSIFY_DUMP_KERNELS") {
+            let dir = std::path::Path::new(&dir);
+            std::fs::create_dir_all(dir).expect("dump folder");
+            std::fs::write(dir.join("kernels.cu"), runtime::source()).expect("source written");
+            let name = format!("{dtype:?}-sm_{}{}.ptx", arch.0, arch.1);
+            std::fs::write(dir.join(name), &ptx).expect("PTX written");
+        }
         for kernel in [
             "ew",
             "ew_from_f32",

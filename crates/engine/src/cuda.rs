@@ -84,7 +84,7 @@ impl CudaEngine {
         let key = Key {
             format: engine_file::FORMAT_VERSION,
             plugin_version: env!("CARGO_PKG_VERSION").into(),
-            kernels_sha256: engine_file::sha256_hex(runtime::KERNELS),
+            kernels_sha256: engine_file::sha256_hex(runtime::source()),
             onnx_sha256: engine_file::model_digest(&model.path, &model.external_files())
                 .map_err(|e| fail(e.to_string()))?,
             gpu: gpu.name.clone(),

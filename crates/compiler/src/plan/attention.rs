@@ -7,7 +7,7 @@ use super::{DType, Loc, Span, StepKind};
 use crate::check::{self, Types};
 
 /// The head sizes (query/key and value) the fused attention kernel is built for: `dk ≤ dv`,
-/// both from this list (kernels.cu's `ATTENTION` instantiations).
+/// both from this list (the cuda crate's attention.cu instantiates each).
 pub const ATTENTION_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 
 /// Whether the fused attention kernel takes heads of `dk` query/key and `dv` value elements.

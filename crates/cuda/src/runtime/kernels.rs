@@ -1,17 +1,38 @@
 // SPDX-License-Identifier: MPL-2.0
-//! kernels.cu: compiled by NVRTC for the GPU at hand, loaded into the context, and the launch
-//! shapes the kernels expect.
+//! The kernels' source, put together from the family files (`prelude.cu`, `preprocess.cu`,
+//! `steps/*.cu`) and what abi.rs generates; compiled by NVRTC for the GPU at hand, loaded
+//! into the context; and the launch shapes the kernels expect.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 
+use crate::abi;
 use crate::error::{Error, Result};
 use trtclassify_compiler::plan::{ATTENTION_HEAD_DIMS, DType, attention_takes};
 
-/// The kernels' source, compiled by NVRTC for the GPU at hand.
-pub const KERNELS: &str = include_str!("../kernels.cu");
+/// The kernels' source, compiled by NVRTC for the GPU at hand (and hashed into engine files:
+/// a change to it rebuilds their kernels). The order matters: each file uses what the ones
+/// before it define (`Vec16` of the prelude, the reductions of rows.cu in attention.cu).
+pub fn source() -> &'static str {
+    static SOURCE: LazyLock<String> = LazyLock::new(|| {
+        [
+            abi::prelude().as_str(),
+            include_str!("prelude.cu"),
+            include_str!("steps/activations.cu"),
+            abi::dispatchers().as_str(),
+            include_str!("steps/elementwise.cu"),
+            include_str!("steps/conv.cu"),
+            include_str!("steps/pool.cu"),
+            include_str!("steps/rows.cu"),
+            include_str!("preprocess.cu"),
+            include_str!("steps/attention.cu"),
+        ]
+        .join("\n")
+    });
+    &SOURCE
+}
 
 /// Compiles the kernels for `dtype` and the compute capability `arch` (major, minor).
 pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<String> {
@@ -23,12 +44,12 @@ pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<String> {
         options,
         ..Default::default()
     };
-    cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
+    cudarc::nvrtc::compile_ptx_with_opts(source(), opts)
         .map(|ptx| ptx.to_src())
         .map_err(Error::Nvrtc)
 }
 
-/// The kernels of kernels.cu, loaded.
+/// The kernels, loaded.
 pub(super) struct Kernels {
     pub(super) ew: CudaFunction,
     pub(super) ew_from_f32: CudaFunction,

@@ -7,7 +7,7 @@
 //! This module holds the `Runtime` and its life: made (`Runtime::new`), fed a batch and run
 //! (`run`, `run_staged`). Its other parts, one `impl Runtime` each where they need it:
 //! - `device`: the libraries and the GPU found, their versions;
-//! - `kernels`: kernels.cu compiled by NVRTC and loaded, and their launch shapes;
+//! - `kernels`: the kernels' source (`prelude.cu`, `preprocess.cu`, `steps/*.cu`) compiled by NVRTC and loaded, and their launch shapes;
 //! - `cudnn`, `cublaslt`: owners of the libraries' handles and descriptors;
 //! - `tuning`: each step's descriptors, and the convolution algorithms timed;
 //! - `steps`: launching one step of a plan; `capture`: a plan as a CUDA graph;
@@ -36,11 +36,11 @@ use super::error::{Error, Result};
 pub use device::{Gpu, open_gpu};
 pub use device::{library_versions, missing_libraries};
 use kernels::Kernels;
-pub use kernels::{KERNELS, compile};
+pub use kernels::{compile, source};
 use trtclassify_compiler::plan::{DType, Loc, MAX_WORKSPACE, Plan, Step, weight_type};
 
 /// What a step needs prepared before it runs: its library descriptors.
-/// The part of a mixed-precision engine kept in f32: its kernels (kernels.cu compiled for
+/// The part of a mixed-precision engine kept in f32: its kernels (the kernels compiled for
 /// f32) and whether each weight is f32.
 pub struct Wide<'a> {
     /// PTX of the f32 kernels.

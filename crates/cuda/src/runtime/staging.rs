@@ -181,12 +181,12 @@ impl Runtime {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: argument types match the kernel's signature (kernels.cu); `rows` holds
+        // SAFETY: argument types match the kernel's signature (preprocess.cu); `rows` holds
         // the crop's rows at the destination's width.
         unsafe { l.launch(cfg) }.map_err(Error::driver("kernel launch"))?;
         let mut l = self.stream.launch_builder(&self.kernels.preprocess_cols);
         l.arg(pre).arg(&rows).arg(&out);
-        // SAFETY: argument types match the kernel's signature (kernels.cu); one thread a pixel.
+        // SAFETY: argument types match the kernel's signature (preprocess.cu); one thread a pixel.
         unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(Error::driver("kernel launch"))?;
         Ok(())
     }
@@ -255,7 +255,7 @@ impl Runtime {
 }
 
 /// How many destination columns one block of `preprocess_rows` filters: as many as read at
-/// most `PRE_SPAN` (kernels.cu) source pixels, which the block converts once and keeps.
+/// most `PRE_SPAN` (preprocess.cu) source pixels, which the block converts once and keeps.
 fn columns_per_block(pre: &Pre) -> i32 {
     const PRE_SPAN: f32 = abi::PRE_SPAN as f32;
     let scale = pre.crop[2].max(1) as f32 / pre.dst[2].max(1) as f32;
@@ -273,7 +273,7 @@ mod tests {
     /// the pixels it keeps (`PRE_SPAN`), so each is converted once; rows up to 8K wide.
     #[test]
     fn a_preprocessing_block_reads_what_it_keeps() {
-        // kernels.cu's `taps`, in the same f32 arithmetic: (first, count).
+        // preprocess.cu's `taps`, in the same f32 arithmetic: (first, count).
         let taps = |i: i32, n_in: i32, n_out: i32| {
             let scale = n_in as f32 / n_out as f32;
             let fs = scale.max(1.0);

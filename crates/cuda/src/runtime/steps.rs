@@ -21,7 +21,7 @@ use trtclassify_compiler::plan::{
 
 /// Launches a kernel whose arguments `args` holds.
 fn launch(mut args: LaunchArgs, cfg: LaunchConfig) -> Result<()> {
-    // SAFETY: argument types match the kernel's signature (kernels.cu).
+    // SAFETY: argument types match the kernel's signature (steps/*.cu).
     unsafe { args.launch(cfg) }
         .map(drop)
         .map_err(Error::driver("kernel launch"))

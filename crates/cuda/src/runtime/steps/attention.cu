@@ -1,0 +1,339 @@
+// SPDX-License-Identifier: MPL-2.0
+// Fused attention (`Step::Attention`), fp16 only; launched by steps.rs's `attention`.
+
+#ifdef HALF
+// Fused attention (`Step::Attention`): for each batch index, y = softmax(alpha·q·kᵀ + bias)·v
+// over rows of keys. The scores stay in registers, in f32, with a running maximum and sum
+// per row (the online softmax of FlashAttention), so they are never written to memory; the
+// operands are read through their strides, so the heads need not be copied out of the
+// projections first. On tensor cores (mma.sync, sm_80 and newer): a block takes 64 queries,
+// a warp 16 of them, against tiles of 64 keys held in shared memory. `attention_rows` is the
+// same computation without tensor cores, a warp per query, for older GPUs.
+struct Attn {
+    int batch[3];
+    int queries, keys, dk, dv;
+    // Whether every row of q, k and v starts 16-byte aligned (loads of 8 values).
+    int vec;
+    float alpha;
+    int pad;
+    // Strides (in elements) of the three batch axes, then of the rows.
+    long long q[4], k[4], v[4], bias[4], y[4];
+};
+static_assert(sizeof(Attn) == 200, "struct Attn no longer matches AttnParams (abi.rs)");
+
+#define ATTN_ROWS 64
+#define ATTN_KEYS 64
+#define LOG2E 1.4426950408889634f
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    return (unsigned)st(lo) | ((unsigned)st(hi) << 16);
+}
+
+// Matrix number `m` of the grid as its three batch indices, and the offset of its operand
+// with batch strides `s`.
+__device__ __forceinline__ long long batch_offset(const Attn &p, const long long *s, int m) {
+    int i2 = m % p.batch[2], rest = m / p.batch[2];
+    int i1 = rest % p.batch[1], i0 = rest / p.batch[1];
+    return i0 * s[0] + i1 * s[1] + i2 * s[2];
+}
+
+// D += A·B for a 16×16 A (row-major fragments), a 16×8 B (column-major), f32 accumulators.
+__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// 64 rows of WIDTH values (row stride `stride`) into shared memory rows of WIDTH + 8 (the
+// padding spreads the fragments' reads over the banks); zeros past `valid` rows.
+template <int WIDTH>
+__device__ __forceinline__ void attn_rows_in(T *dst, const T *src, long long stride, int valid, bool vec) {
+    const int pitch = WIDTH + 8;
+    if (vec) {
+        for (int i = threadIdx.x; i < 64 * WIDTH / 8; i += blockDim.x) {
+            int r = i / (WIDTH / 8), c = i % (WIDTH / 8) * 8;
+            uint4 x = make_uint4(0, 0, 0, 0);
+            if (r < valid) x = *(const uint4 *)(src + r * stride + c);
+            *(uint4 *)(dst + r * pitch + c) = x;
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < 64 * WIDTH; i += blockDim.x) {
+        int r = i / WIDTH, c = i % WIDTH;
+        dst[r * pitch + c] = r < valid ? src[r * stride + c] : (T)0;
+    }
+}
+
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
+// on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
+__device__ __forceinline__ void cp_async16(T *dst, const T *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(addr), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+
+// Waits until at most N of this thread's committed groups of copies are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" : : "n"(N));
+#endif
+}
+
+// One tile of keys and of values (rows t0 .. t0 + 64, zeros past the last key) into shared
+// memory: as one group of asynchronous copies where rows are 16-byte aligned, so that the
+// next tile arrives while this one is used; else by plain loads.
+template <int DK, int DV>
+__device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *v, const Attn &p,
+                                             int t0, bool vec) {
+    const int valid = min(ATTN_KEYS, p.keys - t0);
+    k += t0 * p.k[3];
+    v += t0 * p.v[3];
+    if (!vec) {
+        attn_rows_in<DK>(kd, k, p.k[3], valid, false);
+        attn_rows_in<DV>(vd, v, p.v[3], valid, false);
+        return;
+    }
+    for (int i = threadIdx.x; i < ATTN_KEYS * DK / 8; i += blockDim.x) {
+        int r = i / (DK / 8), c = i % (DK / 8) * 8;
+        cp_async16(kd + r * (DK + 8) + c, r < valid ? k + r * p.k[3] + c : k, r < valid);
+    }
+    for (int i = threadIdx.x; i < ATTN_KEYS * DV / 8; i += blockDim.x) {
+        int r = i / (DV / 8), c = i % (DV / 8) * 8;
+        cp_async16(vd + r * (DV + 8) + c, r < valid ? v + r * p.v[3] + c : v, r < valid);
+    }
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+// The B fragment of m16n8k16 for 16 rows (k) × 8 columns (n) of a row-major matrix in
+// shared memory, `row0` pointing at its first element: ldmatrix's transposing load, each
+// lane naming one of the 16 rows.
+__device__ __forceinline__ void ldmatrix_b_trans(unsigned &b0, unsigned &b1, const T *row0, int pitch) {
+#if __CUDA_ARCH__ >= 800
+    const T *row = row0 + (threadIdx.x % 16) * pitch;
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(b0), "=r"(b1)
+                 : "r"(addr));
+#endif
+}
+
+template <int DK, int DV>
+__device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v, const T *bias, T *y) {
+#if __CUDA_ARCH__ >= 800
+    // Tiles of keys and values, two of each where they fit in static shared memory (48 KB):
+    // one in use while the next arrives. The queries pass through the last key tile first.
+    constexpr int STAGES = DK + DV <= 128 ? 2 : 1;
+    __shared__ __align__(16) T ks[STAGES][ATTN_KEYS * (DK + 8)];
+    __shared__ __align__(16) T vs[STAGES][ATTN_KEYS * (DV + 8)];
+    static_assert(ATTN_ROWS == ATTN_KEYS, "the queries pass through a key tile");
+    const int m = blockIdx.x, q0 = blockIdx.y * ATTN_ROWS;
+    q += batch_offset(p, p.q, m);
+    k += batch_offset(p, p.k, m);
+    v += batch_offset(p, p.v, m);
+    y += batch_offset(p, p.y, m);
+    if (bias) bias += batch_offset(p, p.bias, m);
+    const bool vec = p.vec;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+
+    const int tiles = (p.keys + ATTN_KEYS - 1) / ATTN_KEYS;
+    if (STAGES == 2) attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, 0, vec);
+    attn_rows_in<DK>(ks[STAGES - 1], q + q0 * p.q[3], p.q[3], p.queries - q0, vec);
+    __syncthreads();
+    // This warp's 16 queries as the A fragments of m16n8k16, kept for every tile.
+    unsigned qa[DK / 16][4];
+    const T *qw = ks[STAGES - 1] + warp * 16 * (DK + 8);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; ++kk) {
+        const T *r0 = qw + g * (DK + 8) + kk * 16 + tg * 2, *r1 = r0 + 8 * (DK + 8);
+        qa[kk][0] = *(const unsigned *)r0;
+        qa[kk][1] = *(const unsigned *)r1;
+        qa[kk][2] = *(const unsigned *)(r0 + 8);
+        qa[kk][3] = *(const unsigned *)(r1 + 8);
+    }
+    // Rows g and g + 8 of the warp's 16: running maximum (log2 units) and sum, and output.
+    float o[DV / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < DV / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+    float mx[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int row0 = q0 + warp * 16 + g;
+    const float scale = p.alpha * LOG2E;
+
+    for (int t = 0; t < tiles; ++t) {
+        const int t0 = t * ATTN_KEYS, stage = STAGES == 2 ? t & 1 : 0;
+        // Every warp is done with the stage about to be filled (tile t - 1, or the queries).
+        __syncthreads();
+        if (STAGES == 1) {
+            attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, t0, vec);
+            cp_async_wait<0>();
+        } else if (t + 1 < tiles) {
+            attn_tile_in<DK, DV>(ks[stage ^ 1], vs[stage ^ 1], k, v, p, t0 + ATTN_KEYS, vec);
+            cp_async_wait<1>();  // tile t is in, tile t + 1 may still be on its way
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T *kt = ks[stage], *vt = vs[stage];
+
+        float s[ATTN_KEYS / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < DK / 16; ++kk) {
+                const T *kr = kt + (nt * 8 + g) * (DK + 8) + kk * 16 + tg * 2;
+                mma_16816(s[nt], qa[kk], *(const unsigned *)kr, *(const unsigned *)(kr + 8));
+            }
+        }
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int col = t0 + nt * 8 + tg * 2 + (e & 1), row = row0 + (e >> 1) * 8;
+                float x = s[nt][e] * scale;
+                if (col >= p.keys) x = NEG_INF;
+                else if (bias && row < p.queries) x += ld(bias[row * p.bias[3] + col]) * LOG2E;
+                s[nt][e] = x;
+                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+            }
+        }
+        float base[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float t = tile_max[r];
+            t = fmaxf(t, __shfl_xor_sync(0xffffffff, t, 1));
+            t = fmaxf(t, __shfl_xor_sync(0xffffffff, t, 2));
+            float next = fmaxf(mx[r], t);
+            // A row with no finite score yet keeps weights of 0 rather than NaN.
+            base[r] = next == NEG_INF ? 0.f : next;
+            float correction = fast_exp2(mx[r] - base[r]);
+            mx[r] = next;
+            l[r] *= correction;
+#pragma unroll
+            for (int dn = 0; dn < DV / 8; ++dn) {
+                o[dn][2 * r] *= correction;
+                o[dn][2 * r + 1] *= correction;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[nt][e] = fast_exp2(s[nt][e] - base[e >> 1]);
+                l[e >> 1] += s[nt][e];
+            }
+        }
+        // The weights, in fp16, are the A fragments of the product with the values: the
+        // accumulators of two neighbouring 8-key tiles make one 16-key fragment.
+#pragma unroll
+        for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
+            unsigned pa[4] = {
+                pack_half2(s[2 * kk][0], s[2 * kk][1]),
+                pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+            };
+#pragma unroll
+            for (int dn = 0; dn < DV / 8; ++dn) {
+                unsigned b0, b1;
+                ldmatrix_b_trans(b0, b1, vt + kk * 16 * (DV + 8) + dn * 8, DV + 8);
+                mma_16816(o[dn], pa, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffff, sum, 1);
+        sum += __shfl_xor_sync(0xffffffff, sum, 2);
+        int row = row0 + r * 8;
+        if (row >= p.queries) continue;
+        float inv = 1.f / sum;
+        T *out = y + row * p.y[3];
+#pragma unroll
+        for (int dn = 0; dn < DV / 8; ++dn) {
+            out[dn * 8 + tg * 2] = st(o[dn][2 * r] * inv);
+            out[dn * 8 + tg * 2 + 1] = st(o[dn][2 * r + 1] * inv);
+        }
+    }
+#endif
+}
+
+#define ATTENTION(DK, DV)                                                                       \
+    extern "C" __global__ void __launch_bounds__(128) attention_##DK##_##DV(                   \
+        const Attn p, const T *q, const T *k, const T *v, const T *bias, T *y) {               \
+        attention_body<DK, DV>(p, q, k, v, bias, y);                                            \
+    }
+// `ATTENTION_HEAD_DIMS` in the compiler's plan/attention.rs: every pair with dk ≤ dv.
+ATTENTION(16, 16)
+ATTENTION(16, 32)
+ATTENTION(16, 64)
+ATTENTION(16, 128)
+ATTENTION(32, 32)
+ATTENTION(32, 64)
+ATTENTION(32, 128)
+ATTENTION(64, 64)
+ATTENTION(64, 128)
+ATTENTION(128, 128)
+
+// Without tensor cores: a warp per query (8 a block), a key per lane at a time; the lanes
+// then hold the value dimensions d, d + 32, ... (up to 128).
+extern "C" __global__ void attention_rows(const Attn p, const T *q, const T *k, const T *v,
+                                          const T *bias, T *y) {
+    const int m = blockIdx.x, row = blockIdx.y * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= p.queries) return;
+    q += batch_offset(p, p.q, m) + row * p.q[3];
+    k += batch_offset(p, p.k, m);
+    v += batch_offset(p, p.v, m);
+    y += batch_offset(p, p.y, m) + row * p.y[3];
+    if (bias) bias += batch_offset(p, p.bias, m) + row * p.bias[3];
+    float mx = NEG_INF, l = 0.f, o[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int t0 = 0; t0 < p.keys; t0 += 32) {
+        int t = t0 + lane;
+        float x = NEG_INF;
+        if (t < p.keys) {
+            float dot = 0.f;
+            for (int d = 0; d < p.dk; ++d) dot += ld(q[d]) * ld(k[t * p.k[3] + d]);
+            x = (dot * p.alpha + (bias ? ld(bias[t]) : 0.f)) * LOG2E;
+        }
+        float next = fmaxf(mx, warp_max(x));
+        float base = next == NEG_INF ? 0.f : next;
+        float correction = fast_exp2(mx - base);
+        mx = next;
+        float w = fast_exp2(x - base);
+        l = l * correction + w;
+        for (int i = 0; i < 4; ++i) o[i] *= correction;
+        for (int j = 0; j < 32 && t0 + j < p.keys; ++j) {
+            float wj = __shfl_sync(0xffffffff, w, j);
+            const T *vr = v + (t0 + j) * p.v[3];
+            for (int i = 0; i < 4; ++i) {
+                int d = lane + 32 * i;
+                if (d < p.dv) o[i] += wj * ld(vr[d]);
+            }
+        }
+    }
+    float inv = 1.f / warp_sum(l);
+    for (int i = 0; i < 4; ++i) {
+        int d = lane + 32 * i;
+        if (d < p.dv) y[d] = st(o[i] * inv);
+    }
+}
+#endif

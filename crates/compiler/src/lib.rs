@@ -18,7 +18,7 @@
 //! of plan step is a module of `plan/` (a type implementing `plan::StepKind` and
 //! `sim::Simulate`, a `Step` variant and its line in `with_step!`), and a kernel in each
 //! runtime (`trtclassify-cpu`'s `kernels/`; `trtclassify-cuda`'s
-//! `runtime/steps/<family>.cu` and `runtime/steps.rs`). Then `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler
+//! `runtime/steps/<family>.cu` and its `GpuStep` in `runtime/steps/<family>.rs`). Then `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler
 //! --lib the_documented_operator_table`. The full checklist is in docs/architecture.md.
 
 pub mod check;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-// Fused attention (`Step::Attention`), fp16 only; launched by steps.rs's `attention`.
+// Fused attention (`Step::Attention`), fp16 only; launched by attention.rs's `attention`.
 
 #ifdef HALF
 // Fused attention (`Step::Attention`): for each batch index, y = softmax(alpha·q·kᵀ + bias)·v

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
 // The epilogue of a convolution (`Step::Conv`) that cuDNN's fused call cannot do; the
-// convolution itself is cuDNN's. Launched by steps.rs's `bias_act`.
+// convolution itself is cuDNN's. Launched by conv.rs's `bias_act`.
 
 // y = act(y + bias[c] + z) over an NHWC tensor with c channels: the epilogue of a
 // convolution that cuDNN's fused call cannot do.

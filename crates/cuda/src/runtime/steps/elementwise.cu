@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
 // Element-wise steps (`Step::Ew`): `out = act(op(a, b))` over up to MAX_RANK strided
-// dimensions, with the casts between the plan's type and f32; launched by steps.rs's
+// dimensions, with the casts between the plan's type and f32; launched by elementwise.rs's
 // `elementwise`.
 
 struct Ew {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-// Pooling over NHWC tensors (`Step::Pool`, `Step::GlobalAvgPool`); launched by steps.rs's
+// Pooling over NHWC tensors (`Step::Pool`, `Step::GlobalAvgPool`); launched by pool.rs's
 // `pool` and `global_avg_pool`.
 
 struct Pool {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 // Steps over rows (`Step::Softmax`, `Step::LayerNorm`, `Step::RowMean`, `Step::Lrn`), a block
 // or a warp per row, and the block and warp reductions that attention.cu uses too; launched
-// by steps.rs's `softmax`, `layer_norm`, `row_mean` and `lrn`.
+// by rows.rs's `softmax`, `layer_norm`, `row_mean` and `lrn`.
 
 __device__ __forceinline__ float block_sum(float v, float *shared) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);

@@ -7,7 +7,8 @@
 //! over NHWC channels that the compiler vectorises.
 //!
 //! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,
-//! `product`, `panels` and `elementwise` hold the rest.
+//! `product`, `panels` and `elementwise` hold the rest, and `x86_64` and `aarch64` the code
+//! in one instruction set's registers that they choose or call.
 //!
 //! Steps read and write through raw pointers: the plan places several tensors in one arena,
 //! and an element-wise step may write where it reads. `Plan` checks (`check_plan` in
@@ -258,15 +259,17 @@ wide! {
 }
 
 // After `wide!`, which they use.
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
 mod conv;
 mod elementwise;
 mod panels;
 mod product;
-#[cfg(target_arch = "x86_64")]
-mod rows_avx512;
 mod scaled_input;
 mod team;
 mod winograd;
+#[cfg(target_arch = "x86_64")]
+mod x86_64;
 
 use conv::{conv_gemm, depthwise};
 use elementwise::elementwise;

@@ -13,7 +13,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::panels::AHEAD;
+use crate::kernels::panels::AHEAD;
 
 /// `Σ_i x[r][i] · b[i][..]` for the rows `r < 12` at `x + r · stride`, `k` steps, from zero:
 /// `V` (1 or 2) registers of sums a row, for the panels at `panels`, `steps` values a step

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Convolutions other than depthwise, as a matrix product of their taps: read where they
+//! lie (`Taps`, the product's left-hand matrix found through a pointer per row and tap) or
+//! unfolded first (im2col). Apart from `depthwise`, with which they share only the step.
+
+use std::ops::Range;
+
+use super::is_pointwise;
+use crate::kernels::product::{Product, Weights, epilogue_init};
+use crate::kernels::{Buffers, Threads, activate};
+use trtclassify_compiler::plan::ConvStep;
+
+/// Any other convolution, as a product of the input's patches and the packed weights, with
+/// bias, residual and activation: the patches read where they lie (`Taps`), or unfolded
+/// first (im2col, NHWC patches in `col`) where neither a tap nor a kernel row is a run
+/// worth finding (`Taps::of`) or the weights are not packed.
+pub(in crate::kernels) fn conv_gemm(
+    buf: &Buffers,
+    c: &ConvStep,
+    w: Weights,
+    col: &mut Vec<f32>,
+    threads: Threads,
+) {
+    let (x, y) = (buf.at(c.x), buf.at_mut(c.y));
+    let (cg, kg) = (c.c / c.group, c.k / c.group);
+    let rows = c.kernel[0] * c.kernel[1] * cg;
+    let pixels = c.oh * c.ow;
+    let pointwise = is_pointwise(c);
+    let taps = match w {
+        Weights::Panels(_) if !pointwise => Taps::of(c, 0),
+        _ => None,
+    };
+    let indirect = taps.is_some();
+    for n in 0..c.n {
+        // SAFETY: checked spans.
+        let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * c.k)) };
+        let residual = c
+            .residual
+            .map(|z| unsafe { buf.at(z).add(n * pixels * c.k) });
+        if c.group == 1 {
+            // Unfolded in blocks of pixels of about 256 KB, which stay in the L2 cache for
+            // the product (the weights are packed once, so more calls cost nothing); at
+            // least 120 rows, so that the weights read for a block serve enough of them.
+            // Several threads take the whole image, which the product shares out, as does a
+            // product that reads its input where it lies.
+            let block = match (pointwise || indirect, threads.count) {
+                (true, _) | (_, 2..) => pixels,
+                _ => ((1 << 16) / rows.max(1)).max(120),
+            };
+            for start in (0..pixels).step_by(block.max(1)) {
+                let count = block.min(pixels - start);
+                let (lhs, lhs_stride) = if pointwise {
+                    // SAFETY: checked span.
+                    (unsafe { xb.add(start * c.c) }, c.c)
+                } else if indirect {
+                    (xb, 0)
+                } else {
+                    unfold(xb, c, 0, start, count, col);
+                    (col.as_ptr(), rows)
+                };
+                // SAFETY: checked spans; `col` holds `count × rows` values.
+                let product = unsafe {
+                    Product {
+                        rows: count,
+                        n: c.k,
+                        k: rows,
+                        x: lhs,
+                        x_stride: lhs_stride,
+                        taps: taps.map(|t| t.skip_rows(start)),
+                        w,
+                        y: yb.add(start * c.k),
+                        y_stride: c.k,
+                        alpha: 1.0,
+                        bias: Some(buf.at(c.bias)),
+                        residual: residual.map(|z| z.add(start * c.k)),
+                        act: c.act,
+                    }
+                };
+                product.run(threads);
+            }
+            continue;
+        }
+        let Weights::Strided { ptr: w, .. } = w else {
+            unreachable!("grouped convolutions keep their weights per group (`pack`)");
+        };
+        epilogue_init(yb, pixels, c.k, c.k, Some(buf.at(c.bias)), residual);
+        for g in 0..c.group {
+            let (lhs, lhs_rs) = if pointwise {
+                (unsafe { xb.add(g * cg) }, c.c)
+            } else {
+                unfold(xb, c, g, 0, pixels, col);
+                (col.as_ptr(), rows)
+            };
+            // SAFETY: checked spans; `col` holds `pixels × rows` values.
+            unsafe {
+                gemm::gemm(
+                    pixels,
+                    kg,
+                    rows,
+                    yb.add(g * kg),
+                    1,
+                    c.k as isize,
+                    true,
+                    lhs,
+                    1,
+                    lhs_rs as isize,
+                    w.add(g * rows * kg),
+                    1,
+                    kg as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    threads.gemm(),
+                )
+            };
+        }
+        // SAFETY: checked span.
+        activate(c.act, unsafe {
+            std::slice::from_raw_parts_mut(yb, pixels * c.k)
+        });
+    }
+}
+
+/// im2col for group `g` of one image, output pixels `start..start + count`: for each, its
+/// kernel's taps in order, each the group's input channels (zeros outside the image).
+fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col: &mut Vec<f32>) {
+    let cg = c.c / c.group;
+    let rows = c.kernel[0] * c.kernel[1] * cg;
+    col.resize(count * rows, 0.0);
+    let mut dst = 0;
+    // Where the taps of a kernel row are neighbours in the input (no dilation along the
+    // row, one group), the row's patch is one run of `kernel[1] × c` values: one copy
+    // instead of a copy per tap (three values each for an RGB input).
+    let runs = c.group == 1 && c.dilations[1] == 1;
+    let row_len = c.kernel[1] * cg;
+    for pixel in start..start + count {
+        let (oy, ox) = (pixel / c.ow, pixel % c.ow);
+        for r in 0..c.kernel[0] {
+            let iy = (oy * c.strides[0] + r * c.dilations[0]) as isize - c.pads[0] as isize;
+            let ix0 = (ox * c.strides[1]) as isize - c.pads[1] as isize;
+            if iy < 0 || iy >= c.h as isize {
+                col[dst..dst + row_len].fill(0.0);
+                dst += row_len;
+                continue;
+            }
+            if runs && ix0 >= 0 && ix0 as usize + c.kernel[1] <= c.w {
+                let at = (iy as usize * c.w + ix0 as usize) * c.c;
+                // SAFETY: inside the checked input span (the run ends inside the row).
+                col[dst..dst + row_len]
+                    .copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), row_len) });
+                dst += row_len;
+                continue;
+            }
+            for s in 0..c.kernel[1] {
+                let ix = ix0 + (s * c.dilations[1]) as isize;
+                let out = &mut col[dst..dst + cg];
+                if ix < 0 || ix >= c.w as isize {
+                    out.fill(0.0);
+                } else {
+                    let at = (iy as usize * c.w + ix as usize) * c.c + g * cg;
+                    // SAFETY: inside the checked input span.
+                    out.copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), cg) });
+                }
+                dst += cg;
+            }
+        }
+    }
+}
+
+/// Zeros, for the taps that fall outside the image.
+pub(in crate::kernels) static ZEROS: [f32; 4096] = [0.0; 4096];
+
+/// The left-hand matrix of a convolution's product read where it lies (indirect
+/// convolution) instead of unfolded: row `i` is output pixel `first + i` of the image at
+/// `Product::x`, and its values are the kernel's taps in order, each the input's channels at
+/// that tap (zeros outside the image). Unfolding wrote and read again a matrix 9 times the
+/// input (3×3): 2.5 % of ResNet-50's time.
+///
+/// Where a tap has too few channels to be worth finding (an RGB input), the runs found are
+/// the kernel's rows instead: a row's taps lie side by side in the NHWC input, so that
+/// ResNet-50's 7×7 stem reads runs of 21 values instead of 3, and is not unfolded. A row
+/// that is partly outside the image is copied, with its zeros, into a scratch buffer.
+#[derive(Clone, Copy)]
+pub(in crate::kernels) struct Taps {
+    conv: *const ConvStep,
+    first: usize,
+    /// Whether each run is a kernel row (`kernel[1]` taps) rather than one tap.
+    rows: bool,
+}
+
+impl Taps {
+    /// The channels a tap may have: with fewer, the tile would find its rows again every
+    /// few steps; more do not fit in `ZEROS`.
+    const CHANNELS: std::ops::RangeInclusive<usize> = 32..=ZEROS.len();
+    /// The values a kernel row may have, read as one run.
+    const ROW_VALUES: std::ops::RangeInclusive<usize> = 8..=ZEROS.len();
+
+    /// The taps of `c` read where they lie, from output pixel `first` on: one tap a run, or
+    /// one kernel row where a tap's channels are few and a row's taps are neighbours (one
+    /// group, no dilation along the row). `None` where neither applies.
+    pub(in crate::kernels) fn of(c: &ConvStep, first: usize) -> Option<Taps> {
+        let row = c.kernel[1] * c.c;
+        let rows = if Self::CHANNELS.contains(&c.c) {
+            false
+        } else if c.group == 1 && c.dilations[1] == 1 && Self::ROW_VALUES.contains(&row) {
+            true
+        } else {
+            return None;
+        };
+        Some(Taps {
+            conv: c,
+            first,
+            rows,
+        })
+    }
+
+    fn conv(&self) -> &ConvStep {
+        // SAFETY: the plan's step outlives the product (`conv_gemm`).
+        unsafe { &*self.conv }
+    }
+
+    /// The same taps from `rows` rows further on.
+    pub(in crate::kernels) fn skip_rows(self, rows: usize) -> Taps {
+        Taps {
+            first: self.first + rows,
+            ..self
+        }
+    }
+
+    /// Runs of the kernel: its taps, or its rows.
+    pub(in crate::kernels) fn count(&self) -> usize {
+        let c = self.conv();
+        if self.rows {
+            c.kernel[0]
+        } else {
+            c.kernel[0] * c.kernel[1]
+        }
+    }
+
+    /// Values of each run: the input's channels, for each tap of a row.
+    pub(in crate::kernels) fn len(&self) -> usize {
+        let c = self.conv();
+        if self.rows { c.kernel[1] * c.c } else { c.c }
+    }
+
+    /// Where each run of rows `rows` begins, `count()` a row, for the image at `x`; the
+    /// copies of rows partly outside the image go to `scratch`.
+    ///
+    /// The output pixels are walked along their rows, not found by division, and a pixel
+    /// whose kernel lies inside the image along x takes the fast path: with a division per
+    /// pixel, finding the runs took 29 % of the samples of MobileNetV2's first convolution
+    /// (k = 27, so a tile has little arithmetic to hide it).
+    pub(in crate::kernels) fn find(
+        &self,
+        x: *const f32,
+        rows: Range<usize>,
+        table: &mut Vec<*const f32>,
+        scratch: &mut Vec<f32>,
+    ) {
+        let c = self.conv();
+        table.clear();
+        scratch.clear();
+        table.reserve(rows.len() * self.count());
+        let at = |iy: usize, ix: usize| x.wrapping_add((iy * c.w + ix) * c.c);
+        let [sy, sx] = c.strides;
+        let [dy, dx] = c.dilations;
+        let kw = c.kernel[1];
+        let runs = if self.rows { 1 } else { kw };
+        let pixel = self.first + rows.start;
+        let (mut oy, mut ox) = (pixel / c.ow, pixel % c.ow);
+        for _ in rows {
+            let ix = |s: usize| {
+                (ox * sx + s * dx)
+                    .checked_sub(c.pads[1])
+                    .filter(|&ix| ix < c.w)
+            };
+            let inside = match (ix(0), ix(kw - 1)) {
+                (Some(first), Some(_)) => Some(first),
+                _ => None,
+            };
+            for r in 0..c.kernel[0] {
+                let iy = (oy * sy + r * dy)
+                    .checked_sub(c.pads[0])
+                    .filter(|&iy| iy < c.h);
+                match (iy, inside) {
+                    (None, _) => table.extend(std::iter::repeat_n(ZEROS.as_ptr(), runs)),
+                    (Some(iy), Some(first)) => {
+                        let run = at(iy, first);
+                        if self.rows {
+                            table.push(run);
+                        } else {
+                            table.extend((0..kw).map(|s| run.wrapping_add(s * dx * c.c)));
+                        }
+                    }
+                    (Some(iy), None) if !self.rows => {
+                        table.extend((0..kw).map(|s| match ix(s) {
+                            Some(ix) => at(iy, ix),
+                            None => ZEROS.as_ptr(),
+                        }));
+                    }
+                    (Some(iy), None) => {
+                        // Null until `scratch` is whole and cannot move.
+                        table.push(std::ptr::null());
+                        for s in 0..kw {
+                            match ix(s) {
+                                // SAFETY: inside the checked input span.
+                                Some(ix) => scratch.extend_from_slice(unsafe {
+                                    std::slice::from_raw_parts(at(iy, ix), c.c)
+                                }),
+                                None => scratch.extend_from_slice(&ZEROS[..c.c]),
+                            }
+                        }
+                    }
+                }
+            }
+            ox += 1;
+            if ox == c.ow {
+                (oy, ox) = (oy + 1, 0);
+            }
+        }
+        if scratch.is_empty() {
+            return;
+        }
+        let mut copies = scratch.chunks_exact(self.len());
+        for run in table.iter_mut().filter(|run| run.is_null()) {
+            *run = copies
+                .next()
+                .expect("a copy for each row partly outside")
+                .as_ptr();
+        }
+    }
+}

@@ -5,9 +5,45 @@
 
 use std::ops::Range;
 
-use super::{Buffers, Threads, activate};
+use super::{Buffers, CpuStep, Packed, Scratch, Threads, activate};
 use trtclassify_compiler::ir::{Act, BinOp};
-use trtclassify_compiler::plan::Strided;
+use trtclassify_compiler::plan::{EwStep, Strided, ZeroStep};
+
+impl CpuStep for EwStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        _packed: &Packed,
+        buf: &Buffers,
+        _scratch: &mut Scratch,
+        threads: Threads,
+    ) {
+        let EwStep {
+            op,
+            act,
+            cast: _,
+            dims,
+            out,
+            a,
+            b,
+        } = self;
+        elementwise(buf, *op, *act, dims, out, a, b.as_ref(), threads)
+    }
+}
+
+impl CpuStep for ZeroStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        _packed: &Packed,
+        buf: &Buffers,
+        _scratch: &mut Scratch,
+        _threads: Threads,
+    ) {
+        // SAFETY: checked span.
+        unsafe { std::slice::from_raw_parts_mut(buf.at_mut(self.loc), self.len) }.fill(0.0)
+    }
+}
 
 /// `out = act(op(a, b))` over `dims` with each operand's strides: the innermost dimension
 /// runs as a loop over contiguous or broadcast values where it can, the outermost is shared

@@ -18,10 +18,7 @@ use std::sync::Arc;
 
 use super::vector::{activate as activate_with, fma};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{
-    ConvStep, EwStep, GemmStep, GlobalAvgPoolStep, LayerNormStep, Loc, LrnStep, PoolStep,
-    RowMeanStep, SoftmaxStep, Step, ZeroStep,
-};
+use trtclassify_compiler::plan::{GemmStep, Loc, Step};
 
 /// f32 values that start on a cache line (64 bytes), as AVX-512's 64-byte loads want (one
 /// across two lines costs two): the activation arena, whose buffers the plan places at
@@ -264,18 +261,17 @@ mod aarch64;
 mod conv;
 mod elementwise;
 mod panels;
+mod pool;
 mod product;
+mod rows;
 mod scaled_input;
 mod team;
 mod winograd;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
-use conv::{conv_gemm, depthwise};
-use elementwise::elementwise;
 use panels::Panels;
 pub use product::fuse_activations;
-use product::{Product, Weights};
 pub use scaled_input::fuse_scales;
 pub use team::Team;
 
@@ -337,6 +333,21 @@ pub fn run(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, t
     run_step(step, packed, buf, scratch, threads)
 }
 
+/// A kind of step as the CPU runs it. Every kind implements it, in the module of its kernels
+/// (`run` dispatches with `with_step!`), so a new kind does not build until it runs here.
+/// `run` is `#[inline(always)]` in each: it is compiled inside `wide!`'s AVX2 and FMA function,
+/// and a body not inlined there would run at the baseline's speed.
+pub(super) trait CpuStep {
+    /// Runs the step on `buf`, with its weights as `packed` holds them.
+    fn run<const FMA: bool>(
+        &self,
+        packed: &Packed,
+        buf: &Buffers,
+        scratch: &mut Scratch,
+        threads: Threads,
+    );
+}
+
 wide! {
     fn run_step(step: &Step, packed: &Packed, buf: &Buffers, scratch: &mut Scratch, threads: Threads) => run_with
 }
@@ -349,312 +360,8 @@ fn run_with<const FMA: bool>(
     scratch: &mut Scratch,
     threads: Threads,
 ) {
-    let col = &mut scratch.col;
     if matches!(packed, Packed::Skip) {
         return;
     }
-    match step {
-        Step::Ew(EwStep {
-            op,
-            act,
-            cast: _,
-            dims,
-            out,
-            a,
-            b,
-        }) => elementwise(buf, *op, *act, dims, out, a, b.as_ref(), threads),
-        Step::Zero(ZeroStep { loc, len }) => {
-            // SAFETY: checked span.
-            unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*loc), *len) }.fill(0.0)
-        }
-        Step::Conv(c) => {
-            // Weights computed by the plan are packed on the fly, from a copy.
-            let on_the_fly;
-            let packed = match packed {
-                Packed::None => {
-                    let weight = Loc::Weight {
-                        index: 0,
-                        offset: 0,
-                    };
-                    let step = Step::Conv(ConvStep {
-                        weight,
-                        ..c.clone()
-                    });
-                    on_the_fly = pack(&step, &[Arc::new(krsc_of(buf, c))]);
-                    &on_the_fly
-                }
-                packed => packed,
-            };
-            match packed {
-                Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
-                Packed::Gemm(w) => {
-                    conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads)
-                }
-                Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
-                Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
-                _ => unreachable!("a convolution's weight packs"),
-            }
-        }
-        Step::Gemm(GemmStep {
-            batch,
-            alpha,
-            rows,
-            n,
-            k,
-            x,
-            x_batch,
-            w,
-            bias,
-            residual,
-            act,
-            y,
-            y_batch,
-            w_transposed,
-        }) => {
-            let mut unscaled = *x;
-            let act = match packed {
-                Packed::Activated(act)
-                | Packed::Panels(_, Some(act))
-                | Packed::ScaledInput { act: Some(act), .. } => *act,
-                _ => *act,
-            };
-            let panels = match packed {
-                Packed::Panels(panels, _) => Some(panels),
-                Packed::ScaledInput {
-                    panels, x, scale, ..
-                } => {
-                    // SAFETY: checked span: the scaling step's operand, one value per row
-                    // of the weights.
-                    let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *k) };
-                    panels.scale_rows(scale, &mut scratch.scaled);
-                    unscaled = *x;
-                    Some(&scratch.scaled)
-                }
-                _ => None,
-            };
-            let (x, w, y) = (buf.at(unscaled), buf.at(*w), buf.at_mut(*y));
-            for p in 0..*batch {
-                // SAFETY: checked spans of `batch` matrices each.
-                let product = unsafe {
-                    Product {
-                        rows: *rows,
-                        n: *n,
-                        k: *k,
-                        x: x.add(p * x_batch),
-                        x_stride: *k,
-                        taps: None,
-                        w: match panels {
-                            Some(panels) => Weights::Panels(panels),
-                            // Strides along k and along n.
-                            None => Weights::Strided {
-                                ptr: w.add(p * k * n),
-                                strides: if *w_transposed { (1, *k) } else { (*n, 1) },
-                            },
-                        },
-                        y: y.add(p * y_batch),
-                        y_stride: *n,
-                        // Packed weights hold alpha.
-                        alpha: if panels.is_some() { 1.0 } else { *alpha },
-                        bias: bias.map(|b| buf.at(b).add(p * n)),
-                        residual: residual.map(|z| buf.at(z).add(p * y_batch)),
-                        act,
-                    }
-                };
-                product.run(threads);
-            }
-        }
-        Step::Pool(PoolStep { n, oh, .. }) => {
-            threads.for_each(n * oh, |row| pool_row(buf, step, row))
-        }
-        Step::GlobalAvgPool(GlobalAvgPoolStep { n, hw, c, x, y }) => {
-            // Sums over blocks of pixels, added up in order: the same result on any number
-            // of threads, each of which takes a share of the blocks (the rows it wrote the
-            // step before).
-            const BLOCK: usize = 64;
-            let blocks = hw.div_ceil(BLOCK);
-            let parts = threads.count.clamp(1, blocks.max(1));
-            for b in 0..*n {
-                let sums = std::sync::Mutex::new(vec![0.0f32; blocks * c]);
-                threads.for_each(parts, |part| {
-                    let mine = part * blocks / parts..(part + 1) * blocks / parts;
-                    let mut local = vec![0.0f32; mine.len() * c];
-                    for (block, sum) in mine.clone().zip(local.chunks_mut(*c)) {
-                        for p in block * BLOCK..(block * BLOCK + BLOCK).min(*hw) {
-                            // SAFETY: checked span.
-                            let row = unsafe {
-                                std::slice::from_raw_parts(buf.at(*x).add((b * hw + p) * c), *c)
-                            };
-                            sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
-                        }
-                    }
-                    let mut sums = sums.lock().unwrap_or_else(|e| e.into_inner());
-                    sums[mine.start * c..mine.end * c].copy_from_slice(&local);
-                });
-                let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
-                // SAFETY: checked span.
-                let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*y).add(b * c), *c) };
-                out.fill(0.0);
-                for sum in sums.chunks(*c) {
-                    out.iter_mut().zip(sum).for_each(|(o, &s)| *o += s);
-                }
-                let scale = 1.0 / *hw as f32;
-                out.iter_mut().for_each(|o| *o *= scale);
-            }
-        }
-        Step::Softmax(SoftmaxStep { rows, len, x, y }) => {
-            for r in 0..*rows {
-                let (x, y) = (rows_in(buf, *x, r, *len), rows_out(buf, *y, r, *len));
-                let max = x.iter().copied().fold(f32::MIN, f32::max);
-                y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - max);
-                activate_with::<FMA>(Act::Exp, y);
-                let scale = 1.0 / y.iter().sum::<f32>();
-                y.iter_mut().for_each(|o| *o *= scale);
-            }
-        }
-        Step::LayerNorm(LayerNormStep {
-            rows,
-            len,
-            epsilon,
-            x,
-            scale,
-            bias,
-            y,
-        }) => {
-            let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *len) };
-            let bias = bias.map(|b| unsafe { std::slice::from_raw_parts(buf.at(b), *len) });
-            for r in 0..*rows {
-                let x = rows_in(buf, *x, r, *len);
-                let mean = x.iter().sum::<f32>() / *len as f32;
-                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / *len as f32;
-                let inv = 1.0 / (var + epsilon).sqrt();
-                let y = rows_out(buf, *y, r, *len);
-                for i in 0..*len {
-                    y[i] = (x[i] - mean) * inv * scale[i] + bias.map_or(0.0, |b| b[i]);
-                }
-            }
-        }
-        Step::RowMean(RowMeanStep { rows, len, x, y }) => {
-            let y = buf.at_mut(*y);
-            for r in 0..*rows {
-                let mean = rows_in(buf, *x, r, *len).iter().sum::<f32>() / *len as f32;
-                unsafe { *y.add(r) = mean };
-            }
-        }
-        // Fused attention comes in fp16 plans only (`check_plan` refuses it in the f32 plans
-        // this runner takes); computed plainly all the same.
-        Step::Attention(a) => {
-            // SAFETY: checked spans.
-            for (loc, v) in a.run(|loc| unsafe { *buf.at(loc) }) {
-                unsafe { *buf.at_mut(loc) = v };
-            }
-        }
-        Step::Lrn(LrnStep {
-            pixels,
-            c,
-            size,
-            alpha,
-            beta,
-            bias,
-            x,
-            y,
-        }) => {
-            for p in 0..*pixels {
-                let (x, y) = (rows_in(buf, *x, p, *c), rows_out(buf, *y, p, *c));
-                for ch in 0..*c {
-                    let lo = ch.saturating_sub((size - 1) / 2);
-                    let hi = (ch + size / 2).min(c - 1);
-                    let sq: f32 = x[lo..=hi].iter().map(|v| v * v).sum();
-                    y[ch] = x[ch] / (bias + alpha / *size as f32 * sq).powf(*beta);
-                }
-            }
-        }
-    }
-}
-
-wide! {
-    /// One output row of a pooling step.
-    fn pool_row(buf: &Buffers, step: &Step, row: usize) => pool_row_with
-}
-
-#[inline(always)]
-fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &Step, row: usize) {
-    let Step::Pool(PoolStep {
-        h,
-        w,
-        c,
-        oh,
-        ow,
-        kernel,
-        strides,
-        pads,
-        max,
-        count_include_pad,
-        x,
-        y,
-        ..
-    }) = step
-    else {
-        unreachable!("a pooling step");
-    };
-    let (h, w, c, oh, ow) = (*h, *w, *c, *oh, *ow);
-    let (x, y) = (buf.at(*x), buf.at_mut(*y));
-    let (b, oy) = (row / oh, row % oh);
-    for ox in 0..ow {
-        // SAFETY: checked span; rows are disjoint between threads.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(y.add(((b * oh + oy) * ow + ox) * c), c) };
-        out.fill(if *max { f32::NEG_INFINITY } else { 0.0 });
-        let (mut count, mut padded) = (0, 0);
-        for ky in 0..kernel[0] {
-            for kx in 0..kernel[1] {
-                let yy = (oy * strides[0] + ky) as isize - pads[0] as isize;
-                let xx = (ox * strides[1] + kx) as isize - pads[1] as isize;
-                if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
-                    padded +=
-                        usize::from(yy < (h + pads[2]) as isize && xx < (w + pads[3]) as isize);
-                    continue;
-                }
-                count += 1;
-                let input = unsafe {
-                    std::slice::from_raw_parts(
-                        x.add(((b * h + yy as usize) * w + xx as usize) * c),
-                        c,
-                    )
-                };
-                if *max {
-                    out.iter_mut().zip(input).for_each(|(o, &v)| *o = o.max(v));
-                } else {
-                    out.iter_mut().zip(input).for_each(|(o, &v)| *o += v);
-                }
-            }
-        }
-        if !*max {
-            let divisor = if *count_include_pad {
-                count + padded
-            } else {
-                count
-            };
-            let scale = 1.0 / divisor as f32;
-            out.iter_mut().for_each(|o| *o *= scale);
-        }
-    }
-}
-
-/// Row `r` of a `[rows, len]` operand.
-fn rows_in<'a>(buf: &Buffers, loc: Loc, r: usize, len: usize) -> &'a [f32] {
-    // SAFETY: checked span; the plan never writes an operand it reads in the same
-    // row step (those steps read `x` and write another `y`).
-    unsafe { std::slice::from_raw_parts(buf.at(loc).add(r * len), len) }
-}
-
-fn rows_out<'a>(buf: &Buffers, loc: Loc, r: usize, len: usize) -> &'a mut [f32] {
-    // SAFETY: as `rows_in`.
-    unsafe { std::slice::from_raw_parts_mut(buf.at_mut(loc).add(r * len), len) }
-}
-
-/// A convolution's KRSC weights, copied from wherever the plan keeps them.
-fn krsc_of(buf: &Buffers, c: &ConvStep) -> Vec<f32> {
-    let len = c.k * c.kernel[0] * c.kernel[1] * (c.c / c.group);
-    // SAFETY: checked span.
-    unsafe { std::slice::from_raw_parts(buf.at(c.weight), len) }.to_vec()
+    trtclassify_compiler::with_step!(step, s => CpuStep::run::<FMA>(s, packed, buf, scratch, threads))
 }

@@ -4,7 +4,7 @@
 //! fusion of a following activation into them.
 
 use super::panels::{self, Panels, run_panels};
-use super::{Packed, Threads, activate_with};
+use super::{Buffers, CpuStep, Packed, Scratch, Threads, activate_with};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{Cast, EwStep, GemmStep, Step, covers_once};
 
@@ -236,4 +236,83 @@ pub(super) fn epilogue_init(
         }
     }
     true
+}
+
+impl CpuStep for GemmStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        packed: &Packed,
+        buf: &Buffers,
+        scratch: &mut Scratch,
+        threads: Threads,
+    ) {
+        let GemmStep {
+            batch,
+            alpha,
+            rows,
+            n,
+            k,
+            x,
+            x_batch,
+            w,
+            bias,
+            residual,
+            act,
+            y,
+            y_batch,
+            w_transposed,
+        } = self;
+        let mut unscaled = *x;
+        let act = match packed {
+            Packed::Activated(act)
+            | Packed::Panels(_, Some(act))
+            | Packed::ScaledInput { act: Some(act), .. } => *act,
+            _ => *act,
+        };
+        let panels = match packed {
+            Packed::Panels(panels, _) => Some(panels),
+            Packed::ScaledInput {
+                panels, x, scale, ..
+            } => {
+                // SAFETY: checked span: the scaling step's operand, one value per row
+                // of the weights.
+                let scale = unsafe { std::slice::from_raw_parts(buf.at(*scale), *k) };
+                panels.scale_rows(scale, &mut scratch.scaled);
+                unscaled = *x;
+                Some(&scratch.scaled)
+            }
+            _ => None,
+        };
+        let (x, w, y) = (buf.at(unscaled), buf.at(*w), buf.at_mut(*y));
+        for p in 0..*batch {
+            // SAFETY: checked spans of `batch` matrices each.
+            let product = unsafe {
+                Product {
+                    rows: *rows,
+                    n: *n,
+                    k: *k,
+                    x: x.add(p * x_batch),
+                    x_stride: *k,
+                    taps: None,
+                    w: match panels {
+                        Some(panels) => Weights::Panels(panels),
+                        // Strides along k and along n.
+                        None => Weights::Strided {
+                            ptr: w.add(p * k * n),
+                            strides: if *w_transposed { (1, *k) } else { (*n, 1) },
+                        },
+                    },
+                    y: y.add(p * y_batch),
+                    y_stride: *n,
+                    // Packed weights hold alpha.
+                    alpha: if panels.is_some() { 1.0 } else { *alpha },
+                    bias: bias.map(|b| buf.at(b).add(p * n)),
+                    residual: residual.map(|z| buf.at(z).add(p * y_batch)),
+                    act,
+                }
+            };
+            product.run(threads);
+        }
+    }
 }

@@ -16,7 +16,11 @@ pub(super) use depthwise::depthwise;
 pub(super) use pack::pack;
 pub(super) use unfold::{Taps, ZEROS, conv_gemm};
 
-use trtclassify_compiler::plan::ConvStep;
+use std::sync::Arc;
+
+use super::product::Weights;
+use super::{Buffers, CpuStep, Packed, Scratch, Threads, winograd};
+use trtclassify_compiler::plan::{ConvStep, Loc, Step};
 
 pub(super) fn is_depthwise(c: &ConvStep) -> bool {
     c.group == c.c && c.group == c.k
@@ -26,4 +30,49 @@ pub(super) fn is_depthwise(c: &ConvStep) -> bool {
 /// as it is; the others unfold it first.
 pub(super) fn is_pointwise(c: &ConvStep) -> bool {
     c.kernel == [1, 1] && c.strides == [1, 1] && c.pads == [0, 0]
+}
+
+impl CpuStep for ConvStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        packed: &Packed,
+        buf: &Buffers,
+        scratch: &mut Scratch,
+        threads: Threads,
+    ) {
+        let c = self;
+        let col = &mut scratch.col;
+        // Weights computed by the plan are packed on the fly, from a copy.
+        let on_the_fly;
+        let packed = match packed {
+            Packed::None => {
+                let weight = Loc::Weight {
+                    index: 0,
+                    offset: 0,
+                };
+                let step = Step::Conv(ConvStep {
+                    weight,
+                    ..c.clone()
+                });
+                on_the_fly = pack(&step, &[Arc::new(krsc_of(buf, c))]);
+                &on_the_fly
+            }
+            packed => packed,
+        };
+        match packed {
+            Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
+            Packed::Gemm(w) => conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads),
+            Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
+            Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
+            _ => unreachable!("a convolution's weight packs"),
+        }
+    }
+}
+
+/// A convolution's KRSC weights, copied from wherever the plan keeps them.
+fn krsc_of(buf: &Buffers, c: &ConvStep) -> Vec<f32> {
+    let len = c.k * c.kernel[0] * c.kernel[1] * (c.c / c.group);
+    // SAFETY: checked span.
+    unsafe { std::slice::from_raw_parts(buf.at(c.weight), len) }.to_vec()
 }

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Pooling over NHWC tensors: windows (a thread a row of outputs, the channels innermost)
+//! and the global average (the same sums in the same order on any number of threads).
+
+use super::{Buffers, CpuStep, Packed, Scratch, Threads};
+use trtclassify_compiler::plan::{GlobalAvgPoolStep, PoolStep};
+
+impl CpuStep for PoolStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        _packed: &Packed,
+        buf: &Buffers,
+        _scratch: &mut Scratch,
+        threads: Threads,
+    ) {
+        threads.for_each(self.n * self.oh, |row| pool_row(buf, self, row))
+    }
+}
+
+wide! {
+    /// One output row of a pooling step.
+    fn pool_row(buf: &Buffers, step: &PoolStep, row: usize) => pool_row_with
+}
+
+#[inline(always)]
+fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &PoolStep, row: usize) {
+    let PoolStep {
+        h,
+        w,
+        c,
+        oh,
+        ow,
+        kernel,
+        strides,
+        pads,
+        max,
+        count_include_pad,
+        x,
+        y,
+        ..
+    } = step;
+    let (h, w, c, oh, ow) = (*h, *w, *c, *oh, *ow);
+    let (x, y) = (buf.at(*x), buf.at_mut(*y));
+    let (b, oy) = (row / oh, row % oh);
+    for ox in 0..ow {
+        // SAFETY: checked span; rows are disjoint between threads.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(y.add(((b * oh + oy) * ow + ox) * c), c) };
+        out.fill(if *max { f32::NEG_INFINITY } else { 0.0 });
+        let (mut count, mut padded) = (0, 0);
+        for ky in 0..kernel[0] {
+            for kx in 0..kernel[1] {
+                let yy = (oy * strides[0] + ky) as isize - pads[0] as isize;
+                let xx = (ox * strides[1] + kx) as isize - pads[1] as isize;
+                if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
+                    padded +=
+                        usize::from(yy < (h + pads[2]) as isize && xx < (w + pads[3]) as isize);
+                    continue;
+                }
+                count += 1;
+                let input = unsafe {
+                    std::slice::from_raw_parts(
+                        x.add(((b * h + yy as usize) * w + xx as usize) * c),
+                        c,
+                    )
+                };
+                if *max {
+                    out.iter_mut().zip(input).for_each(|(o, &v)| *o = o.max(v));
+                } else {
+                    out.iter_mut().zip(input).for_each(|(o, &v)| *o += v);
+                }
+            }
+        }
+        if !*max {
+            let divisor = if *count_include_pad {
+                count + padded
+            } else {
+                count
+            };
+            let scale = 1.0 / divisor as f32;
+            out.iter_mut().for_each(|o| *o *= scale);
+        }
+    }
+}
+
+impl CpuStep for GlobalAvgPoolStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        _packed: &Packed,
+        buf: &Buffers,
+        _scratch: &mut Scratch,
+        threads: Threads,
+    ) {
+        let GlobalAvgPoolStep { n, hw, c, x, y } = self;
+        // Sums over blocks of pixels, added up in order: the same result on any number
+        // of threads, each of which takes a share of the blocks (the rows it wrote the
+        // step before).
+        const BLOCK: usize = 64;
+        let blocks = hw.div_ceil(BLOCK);
+        let parts = threads.count.clamp(1, blocks.max(1));
+        for b in 0..*n {
+            let sums = std::sync::Mutex::new(vec![0.0f32; blocks * c]);
+            threads.for_each(parts, |part| {
+                let mine = part * blocks / parts..(part + 1) * blocks / parts;
+                let mut local = vec![0.0f32; mine.len() * c];
+                for (block, sum) in mine.clone().zip(local.chunks_mut(*c)) {
+                    for p in block * BLOCK..(block * BLOCK + BLOCK).min(*hw) {
+                        // SAFETY: checked span.
+                        let row = unsafe {
+                            std::slice::from_raw_parts(buf.at(*x).add((b * hw + p) * c), *c)
+                        };
+                        sum.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+                    }
+                }
+                let mut sums = sums.lock().unwrap_or_else(|e| e.into_inner());
+                sums[mine.start * c..mine.end * c].copy_from_slice(&local);
+            });
+            let sums = sums.into_inner().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: checked span.
+            let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(*y).add(b * c), *c) };
+            out.fill(0.0);
+            for sum in sums.chunks(*c) {
+                out.iter_mut().zip(sum).for_each(|(o, &s)| *o += s);
+            }
+            let scale = 1.0 / *hw as f32;
+            out.iter_mut().for_each(|o| *o *= scale);
+        }
+    }
+}

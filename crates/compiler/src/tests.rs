@@ -1402,3 +1402,49 @@ fn plans_keep_the_engine_file_format() {
         path.display()
     );
 }
+
+/// The project map names files that exist: every path in `docs/architecture.md` that starts
+/// at the repository's root (a `*` matching at least one file of its folder; `<name>`
+/// placeholders aside), so that a move or a rename cannot leave the map behind.
+#[test]
+fn the_project_map_names_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let map = std::fs::read_to_string(root.join("docs/architecture.md")).expect("the map");
+    let tops = [
+        "crates/",
+        "src/",
+        "tests/",
+        "docs/",
+        "bench/",
+        "scripts/",
+        "pipelines/",
+        "models/",
+        "examples/",
+        "fuzz/",
+    ];
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for path in map.split('`').skip(1).step_by(2) {
+        if !tops.iter().any(|t| path.starts_with(t)) || path.contains('<') || path.contains(' ') {
+            continue;
+        }
+        checked += 1;
+        let found = match path.rsplit_once('/') {
+            Some((dir, pattern)) if pattern.contains('*') => {
+                let (before, after) = pattern.split_once('*').expect("a star");
+                std::fs::read_dir(root.join(dir)).is_ok_and(|entries| {
+                    entries.flatten().any(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        name.starts_with(before) && name.ends_with(after)
+                    })
+                })
+            }
+            _ => root.join(path).exists(),
+        };
+        if !found {
+            missing.push(path);
+        }
+    }
+    assert!(checked > 50, "only {checked} paths found in the map");
+    assert!(missing.is_empty(), "docs/architecture.md names {missing:?}");
+}

@@ -45,6 +45,7 @@ pub mod enums;
 mod imp;
 mod joining;
 mod latency;
+mod leaving;
 mod overload;
 mod placement;
 mod settings;

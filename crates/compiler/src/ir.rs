@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub use crate::ops::elementwise::{Act, BinOp};
+
 /// A constant: weights, or a value folded at import. Integers are held as f32, which is
 /// exact for the shapes and indices of image classifiers (below 2^24).
 #[derive(Debug, Clone, PartialEq)]
@@ -39,119 +41,6 @@ impl Tensor {
     /// The values as integers (shapes, axes, indices).
     pub fn ints(&self) -> Vec<i64> {
         self.data.iter().map(|&v| v as i64).collect()
-    }
-}
-
-/// Element-wise functions of one value; `None` where an operator has no activation.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Act {
-    /// x unchanged.
-    None,
-    /// max(x, 0).
-    Relu,
-    /// x, or alpha·x below 0, the value being alpha.
-    LeakyRelu(f32),
-    /// x clamped to [min, max], the two values in that order.
-    Clip(f32, f32),
-    /// 1 / (1 + e^−x).
-    Sigmoid,
-    /// clamp(alpha·x + beta, 0, 1), the values being alpha and beta.
-    HardSigmoid(f32, f32),
-    /// x·clamp(x/6 + 1/2, 0, 1), MobileNetV3's.
-    HardSwish,
-    /// x·sigmoid(x), from PyTorch's SiLU exported as Sigmoid then Mul.
-    Silu,
-    /// The hyperbolic tangent.
-    Tanh,
-    /// The error function.
-    Erf,
-    /// x·Φ(x) with the exact (erf) form.
-    Gelu,
-    /// e^x.
-    Exp,
-    /// √x; NaN below 0.
-    Sqrt,
-    /// −x.
-    Neg,
-    /// |x|.
-    Abs,
-    /// 1/x.
-    Reciprocal,
-    /// ln(1 + e^x).
-    Softplus,
-    /// x, or alpha·(e^x − 1) below 0, the value being alpha.
-    Elu(f32),
-}
-
-impl Act {
-    /// The function at `x` (what the reference and the CPU kernels compute).
-    pub fn apply(self, x: f32) -> f32 {
-        match self {
-            Act::None => x,
-            Act::Relu => x.max(0.0),
-            Act::LeakyRelu(a) => {
-                if x < 0.0 {
-                    a * x
-                } else {
-                    x
-                }
-            }
-            Act::Clip(lo, hi) => x.max(lo).min(hi),
-            Act::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            Act::HardSigmoid(a, b) => (a * x + b).clamp(0.0, 1.0),
-            Act::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
-            Act::Silu => x / (1.0 + (-x).exp()),
-            Act::Tanh => x.tanh(),
-            Act::Erf => erf(x),
-            Act::Gelu => 0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2)),
-            Act::Exp => x.exp(),
-            Act::Sqrt => x.sqrt(),
-            Act::Neg => -x,
-            Act::Abs => x.abs(),
-            Act::Reciprocal => 1.0 / x,
-            Act::Softplus => (1.0 + x.exp()).ln(),
-            Act::Elu(a) => {
-                if x < 0.0 {
-                    a * (x.exp() - 1.0)
-                } else {
-                    x
-                }
-            }
-        }
-    }
-}
-
-/// Element-wise functions of two broadcast values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum BinOp {
-    /// a + b.
-    Add,
-    /// a − b.
-    Sub,
-    /// a·b.
-    Mul,
-    /// a / b.
-    Div,
-    /// a raised to the power b.
-    Pow,
-    /// The larger of a and b.
-    Max,
-    /// The smaller of a and b.
-    Min,
-}
-
-impl BinOp {
-    /// The function of `a` and `b`.
-    pub fn apply(self, a: f32, b: f32) -> f32 {
-        match self {
-            BinOp::Add => a + b,
-            BinOp::Sub => a - b,
-            BinOp::Mul => a * b,
-            BinOp::Div => a / b,
-            BinOp::Pow => a.powf(b),
-            BinOp::Max => a.max(b),
-            BinOp::Min => a.min(b),
-        }
     }
 }
 
@@ -401,13 +290,7 @@ pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
-/// Abramowitz–Stegun 7.1.26 has 1.5e-7 absolute error, well below fp16's resolution.
-pub(super) fn erf(x: f32) -> f32 {
-    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let y = 1.0
-        - (((((1.061_405_4 * t - 1.453_152_1) * t) + 1.421_413_8) * t - 0.284_496_74) * t
-            + 0.254_829_6)
-            * t
-            * (-x * x).exp();
-    y.copysign(x)
+/// The four axes of an NCHW tensor (or a KCRS weight).
+pub(super) fn dims4(shape: &[usize]) -> [usize; 4] {
+    shape.try_into().expect("a 4-D tensor")
 }

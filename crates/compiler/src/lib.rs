@@ -2,23 +2,25 @@
 #![warn(missing_docs)]
 //! The model compiler that both backends run: an ONNX model to one plan per batch size.
 //!
-//! The ONNX model is imported into a small graph IR (`ir`; `import/`, one file per family
-//! of operators, each declaring the operators it takes; shape arithmetic is evaluated at
-//! import by `fold`, constant subgraphs by `reference`), rewritten (`passes`: batch norm
-//! folded, activations and residual adds fused), and lowered (`lower/`, one file per kind of
-//! step) to a `plan`: NHWC steps over one arena, with the weights they read. `check`
+//! The ONNX model is imported into a small graph IR (`ir`, by `import`; shape arithmetic is
+//! evaluated at import by `fold`, constant subgraphs by `reference`), rewritten (`passes`:
+//! batch norm folded, activations and residual adds fused), and lowered (`lower`) to a
+//! `plan`: NHWC steps over one arena, with the weights they read. `check`
 //! validates a plan before anything runs it with raw pointers (the GPU runtime, the engine
 //! file loader and the CPU plan runner all do). Everything here runs on the CPU and is
 //! tested there against `reference` (the graph evaluated node by node) and `sim` (the plan
 //! run step by step). What fails is a `CompileError`, naming the node or the plan's step.
 //!
-//! Adding an ONNX operator: its name in the `OPS` of the `import/` family it belongs to
-//! (with its required inputs) and its import there; where it needs a new `ir::Op`, that
-//! op's shape rule, its evaluation in `reference` and its lowering in `lower/`. A new kind
-//! of plan step is a module of `plan/` (a type implementing `plan::StepKind` and
-//! `sim::Simulate`, a `Step` variant and its line in `with_step!`), and a kernel in each
-//! runtime (`trtclassify-cpu`'s `kernels/`; `trtclassify-cuda`'s
-//! `runtime/steps/<family>.cu` and its `GpuStep` in `runtime/steps/<family>.rs`). Then `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler
+//! Each family of operators is one module of `ops/`: the ONNX operators it takes, their
+//! import (with the output shape each gives), their evaluation for `reference` and their
+//! lowering to plan steps. Adding an ONNX operator: its name in the `OPS` of the family it
+//! belongs to (with its required inputs) and its import there; where it needs a new
+//! `ir::Op`, its evaluation and lowering in the same module, each called from one arm of
+//! `reference::eval` and `Lowering::node`. A new kind of plan step is a module of `plan/` (a
+//! type implementing `plan::StepKind` and `sim::Simulate`, a `Step` variant and its line in
+//! `with_step!`), and a kernel in each runtime (`trtclassify-cpu`'s `kernels/`;
+//! `trtclassify-cuda`'s `runtime/steps/<family>.cu` and its `GpuStep` in
+//! `runtime/steps/<family>.rs`). Then `TRTCLASSIFY_BLESS=1 cargo test -p trtclassify-compiler
 //! --lib the_documented_operator_table`. The full checklist is in docs/architecture.md.
 
 pub mod check;
@@ -30,6 +32,7 @@ pub mod import;
 pub mod ir;
 mod lower;
 pub mod onnx;
+mod ops;
 pub mod overflow;
 mod passes;
 pub mod plan;

@@ -141,37 +141,24 @@ pub fn check_axes(graph: &pb::GraphProto, input: &str, input_rank: usize) -> Res
 }
 
 /// Operators whose output has the rank of their first input (broadcasting ones only when
-/// the other operand is not of higher rank, which image classifiers do not do).
+/// the other operand is not of higher rank, which image classifiers do not do): the
+/// functions of one value that `ops::elementwise` declares, and these.
 fn keeps_rank(op: &str) -> bool {
-    matches!(
-        op,
-        "Conv"
-            | "BatchNormalization"
-            | "Relu"
-            | "LeakyRelu"
-            | "Clip"
-            | "Sigmoid"
-            | "HardSigmoid"
-            | "HardSwish"
-            | "Tanh"
-            | "Elu"
-            | "Erf"
-            | "Sqrt"
-            | "Exp"
-            | "Neg"
-            | "Abs"
-            | "Reciprocal"
-            | "Softplus"
-            | "MaxPool"
-            | "AveragePool"
-            | "GlobalAveragePool"
-            | "GlobalMaxPool"
-            | "LRN"
-            | "Dropout"
-            | "Identity"
-            | "Cast"
-            | "Pad"
-            | "InstanceNormalization"
-            | "LayerNormalization"
-    )
+    crate::ops::elementwise::UNARY.contains(&op)
+        || matches!(
+            op,
+            "Conv"
+                | "BatchNormalization"
+                | "MaxPool"
+                | "AveragePool"
+                | "GlobalAveragePool"
+                | "GlobalMaxPool"
+                | "LRN"
+                | "Dropout"
+                | "Identity"
+                | "Cast"
+                | "Pad"
+                | "InstanceNormalization"
+                | "LayerNormalization"
+        )
 }

@@ -4,33 +4,33 @@
 use tract_onnx::pb;
 
 /// A node's attributes, looked up by name; an absent one is `None` (its default applies).
-pub(super) struct Attrs<'a>(pub(super) &'a [pb::AttributeProto]);
+pub(crate) struct Attrs<'a>(pub(crate) &'a [pb::AttributeProto]);
 
 impl Attrs<'_> {
     fn get(&self, name: &str) -> Option<&pb::AttributeProto> {
         self.0.iter().find(|a| a.name == name)
     }
-    pub(super) fn i(&self, name: &str) -> Option<i64> {
+    pub(crate) fn i(&self, name: &str) -> Option<i64> {
         self.get(name).map(|a| a.i)
     }
-    pub(super) fn f(&self, name: &str) -> Option<f32> {
+    pub(crate) fn f(&self, name: &str) -> Option<f32> {
         self.get(name).map(|a| a.f)
     }
-    pub(super) fn s(&self, name: &str) -> Option<&str> {
+    pub(crate) fn s(&self, name: &str) -> Option<&str> {
         self.get(name).and_then(|a| std::str::from_utf8(&a.s).ok())
     }
-    pub(super) fn ints(&self, name: &str) -> Option<&[i64]> {
+    pub(crate) fn ints(&self, name: &str) -> Option<&[i64]> {
         self.get(name).map(|a| a.ints.as_slice())
     }
-    pub(super) fn floats(&self, name: &str) -> Option<&[f32]> {
+    pub(crate) fn floats(&self, name: &str) -> Option<&[f32]> {
         self.get(name).map(|a| a.floats.as_slice())
     }
-    pub(super) fn tensor(&self, name: &str) -> Option<&pb::TensorProto> {
+    pub(crate) fn tensor(&self, name: &str) -> Option<&pb::TensorProto> {
         self.get(name).and_then(|a| a.t.as_ref())
     }
 
     /// A 2-D attribute such as strides; `default` when absent (0 means it is required).
-    pub(super) fn pair(&self, name: &str, default: usize) -> Result<[usize; 2], String> {
+    pub(crate) fn pair(&self, name: &str, default: usize) -> Result<[usize; 2], String> {
         match self.ints(name) {
             Some([a, b]) if *a > 0 && *b > 0 => Ok([*a as usize, *b as usize]),
             None if default > 0 => Ok([default; 2]),
@@ -39,7 +39,7 @@ impl Attrs<'_> {
     }
 
     /// Pads as top, left, bottom, right, from `pads` or `auto_pad`.
-    pub(super) fn pads(
+    pub(crate) fn pads(
         &self,
         input: &[usize],
         kernel: &[usize; 2],
@@ -76,7 +76,7 @@ impl Attrs<'_> {
 }
 
 /// `axis` of a tensor of `rank` dimensions, counted from the end when negative.
-pub(super) fn axis_of(axis: i64, rank: i64) -> Result<usize, String> {
+pub(crate) fn axis_of(axis: i64, rank: i64) -> Result<usize, String> {
     let a = if axis < 0 { axis + rank } else { axis };
     match (0..rank).contains(&a) {
         true => Ok(a as usize),
@@ -87,6 +87,6 @@ pub(super) fn axis_of(axis: i64, rank: i64) -> Result<usize, String> {
 }
 
 /// `axis` counted from the end when negative, clamped into `0..rank`.
-pub(super) fn norm_axis(axis: i64, rank: i64) -> usize {
+pub(crate) fn norm_axis(axis: i64, rank: i64) -> usize {
     (if axis < 0 { axis + rank } else { axis }).clamp(0, (rank - 1).max(0)) as usize
 }

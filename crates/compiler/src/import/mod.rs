@@ -3,25 +3,14 @@
 //! Shape/Gather/Concat/Reshape chains of PyTorch exports fold to constants here, and what
 //! is left of the graph is the computation on the image.
 //!
-//! Operators are imported by family, one file each: `conv` (convolution, batch norm,
-//! pooling), `elementwise` (activations, arithmetic, casts), `matmul` (Gemm, MatMul),
-//! `normalization` (softmax, layer norm, LRN, reductions), `resize` (Resize and Upsample as
-//! products with interpolation matrices), `shape` (reshapes, transposes,
-//! slices, concatenation, padding) and `shape_arithmetic` (constants and the integer
-//! arithmetic on shapes that the import evaluates). Each declares the operators it takes in
-//! its `OPS` and their required inputs in its `required_inputs`; `FAMILIES` below lists the
-//! files, and the supported operators are what they declare. `tensor` reads ONNX tensors,
-//! `attrs` node attributes.
+//! Operators are imported by their family's module in `ops/` (see there), which declares
+//! the operators it takes in its `OPS` and their required inputs in its `required_inputs`;
+//! `FAMILIES` below lists the families, and the supported operators are what they declare.
+//! This module walks the graph, checks what every node needs, and folds what is computed
+//! from constants only. `tensor` reads ONNX tensors, `attrs` node attributes.
 
-mod attrs;
-mod conv;
-mod elementwise;
-mod matmul;
-mod normalization;
-mod resize;
-mod shape;
-mod shape_arithmetic;
-mod tensor;
+pub(crate) mod attrs;
+pub(crate) mod tensor;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
@@ -32,10 +21,11 @@ use super::CompileError;
 use super::ir::{Graph, Node, Op, Tensor};
 use super::reference;
 use crate::OnnxModel;
+use crate::ops::{conv, elementwise, matmul, normalization, resize, shape, shape_arithmetic};
 use attrs::Attrs;
 
-/// A family of operators: the ONNX operators (default domain) one file imports, how many
-/// inputs each requires, and the function that imports them.
+/// A family of operators: the ONNX operators (default domain) one module of `ops/` imports,
+/// how many inputs each requires, and the function that imports them.
 struct Family {
     /// The file, and what its operators become (for `docs/operators.md`).
     name: &'static str,
@@ -102,7 +92,7 @@ const FAMILIES: &[Family] = &[
 /// which the dispatch reports as unsupported (and a test finds, should a family's `OPS` name
 /// an operator its `import` lacks).
 #[derive(Debug, PartialEq)]
-enum Handled {
+pub(crate) enum Handled {
     Yes,
     NotMine,
 }
@@ -124,7 +114,7 @@ pub fn operator_table() -> String {
         let mut ops = f.ops.to_vec();
         ops.sort_by_key(|op| op.to_ascii_lowercase());
         table += &format!(
-            "| {} | `import/{}.rs` | {} |\n",
+            "| {} | `ops/{}.rs` | {} |\n",
             ops.join(", "),
             f.name,
             f.becomes
@@ -249,58 +239,63 @@ pub(super) fn import_with(
 }
 
 /// The graph being imported, and what the families need to add to it.
-struct Importer {
-    graph: Graph,
+pub(crate) struct Importer {
+    pub(crate) graph: Graph,
     /// Values that are another value under a second name (Identity, Dropout).
-    alias: HashMap<String, String>,
+    pub(crate) alias: HashMap<String, String>,
     /// Constants of an integer (or boolean) type: held as f32 like the others, but their
     /// division truncates (`(192 + 2) / 3` is 64 in MaxViT's query/key/value split).
-    integers: HashSet<String>,
-    opset: i64,
+    pub(crate) integers: HashSet<String>,
+    pub(crate) opset: i64,
     /// The model's folder, for Constant values in external data.
-    dir: std::path::PathBuf,
+    pub(crate) dir: std::path::PathBuf,
 }
 
 /// One ONNX node as the families read it.
-struct OnnxNode<'a> {
-    proto: &'a pb::NodeProto,
+pub(crate) struct OnnxNode<'a> {
+    pub(crate) proto: &'a pb::NodeProto,
     /// The node's name, unique in the graph: made-up constants are named after it.
-    name: &'a str,
-    attrs: Attrs<'a>,
+    pub(crate) name: &'a str,
+    pub(crate) attrs: Attrs<'a>,
 }
 
 impl OnnxNode<'_> {
-    fn op(&self) -> &str {
+    pub(crate) fn op(&self) -> &str {
         &self.proto.op_type
     }
 
     /// The inputs as named, optional ones absent given as empty names.
-    fn inputs(&self) -> &[String] {
+    pub(crate) fn inputs(&self) -> &[String] {
         &self.proto.input
     }
 
     /// Input `i`, if it is given (optional inputs are given as empty names).
-    fn input(&self, i: usize) -> Option<String> {
+    pub(crate) fn input(&self, i: usize) -> Option<String> {
         self.proto.input.get(i).filter(|s| !s.is_empty()).cloned()
     }
 
     /// The first input, the one most operators compute on.
-    fn x(&self) -> String {
+    pub(crate) fn x(&self) -> String {
         self.input(0).unwrap_or_default()
     }
 
-    fn outputs(&self) -> &[String] {
+    pub(crate) fn outputs(&self) -> &[String] {
         &self.proto.output
     }
 
     /// The first output (named: the dispatch checks it).
-    fn out(&self) -> String {
+    pub(crate) fn out(&self) -> String {
         self.proto.output.first().cloned().unwrap_or_default()
     }
 }
 
 impl Importer {
-    fn new(input: &str, input_shape: Vec<usize>, opset: i64, dir: std::path::PathBuf) -> Self {
+    pub(crate) fn new(
+        input: &str,
+        input_shape: Vec<usize>,
+        opset: i64,
+        dir: std::path::PathBuf,
+    ) -> Self {
         let mut graph = Graph {
             input: input.to_owned(),
             ..Graph::default()
@@ -315,7 +310,7 @@ impl Importer {
         }
     }
 
-    fn resolve(&self, name: &str) -> String {
+    pub(crate) fn resolve(&self, name: &str) -> String {
         let mut name = name;
         while let Some(next) = self.alias.get(name) {
             name = next;
@@ -323,7 +318,7 @@ impl Importer {
         name.to_owned()
     }
 
-    fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
+    pub(crate) fn shape(&self, name: &str) -> Result<Vec<usize>, String> {
         let name = self.resolve(name);
         self.graph
             .shapes
@@ -333,16 +328,23 @@ impl Importer {
             .ok_or_else(|| format!("input `{name}` is not defined before use"))
     }
 
-    fn constant(&self, name: &str) -> Option<&Tensor> {
+    pub(crate) fn constant(&self, name: &str) -> Option<&Tensor> {
         self.graph.consts.get(&self.resolve(name))
     }
 
-    fn need_const(&self, name: &str, what: &str) -> Result<&Tensor, String> {
+    pub(crate) fn need_const(&self, name: &str, what: &str) -> Result<&Tensor, String> {
         self.constant(name)
             .ok_or_else(|| format!("its {what} (`{name}`) must be a constant"))
     }
 
-    fn add(&mut self, name: &str, op: Op, inputs: Vec<String>, output: &str, shape: Vec<usize>) {
+    pub(crate) fn add(
+        &mut self,
+        name: &str,
+        op: Op,
+        inputs: Vec<String>,
+        output: &str,
+        shape: Vec<usize>,
+    ) {
         let inputs: Vec<String> = inputs.iter().map(|i| self.resolve(i)).collect();
         let node = Node {
             name: name.to_owned(),
@@ -366,19 +368,19 @@ impl Importer {
     }
 
     /// Whether `value` is the input, a constant or a computed value already.
-    fn is_defined(&self, value: &str) -> bool {
+    pub(crate) fn is_defined(&self, value: &str) -> bool {
         self.graph.shapes.contains_key(value)
             || self.graph.consts.contains_key(value)
             || self.alias.contains_key(value)
     }
 
-    fn set_const(&mut self, output: &str, t: Tensor) {
+    pub(crate) fn set_const(&mut self, output: &str, t: Tensor) {
         self.graph.consts.insert(output.to_owned(), t);
     }
 
     /// Checks what every operator needs (its required inputs named and defined, an output),
     /// then hands the node to the family that declares its operator.
-    fn node(&mut self, proto: &pb::NodeProto, name: &str) -> Result<(), String> {
+    pub(crate) fn node(&mut self, proto: &pb::NodeProto, name: &str) -> Result<(), String> {
         let op = proto.op_type.as_str();
         let family = family(op);
         // Every input the operator requires is named, so that the families may index them.
@@ -407,14 +409,14 @@ impl Importer {
     }
 
     /// Whether `value` is a constant of an integer type.
-    fn is_integer(&self, value: &str) -> bool {
+    pub(crate) fn is_integer(&self, value: &str) -> bool {
         let value = self.resolve(value);
         self.integers.contains(&value) && self.graph.consts.contains_key(&value)
     }
 
     /// Records which constant outputs of `node` are integers: what shape operators give,
     /// casts and constants of integer types, and whatever is computed from integers only.
-    fn note_integers(&mut self, node: &OnnxNode) {
+    pub(crate) fn note_integers(&mut self, node: &OnnxNode) {
         let attrs = &node.attrs;
         let integer = match node.op() {
             "Shape" | "Size" | "Equal" | "Not" | "Less" | "Greater" => true,

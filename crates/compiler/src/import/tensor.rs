@@ -8,7 +8,7 @@ use tract_onnx::pb;
 use crate::ir::Tensor;
 
 /// An initializer or Constant value as f32; `dir` is the model's folder, for external data.
-pub(super) fn tensor(t: &pb::TensorProto, dir: &Path) -> Result<Tensor, String> {
+pub(crate) fn tensor(t: &pb::TensorProto, dir: &Path) -> Result<Tensor, String> {
     // The values are in the model (or in its external data, whose range was checked), so
     // a tensor may be as large as its data: `sizes`' cap, which keeps a small model from
     // making huge constants, does not apply. Past 2 GiB is what external data is for.
@@ -73,7 +73,7 @@ pub(super) fn tensor(t: &pb::TensorProto, dir: &Path) -> Result<Tensor, String> 
 
 /// Sizes given as integers (a shape, a group count, split lengths): none negative, and
 /// together small enough for a constant to be made of them.
-pub(super) fn sizes(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
+pub(crate) fn sizes(values: &[i64], what: &str) -> Result<Vec<usize>, String> {
     const MAX_ELEMENTS: usize = 1 << 28;
     match counted(values, what)? {
         (sizes, n) if n <= MAX_ELEMENTS => Ok(sizes),

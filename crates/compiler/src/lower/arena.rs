@@ -7,16 +7,16 @@ use crate::plan::{GemmStep, Loc, Step};
 
 /// Buffers start at multiples of this many elements (256 bytes in fp16), as cuDNN and
 /// cuBLASLt prefer.
-pub(super) const ALIGN: usize = 128;
+pub(crate) const ALIGN: usize = 128;
 
 /// A temporary buffer: its length, and the first and last steps that touch it.
 #[derive(Clone)]
-pub(super) struct Storage {
-    pub(super) len: usize,
-    pub(super) first: usize,
-    pub(super) last: usize,
+pub(crate) struct Storage {
+    pub(crate) len: usize,
+    pub(crate) first: usize,
+    pub(crate) last: usize,
     /// Whether it holds f32 values of a node kept in f32 (`Loc::Wide`).
-    pub(super) wide: bool,
+    pub(crate) wide: bool,
 }
 
 /// For each buffer, the buffer whose place it takes, if any: a product's output takes the
@@ -26,7 +26,7 @@ pub(super) struct Storage {
 /// ResNet-50's residual products on one core took 1.36 ms where the same product without
 /// the residual took 1.12. Only for runners whose kernels read a residual's element before
 /// writing the output's (the CPU runner's).
-pub(super) fn over_residuals(steps: &[Step], storages: &[Storage]) -> Vec<Option<usize>> {
+pub(crate) fn over_residuals(steps: &[Step], storages: &[Storage]) -> Vec<Option<usize>> {
     let mut shared = vec![None; storages.len()];
     for (s, step) in steps.iter().enumerate() {
         let (residual, y) = match step {
@@ -64,7 +64,7 @@ pub(super) fn over_residuals(steps: &[Step], storages: &[Storage]) -> Vec<Option
 /// lifetime; a buffer that takes another's place (`shared`) at that one's offset, the two
 /// placed as one over both lifetimes. Returns the lengths of the arena and of the f32
 /// arena, and each buffer's offset in its own.
-pub(super) fn place(storages: &[Storage], shared: &[Option<usize>]) -> (usize, usize, Vec<usize>) {
+pub(crate) fn place(storages: &[Storage], shared: &[Option<usize>]) -> (usize, usize, Vec<usize>) {
     let root = |mut i: usize| {
         while let Some(j) = shared[i] {
             i = j;
@@ -130,7 +130,7 @@ fn place_where(storages: &[Storage], roots: &[bool], wide: bool) -> (usize, Vec<
 }
 
 /// `step` with its temporary buffers replaced by their places in their arenas.
-pub(super) fn resolve(mut step: Step, storages: &[Storage], offsets: &[usize]) -> Step {
+pub(crate) fn resolve(mut step: Step, storages: &[Storage], offsets: &[usize]) -> Step {
     for loc in step.locs_mut() {
         if let Loc::Temp { id, offset } = *loc {
             *loc = match storages[id].wide {

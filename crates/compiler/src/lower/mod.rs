@@ -6,25 +6,17 @@
 //! must change. Buffers are placed in one arena by lifetime (`arena`).
 //!
 //! This file keeps the values, their layouts and the element-wise step everything else is
-//! built from; each kind of operator is lowered in a file of its own: `products` (Conv,
-//! Gemm, MatMul), `pooling` (pools, LRN), `elementwise` (unary, binary, Concat, Pad), `rows`
-//! (Softmax, LayerNorm, ReduceMean), `views` (Slice, Transpose, Reshape) and `attention`
-//! (the fused attention of fp16 plans); `scores` lets
-//! an fp16 plan's last product write the scores in f32.
+//! built from; each operator is lowered by its family's module in `ops/` (`impl Lowering`
+//! there), called from `Lowering::node`; `scores` lets an fp16 plan's last product write the
+//! scores in f32.
 //!
 //! Mixed precision: the nodes an fp16 plan keeps in f32 (`kept`, those whose values fp16
 //! cannot hold) write buffers of an f32 arena of their own (`Loc::Wide`) and read f32
 //! weights; a value goes from one type to the other by a cast where a node of the other
 //! type reads it. Views (reshapes, transposes, slices) keep their input's type.
 
-mod arena;
-mod attention;
-mod elementwise;
-mod pooling;
-mod products;
-mod rows;
+pub(crate) mod arena;
 mod scores;
-mod views;
 
 use std::collections::{HashMap, HashSet};
 
@@ -34,19 +26,19 @@ use super::plan::{Cast, DType, EwStep, Loc, MAX_RANK, Plan, Step, Strided, Weigh
 use arena::{Storage, over_residuals, place, resolve};
 
 /// The memory order of NCHW axes in NHWC.
-const NHWC: [usize; 4] = [0, 2, 3, 1];
+pub(crate) const NHWC: [usize; 4] = [0, 2, 3, 1];
 
 #[derive(Debug, Clone)]
-struct Val {
-    loc: Loc,
-    shape: Vec<usize>,
+pub(crate) struct Val {
+    pub(crate) loc: Loc,
+    pub(crate) shape: Vec<usize>,
     /// `perm[j]` is the logical axis at memory position `j` (outermost first).
-    perm: Vec<usize>,
+    pub(crate) perm: Vec<usize>,
 }
 
 impl Val {
     /// Element stride of each logical axis.
-    fn strides(&self) -> Vec<usize> {
+    pub(crate) fn strides(&self) -> Vec<usize> {
         let mut strides = vec![0; self.shape.len()];
         let mut acc = 1;
         for &axis in self.perm.iter().rev() {
@@ -56,12 +48,12 @@ impl Val {
         strides
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
     /// Whether the memory order under `perm` is this value's: axes of size 1 do not count.
-    fn is_laid_out_as(&self, perm: &[usize]) -> bool {
+    pub(crate) fn is_laid_out_as(&self, perm: &[usize]) -> bool {
         let order = |p: &[usize]| -> Vec<usize> {
             p.iter().copied().filter(|&a| self.shape[a] != 1).collect()
         };
@@ -69,21 +61,21 @@ impl Val {
     }
 }
 
-struct Lowering<'a> {
-    graph: &'a Graph,
-    dtype: DType,
+pub(crate) struct Lowering<'a> {
+    pub(crate) graph: &'a Graph,
+    pub(crate) dtype: DType,
     /// The nodes computed in f32 in an fp16 plan.
-    kept: &'a HashSet<String>,
+    pub(crate) kept: &'a HashSet<String>,
     /// Whether the node being lowered is one of them: its buffers, constants and
     /// element-wise steps are f32.
-    wide: bool,
-    weights: &'a mut Weights,
-    steps: Vec<Step>,
-    storages: Vec<Storage>,
-    values: HashMap<String, Val>,
+    pub(crate) wide: bool,
+    pub(crate) weights: &'a mut Weights,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) storages: Vec<Storage>,
+    pub(crate) values: HashMap<String, Val>,
 }
 
-fn identity(rank: usize) -> Vec<usize> {
+pub(crate) fn identity(rank: usize) -> Vec<usize> {
     (0..rank).collect()
 }
 
@@ -167,7 +159,7 @@ pub(super) fn lower(
 
 impl Lowering<'_> {
     /// The scores, cast to f32 in their logical layout into the output buffer.
-    fn output(&mut self, name: &str, rank: usize) -> Result<(), String> {
+    pub(crate) fn output(&mut self, name: &str, rank: usize) -> Result<(), String> {
         let out = self.get(name)?;
         self.wide = self.is_wide(out.loc);
         let out = self.require(&out, &identity(rank))?;
@@ -183,7 +175,7 @@ impl Lowering<'_> {
         )
     }
 
-    fn get(&mut self, name: &str) -> Result<Val, String> {
+    pub(crate) fn get(&mut self, name: &str) -> Result<Val, String> {
         if let Some(v) = self.values.get(name) {
             let v = v.clone();
             self.touch(v.loc);
@@ -197,7 +189,7 @@ impl Lowering<'_> {
         Ok(self.constant(name, t))
     }
 
-    fn constant(&mut self, name: &str, t: &Tensor) -> Val {
+    pub(crate) fn constant(&mut self, name: &str, t: &Tensor) -> Val {
         let index = self.weights.add(name, &t.data, self.wide);
         Val {
             loc: Loc::Weight { index, offset: 0 },
@@ -207,13 +199,13 @@ impl Lowering<'_> {
     }
 
     /// Marks a buffer as read by the step about to be added.
-    fn touch(&mut self, loc: Loc) {
+    pub(crate) fn touch(&mut self, loc: Loc) {
         if let Loc::Temp { id, .. } = loc {
             self.storages[id].last = self.steps.len();
         }
     }
 
-    fn alloc(&mut self, shape: &[usize], perm: Vec<usize>) -> Val {
+    pub(crate) fn alloc(&mut self, shape: &[usize], perm: Vec<usize>) -> Val {
         let len = shape.iter().product::<usize>().max(1);
         let step = self.steps.len();
         self.storages.push(Storage {
@@ -233,7 +225,7 @@ impl Lowering<'_> {
     }
 
     /// `v` laid out as `perm`: itself when it already is, else a copy.
-    fn require(&mut self, v: &Val, perm: &[usize]) -> Result<Val, String> {
+    pub(crate) fn require(&mut self, v: &Val, perm: &[usize]) -> Result<Val, String> {
         if v.is_laid_out_as(perm) {
             return Ok(Val {
                 perm: perm.to_vec(),
@@ -245,7 +237,7 @@ impl Lowering<'_> {
 
     /// `v` with `axis` innermost in memory and its other axes in their order: itself where
     /// it already is, else a copy.
-    fn innermost(&mut self, v: &Val, axis: usize) -> Result<Val, String> {
+    pub(crate) fn innermost(&mut self, v: &Val, axis: usize) -> Result<Val, String> {
         let perm: Vec<usize> = v
             .perm
             .iter()
@@ -256,7 +248,7 @@ impl Lowering<'_> {
         self.require(v, &perm)
     }
 
-    fn copy(&mut self, v: &Val, perm: &[usize], cast: Cast) -> Result<Val, String> {
+    pub(crate) fn copy(&mut self, v: &Val, perm: &[usize], cast: Cast) -> Result<Val, String> {
         let out = self.alloc(&v.shape, perm.to_vec());
         let out_strides = out.strides();
         self.ew(
@@ -274,7 +266,12 @@ impl Lowering<'_> {
 
     /// Copies `dims` elements from `src` to `out`, each given as a buffer and the element
     /// stride of each of `dims` in it (a slice's elements, or patches unfolded from an image).
-    fn strided_copy(&mut self, dims: &[usize], out: (Loc, &[usize]), src: (Loc, &[usize])) {
+    pub(crate) fn strided_copy(
+        &mut self,
+        dims: &[usize],
+        out: (Loc, &[usize]),
+        src: (Loc, &[usize]),
+    ) {
         let strides = |s: &[usize]| s.iter().map(|&v| v as i64).collect::<Vec<_>>();
         let (dims, all) = merge_dims(dims.to_vec(), vec![strides(out.1), strides(src.1)]);
         self.push(
@@ -300,7 +297,7 @@ impl Lowering<'_> {
     /// Adds an element-wise step over `shape`, iterated in the memory order `order` of the
     /// output. Inputs broadcast to `shape` by NumPy's rules.
     #[allow(clippy::too_many_arguments)]
-    fn ew(
+    pub(crate) fn ew(
         &mut self,
         op: Option<super::ir::BinOp>,
         act: Act,
@@ -363,7 +360,7 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    fn push(&mut self, step: Step, reads: &[Loc]) {
+    pub(crate) fn push(&mut self, step: Step, reads: &[Loc]) {
         for &loc in reads {
             self.touch(loc);
         }
@@ -371,7 +368,7 @@ impl Lowering<'_> {
     }
 
     /// The cast of an element-wise step that reads and writes the node's own type.
-    fn same_type(&self) -> Cast {
+    pub(crate) fn same_type(&self) -> Cast {
         match self.wide {
             true => Cast::Wide,
             false => Cast::None,
@@ -379,7 +376,7 @@ impl Lowering<'_> {
     }
 
     /// Whether `loc` holds f32 values of a node kept in f32 (an f32 weight among them).
-    fn is_wide(&self, loc: Loc) -> bool {
+    pub(crate) fn is_wide(&self, loc: Loc) -> bool {
         match loc {
             Loc::Temp { id, .. } => self.storages[id].wide,
             Loc::Weight { index, .. } => self.weights.wide[index],
@@ -391,7 +388,7 @@ impl Lowering<'_> {
     /// Sets the type `node` computes in, and returns it reading its computed inputs in that
     /// type: an input of the other type is cast once (the cast kept for other readers). A
     /// view computes nothing and keeps its input's type.
-    fn in_its_type(&mut self, node: &Node) -> Result<Node, String> {
+    pub(crate) fn in_its_type(&mut self, node: &Node) -> Result<Node, String> {
         self.wide = match self.values.get(&node.inputs[0]) {
             Some(x) if node.op.is_view() => self.is_wide(x.loc),
             _ => self.kept.contains(&node.name),
@@ -421,7 +418,7 @@ impl Lowering<'_> {
     }
 
     /// Lowers one node: a short dispatch to the files that lower each kind of operator.
-    fn node(&mut self, node: &Node) -> Result<(), String> {
+    pub(crate) fn node(&mut self, node: &Node) -> Result<(), String> {
         if self.values.contains_key(&node.output) {
             // A product computed with an earlier one of the same input
             // (`Lowering::products_of_one_x`).
@@ -460,19 +457,15 @@ impl Lowering<'_> {
         self.define(node, out)
     }
 
-    fn define(&mut self, node: &Node, value: Val) -> Result<(), String> {
+    pub(crate) fn define(&mut self, node: &Node, value: Val) -> Result<(), String> {
         self.values.insert(node.output.clone(), value);
         Ok(())
     }
 }
 
-fn dims4(shape: &[usize]) -> [usize; 4] {
-    shape.try_into().expect("a 4-D tensor")
-}
-
 /// Drops dimensions of 1 and merges neighbours that are contiguous for every operand, so
 /// that a plain element-wise step iterates over one dimension.
-fn merge_dims(dims: Vec<usize>, strides: Vec<Vec<i64>>) -> (Vec<usize>, Vec<Vec<i64>>) {
+pub(crate) fn merge_dims(dims: Vec<usize>, strides: Vec<Vec<i64>>) -> (Vec<usize>, Vec<Vec<i64>>) {
     let keep: Vec<usize> = (0..dims.len()).filter(|&j| dims[j] != 1).collect();
     let mut out_dims: Vec<usize> = Vec::new();
     let mut out_strides: Vec<Vec<i64>> = vec![Vec::new(); strides.len()];

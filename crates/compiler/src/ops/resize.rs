@@ -5,17 +5,17 @@
 //! MobileViT pads its 7×7 maps to 8×8 this way, and EfficientFormer v2 doubles the size of
 //! its attention's output; neither needs a kernel of its own.
 
-use super::{Handled, Importer, OnnxNode};
+use crate::import::{Handled, Importer, OnnxNode};
 use crate::ir::{Act, Op, Tensor};
 
-pub(super) const OPS: &[&str] = &["Resize"];
+pub(crate) const OPS: &[&str] = &["Resize"];
 
 /// How many inputs `op` requires (ONNX's operator specs); the rest are optional.
-pub(super) fn required_inputs(_op: &str, _opset: i64) -> usize {
+pub(crate) fn required_inputs(_op: &str, _opset: i64) -> usize {
     1
 }
 
-pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, String> {
+pub(crate) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, String> {
     match node.op() {
         "Resize" => resize(im, node)?,
         _ => return Ok(Handled::NotMine),
@@ -100,7 +100,7 @@ fn resize(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
     let axes: Vec<usize> = match attrs.ints("axes") {
         Some(axes) => axes
             .iter()
-            .map(|&a| super::attrs::axis_of(a, rank as i64))
+            .map(|&a| crate::import::attrs::axis_of(a, rank as i64))
             .collect::<Result<_, _>>()?,
         None => (0..rank).collect(),
     };

@@ -1,12 +1,20 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Operators over rows or channels: softmax, layer, instance and local response
-//! normalisation, sums, means and norms over axes.
+//! Normalisations and reductions: softmax, layer norm (instance norm as one), LRN, and the
+//! means, sums and L2 norms of ReduceMean and its kin; from their ONNX import to their
+//! reference evaluation and their lowering to row kernels (each over rows laid out along the
+//! last memory axes; LRN across the channels of NHWC).
 
-use super::attrs::axis_of;
-use super::{Handled, Importer, OnnxNode};
-use crate::ir::{Act, BinOp, Op, Tensor};
+use crate::import::attrs::axis_of;
+use crate::import::{Handled, Importer, OnnxNode};
+use crate::ir::{Node, Op, Tensor, strides};
+use crate::lower::{Lowering, NHWC, Val, identity};
+use crate::ops::elementwise::{Act, BinOp};
+use crate::plan::{LayerNormStep, LrnStep, RowMeanStep, SoftmaxStep, Step};
+use crate::reference::along_axis;
 
-pub(super) const OPS: &[&str] = &[
+// ONNX import: what each operator becomes, with its output shape.
+
+pub(crate) const OPS: &[&str] = &[
     "Softmax",
     "LayerNormalization",
     "InstanceNormalization",
@@ -17,7 +25,7 @@ pub(super) const OPS: &[&str] = &[
 ];
 
 /// How many inputs `op` requires (ONNX's operator specs); the rest are optional.
-pub(super) fn required_inputs(op: &str, _opset: i64) -> usize {
+pub(crate) fn required_inputs(op: &str, _opset: i64) -> usize {
     match op {
         "LayerNormalization" => 2,
         "InstanceNormalization" => 3,
@@ -25,7 +33,7 @@ pub(super) fn required_inputs(op: &str, _opset: i64) -> usize {
     }
 }
 
-pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, String> {
+pub(crate) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, String> {
     match node.op() {
         "Softmax" => softmax(im, node)?,
         "LayerNormalization" => layer_norm(im, node)?,
@@ -231,4 +239,196 @@ fn reduce(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
         im.add(name, op, vec![mean, count], &out, shape);
     }
     Ok(())
+}
+
+// Reference evaluation, in f32 (`reference::eval`).
+
+pub(crate) fn eval_softmax(axis: usize, inputs: &[&Tensor]) -> Vec<f32> {
+    let x = inputs[0];
+    let mut out = x.data.to_vec();
+    along_axis(&x.shape, axis, |idx| {
+        let max = idx.iter().map(|&i| x.data[i]).fold(f32::MIN, f32::max);
+        let sum: f32 = idx.iter().map(|&i| (x.data[i] - max).exp()).sum();
+        for &i in idx {
+            out[i] = (x.data[i] - max).exp() / sum;
+        }
+    });
+    out
+}
+
+pub(crate) fn eval_layer_norm(axis: usize, epsilon: f32, inputs: &[&Tensor]) -> Vec<f32> {
+    let (x, scale, bias) = (inputs[0], inputs[1], inputs.get(2));
+    let inner: usize = x.shape[axis..].iter().product();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.data.chunks(inner) {
+        let mean = row.iter().sum::<f32>() / inner as f32;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / inner as f32;
+        let inv = 1.0 / (var + epsilon).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            out.push((v - mean) * inv * scale.data[j] + bias.map_or(0.0, |b| b.data[j]));
+        }
+    }
+    out
+}
+
+/// LRN across channels; `[alpha, beta, bias]` as ONNX names them.
+pub(crate) fn eval_lrn(size: usize, [alpha, beta, bias]: [f32; 3], inputs: &[&Tensor]) -> Vec<f32> {
+    let x = inputs[0];
+    let channels = x.shape[1];
+    let inner: usize = x.shape[2..].iter().product();
+    (0..x.len())
+        .map(|i| {
+            let c = (i / inner) % channels;
+            let lo = c.saturating_sub((size - 1) / 2);
+            let hi = (c + size / 2).min(channels - 1);
+            let sq: f32 = (lo..=hi)
+                .map(|cc| x.data[i - c * inner + cc * inner].powi(2))
+                .sum();
+            x.data[i] / (bias + alpha / size as f32 * sq).powf(beta)
+        })
+        .collect()
+}
+
+pub(crate) fn eval_reduce_mean(axes: &[usize], inputs: &[&Tensor]) -> Vec<f32> {
+    let x = inputs[0];
+    let kept: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+        .collect();
+    let kept_strides = strides(&kept);
+    let in_strides = strides(&x.shape);
+    let mut out = vec![0.0; kept.iter().product()];
+    for (i, v) in x.data.iter().enumerate() {
+        let o: usize = (0..x.shape.len())
+            .map(|a| (i / in_strides[a]) % x.shape[a] % kept[a] * kept_strides[a])
+            .sum();
+        out[o] += v;
+    }
+    let count: usize = axes.iter().map(|&a| x.shape[a]).product();
+    out.iter_mut().for_each(|v| *v /= count as f32);
+    out
+}
+
+// Lowering to plan steps (`lower::Lowering::node`).
+
+impl Lowering<'_> {
+    pub(crate) fn softmax(
+        &mut self,
+        node: &Node,
+        axis: usize,
+        shape: &[usize],
+    ) -> Result<Val, String> {
+        let x = self.get(&node.inputs[0])?;
+        // Rows along the last memory axis: the reduced axis innermost, the others in their
+        // order in memory.
+        let x = self.innermost(&x, axis)?;
+        let perm = x.perm.clone();
+        let len = shape[axis];
+        let rows = x.len() / len;
+        let y = self.alloc(shape, perm);
+        let step = Step::Softmax(SoftmaxStep {
+            rows,
+            len,
+            x: x.loc,
+            y: y.loc,
+        });
+        self.push(step, &[x.loc, y.loc]);
+        Ok(y)
+    }
+
+    /// Normalises over the axes from `axis` on, which are the last ones in memory.
+    pub(crate) fn layer_norm(
+        &mut self,
+        node: &Node,
+        axis: usize,
+        epsilon: f32,
+        shape: &[usize],
+    ) -> Result<Val, String> {
+        // The normalised axes innermost in their logical order, the rows in any order.
+        let x = self.get(&node.inputs[0])?;
+        let perm: Vec<usize> = x
+            .perm
+            .iter()
+            .copied()
+            .filter(|&a| a < axis)
+            .chain(axis..shape.len())
+            .collect();
+        let x = self.require(&x, &perm)?;
+        let len: usize = shape[axis..].iter().product();
+        let rows = x.len() / len;
+        let y = self.alloc(shape, perm);
+        let scale = self.get(&node.inputs[1])?.loc;
+        let bias = match node.inputs.get(2) {
+            Some(b) => Some(self.get(b)?.loc),
+            None => None,
+        };
+        let step = Step::LayerNorm(LayerNormStep {
+            rows,
+            len,
+            epsilon,
+            x: x.loc,
+            scale,
+            bias,
+            y: y.loc,
+        });
+        self.push(step, &[x.loc, y.loc]);
+        Ok(y)
+    }
+
+    /// The mean over `axes`, moved last in memory.
+    pub(crate) fn reduce_mean(
+        &mut self,
+        node: &Node,
+        axes: &[usize],
+        shape: &[usize],
+    ) -> Result<Val, String> {
+        let x = self.get(&node.inputs[0])?;
+        let in_rank = x.shape.len();
+        let perm: Vec<usize> = (0..in_rank)
+            .filter(|a| !axes.contains(a))
+            .chain(axes.iter().copied())
+            .collect();
+        let x = self.require(&x, &perm)?;
+        let len: usize = axes.iter().map(|&a| x.shape[a]).product();
+        let y = self.alloc(shape, identity(shape.len()));
+        self.push(
+            Step::RowMean(RowMeanStep {
+                rows: x.len() / len,
+                len,
+                x: x.loc,
+                y: y.loc,
+            }),
+            &[x.loc, y.loc],
+        );
+        Ok(y)
+    }
+
+    /// LRN across channels; `[alpha, beta, bias]` as ONNX names them.
+    pub(crate) fn lrn(
+        &mut self,
+        node: &Node,
+        size: usize,
+        [alpha, beta, bias]: [f32; 3],
+        shape: &[usize],
+    ) -> Result<Val, String> {
+        let x = self.get(&node.inputs[0])?;
+        let x = self.require(&x, &NHWC)?;
+        let y = self.alloc(shape, NHWC.to_vec());
+        self.push(
+            Step::Lrn(LrnStep {
+                pixels: x.len() / shape[1],
+                c: shape[1],
+                size,
+                alpha,
+                beta,
+                bias,
+                x: x.loc,
+                y: y.loc,
+            }),
+            &[x.loc, y.loc],
+        );
+        Ok(y)
+    }
 }

@@ -3,13 +3,13 @@
 //! expansions, attention masks): with every shape settled at import, these operators only
 //! ever see constants, and are evaluated here (by `fold`) rather than run.
 
-use super::attrs::norm_axis;
-use super::tensor::{sizes, tensor};
-use super::{Handled, Importer, OnnxNode};
 use crate::fold;
+use crate::import::attrs::norm_axis;
+use crate::import::tensor::{sizes, tensor};
+use crate::import::{Handled, Importer, OnnxNode};
 use crate::ir::Tensor;
 
-pub(super) const OPS: &[&str] = &[
+pub(crate) const OPS: &[&str] = &[
     "Constant",
     "ConstantOfShape",
     "Shape",
@@ -23,7 +23,7 @@ pub(super) const OPS: &[&str] = &[
 ];
 
 /// How many inputs `op` requires (ONNX's operator specs); the rest are optional.
-pub(super) fn required_inputs(op: &str, _opset: i64) -> usize {
+pub(crate) fn required_inputs(op: &str, _opset: i64) -> usize {
     match op {
         "Constant" => 0,
         "Equal" | "Mod" | "GatherND" => 2,
@@ -32,7 +32,7 @@ pub(super) fn required_inputs(op: &str, _opset: i64) -> usize {
     }
 }
 
-pub(super) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, String> {
+pub(crate) fn import(im: &mut Importer, node: &OnnxNode) -> Result<Handled, String> {
     let attrs = &node.attrs;
     let t = match node.op() {
         "Constant" => constant(im, node)?,
@@ -104,7 +104,7 @@ fn constant(im: &Importer, node: &OnnxNode) -> Result<Tensor, String> {
 
 /// The values of every input of `node`, which must all be constants: an operator on shapes
 /// that meets the image's activations is refused, naming the input.
-pub(super) fn constant_inputs<'a>(
+pub(crate) fn constant_inputs<'a>(
     im: &'a Importer,
     node: &OnnxNode,
 ) -> Result<Vec<&'a Tensor>, String> {

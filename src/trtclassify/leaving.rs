@@ -80,7 +80,7 @@ impl TrtClassify {
     /// `overload::QOS_MESSAGE_EVERY`), with the counts of frames classified ("processed") and
     /// passed on unclassified ("dropped": their results, not the frames), and how long the
     /// last one, `buffer`, stayed (its jitter).
-    pub(super) fn post_qos(&self, buffer: &gst::BufferRef, arrived: Instant) {
+    fn post_qos(&self, buffer: &gst::BufferRef, arrived: Instant) {
         let proportion = {
             let mut qos = self.qos.lock().unwrap();
             if !qos.message_due(Instant::now()) {

@@ -166,7 +166,14 @@ impl Op {
             Op::Lrn {
                 alpha, beta, bias, ..
             } => vec![*alpha, *beta, *bias],
-            _ => vec![],
+            Op::Pool(_)
+            | Op::GlobalAvgPool
+            | Op::Softmax { .. }
+            | Op::Concat { .. }
+            | Op::Transpose { .. }
+            | Op::Reshape
+            | Op::Slice { .. }
+            | Op::ReduceMean { .. } => vec![],
         }
     }
 

@@ -154,7 +154,7 @@ impl StepKind for GemmStep {
                 residual: None,
                 y: y @ Loc::Output(_),
                 ..
-            } if !t.plain() && !is_f32(*x) => !is_f32(*x) && !is_f32(*w) && is_f32(*y),
+            } if !t.plain() && !is_f32(*x) => !is_f32(*w) && is_f32(*y),
             _ => t.uniform(self),
         }
     }

@@ -324,6 +324,41 @@ fn cuda_fp32_agrees_with_cpu() {
 /// Engines built on several threads at once (each capturing its plans as CUDA graphs in the
 /// context they share) while other engines are built and dropped beside them all build and
 /// agree with the cpu backend: a capture is not invalidated by another engine's setup.
+/// The digits classifier (a small CNN trained on real data, `models/digits/train.py`) keeps
+/// its held-out accuracy within a point of onnxruntime's fp32 in both precisions; the
+/// figures are those of docs/benchmarks.md's accuracy table.
+#[test]
+fn cuda_keeps_the_digits_accuracy() {
+    use gsttrtclassify::engine::frame::FrameView;
+    use trtclassify_compiler::testing::{DIGITS_SIZE, accuracy, digits_heldout};
+
+    if !gpu("cuda_keeps_the_digits_accuracy") {
+        return;
+    }
+    let digits = digits_heldout();
+    let frames: Vec<FrameView> = (digits.frames.iter())
+        .map(|f| FrameView::rgb(DIGITS_SIZE, DIGITS_SIZE, f))
+        .collect();
+    let model = common::model("digits/digits.onnx");
+    for precision in [Precision::Fp32, Precision::Fp16] {
+        let mut gpu = CudaEngine::build(&options(&model, 16, precision)).expect("cuda engine");
+        let scores = gpu.classify(&frames).expect("the digits classify");
+        let got = accuracy(&scores, &digits.labels);
+        println!(
+            "digits, held out: backend=cuda {precision:?} {:.2}%, onnxruntime fp32 {:.2}% ({} images)",
+            got * 100.0,
+            digits.onnxruntime_accuracy * 100.0,
+            digits.labels.len()
+        );
+        assert!(
+            got >= digits.onnxruntime_accuracy - 0.01,
+            "backend=cuda {precision:?}: {:.2}% of the held-out digits, onnxruntime {:.2}%",
+            got * 100.0,
+            digits.onnxruntime_accuracy * 100.0
+        );
+    }
+}
+
 #[test]
 fn engines_built_together_on_one_gpu_all_run() {
     if !gpu("engines_built_together_on_one_gpu_all_run") {

@@ -11,9 +11,10 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The repository's `models/` folder.
+/// The repository's `models/` folder, or the one `TRTCLASSIFY_MODELS_DIR` names (for test
+/// binaries run on another machine, the GPU host).
 pub fn models() -> PathBuf {
-    repo().join("models")
+    std::env::var_os("TRTCLASSIFY_MODELS_DIR").map_or_else(|| repo().join("models"), PathBuf::from)
 }
 
 /// One reference file: the input frames and onnxruntime's outputs for them.
@@ -64,4 +65,59 @@ pub fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
             "value {i}: got {g}, want {w}"
         );
     }
+}
+
+/// The side of the digits classifier's frames (`models/digits/`).
+pub const DIGITS_SIZE: u32 = 32;
+
+/// The digits classifier's held-out images (`models/digits/digits_heldout.json`, written by
+/// `models/digits/train.py` with the model): a small CNN trained on real data, to tell what a
+/// precision costs in accuracy.
+pub struct Digits {
+    /// Each image as the training made it a frame: `DIGITS_SIZE`² packed RGB, grey.
+    pub frames: Vec<Vec<u8>>,
+    /// The digit each shows.
+    pub labels: Vec<usize>,
+    /// The share onnxruntime classifies right in fp32.
+    pub onnxruntime_accuracy: f64,
+}
+
+/// The held-out digits, as frames.
+pub fn digits_heldout() -> Digits {
+    let path = models().join("digits/digits_heldout.json");
+    let text = std::fs::read_to_string(&path).expect("models/digits/digits_heldout.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("held-out digits json");
+    let scale = (DIGITS_SIZE / 8) as usize;
+    // Each of the 8×8 values (0-16) repeated scale×scale, grey in all three channels.
+    let frame = |values: &serde_json::Value| -> Vec<u8> {
+        let values: Vec<u8> = (values.as_array().expect("values").iter())
+            .map(|x| (x.as_f64().expect("value") * 255.0 / 16.0).round() as u8)
+            .collect();
+        let side = DIGITS_SIZE as usize;
+        (0..side * side)
+            .flat_map(|i| [values[(i / side / scale) * 8 + (i % side) / scale]; 3])
+            .collect()
+    };
+    Digits {
+        frames: v["values"]
+            .as_array()
+            .expect("values")
+            .iter()
+            .map(frame)
+            .collect(),
+        labels: (v["labels"].as_array().expect("labels").iter())
+            .map(|l| l.as_u64().expect("label") as usize)
+            .collect(),
+        onnxruntime_accuracy: v["onnxruntime_fp32_accuracy"].as_f64().expect("accuracy"),
+    }
+}
+
+/// The share of frames whose best score is their label's.
+pub fn accuracy(scores: &[Vec<f32>], labels: &[usize]) -> f64 {
+    assert_eq!(scores.len(), labels.len(), "one row of scores per frame");
+    let best = |s: &Vec<f32>| (0..s.len()).max_by(|&a, &b| s[a].total_cmp(&s[b]));
+    let right = (scores.iter().zip(labels))
+        .filter(|&(s, &l)| best(s) == Some(l))
+        .count();
+    right as f64 / labels.len() as f64
 }

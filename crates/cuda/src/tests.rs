@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The runtime's parts that need no GPU: activation parameters, the kernels' limits, and the
-//! kernels compiled with NVRTC where it is installed.
+//! The runtime's parts that need no GPU: activation parameters, the kernels' limits, the
+//! kernels each family loads, and the kernels compiled with NVRTC where it is installed.
 
 use super::{abi, runtime};
 use trtclassify_compiler::ir::Act;
@@ -63,6 +63,73 @@ fn the_kernels_take_their_ids_and_sizes_from_the_rust_side() {
     assert!(!source.contains("p.format == 0"), "frame layouts by name");
 }
 
+/// The kernels `cu` defines (`extern "C" __global__ void [__launch_bounds__(n)] name(`),
+/// those pasted together in a macro (`#define ATTENTION(DK, DV)`, `attention_##DK##_##DV(`)
+/// once for each line that expands it (`ATTENTION(16, 32)`).
+fn kernels_defined(cu: &str) -> Vec<String> {
+    let mut kernels = Vec::new();
+    for (at, _) in cu.match_indices("__global__ void ") {
+        // Without C linkage the name would be mangled, and loading it by name would fail.
+        let line = cu[at..].lines().next();
+        assert!(cu[..at].ends_with("extern \"C\" "), "{line:?}");
+        let rest = &cu[at + "__global__ void ".len()..];
+        let rest = match rest.strip_prefix("__launch_bounds__(") {
+            Some(rest) => rest.split_once(") ").expect("launch bounds").1,
+            None => rest,
+        };
+        let name = rest.split_once('(').expect("a kernel's parameters").0;
+        if !name.contains("##") {
+            kernels.push(name.to_string());
+            continue;
+        }
+        let define = cu[..at].rsplit_once("#define ").expect("a macro").1;
+        let (macro_name, params) = define.split_once('(').expect("a macro's parameters");
+        let (params, _) = params.split_once(')').expect("a macro's parameters");
+        let params: Vec<&str> = params.split(',').map(str::trim).collect();
+        for line in cu.lines() {
+            let Some(args) = line
+                .strip_prefix(macro_name)
+                .and_then(|l| l.strip_prefix('('))
+                .and_then(|l| l.strip_suffix(')'))
+            else {
+                continue;
+            };
+            let args: Vec<&str> = args.split(',').map(str::trim).collect();
+            assert_eq!(args.len(), params.len(), "{line}");
+            let piece = |piece| {
+                params
+                    .iter()
+                    .position(|p| *p == piece)
+                    .map_or(piece, |i| args[i])
+            };
+            kernels.push(name.split("##").map(piece).collect());
+        }
+    }
+    kernels
+}
+
+/// Each family's kernel set loads exactly the kernels its `.cu` file defines (one it misses
+/// would never run; one it names that the file lacks would fail every engine's loading), and
+/// no other part of the source defines one.
+#[test]
+fn each_family_loads_the_kernels_its_file_defines() {
+    let sorted = |mut names: Vec<String>| {
+        names.sort();
+        names
+    };
+    let mut all = Vec::new();
+    for (file, cu, names) in runtime::kernel_families(DType::F16) {
+        assert!(!names.is_empty(), "{file}");
+        assert_eq!(sorted(kernels_defined(cu)), sorted(names.clone()), "{file}");
+        all.extend(names);
+    }
+    assert_eq!(sorted(kernels_defined(runtime::source())), sorted(all));
+    // Fused attention is fp16's only (attention.cu is within `#ifdef HALF`).
+    for (file, _, names) in runtime::kernel_families(DType::F32) {
+        assert_eq!(names.is_empty(), file == "steps/attention.cu", "{file}");
+    }
+}
+
 #[test]
 fn kernels_compile_with_nvrtc() {
     // NVRTC needs no GPU: where it is installed, the kernels are compiled for both types.
@@ -104,22 +171,14 @@ fn kernels_compile_with_nvrtc() {
             let name = format!("{dtype:?}-sm_{}{}.ptx", arch.0, arch.1);
             std::fs::write(dir.join(name), &ptx).expect("PTX written");
         }
-        for kernel in [
-            "ew",
-            "ew_from_f32",
-            "bias_act",
-            "pool_nhwc",
-            "softmax_rows",
-            "softmax_warp",
-            "layernorm_warp",
-            "layernorm_warp_vec",
-            "preprocess_rows",
-            "preprocess_cols",
-        ] {
-            assert!(
-                ptx.contains(&format!(".entry {kernel}(")),
-                "{kernel} missing"
-            );
+        // Every kernel a context of this type loads, as each family's set names it.
+        for (file, _, names) in runtime::kernel_families(dtype) {
+            for kernel in names {
+                assert!(
+                    ptx.contains(&format!(".entry {kernel}(")),
+                    "{kernel} ({file}) missing, {dtype:?}"
+                );
+            }
         }
         // Fused attention is fp16's only; its tensor-core kernels hold mma.sync from sm_80 on.
         let attention = [".entry attention_rows(", ".entry attention_64_64("];

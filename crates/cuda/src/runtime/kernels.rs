@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The kernels' source, put together from the family files (`prelude.cu`, `preprocess.cu`,
-//! `steps/*.cu`) and what abi.rs generates; compiled by NVRTC for the GPU at hand, loaded
-//! into the context; and the launch shapes the kernels expect.
+//! `steps/*.cu`) and what abi.rs generates; compiled by NVRTC for the GPU at hand; loaded
+//! into the context as one set per family (each defined beside its launches, with
+//! `kernel_set!`); and the launch shapes the kernels expect.
 
 use std::sync::{Arc, LazyLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
 
+use super::staging::PreprocessKernels;
+use super::steps::{Attention, ConvKernels, ElementwiseKernels, PoolKernels, RowKernels};
 use crate::abi;
 use crate::error::{Error, Result};
-use trtclassify_compiler::plan::{ATTENTION_HEAD_DIMS, DType, attention_takes};
+use trtclassify_compiler::plan::DType;
 
 /// The kernels' source, compiled by NVRTC for the GPU at hand (and hashed into engine files:
 /// a change to it rebuilds their kernels). The order matters: each file uses what the ones
@@ -49,43 +52,17 @@ pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<String> {
         .map_err(Error::Nvrtc)
 }
 
-/// The kernels, loaded.
+/// The kernels, loaded: each family's set, defined beside its launches (`steps/<family>.rs`,
+/// `staging.rs` for the preprocessing), so that a new kernel touches its family's files only.
 pub(super) struct Kernels {
-    pub(super) ew: CudaFunction,
-    pub(super) ew_from_f32: CudaFunction,
-    pub(super) ew_to_f32: CudaFunction,
-    pub(super) ew_f32: CudaFunction,
-    pub(super) ew_vec: CudaFunction,
-    pub(super) bias_act: CudaFunction,
-    pub(super) bias_act_vec: CudaFunction,
-    pub(super) pool: CudaFunction,
-    pub(super) pool_vec: CudaFunction,
-    pub(super) global_avg: CudaFunction,
-    pub(super) softmax: CudaFunction,
-    pub(super) softmax_warp: CudaFunction,
-    pub(super) softmax_f32: CudaFunction,
-    pub(super) softmax_warp_f32: CudaFunction,
-    pub(super) layernorm: CudaFunction,
-    pub(super) layernorm_warp: CudaFunction,
-    pub(super) layernorm_warp_vec: CudaFunction,
-    pub(super) mean: CudaFunction,
-    pub(super) mean_warp: CudaFunction,
-    pub(super) lrn: CudaFunction,
-    pub(super) preprocess_rows: CudaFunction,
-    pub(super) preprocess_cols: CudaFunction,
+    pub(super) ew: ElementwiseKernels,
+    pub(super) conv: ConvKernels,
+    pub(super) pool: PoolKernels,
+    pub(super) rows: RowKernels,
+    pub(super) preprocess: PreprocessKernels,
     /// Fused attention (fp16 only): on tensor cores by head sizes (dk, dv) from sm_80 on,
     /// else a warp per query.
     pub(super) attention: Attention,
-}
-
-/// The fused attention kernels a context has.
-pub(super) enum Attention {
-    /// fp32 kernels: none (`check_plan` keeps attention steps out of fp32 plans).
-    None,
-    /// A GPU without mma.sync's fp16 m16n8k16 (before sm_80).
-    Rows(CudaFunction),
-    /// Tensor-core kernels by (dk, dv), and the row kernel.
-    TensorCores(Vec<((usize, usize), CudaFunction)>),
 }
 
 impl Kernels {
@@ -94,52 +71,114 @@ impl Kernels {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(Error::driver("module load"))?;
-        let f = |name: &str| module.load_function(name).map_err(Error::driver("kernel"));
         let major = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
             .map_err(Error::driver("attribute"))?;
-        let attention = match (dtype, major >= 8) {
-            (DType::F32, _) => Attention::None,
-            (DType::F16, false) => Attention::Rows(f("attention_rows")?),
-            (DType::F16, true) => {
-                let dims = ATTENTION_HEAD_DIMS;
-                let pairs = dims
-                    .iter()
-                    .flat_map(|&dk| dims.iter().map(move |&dv| (dk, dv)))
-                    .filter(|&(dk, dv)| attention_takes(dk, dv));
-                Attention::TensorCores(
-                    pairs
-                        .map(|(dk, dv)| Ok(((dk, dv), f(&format!("attention_{dk}_{dv}"))?)))
-                        .collect::<Result<_>>()?,
-                )
-            }
+        let module = KernelModule {
+            module,
+            dtype,
+            major,
         };
         Ok(Kernels {
-            ew: f("ew")?,
-            ew_from_f32: f("ew_from_f32")?,
-            ew_to_f32: f("ew_to_f32")?,
-            ew_f32: f("ew_f32")?,
-            ew_vec: f("ew_vec")?,
-            bias_act: f("bias_act")?,
-            bias_act_vec: f("bias_act_vec")?,
-            pool: f("pool_nhwc")?,
-            pool_vec: f("pool_nhwc_vec")?,
-            global_avg: f("global_avg_nhwc")?,
-            softmax: f("softmax_rows")?,
-            softmax_warp: f("softmax_warp")?,
-            softmax_f32: f("softmax_rows_f32")?,
-            softmax_warp_f32: f("softmax_warp_f32")?,
-            layernorm: f("layernorm_rows")?,
-            layernorm_warp: f("layernorm_warp")?,
-            layernorm_warp_vec: f("layernorm_warp_vec")?,
-            mean: f("mean_rows")?,
-            mean_warp: f("mean_warp")?,
-            lrn: f("lrn_nhwc")?,
-            preprocess_rows: f("preprocess_rows")?,
-            preprocess_cols: f("preprocess_cols")?,
-            attention,
+            ew: ElementwiseKernels::load(&module)?,
+            conv: ConvKernels::load(&module)?,
+            pool: PoolKernels::load(&module)?,
+            rows: RowKernels::load(&module)?,
+            preprocess: PreprocessKernels::load(&module)?,
+            attention: Attention::load(&module)?,
         })
     }
+}
+
+/// The compiled kernels loaded into a context, from which each family's `load` takes its own.
+pub(super) struct KernelModule {
+    module: Arc<CudaModule>,
+    /// The type the kernels were compiled for.
+    pub(super) dtype: DType,
+    /// The GPU's compute capability (major).
+    pub(super) major: i32,
+}
+
+impl KernelModule {
+    /// The kernel `name` (an `extern "C" __global__` function of the source).
+    pub(super) fn function(&self, name: &str) -> Result<CudaFunction> {
+        self.module
+            .load_function(name)
+            .map_err(Error::driver("kernel"))
+    }
+}
+
+/// A family's set of kernels: a struct of them, each field loaded (`load`) by the kernel name
+/// written beside it, and those names (`NAMES`) for the tests, which find each in the
+/// family's `.cu` file and in the compiled PTX. One list, so the two cannot disagree.
+macro_rules! kernel_set {
+    (
+        $(#[$attr:meta])*
+        $name:ident {
+            $($(#[$field_attr:meta])* $field:ident: $kernel:literal,)*
+        }
+    ) => {
+        $(#[$attr])*
+        pub(in crate::runtime) struct $name {
+            $($(#[$field_attr])* pub(in crate::runtime) $field: cudarc::driver::CudaFunction,)*
+        }
+
+        impl $name {
+            /// The family's kernels, by the names of their `extern "C" __global__` functions.
+            #[cfg(test)]
+            pub(in crate::runtime) const NAMES: &[&str] = &[$($kernel),*];
+
+            /// Takes the family's kernels from `module`.
+            pub(in crate::runtime) fn load(
+                module: &crate::runtime::kernels::KernelModule,
+            ) -> crate::error::Result<Self> {
+                Ok(Self {
+                    $($field: module.function($kernel)?,)*
+                })
+            }
+        }
+    };
+}
+pub(super) use kernel_set;
+
+/// Each family's file, and the kernels its set loads in a context of `dtype` (fused
+/// attention's in fp16 only): for the tests, which find each kernel defined in that file and
+/// as an entry of the PTX.
+#[cfg(test)]
+pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 6] {
+    let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+    [
+        (
+            "steps/elementwise.cu",
+            include_str!("steps/elementwise.cu"),
+            names(ElementwiseKernels::NAMES),
+        ),
+        (
+            "steps/conv.cu",
+            include_str!("steps/conv.cu"),
+            names(ConvKernels::NAMES),
+        ),
+        (
+            "steps/pool.cu",
+            include_str!("steps/pool.cu"),
+            names(PoolKernels::NAMES),
+        ),
+        (
+            "steps/rows.cu",
+            include_str!("steps/rows.cu"),
+            names(RowKernels::NAMES),
+        ),
+        (
+            "preprocess.cu",
+            include_str!("preprocess.cu"),
+            names(PreprocessKernels::NAMES),
+        ),
+        (
+            "steps/attention.cu",
+            include_str!("steps/attention.cu"),
+            Attention::names(dtype),
+        ),
+    ]
 }
 
 /// A grid-stride launch over `n` elements: blocks of 256 threads, at most 16 per SM.

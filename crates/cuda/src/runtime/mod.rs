@@ -7,7 +7,7 @@
 //! This module holds the `Runtime` and its life: made (`Runtime::new`), fed a batch and run
 //! (`run`, `run_staged`). Its other parts, one `impl Runtime` each where they need it:
 //! - `device`: the libraries and the GPU found, their versions;
-//! - `kernels`: the kernels' source (`prelude.cu`, `preprocess.cu`, `steps/*.cu`) compiled by NVRTC and loaded, and their launch shapes;
+//! - `kernels`: the kernels' source (`prelude.cu`, `preprocess.cu`, `steps/*.cu`) compiled by NVRTC and loaded, one set per family (defined beside its launches), and their launch shapes;
 //! - `cudnn`, `cublaslt`: owners of the libraries' handles and descriptors;
 //! - `tuning`: each step's descriptors, and the convolution algorithms timed;
 //! - `steps`: launching one step of a plan; `capture`: a plan as a CUDA graph;
@@ -36,6 +36,8 @@ use super::error::{Error, Result};
 pub use device::{Gpu, open_gpu};
 pub use device::{library_versions, missing_libraries};
 use kernels::Kernels;
+#[cfg(test)]
+pub(crate) use kernels::kernel_families;
 pub use kernels::{compile, source};
 use trtclassify_compiler::plan::{DType, Loc, MAX_WORKSPACE, Plan, Step, weight_type};
 

@@ -7,10 +7,20 @@
 use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg, sys as drv};
 
 use super::Runtime;
-use super::kernels::grid;
+use super::kernels::{grid, kernel_set};
 use crate::abi;
 use crate::error::{Error, Result};
 use crate::frames::{Pre, RawFrame};
+
+kernel_set! {
+    /// preprocess.cu's kernels: the two passes of `launch_preprocess`.
+    PreprocessKernels {
+        /// Pass 1: the crop's rows filtered to the destination's width.
+        preprocess_rows: "preprocess_rows",
+        /// Pass 2: each pixel of the input filtered from those rows, normalised.
+        preprocess_cols: "preprocess_cols",
+    }
+}
 
 impl Runtime {
     /// Uploads one raw frame (its planes, one after the other) and preprocesses it on the GPU
@@ -170,7 +180,8 @@ impl Runtime {
         let rows = self.pre_rows.as_ref().expect("allocated above");
         let rows = rows.device_ptr(&self.stream).0;
         let cols = columns_per_block(pre);
-        let mut l = self.stream.launch_builder(&self.kernels.preprocess_rows);
+        let kernels = &self.kernels.preprocess;
+        let mut l = self.stream.launch_builder(&kernels.preprocess_rows);
         l.arg(pre).arg(&src).arg(&rows).arg(&cols);
         let cfg = LaunchConfig {
             grid_dim: (
@@ -184,7 +195,7 @@ impl Runtime {
         // SAFETY: argument types match the kernel's signature (preprocess.cu); `rows` holds
         // the crop's rows at the destination's width.
         unsafe { l.launch(cfg) }.map_err(Error::driver("kernel launch"))?;
-        let mut l = self.stream.launch_builder(&self.kernels.preprocess_cols);
+        let mut l = self.stream.launch_builder(&kernels.preprocess_cols);
         l.arg(pre).arg(&rows).arg(&out);
         // SAFETY: argument types match the kernel's signature (preprocess.cu); one thread a pixel.
         unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(Error::driver("kernel launch"))?;

@@ -1,17 +1,73 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Launching fused attention (attention.cu): tensor cores where the heads have a kernel.
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use cudarc::driver::PushKernelArg;
 
 use super::super::Runtime;
-use super::super::kernels::Attention;
+use super::super::kernels::KernelModule;
 use super::{GpuStep, launch};
 use crate::abi::AttnParams;
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
-use trtclassify_compiler::plan::{AttentionStep, Rows};
+use trtclassify_compiler::plan::{
+    ATTENTION_HEAD_DIMS, AttentionStep, DType, Rows, attention_takes,
+};
+
+/// The fused attention kernels a context has (attention.cu's): not a `kernel_set!`, since
+/// which it loads depends on the type and the GPU.
+pub(in crate::runtime) enum Attention {
+    /// fp32 kernels: none (`check_plan` keeps attention steps out of fp32 plans).
+    None,
+    /// A GPU without mma.sync's fp16 m16n8k16 (before sm_80).
+    Rows(CudaFunction),
+    /// Tensor-core kernels by (dk, dv).
+    TensorCores(Vec<((usize, usize), CudaFunction)>),
+}
+
+impl Attention {
+    /// The kernel a warp per query, for GPUs without tensor cores' fp16 products.
+    const ROWS: &str = "attention_rows";
+
+    /// The head sizes (dk, dv) with a tensor-core kernel: attention.cu's `ATTENTION(dk, dv)`.
+    fn head_dims() -> impl Iterator<Item = (usize, usize)> {
+        let dims = ATTENTION_HEAD_DIMS;
+        dims.into_iter()
+            .flat_map(move |dk| dims.into_iter().map(move |dv| (dk, dv)))
+            .filter(|&(dk, dv)| attention_takes(dk, dv))
+    }
+
+    /// The tensor-core kernel for heads of `dk` and `dv` elements.
+    fn tensor_core_kernel((dk, dv): (usize, usize)) -> String {
+        format!("attention_{dk}_{dv}")
+    }
+
+    /// Takes from `module` the kernels its type and GPU run: none in fp32 (attention.cu is
+    /// fp16's only), the tensor-core kernels from sm_80 on, else the row kernel.
+    pub(in crate::runtime) fn load(module: &KernelModule) -> Result<Self> {
+        Ok(match (module.dtype, module.major >= 8) {
+            (DType::F32, _) => Attention::None,
+            (DType::F16, false) => Attention::Rows(module.function(Self::ROWS)?),
+            (DType::F16, true) => Attention::TensorCores(
+                Self::head_dims()
+                    .map(|dims| Ok((dims, module.function(&Self::tensor_core_kernel(dims))?)))
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    }
+
+    /// Every kernel of attention.cu that a context of `dtype` may load, whatever its GPU.
+    #[cfg(test)]
+    pub(in crate::runtime) fn names(dtype: DType) -> Vec<String> {
+        match dtype {
+            DType::F32 => Vec::new(),
+            DType::F16 => std::iter::once(Self::ROWS.to_string())
+                .chain(Self::head_dims().map(Self::tensor_core_kernel))
+                .collect(),
+        }
+    }
+}
 
 impl GpuStep for AttentionStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {

@@ -10,11 +10,21 @@ use cudarc::driver::PushKernelArg;
 
 use super::super::Runtime;
 use super::super::cudnn::{self, ConvDescs};
+use super::super::kernels::kernel_set;
 use super::{GpuStep, launch};
 use crate::abi::act_params;
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
 use trtclassify_compiler::plan::{ConvStep, Tuned};
+
+kernel_set! {
+    /// conv.cu's kernels: the epilogue of cuDNN's unfused convolution.
+    ConvKernels {
+        bias_act: "bias_act",
+        /// 16 bytes a thread.
+        bias_act_vec: "bias_act_vec",
+    }
+}
 
 impl GpuStep for ConvStep {
     fn enqueue(&self, rt: &Runtime, prepared: &Prepared) -> Result<()> {
@@ -108,8 +118,8 @@ impl Runtime {
         let vec = 16 / dtype.size();
         let (func, threads) =
             match c.k.is_multiple_of(vec) && [y, bias, z].iter().all(|p| p.is_multiple_of(16)) {
-                true => (&kernels?.bias_act_vec, n / vec),
-                false => (&kernels?.bias_act, n),
+                true => (&kernels?.conv.bias_act_vec, n / vec),
+                false => (&kernels?.conv.bias_act, n),
             };
         let mut b = self.stream.launch_builder(func);
         b.arg(&y).arg(&bias).arg(&z).arg(&len).arg(&channels);

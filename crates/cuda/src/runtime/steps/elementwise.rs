@@ -4,11 +4,25 @@
 use cudarc::driver::PushKernelArg;
 
 use super::super::Runtime;
+use super::super::kernels::kernel_set;
 use super::{GpuStep, launch};
 use crate::abi::EwParams;
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
 use trtclassify_compiler::plan::{Cast, DType, EwStep, Loc, Strided, ZeroStep};
+
+kernel_set! {
+    /// elementwise.cu's kernels: on operands of the plan's type (of the step's, f32, for a
+    /// node kept in f32), and the casts in and out of f32.
+    ElementwiseKernels {
+        ew: "ew",
+        ew_from_f32: "ew_from_f32",
+        ew_to_f32: "ew_to_f32",
+        ew_f32: "ew_f32",
+        /// 16 bytes a thread.
+        ew_vec: "ew_vec",
+    }
+}
 
 impl GpuStep for EwStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
@@ -57,11 +71,11 @@ impl Runtime {
                 b.map(|b| (&b.strides[..], y)),
             );
         let (func, threads) = match cast {
-            Cast::None | Cast::Wide if vectorised => (&k.ew_vec, p.n as usize / vec),
-            Cast::None | Cast::Wide => (&k.ew, p.n as usize),
-            Cast::FromF32 => (&self.kernels.ew_from_f32, p.n as usize),
-            Cast::ToF32 => (&self.kernels.ew_to_f32, p.n as usize),
-            Cast::F32 => (&self.kernels.ew_f32, p.n as usize),
+            Cast::None | Cast::Wide if vectorised => (&k.ew.ew_vec, p.n as usize / vec),
+            Cast::None | Cast::Wide => (&k.ew.ew, p.n as usize),
+            Cast::FromF32 => (&self.kernels.ew.ew_from_f32, p.n as usize),
+            Cast::ToF32 => (&self.kernels.ew.ew_to_f32, p.n as usize),
+            Cast::F32 => (&self.kernels.ew.ew_f32, p.n as usize),
         };
         let mut l = self.stream.launch_builder(func);
         l.arg(p).arg(&o).arg(&x).arg(&y);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Launching the steps of a plan on the stream: each kind of step implements `GpuStep` in
-//! the module of its family, beside the kernels it launches (`<family>.cu`).
+//! the module of its family, beside the kernels it launches (`<family>.cu`) and the set that
+//! loads them (`<Family>Kernels`, a field of `Kernels`).
 
 use cudarc::driver::{LaunchArgs, LaunchConfig};
 
@@ -15,6 +16,12 @@ mod elementwise;
 mod gemm;
 mod pool;
 mod rows;
+
+pub(super) use attention::Attention;
+pub(super) use conv::ConvKernels;
+pub(super) use elementwise::ElementwiseKernels;
+pub(super) use pool::PoolKernels;
+pub(super) use rows::RowKernels;
 
 /// A kind of step as the GPU runs it. Every kind implements it (`Runtime::step` dispatches
 /// with `with_step!`), so a new kind does not build until it runs here.

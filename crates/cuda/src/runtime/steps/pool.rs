@@ -6,11 +6,22 @@ use cudarc::driver::LaunchConfig;
 use cudarc::driver::PushKernelArg;
 
 use super::super::Runtime;
+use super::super::kernels::kernel_set;
 use super::{GpuStep, launch};
 use crate::abi::PoolParams;
 use crate::error::Result;
 use crate::runtime::Prepared;
 use trtclassify_compiler::plan::{GlobalAvgPoolStep, Loc, PoolStep};
+
+kernel_set! {
+    /// pool.cu's kernels.
+    PoolKernels {
+        pool: "pool_nhwc",
+        /// 16 bytes a thread.
+        pool_vec: "pool_nhwc_vec",
+        global_avg: "global_avg_nhwc",
+    }
+}
 
 impl GpuStep for PoolStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
@@ -69,8 +80,8 @@ impl Runtime {
         let outputs = n * oh * ow * c;
         let (func, threads) =
             match c.is_multiple_of(vec) && xp.is_multiple_of(16) && yp.is_multiple_of(16) {
-                true => (&kernels?.pool_vec, outputs / vec),
-                false => (&kernels?.pool, outputs),
+                true => (&kernels?.pool.pool_vec, outputs / vec),
+                false => (&kernels?.pool.pool, outputs),
             };
         let mut l = self.stream.launch_builder(func);
         l.arg(&p).arg(&xp).arg(&yp);
@@ -81,7 +92,9 @@ impl Runtime {
     fn global_avg_pool(&self, n: usize, hw: usize, c: usize, x: Loc, y: Loc) -> Result<()> {
         let (xp, yp) = (self.ptr(x), self.ptr(y));
         let (ni, hwi, ci) = (n as i32, hw as i32, c as i32);
-        let mut l = self.stream.launch_builder(&self.writes(y).0?.global_avg);
+        let mut l = self
+            .stream
+            .launch_builder(&self.writes(y).0?.pool.global_avg);
         l.arg(&xp).arg(&yp).arg(&ni).arg(&hwi).arg(&ci);
         let cfg = LaunchConfig {
             grid_dim: ((n * c.div_ceil(32)) as u32, 1, 1),

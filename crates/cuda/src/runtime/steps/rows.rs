@@ -7,12 +7,30 @@ use cudarc::driver::CudaFunction;
 use cudarc::driver::PushKernelArg;
 
 use super::super::Runtime;
-use super::super::kernels::{block_rows, warp_rows};
+use super::super::kernels::{block_rows, kernel_set, warp_rows};
 use super::{GpuStep, launch};
 use crate::abi::WARP_ROW_MAX;
 use crate::error::Result;
 use crate::runtime::Prepared;
 use trtclassify_compiler::plan::{LayerNormStep, Loc, LrnStep, RowMeanStep, SoftmaxStep};
+
+kernel_set! {
+    /// rows.cu's kernels: `*_warp` a warp a row, `*_rows` a block a row (`warp_rows`,
+    /// `block_rows`); `*_f32` the softmax in place on the scores, f32 in every plan.
+    RowKernels {
+        softmax: "softmax_rows",
+        softmax_warp: "softmax_warp",
+        softmax_f32: "softmax_rows_f32",
+        softmax_warp_f32: "softmax_warp_f32",
+        layernorm: "layernorm_rows",
+        layernorm_warp: "layernorm_warp",
+        /// 16 bytes a load.
+        layernorm_warp_vec: "layernorm_warp_vec",
+        mean: "mean_rows",
+        mean_warp: "mean_warp",
+        lrn: "lrn_nhwc",
+    }
+}
 
 impl GpuStep for SoftmaxStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
@@ -42,7 +60,7 @@ impl Runtime {
     /// Softmax along rows of `len`: a warp a row where it fits in registers, else a block.
     fn softmax(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
         // On the scores, in place, the softmax reads and writes f32 (`lower::scores`).
-        let k = self.writes(y).0?;
+        let k = &self.writes(y).0?.rows;
         let (warp, block) = match y {
             Loc::Output(_) => (&k.softmax_warp_f32, &k.softmax_f32),
             _ => (&k.softmax_warp, &k.softmax),
@@ -60,7 +78,7 @@ impl Runtime {
     /// The mean of each row of `len`: a warp a row for rows as short as those `softmax` gives
     /// a warp, else a block.
     fn row_mean(&self, rows: usize, len: usize, x: Loc, y: Loc) -> Result<()> {
-        let k = self.writes(y).0?;
+        let k = &self.writes(y).0?.rows;
         if len <= WARP_ROW_MAX {
             let (xp, yp) = (self.ptr(x), self.ptr(y));
             let (rowsi, leni) = (rows as i32, len as i32);
@@ -101,7 +119,7 @@ impl Runtime {
         let bp = bias.map_or(0, |b| self.ptr(b));
         let (rowsi, leni) = (*rows as i32, *len as i32);
         let (k, dtype) = self.writes(*y);
-        let k = k?;
+        let k = &k?.rows;
         if *len <= WARP_ROW_MAX {
             // 16-byte loads where every row and the scale and bias start 16-byte aligned.
             let vec = 16 / dtype.size();
@@ -145,7 +163,7 @@ impl Runtime {
         } = step;
         let (xp, yp) = (self.ptr(*x), self.ptr(*y));
         let (pi, ci, si) = (*pixels as i64, *c as i32, *size as i32);
-        let mut l = self.stream.launch_builder(&self.writes(*y).0?.lrn);
+        let mut l = self.stream.launch_builder(&self.writes(*y).0?.rows.lrn);
         l.arg(&xp).arg(&yp).arg(&pi).arg(&ci).arg(&si);
         l.arg(alpha).arg(beta).arg(bias);
         launch(l, self.launch_cfg(pixels * c))

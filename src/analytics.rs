@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! GStreamer's analytics metadata (`GstAnalyticsRelationMeta`, GStreamer 1.24+; the
-//! `analytics` cargo feature). Detections (`GstAnalyticsODMtd`) that a detector upstream put
-//! on a frame are regions to classify (with `roi=regions|both`), and results go where
+//! `analytics` cargo feature). Reads the detections (`GstAnalyticsODMtd`) that a detector
+//! upstream put on a frame, as it put them (`regions` clips them and merges them with the ROI
+//! metas into the regions classified with `roi=regions|both`), and writes results where
 //! GStreamer's analytics elements and applications look: one `GstAnalyticsClsMtd` per
 //! classifier for the whole frame, and one per classifier for each classified detection,
 //! related to it (detection `RELATE_TO` classification, as trackers relate their
@@ -11,40 +12,46 @@ use gst_analytics::prelude::*;
 use gst_analytics::{AnalyticsODMtd, AnalyticsRelationMeta, RelTypes};
 
 use crate::outputs::meta::ClassEntry;
-use crate::regions::{Region, clip};
 
-/// Adds the detections of `buffer`'s relation meta, clipped to the `width`×`height` frame, to
-/// `regions` (those of its ROI metas). A detection with the type and rectangle of a ROI meta
-/// is the same object published both ways: that region gets the detection's id instead of a
-/// second entry.
-pub fn add_detections(buffer: &gst::BufferRef, width: u32, height: u32, regions: &mut Vec<Region>) {
+/// A detection (`GstAnalyticsODMtd`) of a buffer's analytics relation meta, as the detector
+/// put it: its rectangle may reach outside the frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detection {
+    /// Its id in the relation meta, which results are related to ([`attach`]).
+    pub id: u32,
+    /// Its type, a detector's label; empty when it has none.
+    pub obj_type: String,
+    /// Its left edge, in pixels of the frame.
+    pub x: i32,
+    /// Its top edge.
+    pub y: i32,
+    /// Its width.
+    pub w: i32,
+    /// Its height.
+    pub h: i32,
+}
+
+/// The detections of `buffer`'s relation meta, in its order; one without a location is left
+/// out.
+pub fn detections(buffer: &gst::BufferRef) -> Vec<Detection> {
     let Some(meta) = buffer.meta::<AnalyticsRelationMeta>() else {
-        return;
+        return Vec::new();
     };
-    for detection in meta.iter::<AnalyticsODMtd>() {
-        let Ok(at) = detection.location() else {
-            continue;
-        };
-        let Some(rect) = clip(at.x, at.y, at.w, at.h, width, height) else {
-            continue;
-        };
-        let roi_type = detection
-            .obj_type()
-            .map_or_else(String::new, |q| q.as_str().to_string());
-        match regions
-            .iter_mut()
-            .find(|r| r.detection.is_none() && r.rect == rect && r.roi_type == roi_type)
-        {
-            Some(mirror) => mirror.detection = Some(detection.id()),
-            None => regions.push(Region {
-                meta_index: None,
-                detection: Some(detection.id()),
-                id: i32::try_from(detection.id()).unwrap_or(i32::MAX),
-                roi_type,
-                rect,
-            }),
-        }
-    }
+    meta.iter::<AnalyticsODMtd>()
+        .filter_map(|detection| {
+            let at = detection.location().ok()?;
+            Some(Detection {
+                id: detection.id(),
+                obj_type: detection
+                    .obj_type()
+                    .map_or_else(String::new, |q| q.as_str().to_string()),
+                x: at.x,
+                y: at.y,
+                w: at.w,
+                h: at.h,
+            })
+        })
+        .collect()
 }
 
 /// Adds `classes` (top-k, best first: labels as class quarks, confidences as levels) to
@@ -77,11 +84,10 @@ pub fn attach(
     Ok(Some(id))
 }
 
+// `regions`' tests add detections with `detect` too.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::regions::{RegionFilter, regions_of};
-    use gst_video::VideoRegionOfInterestMeta;
 
     fn entry(label: &str, confidence: f32) -> ClassEntry {
         ClassEntry {
@@ -92,7 +98,7 @@ mod tests {
     }
 
     /// Adds a detection of `obj_type` at x, y, w, h; returns its id.
-    fn detect(
+    pub(crate) fn detect(
         buffer: &mut gst::BufferRef,
         obj_type: &str,
         (x, y, w, h): (i32, i32, i32, i32),
@@ -107,32 +113,29 @@ mod tests {
     }
 
     #[test]
-    fn detections_are_regions_and_a_detection_published_twice_is_one() {
+    fn detections_are_read_as_the_detector_put_them() {
         gst::init().unwrap();
         let mut buffer = gst::Buffer::new();
+        assert_eq!(detections(&buffer), [], "no relation meta");
         let b = buffer.get_mut().unwrap();
-        VideoRegionOfInterestMeta::add(b, "car", (4, 4, 10, 10));
-        let mirrored = detect(b, "car", (4, 4, 10, 10));
-        let own = detect(b, "person", (-5, 20, 15, 40));
-        detect(b, "car", (70, 0, 5, 5)); // outside the 64×48 frame
-        let regions = regions_of(&buffer, 64, 48, &RegionFilter::default());
-        let found: Vec<_> = regions
-            .iter()
-            .map(|r| (r.meta_index, r.detection, r.roi_type.as_str(), r.rect))
-            .collect();
-        let rect = |x, y, w, h| crate::preprocess::Rect { x, y, w, h };
+        let car = detect(b, "car", (4, 4, 10, 10));
+        // Reaching outside any frame: not clipped here.
+        let person = detect(b, "person", (-5, 20, 150, 40));
+        let found = |id, obj_type: &str, x, y, w, h| Detection {
+            id,
+            obj_type: obj_type.into(),
+            x,
+            y,
+            w,
+            h,
+        };
         assert_eq!(
-            found,
+            detections(&buffer),
             [
-                (Some(0), Some(mirrored), "car", rect(4, 4, 10, 10)),
-                (None, Some(own), "person", rect(0, 20, 10, 28)),
+                found(car, "car", 4, 4, 10, 10),
+                found(person, "person", -5, 20, 150, 40)
             ]
         );
-        let people = RegionFilter {
-            types: vec!["person".into()],
-            ..Default::default()
-        };
-        assert_eq!(regions_of(&buffer, 64, 48, &people).len(), 1);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! `GstVideoRegionOfInterestMeta`s that a detector upstream attached, and where each region's
 //! result goes back: a `GstStructure` param on that region's meta, which readers of the ROI
 //! meta (DL Streamer's `gvametaconvert` and `gvawatermark`, applications) find beside the
-//! detection, and which `videoscale` and friends carry along with the region.
+//! detection, and which `videoscale` and friends carry along with the region. With the
+//! `analytics` feature, the detections of the analytics relation meta (`analytics`) are
+//! regions too.
 
 use gst_video::VideoRegionOfInterestMeta;
 
@@ -124,13 +126,41 @@ pub fn regions_of(
         })
         .collect();
     #[cfg(feature = "analytics")]
-    crate::analytics::add_detections(buffer, width, height, &mut regions);
+    for detection in crate::analytics::detections(buffer) {
+        let (x, y, w, h) = (detection.x, detection.y, detection.w, detection.h);
+        if let Some(rect) = clip(x, y, w, h, width, height) {
+            add_detection(&mut regions, detection.id, detection.obj_type, rect);
+        }
+    }
     regions.retain(|r| filter.accepts(&r.roi_type, &r.rect));
     regions
 }
 
+/// Adds the detection `id` of type `obj_type` at `rect` (clipped to the frame) to `regions`
+/// (those of the ROI metas, then the detections before it). A detection with the type and
+/// rectangle of a ROI meta is the same object published both ways: that region gets the
+/// detection's id instead of a second entry.
+// Built for tests without the feature too: the rule is tested where GStreamer is older than
+// 1.24.
+#[cfg(any(test, feature = "analytics"))]
+fn add_detection(regions: &mut Vec<Region>, id: u32, obj_type: String, rect: Rect) {
+    match regions
+        .iter_mut()
+        .find(|r| r.detection.is_none() && r.rect == rect && r.roi_type == obj_type)
+    {
+        Some(mirror) => mirror.detection = Some(id),
+        None => regions.push(Region {
+            meta_index: None,
+            detection: Some(id),
+            id: i32::try_from(id).unwrap_or(i32::MAX),
+            roi_type: obj_type,
+            rect,
+        }),
+    }
+}
+
 /// A rectangle clipped to the `width`×`height` frame; `None` when nothing of it is inside.
-pub(crate) fn clip(x: i32, y: i32, w: i32, h: i32, width: u32, height: u32) -> Option<Rect> {
+fn clip(x: i32, y: i32, w: i32, h: i32, width: u32, height: u32) -> Option<Rect> {
     Crop::Region(Rect { x, y, w, h }).within(width, height)
 }
 
@@ -247,6 +277,67 @@ mod tests {
             rects(&regions_of(&buffer, 64, 48, &big)),
             [("car", (10, 10, 20, 20))]
         );
+    }
+
+    fn rect(x: i32, y: i32, w: i32, h: i32) -> Rect {
+        Rect { x, y, w, h }
+    }
+
+    #[test]
+    fn a_detection_published_both_ways_is_one_region() {
+        let buffer = buffer_with(&[("car", (4, 4, 10, 10)), ("person", (20, 20, 8, 8))]);
+        let mut regions = regions_of(&buffer, 64, 48, &RegionFilter::default());
+        // The car's ROI meta.
+        add_detection(&mut regions, 7, "car".into(), rect(4, 4, 10, 10));
+        // Its ROI meta is taken: a second car there is a region of its own.
+        add_detection(&mut regions, 8, "car".into(), rect(4, 4, 10, 10));
+        // The person's rectangle, but another type.
+        add_detection(&mut regions, 9, "truck".into(), rect(20, 20, 8, 8));
+        // An id beyond `i32`'s range is reported as its largest.
+        add_detection(&mut regions, u32::MAX, "bike".into(), rect(0, 0, 2, 2));
+        let found: Vec<_> = regions
+            .iter()
+            .map(|r| (r.meta_index, r.detection, r.id, r.roi_type.as_str(), r.rect))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (Some(0), Some(7), 0, "car", rect(4, 4, 10, 10)),
+                (Some(1), None, 0, "person", rect(20, 20, 8, 8)),
+                (None, Some(8), 8, "car", rect(4, 4, 10, 10)),
+                (None, Some(9), 9, "truck", rect(20, 20, 8, 8)),
+                (None, Some(u32::MAX), i32::MAX, "bike", rect(0, 0, 2, 2)),
+            ]
+        );
+    }
+
+    #[cfg(feature = "analytics")]
+    #[test]
+    fn detections_are_regions_clipped_filtered_and_merged_with_roi_metas() {
+        use crate::analytics::tests::detect;
+
+        let mut buffer = buffer_with(&[("car", (4, 4, 10, 10))]);
+        let b = buffer.get_mut().unwrap();
+        let mirrored = detect(b, "car", (4, 4, 10, 10));
+        let own = detect(b, "person", (-5, 20, 15, 40));
+        detect(b, "car", (70, 0, 5, 5)); // outside the 64×48 frame
+        let regions = regions_of(&buffer, 64, 48, &RegionFilter::default());
+        let found: Vec<_> = regions
+            .iter()
+            .map(|r| (r.meta_index, r.detection, r.roi_type.as_str(), r.rect))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (Some(0), Some(mirrored), "car", rect(4, 4, 10, 10)),
+                (None, Some(own), "person", rect(0, 20, 10, 28)),
+            ]
+        );
+        let people = RegionFilter {
+            types: vec!["person".into()],
+            ..Default::default()
+        };
+        assert_eq!(regions_of(&buffer, 64, 48, &people).len(), 1);
     }
 
     #[test]

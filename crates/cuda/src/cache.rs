@@ -391,9 +391,9 @@ struct Found {
 }
 
 /// Cleans the cache folder `dir` (never a user's `engine-location` folder): temporary files
-/// of writers that crashed, engines unused for `UNUSED_AGE`, engines of another format
-/// unused for `OTHER_FORMAT_AGE`, then the least recently used engines while the rest exceed
-/// `max_bytes`. `keep` (the engine just saved) and engines whose builders' lock is held stay.
+/// of writers that crashed, engines and model digests (`digests`) unused for `UNUSED_AGE`,
+/// engines of another format unused for `OTHER_FORMAT_AGE`, then the least recently used
+/// engines while the rest exceed `max_bytes`. `keep` (the engine just saved) and engines whose builders' lock is held stay.
 /// One listing of the folder, and the first bytes of old engines only; what goes is logged.
 /// Returns what was removed.
 fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<PathBuf> {
@@ -425,6 +425,12 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
             }
         } else if lock_of(name).is_some() {
             locks.push((path, age));
+        } else if name.ends_with(".digest") && !name.starts_with('.') {
+            // A model digest remembered (`digests`) for a model not started for so long.
+            if age > UNUSED_AGE && fs::remove_file(&path).is_ok() {
+                log_removed(&path, &format!("a model digest unused for {}", ago(age)));
+                removed.push(path);
+            }
         } else if name.ends_with(".engine") && !name.starts_with('.') {
             let found = Found {
                 path,
@@ -1125,6 +1131,8 @@ mod tests {
         put(d, ".m-gone.engine.lock", b"", 2 * HOUR, now);
         put(d, ".m-gone-new.engine.lock", b"", HOUR / 6, now);
         put(d, "notes.txt", b"mine", 400 * DAY, now);
+        put(d, "m-old-0123456789abcdef.digest", b"digest", 31 * DAY, now);
+        put(d, "m-0123456789abcdef.digest", b"digest", 29 * DAY, now);
         fs::create_dir(d.join("folder.engine")).unwrap();
         symlink(d.join("notes.txt"), d.join("link.engine")).unwrap();
         // A builder of `m-locked` holds its lock.
@@ -1139,6 +1147,7 @@ mod tests {
                 "m-2.tmp1234-0",
                 "m-elf.engine",
                 "m-format8.engine",
+                "m-old-0123456789abcdef.digest",
                 "m-unused.engine",
             ]
         );
@@ -1157,6 +1166,7 @@ mod tests {
                 ".m-locked.engine.lock",
                 "folder.engine",
                 "link.engine",
+                "m-0123456789abcdef.digest",
                 "m-format8-new.engine",
                 "m-kept.engine",
                 "m-locked.engine",

@@ -326,7 +326,7 @@ pub fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFil
 
 /// Refuses a file that another user owns or could have written: its PTX would run as ours.
 #[cfg(unix)]
-fn trusted(meta: &std::fs::Metadata) -> Result<(), Error> {
+pub(crate) fn trusted(meta: &std::fs::Metadata) -> Result<(), Error> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
@@ -345,7 +345,7 @@ fn trusted(meta: &std::fs::Metadata) -> Result<(), Error> {
 }
 
 #[cfg(not(unix))]
-fn trusted(_meta: &std::fs::Metadata) -> Result<(), Error> {
+pub(crate) fn trusted(_meta: &std::fs::Metadata) -> Result<(), Error> {
     Ok(())
 }
 

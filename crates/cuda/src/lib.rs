@@ -12,6 +12,7 @@
 
 mod abi;
 pub mod cache;
+pub mod digests;
 pub mod engine_file;
 mod error;
 pub mod fp16_range;

@@ -10,7 +10,7 @@
 pub use trtclassify_cuda::{
     Error, engine_file, fp16_range, gpu_count, runtime, unavailable_reason,
 };
-use trtclassify_cuda::{cache, frames};
+use trtclassify_cuda::{cache, digests, frames};
 
 use std::time::Instant;
 
@@ -85,7 +85,7 @@ impl CudaEngine {
             format: engine_file::FORMAT_VERSION,
             plugin_version: env!("CARGO_PKG_VERSION").into(),
             kernels_sha256: engine_file::sha256_hex(runtime::source()),
-            onnx_sha256: engine_file::model_digest(&model.path, &model.external_files())
+            onnx_sha256: digests::model_digest(&model.path, &model.external_files())
                 .map_err(|e| fail(e.to_string()))?,
             gpu: gpu.name.clone(),
             compute_capability: gpu.arch,

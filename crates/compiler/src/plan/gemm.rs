@@ -13,7 +13,7 @@ use crate::ir::Act;
 /// `[pixels, channels]`.
 /// With `batch` above 1, that many products of consecutive `w` matrices, each with its
 /// own `x` and `y` (attention, where `w` is computed too) or all of one `x` (the query,
-/// key and value of one input, `lower::products`).
+/// key and value of one input, `ops::matmul`'s `products_of_one_x`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GemmStep {
     /// Products run; 1 for a single product.

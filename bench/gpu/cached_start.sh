@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Cached start on the GPU host, from the repository root, after pack.sh (see
+# bench/gpu/README.md): `trtclassify-engine build MODEL --batch-size 64 --engine FILE` with
+# the engine file present, the whole process timed, after one start that builds the file.
+#
+#   bench/gpu/cached_start.sh [MODEL.onnx...]        default: /tmp/tv/{resnet50,vit_b_16}.onnx
+#
+# ROUNDS (default 5) timed starts per model. BEFORE=OTHER_BINARY alternates each round with
+# another build of trtclassify-engine (an earlier commit's), each with engine files of its
+# own. The engine cache (and its remembered model digests) goes to a folder of this run. Prints
+# the engine's own log lines of the last round (`loaded engine file` and `ready`, from the start
+# of the engine's build: the model digest and the engine file read and checked; then the
+# runtime) and, last, each binary's median for each model.
+set -uo pipefail
+. .gpu/gpu-env.sh >/dev/null
+out=${GPU_OUT:-/tmp/gpu-out}/cached-start
+rm -rf "$out"
+mkdir -p "$out"
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(/tmp/tv/resnet50.onnx /tmp/tv/vit_b_16.onnx)
+for m in "${models[@]}"; do
+    [ -e "$m" ] || { echo "$m: no such model (bench/gpu/torch_models.py export /tmp/tv)" >&2; exit 2; }
+done
+export XDG_CACHE_HOME=$out/cache
+bins=(trtclassify-engine)
+[ -n "${BEFORE:-}" ] && bins+=("$BEFORE")
+for round in $(seq 0 "${ROUNDS:-5}"); do
+    for b in "${!bins[@]}"; do
+        for m in "${models[@]}"; do
+            name=$(basename "$m" .onnx)
+            log=$out/$b-$name-$round.log
+            s=$(date +%s%N)
+            GST_DEBUG=trtclassify-engine:4 GST_DEBUG_NO_COLOR=1 "${bins[$b]}" build "$m" \
+                --batch-size 64 --engine "$out/$b-$name.engine" >"$log" 2>&1 ||
+                echo "${bins[$b]} build $m failed: $log" >&2
+            e=$(date +%s%N)
+            # Round 0 builds the engine file; a later round that saves one rebuilt it.
+            if [ "$round" -gt 0 ]; then
+                grep -q "saved engine file" "$log" && echo "round $round, ${bins[$b]}, $name: rebuilt" >&2
+                echo "$b $name $(( (e - s) / 1000000 ))" >> "$out/starts.txt"
+            fi
+        done
+    done
+done
+echo "where the last round's starts went (from the engine's build):"
+for b in "${!bins[@]}"; do
+    for m in "${models[@]}"; do
+        name=$(basename "$m" .onnx)
+        echo "  ${bins[$b]} $name: $(grep -oE '(loaded engine file [^ ]+ \([^)]*\)|ready in [0-9.]+m?s)' \
+            "$out/$b-$name-${ROUNDS:-5}.log" | tr '\n' ' ')"
+    done
+done
+echo "cached start, the whole process, median of ${ROUNDS:-5} (ms):"
+for b in "${!bins[@]}"; do
+    for m in "${models[@]}"; do
+        name=$(basename "$m" .onnx)
+        vals=$(awk -v b="$b" -v m="$name" '$1 == b && $2 == m { print $3 }' "$out/starts.txt" | sort -n)
+        median=$(awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' <<<"$vals")
+        echo "  ${bins[$b]} $name: $median ($(echo $vals))"
+    done
+done

@@ -329,33 +329,16 @@ fn cuda_fp32_agrees_with_cpu() {
 /// figures are those of docs/benchmarks.md's accuracy table.
 #[test]
 fn cuda_keeps_the_digits_accuracy() {
-    use gsttrtclassify::engine::frame::FrameView;
-    use trtclassify_compiler::testing::{DIGITS_SIZE, accuracy, digits_heldout};
-
     if !gpu("cuda_keeps_the_digits_accuracy") {
         return;
     }
-    let digits = digits_heldout();
-    let frames: Vec<FrameView> = (digits.frames.iter())
-        .map(|f| FrameView::rgb(DIGITS_SIZE, DIGITS_SIZE, f))
-        .collect();
+    let digits = trtclassify_compiler::testing::digits_heldout();
+    let frames = digits.views();
     let model = common::model("digits/digits.onnx");
     for precision in [Precision::Fp32, Precision::Fp16] {
         let mut gpu = CudaEngine::build(&options(&model, 16, precision)).expect("cuda engine");
         let scores = gpu.classify(&frames).expect("the digits classify");
-        let got = accuracy(&scores, &digits.labels);
-        println!(
-            "digits, held out: backend=cuda {precision:?} {:.2}%, onnxruntime fp32 {:.2}% ({} images)",
-            got * 100.0,
-            digits.onnxruntime_accuracy * 100.0,
-            digits.labels.len()
-        );
-        assert!(
-            got >= digits.onnxruntime_accuracy - 0.01,
-            "backend=cuda {precision:?}: {:.2}% of the held-out digits, onnxruntime {:.2}%",
-            got * 100.0,
-            digits.onnxruntime_accuracy * 100.0
-        );
+        digits.check(&format!("backend=cuda {precision:?}"), &scores);
     }
 }
 

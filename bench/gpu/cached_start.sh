@@ -8,9 +8,9 @@
 # ROUNDS (default 5) timed starts per model. BEFORE=OTHER_BINARY alternates each round with
 # another build of trtclassify-engine (an earlier commit's), each with engine files of its
 # own. The engine cache (and its remembered model digests) goes to a folder of this run. Prints
-# the engine's own log lines of the last round (`loaded engine file` and `ready`, from the start
-# of the engine's build: the model digest and the engine file read and checked; then the
-# runtime) and, last, each binary's median for each model.
+# each binary's median for each model, and the engine's own log lines of its last start
+# (`loaded engine file` and `ready`, from the start of the engine's build: the model digest and
+# the engine file read and checked; then the runtime).
 set -uo pipefail
 . .gpu/gpu-env.sh >/dev/null
 out=${GPU_OUT:-/tmp/gpu-out}/cached-start
@@ -42,20 +42,15 @@ for round in $(seq 0 "${ROUNDS:-5}"); do
         done
     done
 done
-echo "where the last round's starts went (from the engine's build):"
-for b in "${!bins[@]}"; do
-    for m in "${models[@]}"; do
-        name=$(basename "$m" .onnx)
-        echo "  ${bins[$b]} $name: $(grep -oE '(loaded engine file [^ ]+ \([^)]*\)|ready in [0-9.]+m?s)' \
-            "$out/$b-$name-${ROUNDS:-5}.log" | tr '\n' ' ')"
-    done
-done
-echo "cached start, the whole process, median of ${ROUNDS:-5} (ms):"
+# Each binary's median for each model, with the engine's own lines of its last start.
+echo "cached start, the whole process, median of ${ROUNDS:-5} (ms); the last start's engine lines:"
 for b in "${!bins[@]}"; do
     for m in "${models[@]}"; do
         name=$(basename "$m" .onnx)
         vals=$(awk -v b="$b" -v m="$name" '$1 == b && $2 == m { print $3 }' "$out/starts.txt" | sort -n)
         median=$(awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' <<<"$vals")
         echo "  ${bins[$b]} $name: $median ($(echo $vals))"
+        echo "    $(grep -oE '(loaded engine file [^ ]+ \([^)]*\)|ready in [0-9.]+m?s)' \
+            "$out/$b-$name-${ROUNDS:-5}.log" | tr '\n' ' ')"
     done
 done

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::frame::FrameView;
 use crate::ir::Tensor;
 
 /// The repository's root (this crate lives in `crates/compiler`).
@@ -112,12 +113,40 @@ pub fn digits_heldout() -> Digits {
     }
 }
 
-/// The share of frames whose best score is their label's.
-pub fn accuracy(scores: &[Vec<f32>], labels: &[usize]) -> f64 {
-    assert_eq!(scores.len(), labels.len(), "one row of scores per frame");
-    let best = |s: &Vec<f32>| (0..s.len()).max_by(|&a, &b| s[a].total_cmp(&s[b]));
-    let right = (scores.iter().zip(labels))
-        .filter(|&(s, &l)| best(s) == Some(l))
-        .count();
-    right as f64 / labels.len() as f64
+impl Digits {
+    /// The frames, as the engines take them.
+    pub fn views(&self) -> Vec<FrameView<'_>> {
+        (self.frames.iter())
+            .map(|f| FrameView::rgb(DIGITS_SIZE, DIGITS_SIZE, f))
+            .collect()
+    }
+
+    /// Asserts that `scores` (a row per frame, from `views`) classify the held-out digits
+    /// within a point of onnxruntime's fp32 accuracy, and prints both: `what` names the
+    /// backend and precision.
+    #[track_caller]
+    pub fn check(&self, what: &str, scores: &[Vec<f32>]) {
+        assert_eq!(
+            scores.len(),
+            self.labels.len(),
+            "one row of scores per frame"
+        );
+        let best = |s: &Vec<f32>| (0..s.len()).max_by(|&a, &b| s[a].total_cmp(&s[b]));
+        let right = (scores.iter().zip(&self.labels))
+            .filter(|&(s, &l)| best(s) == Some(l))
+            .count();
+        let got = right as f64 / self.labels.len() as f64;
+        println!(
+            "digits, held out: {what} {:.2}%, onnxruntime fp32 {:.2}% ({} images)",
+            got * 100.0,
+            self.onnxruntime_accuracy * 100.0,
+            self.labels.len()
+        );
+        assert!(
+            got >= self.onnxruntime_accuracy - 0.01,
+            "{what}: {:.2}% of the held-out digits right, onnxruntime {:.2}%",
+            got * 100.0,
+            self.onnxruntime_accuracy * 100.0
+        );
+    }
 }

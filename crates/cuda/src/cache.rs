@@ -37,6 +37,8 @@ const OTHER_FORMAT_AGE: Duration = Duration::from_secs(24 * 3600);
 /// What is written or read at a time.
 pub const CHUNK: usize = 1 << 20;
 
+pub(crate) use sys::identity;
+
 /// Where an engine file is: the default folder, or an `engine-location`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
@@ -670,10 +672,15 @@ mod sys {
     }
 
     /// What tells one version of the file at `path` from the next: a save renames a new
-    /// file over it, a load updates its time.
-    pub(super) fn identity(path: &Path) -> Option<(u64, u64, u64, i64, i64)> {
+    /// file over it, a load updates its time, a write in place its change time (which no
+    /// program can set back).
+    pub(crate) fn identity(path: &Path) -> Option<impl Eq + std::fmt::Debug> {
         let m = std::fs::symlink_metadata(path).ok()?;
-        Some((m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+        Some((
+            (m.dev(), m.ino(), m.len()),
+            (m.mtime(), m.mtime_nsec()),
+            (m.ctime(), m.ctime_nsec()),
+        ))
     }
 }
 
@@ -683,7 +690,6 @@ mod sys {
     use std::fs::{File, Metadata, OpenOptions};
     use std::io;
     use std::path::Path;
-    use std::time::SystemTime;
 
     pub(super) fn create_dir(dir: &Path, _mode: u32) -> io::Result<()> {
         std::fs::create_dir(dir)
@@ -711,7 +717,7 @@ mod sys {
     pub(super) fn same_file(_file: &File, _path: &Path) -> bool {
         false
     }
-    pub(super) fn identity(path: &Path) -> Option<(u64, SystemTime)> {
+    pub(crate) fn identity(path: &Path) -> Option<impl Eq + std::fmt::Debug> {
         let m = std::fs::symlink_metadata(path).ok()?;
         Some((m.len(), m.modified().ok()?))
     }

@@ -3,10 +3,10 @@
 //! SHA-256 of the model and its external weights (`engine_file::model_digest`), which reads
 //! every byte: 0.35 s for ViT-B/16's 331 MB on the GPU host, seconds for a model of several
 //! gigabytes, on every start. So the digest is kept in the engine cache folder beside what
-//! identifies the files' contents (device, inode, size, modification and change times, as
-//! make, git and ccache tell a changed file), and used again while those stay the same. A
-//! model written in place changes its change time (which no program can set back), and one
-//! renamed over it has another inode: either is hashed again.
+//! identifies the files' contents (`cache::identity`: device, inode, size, modification and
+//! change times, as make, git and ccache tell a changed file), and used again while those stay
+//! the same. A model written in place changes its change time (which no program can set
+//! back), and one renamed over it has another inode: either is hashed again.
 //!
 //! A remembered digest is trusted as an engine file is: only one in a file of this user's
 //! that no one else could have written. Anything amiss (no cache folder, a file that cannot
@@ -51,37 +51,16 @@ fn memo_and_stamp(dir: &Path, path: &Path, external: &[PathBuf]) -> Option<(Path
         .collect::<Result<_, _>>()
         .ok()?;
     let names: Vec<&str> = files.iter().map(|f| f.to_str()).collect::<Option<_>>()?;
+    // The files are their canonical paths: the identity of each is its own, not a link's.
     let stamp = files
         .iter()
-        .map(|f| fs::metadata(f).ok().and_then(|m| identity(&m)))
+        .map(|f| cache::identity(f).map(|id| format!("{id:?}")))
         .collect::<Option<Vec<String>>>()?
         .join(" ");
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
     let hash = engine_file::sha256_hex(&names.join("\n"));
     let memo = dir.join(format!("{stem}-{}.digest", &hash[..16]));
     Some((memo, format!("{}\n{stamp}", names.join("\n"))))
-}
-
-/// What tells one version of a file from another without reading it.
-#[cfg(unix)]
-fn identity(meta: &fs::Metadata) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    Some(format!(
-        "{}:{}:{}:{}.{:09}:{}.{:09}",
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ctime(),
-        meta.ctime_nsec()
-    ))
-}
-
-/// Without inodes and change times, a file's version cannot be told cheaply: always hashed.
-#[cfg(not(unix))]
-fn identity(_meta: &fs::Metadata) -> Option<String> {
-    None
 }
 
 /// The digest in `memo` if it was remembered for files stamped `stamp` and the file is

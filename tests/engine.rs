@@ -511,3 +511,81 @@ fn exported_families_run_on_the_cpu_plan_as_onnxruntime_does() {
     }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
+
+/// Runs `pipeline` (a `gst-launch` description) to its end.
+fn run_to_eos(description: &str) {
+    use gst::prelude::*;
+    let pipeline = common::launch(description);
+    pipeline.set_state(gst::State::Playing).expect("playing");
+    let bus = pipeline.bus().expect("a bus");
+    for msg in bus.iter_timed(gst::ClockTime::from_seconds(30)) {
+        match msg.view() {
+            gst::MessageView::Eos(..) => break,
+            gst::MessageView::Error(e) => panic!("{description}: {}", e.error()),
+            _ => {}
+        }
+    }
+    pipeline.set_state(gst::State::Null).expect("stopped");
+}
+
+/// `trtclassify-engine calibrate` decodes a folder of images and a video with GStreamer, runs
+/// the digits classifier over at most `--frames` of them and writes the table of its two
+/// quantizable convolutions; a missing source is named.
+#[test]
+fn trtclassify_engine_calibrate_writes_the_table() {
+    use gsttrtclassify::engine::compiler::quant::CalibrationTable;
+    common::init();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let images = dir.path().join("images");
+    std::fs::create_dir(&images).expect("a folder");
+    run_to_eos(&format!(
+        "videotestsrc num-buffers=3 pattern=ball ! video/x-raw,width=64,height=48 ! pngenc ! \
+         multifilesink location={}/frame%02d.png",
+        images.display()
+    ));
+    let video = dir.path().join("clip.mkv");
+    run_to_eos(&format!(
+        "videotestsrc num-buffers=30 pattern=smpte ! video/x-raw,format=I420,width=64,height=48 ! \
+         matroskamux ! filesink location={}",
+        video.display()
+    ));
+    let table = dir.path().join("digits.calibration.txt");
+    let calibrate = |sources: &[&std::path::Path], frames: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_trtclassify-engine"))
+            .arg("calibrate")
+            .arg(common::model("digits/digits.onnx"))
+            .args(sources)
+            .args(["--frames", frames, "--table"])
+            .arg(&table)
+            .output()
+            .expect("trtclassify-engine runs")
+    };
+    // Three images, then 7 of the video's 30 frames.
+    let out = calibrate(&[&images, &video], "10");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = CalibrationTable::load(&table).expect("the table reads back");
+    assert_eq!(written.frames, 10);
+    assert_eq!(written.nodes.keys().collect::<Vec<_>>(), ["conv2", "conv3"]);
+    for (name, range) in &written.nodes {
+        assert!(
+            range.amax > 0.0 && range.int8 <= range.amax,
+            "{name}: {range:?}"
+        );
+        assert!(stdout.contains(&format!("| {name} | ")), "{stdout}");
+    }
+    assert!(
+        stdout.contains("2 quantizable nodes calibrated on 10 frames"),
+        "{stdout}"
+    );
+
+    let missing = dir.path().join("no-such.png");
+    let out = calibrate(&[&missing], "10");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no-such.png"), "{stderr}");
+}

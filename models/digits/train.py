@@ -14,10 +14,11 @@ grey in all three channels, pixel = round(value × 255 / 16). The model takes th
 default preprocessing: RGB, input = (pixel / 255 − mean) / std with ImageNet's mean and
 std, so `trtclassify onnx-location=models/digits/digits.onnx` needs no other property.
 
-The network (about 6,400 parameters) is three 3×3 convolutions with ReLU (8, 16 and 32
-channels; 2×2 max pooling after the first two), global average pooling, a fully connected
+The network (about 7,700 parameters) is three 3×3 convolutions with ReLU (16, 16 and 32
+channels, so that the second and third suit 8-bit tensor cores and are quantized in int8
+and fp8; 2×2 max pooling after the first two), global average pooling, a fully connected
 layer and a softmax, trained here in numpy (Adam, cross-entropy; seeded, so that a run
-gives the same weights on the same numpy) in about a minute on one core.
+gives the same weights on the same numpy) in a few minutes on one core.
 
 Writes, beside this script (or to --out):
     digits.onnx          the model (opset 13, input "image" [N, 3, 32, 32], output "scores")
@@ -25,6 +26,8 @@ Writes, beside this script (or to --out):
     digits_heldout.json  the 359 held-out images (8×8 values), their labels, and the model's
                          held-out accuracy in onnxruntime (fp32), which the tests and the
                          accuracy benchmark compare each backend and precision with
+    digits_calibration.json  128 training images (8×8 values), for calibrating the
+                         quantized precisions on frames the held-out ones are not among
 """
 
 import argparse
@@ -39,6 +42,7 @@ MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
 SIZE = 32
 SEED = 7
+CALIBRATION = 128
 
 
 def frames(values):
@@ -153,9 +157,9 @@ def train(x, y, epochs=40, batch=32):
         return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
 
     p = {
-        "w1": he(8, 3, 3, 3),
-        "b1": np.zeros(8, np.float32),
-        "w2": he(16, 8, 3, 3),
+        "w1": he(16, 3, 3, 3),
+        "b1": np.zeros(16, np.float32),
+        "w2": he(16, 16, 3, 3),
         "b2": np.zeros(16, np.float32),
         "w3": he(32, 16, 3, 3),
         "b3": np.zeros(32, np.float32),
@@ -251,7 +255,18 @@ def main():
         "values": values[test_idx].astype(int).tolist(),
     }
     (args.out / "digits_heldout.json").write_text(json.dumps(heldout, separators=(",", ":")) + "\n")
-    print(f"wrote {path}, digits.txt, digits_heldout.json")
+    # Training images, a seeded sample with every digit, for calibration.
+    pick = np.random.default_rng(SEED).permutation(train_idx)[:CALIBRATION]
+    calibration = {
+        "about": "scikit-learn's digits, a sample of the training images (models/digits/train.py), "
+        "for calibrating quantized engines; the frames are made as for digits_heldout.json",
+        "labels": labels[pick].tolist(),
+        "values": values[pick].astype(int).tolist(),
+    }
+    (args.out / "digits_calibration.json").write_text(
+        json.dumps(calibration, separators=(",", ":")) + "\n"
+    )
+    print(f"wrote {path}, digits.txt, digits_heldout.json, digits_calibration.json")
 
 
 if __name__ == "__main__":

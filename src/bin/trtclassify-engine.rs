@@ -5,6 +5,8 @@
 //!                            [--input-size HxW] [--gpu-id 0]
 //!   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16] [--runs 200]
 //!                            [--engine-dir DIR] [--check] [--profile]
+//!   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames 256]
+//!                            [--input-size HxW]
 //!
 //! `build` writes the engine where the element looks for it (`--engine`, or the per-user
 //! cache that `engine-location` defaults to), so that a pipeline starts without building.
@@ -15,6 +17,11 @@
 //! size and compares with `MODEL.ref.json` (written by `bench/gpu/torch_models.py export`);
 //! `--profile` prints the GPU time of each plan by kind of step, and its costliest steps (the
 //! same step in every block of a transformer counted together).
+//! `calibrate` runs the model on the CPU over frames decoded by GStreamer from SOURCE (image
+//! or video files, or folders of them; at most `--frames`), preprocessed as the element's
+//! defaults do, and writes the calibration table of the int8 and FP8 precisions (`--table`,
+//! or MODEL's name with `.calibration.txt` in the current folder), with a line per
+//! quantizable node on standard output.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,11 +35,16 @@ const USAGE: &str = "usage:
   trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size N] [--precision fp16|fp32]
                            [--input-size HxW] [--gpu-id N]
   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16|fp32] [--runs N]
-                           [--engine-dir DIR] [--check] [--profile]";
+                           [--engine-dir DIR] [--check] [--profile]
+  trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames N]
+                           [--input-size HxW]";
 
 struct Args {
     command: String,
+    /// The models; for `calibrate`, the model then its sources.
     models: Vec<PathBuf>,
+    table: Option<PathBuf>,
+    frames: usize,
     engine: Option<PathBuf>,
     engine_dir: Option<PathBuf>,
     batch_size: usize,
@@ -48,12 +60,14 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let command = it.next().ok_or("no command")?;
-    if !matches!(command.as_str(), "build" | "bench") {
+    if !matches!(command.as_str(), "build" | "bench" | "calibrate") {
         return Err(format!("unknown command `{command}`"));
     }
     let mut a = Args {
         command,
         models: Vec::new(),
+        table: None,
+        frames: 256,
         engine: None,
         engine_dir: None,
         batch_size: 8,
@@ -97,6 +111,8 @@ fn parse_args() -> Result<Args, String> {
                 let (h, w) = v.split_once('x').ok_or("--input-size needs HxW")?;
                 a.input_size = Some((number(&arg, Some(h.into()))?, number(&arg, Some(w.into()))?));
             }
+            "--table" => a.table = Some(it.next().ok_or("--table needs a file")?.into()),
+            "--frames" => a.frames = number::<usize>(&arg, it.next())?.max(1),
             "--check" => a.check = true,
             "--profile" => a.profile = true,
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
@@ -105,6 +121,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.models.is_empty() {
         return Err("no model given".into());
+    }
+    if a.command == "calibrate" && a.models.len() < 2 {
+        return Err("no frames to calibrate with: give image or video files, or folders".into());
     }
     if a.batch_size == 0 || a.batches.contains(&0) {
         return Err("batch sizes start at 1".into());
@@ -142,6 +161,7 @@ fn main() -> ExitCode {
     gsttrtclassify::logging::forward_engine_logs();
     let result = match args.command.as_str() {
         "build" => build(&args),
+        "calibrate" => calibrate(&args),
         _ => bench(&args),
     };
     match result {
@@ -173,6 +193,169 @@ fn build(args: &Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Calibrates `args.models[0]` on frames of the rest, and writes the table.
+fn calibrate(args: &Args) -> Result<(), String> {
+    use gsttrtclassify::engine::calibration::Calibration;
+    use gsttrtclassify::engine::compiler::quant::{LAYER_ERROR_BOUND, QuantFormat};
+
+    let (model, sources) = args.models.split_first().expect("checked by parse_args");
+    let calibration =
+        Calibration::new(&options(args, model, 1, None)).map_err(|e| e.to_string())?;
+    let calibration = std::sync::Arc::new(std::sync::Mutex::new(calibration));
+    let mut files = Vec::new();
+    for source in sources {
+        match source.is_dir() {
+            true => {
+                let mut inside: Vec<PathBuf> = std::fs::read_dir(source)
+                    .map_err(|e| format!("{}: {e}", source.display()))?
+                    .filter_map(|entry| entry.ok().map(|e| e.path()))
+                    .filter(|p| p.is_file())
+                    .collect();
+                inside.sort();
+                files.extend(inside);
+            }
+            false => files.push(source.clone()),
+        }
+    }
+    let started = Instant::now();
+    for file in &files {
+        let left = args.frames - calibration.lock().unwrap().frames();
+        if left == 0 {
+            break;
+        }
+        decode_frames(file, left, &calibration)?;
+        eprintln!(
+            "  {}: {} frames so far",
+            file.display(),
+            calibration.lock().unwrap().frames()
+        );
+    }
+    let calibration = calibration.lock().unwrap();
+    if calibration.frames() == 0 {
+        return Err("no frame decoded from the sources".into());
+    }
+    let table = calibration.table();
+    let path = args.table.clone().unwrap_or_else(|| {
+        let stem = model.file_stem().unwrap_or_default().to_string_lossy();
+        PathBuf::from(format!("{stem}.calibration.txt"))
+    });
+    table.save(&path).map_err(|e| e.to_string())?;
+    println!("| node | largest input | int8 range | int8 error | fp8 error |");
+    println!("|---|---|---|---|---|");
+    for (name, r) in &table.nodes {
+        let error = |format: QuantFormat| {
+            let e = r.error(format);
+            let kept = if e > LAYER_ERROR_BOUND {
+                " (stays fp16)"
+            } else {
+                ""
+            };
+            format!("{:.2} %{kept}", e * 100.0)
+        };
+        println!(
+            "| {name} | {:.4} | {:.4} | {} | {} |",
+            r.amax,
+            r.int8,
+            error(QuantFormat::Int8),
+            error(QuantFormat::Fp8)
+        );
+    }
+    println!(
+        "{}: {} quantizable nodes calibrated on {} frames in {:.1} s; wrote {}",
+        model.display(),
+        table.nodes.len(),
+        table.frames,
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// Decodes up to `max` frames of `file` (an image or a video GStreamer reads) as RGB into
+/// `calibration`.
+fn decode_frames(
+    file: &Path,
+    max: usize,
+    calibration: &std::sync::Arc<
+        std::sync::Mutex<gsttrtclassify::engine::calibration::Calibration>,
+    >,
+) -> Result<(), String> {
+    use gst::prelude::*;
+
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", file.display());
+    let pipeline = gst::parse::launch(
+        "filesrc name=src ! decodebin ! videoconvert ! video/x-raw,format=RGB ! fakesink name=sink sync=false",
+    )
+    .map_err(|e| fail(&e))?
+    .downcast::<gst::Pipeline>()
+    .expect("a pipeline");
+    let src = pipeline.by_name("src").expect("filesrc");
+    src.set_property("location", file.to_string_lossy().as_ref());
+    let sink = pipeline.by_name("sink").expect("fakesink");
+    let pad = sink.static_pad("sink").expect("a sink pad");
+    let taken = std::sync::Arc::new(std::sync::Mutex::new((0usize, None::<String>)));
+    let (calibration, seen) = (calibration.clone(), taken.clone());
+    pad.add_probe(gst::PadProbeType::BUFFER, move |pad, info| {
+        let mut seen = seen.lock().unwrap();
+        if seen.0 >= max {
+            return gst::PadProbeReturn::Drop;
+        }
+        let Some(buffer) = info.buffer() else {
+            return gst::PadProbeReturn::Ok;
+        };
+        let frame = pad
+            .current_caps()
+            .ok_or("no caps".to_owned())
+            .and_then(|caps| gst_video::VideoInfo::from_caps(&caps).map_err(|e| e.to_string()))
+            .and_then(|vinfo| {
+                gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &vinfo)
+                    .map_err(|e| e.to_string())
+            });
+        let added = frame.and_then(|frame| {
+            let view = gsttrtclassify::video::view(&frame)?;
+            calibration
+                .lock()
+                .unwrap()
+                .add(&view)
+                .map_err(|e| e.to_string())
+        });
+        match added {
+            Ok(()) => seen.0 += 1,
+            Err(e) => seen.1 = Some(e),
+        }
+        gst::PadProbeReturn::Ok
+    });
+    pipeline
+        .set_state(gst::State::Playing)
+        .map_err(|e| fail(&e))?;
+    let bus = pipeline.bus().expect("a bus");
+    let mut result = Ok(());
+    // Until the end of the file, an error, or enough frames (checked between messages).
+    loop {
+        match bus
+            .timed_pop(gst::ClockTime::from_mseconds(100))
+            .as_ref()
+            .map(|m| m.view())
+        {
+            Some(gst::MessageView::Eos(..)) => break,
+            Some(gst::MessageView::Error(err)) => {
+                result = Err(fail(&err.error()));
+                break;
+            }
+            _ => {}
+        }
+        let seen = taken.lock().unwrap();
+        if seen.0 >= max || seen.1.is_some() {
+            break;
+        }
+    }
+    let _ = pipeline.set_state(gst::State::Null);
+    if let Some(e) = taken.lock().unwrap().1.take() {
+        return Err(fail(&e));
+    }
+    result
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -36,6 +36,7 @@ mod ops;
 pub mod overflow;
 mod passes;
 pub mod plan;
+pub mod quant;
 mod ranks;
 mod reference;
 pub mod spec;

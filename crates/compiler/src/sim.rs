@@ -3,7 +3,7 @@
 //! layouts and strides. A lowering bug (a wrong stride, two live buffers sharing memory)
 //! shows here as a result that differs from `reference`.
 
-use super::plan::{Loc, Plan, Step, Weights};
+use super::plan::{Loc, Plan, Span, Step, Weights};
 
 /// The buffers of a plan, in f32.
 pub(crate) struct Memory<'a> {
@@ -79,6 +79,49 @@ pub fn first_overflow(
         Ok::<_, &str>((start..end).map(|j| m.read(span.loc, j)).collect())
     });
     found.expect("spans within their buffers")
+}
+
+/// A plan run one step at a time, its buffers read between steps (`quant::Calibrator`).
+pub struct Stepper<'a> {
+    plan: &'a Plan,
+    memory: Memory<'a>,
+}
+
+impl<'a> Stepper<'a> {
+    /// `plan` over `input` (one batch in the plan's input layout), before its first step.
+    pub fn new(plan: &'a Plan, weights: &'a Weights, input: &'a [f32]) -> Self {
+        assert_eq!(input.len(), plan.input_len);
+        let memory = Memory {
+            arena: vec![f32::NAN; plan.arena_len],
+            wide: vec![f32::NAN; plan.wide_len],
+            weights,
+            input,
+            output: vec![f32::NAN; plan.output_len],
+        };
+        Stepper { plan, memory }
+    }
+
+    /// The output, once every step ran.
+    pub fn output(self) -> Vec<f32> {
+        self.memory.output
+    }
+}
+
+impl crate::quant::Stepper for Stepper<'_> {
+    type Error = std::convert::Infallible;
+
+    fn run_step(&mut self, step: usize) -> Result<(), Self::Error> {
+        run_step(&mut self.memory, &self.plan.steps[step]);
+        Ok(())
+    }
+
+    fn read(&mut self, span: Span) -> Result<Vec<f32>, Self::Error> {
+        let start = usize::try_from(span.start).expect("a span within its buffer");
+        let end = usize::try_from(span.end).expect("a span within its buffer");
+        Ok((start..end)
+            .map(|i| self.memory.read(span.loc, i))
+            .collect())
+    }
 }
 
 /// Each kind of step computed in f32, reading and writing `Memory` as its kernels would.

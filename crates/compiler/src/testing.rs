@@ -71,49 +71,83 @@ pub fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
 /// The side of the digits classifier's frames (`models/digits/`).
 pub const DIGITS_SIZE: u32 = 32;
 
-/// The digits classifier's held-out images (`models/digits/digits_heldout.json`, written by
-/// `models/digits/train.py` with the model): a small CNN trained on real data, to tell what a
-/// precision costs in accuracy.
+/// Images of the digits classifier (`models/digits/`, written by `models/digits/train.py` with
+/// the model): a small CNN trained on real data, to tell what a precision costs in accuracy.
 pub struct Digits {
     /// Each image as the training made it a frame: `DIGITS_SIZE`² packed RGB, grey.
     pub frames: Vec<Vec<u8>>,
     /// The digit each shows.
     pub labels: Vec<usize>,
-    /// The share onnxruntime classifies right in fp32.
-    pub onnxruntime_accuracy: f64,
+    /// The share onnxruntime classifies right in fp32 (of the held-out images).
+    pub onnxruntime_accuracy: Option<f64>,
 }
 
 /// The held-out digits, as frames.
 pub fn digits_heldout() -> Digits {
-    let path = models().join("digits/digits_heldout.json");
-    let text = std::fs::read_to_string(&path).expect("models/digits/digits_heldout.json");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("held-out digits json");
-    let scale = (DIGITS_SIZE / 8) as usize;
-    // Each of the 8×8 values (0-16) repeated scale×scale, grey in all three channels.
-    let frame = |values: &serde_json::Value| -> Vec<u8> {
-        let values: Vec<u8> = (values.as_array().expect("values").iter())
-            .map(|x| (x.as_f64().expect("value") * 255.0 / 16.0).round() as u8)
-            .collect();
-        let side = DIGITS_SIZE as usize;
-        (0..side * side)
-            .flat_map(|i| [values[(i / side / scale) * 8 + (i % side) / scale]; 3])
-            .collect()
-    };
-    Digits {
-        frames: v["values"]
-            .as_array()
-            .expect("values")
-            .iter()
-            .map(frame)
-            .collect(),
-        labels: (v["labels"].as_array().expect("labels").iter())
-            .map(|l| l.as_u64().expect("label") as usize)
-            .collect(),
-        onnxruntime_accuracy: v["onnxruntime_fp32_accuracy"].as_f64().expect("accuracy"),
-    }
+    Digits::load("digits_heldout.json")
+}
+
+/// The training images kept for calibration, as frames.
+pub fn digits_calibration() -> Digits {
+    Digits::load("digits_calibration.json")
 }
 
 impl Digits {
+    /// The images in `models/digits/NAME`.
+    fn load(name: &str) -> Digits {
+        let path = models().join("digits").join(name);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let v: serde_json::Value = serde_json::from_str(&text).expect("digits json");
+        let scale = (DIGITS_SIZE / 8) as usize;
+        // Each of the 8×8 values (0-16) repeated scale×scale, grey in all three channels.
+        let frame = |values: &serde_json::Value| -> Vec<u8> {
+            let values: Vec<u8> = (values.as_array().expect("values").iter())
+                .map(|x| (x.as_f64().expect("value") * 255.0 / 16.0).round() as u8)
+                .collect();
+            let side = DIGITS_SIZE as usize;
+            (0..side * side)
+                .flat_map(|i| [values[(i / side / scale) * 8 + (i % side) / scale]; 3])
+                .collect()
+        };
+        Digits {
+            frames: (v["values"].as_array().expect("values").iter())
+                .map(frame)
+                .collect(),
+            labels: (v["labels"].as_array().expect("labels").iter())
+                .map(|l| l.as_u64().expect("label") as usize)
+                .collect(),
+            onnxruntime_accuracy: v["onnxruntime_fp32_accuracy"].as_f64(),
+        }
+    }
+
+    /// The model's input for frame `i`: NCHW, `(pixel / 255 − mean) / std` with ImageNet's
+    /// mean and std, as the training script and the element's default preprocessing make it.
+    pub fn model_input(&self, i: usize) -> Vec<f32> {
+        const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+        const STD: [f32; 3] = [0.229, 0.224, 0.225];
+        let frame = &self.frames[i];
+        (0..3)
+            .flat_map(|c| {
+                (frame.iter().skip(c).step_by(3))
+                    .map(move |&p| (p as f32 / 255.0 - MEAN[c]) / STD[c])
+            })
+            .collect()
+    }
+
+    /// The share of `scores` (a row per frame) whose top class is the frame's label.
+    pub fn accuracy(&self, scores: &[Vec<f32>]) -> f64 {
+        assert_eq!(
+            scores.len(),
+            self.labels.len(),
+            "one row of scores per frame"
+        );
+        let best = |s: &Vec<f32>| (0..s.len()).max_by(|&a, &b| s[a].total_cmp(&s[b]));
+        let right = (scores.iter().zip(&self.labels))
+            .filter(|&(s, &l)| best(s) == Some(l))
+            .count();
+        right as f64 / self.labels.len() as f64
+    }
+
     /// The frames, as the engines take them.
     pub fn views(&self) -> Vec<FrameView<'_>> {
         (self.frames.iter())
@@ -126,27 +160,21 @@ impl Digits {
     /// backend and precision.
     #[track_caller]
     pub fn check(&self, what: &str, scores: &[Vec<f32>]) {
-        assert_eq!(
-            scores.len(),
-            self.labels.len(),
-            "one row of scores per frame"
-        );
-        let best = |s: &Vec<f32>| (0..s.len()).max_by(|&a, &b| s[a].total_cmp(&s[b]));
-        let right = (scores.iter().zip(&self.labels))
-            .filter(|&(s, &l)| best(s) == Some(l))
-            .count();
-        let got = right as f64 / self.labels.len() as f64;
+        let got = self.accuracy(scores);
+        let want = self
+            .onnxruntime_accuracy
+            .expect("the held-out digits, with onnxruntime's accuracy");
         println!(
             "digits, held out: {what} {:.2}%, onnxruntime fp32 {:.2}% ({} images)",
             got * 100.0,
-            self.onnxruntime_accuracy * 100.0,
+            want * 100.0,
             self.labels.len()
         );
         assert!(
-            got >= self.onnxruntime_accuracy - 0.01,
+            got >= want - 0.01,
             "{what}: {:.2}% of the held-out digits right, onnxruntime {:.2}%",
             got * 100.0,
-            self.onnxruntime_accuracy * 100.0
+            want * 100.0
         );
     }
 }

@@ -297,6 +297,7 @@ mod tests {
             act: Act::None,
             y: Loc::Arena(pixels * k),
             y_batch: 0,
+            quant: None,
         })
     }
 

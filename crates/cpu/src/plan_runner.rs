@@ -136,6 +136,7 @@ impl PlanRunner {
         let num_classes = plan.output_len / plan.batch.max(1);
         let weight = |i: usize| weights.get(i).map(|w| (w.len(), DType::F32));
         check_plan(&mut plan, &weight, DType::F32, frame_len, num_classes)?;
+        refuse_quantized(&plan)?;
         let mut packed: Vec<Packed> = plan
             .steps
             .iter()
@@ -413,6 +414,23 @@ impl PlanRunner {
                 times.push((step.describe(), started.elapsed()));
             }
         }
+    }
+}
+
+/// The CPU's kernels compute in f32: a plan of int8 or FP8 steps (made for a GPU) is
+/// refused rather than run unrounded, which would give other results than it stands for.
+fn refuse_quantized(plan: &Plan) -> Result<(), CompileError> {
+    let quantized = plan.steps.iter().any(|s| match s {
+        Step::Gemm(g) => g.quant.is_some(),
+        Step::Conv(c) => c.quant.is_some(),
+        _ => false,
+    });
+    match quantized {
+        true => Err(CompileError::Plan {
+            batch: plan.batch,
+            problem: "int8 or FP8 steps, which the CPU backend does not run".into(),
+        }),
+        false => Ok(()),
     }
 }
 

@@ -221,6 +221,7 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
         residual: residual.then_some(Loc::Input(x_len)),
         y: Loc::Output(0),
         algo: None,
+        quant: None,
     };
     let what = Step::Conv(step.clone()).describe();
     let weight = rng.values(k * kernel[0] * kernel[1] * (c / group));
@@ -532,6 +533,7 @@ fn products_agree_with_the_plain_run() {
             act: if act == Act::Relu { act } else { Act::None },
             y: Loc::Output(0),
             y_batch,
+            quant: None,
         });
         let in_place = residual && seed % 2 == 1;
         let what = format!(
@@ -643,6 +645,7 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             act: Act::None,
             y,
             y_batch: 0,
+            quant: None,
         });
         let silu = Step::Ew(EwStep {
             op: None,
@@ -798,4 +801,37 @@ fn frames_through_a_batched_tail_score_as_one_by_one() {
         }
     }
     assert!(cuts > 40, "only {cuts} cuts");
+}
+
+/// Calibration on the CPU's kernels finds what `sim` found for the committed digits table
+/// (`trtclassify-compiler`'s `calibration_makes_the_committed_digits_table`): the same
+/// ranges and errors, up to the order of the sums.
+#[test]
+fn cpu_calibration_makes_the_committed_digits_table() {
+    use trtclassify_compiler::quant::CalibrationTable;
+    use trtclassify_compiler::testing::{digits_calibration, models};
+    let model = trtclassify_compiler::OnnxModel::load(&models().join("digits/digits.onnx"))
+        .expect("digits.onnx");
+    let spec = model.input_spec(None).expect("an image input");
+    let mut runner = super::CalibrationRunner::new(&model, spec).expect("compiles");
+    let frames = digits_calibration();
+    for i in 0..frames.frames.len() {
+        runner.run(&frames.model_input(i));
+    }
+    assert_eq!(runner.frames(), 128);
+    let got = runner.table();
+    let want = CalibrationTable::load(&models().join("digits/digits_calibration.txt"))
+        .expect("the committed table");
+    assert_eq!(got.nodes.len(), want.nodes.len());
+    for (name, w) in &want.nodes {
+        let g = got.get(name).unwrap_or_else(|| panic!("{name} calibrated"));
+        let close = |a: f32, b: f32| (a - b).abs() <= 1e-3 * b.abs().max(1e-3);
+        assert!(
+            close(g.amax, w.amax)
+                && close(g.int8, w.int8)
+                && close(g.int8_error, w.int8_error)
+                && close(g.fp8_error, w.fp8_error),
+            "{name}: {g:?}, committed {w:?}"
+        );
+    }
 }

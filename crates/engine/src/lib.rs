@@ -11,6 +11,7 @@
 
 /// The model compiler (its own crate).
 pub use trtclassify_compiler as compiler;
+pub mod calibration;
 pub mod cpu;
 pub mod cuda;
 pub mod kserve;

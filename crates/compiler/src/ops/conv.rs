@@ -426,6 +426,7 @@ impl Lowering<'_> {
                     act: self.epilogue(c.act),
                     y: y.loc,
                     y_batch: y.len(),
+                    quant: None,
                 }),
                 &reads,
             );
@@ -458,6 +459,7 @@ impl Lowering<'_> {
                 residual: residual.map(|z| z.loc),
                 y: y.loc,
                 algo: None,
+                quant: None,
             }),
             &reads,
         );

@@ -423,6 +423,7 @@ impl Lowering<'_> {
                 act: self.epilogue(act),
                 y: y.loc,
                 y_batch: y.len(),
+                quant: None,
             }),
             &reads,
         );
@@ -471,6 +472,7 @@ impl Lowering<'_> {
                 act: Act::None,
                 y: y.loc,
                 y_batch: m * n,
+                quant: None,
             }),
             &[a.loc, b.loc, y.loc],
         );
@@ -568,6 +570,7 @@ impl Lowering<'_> {
                 act: self.epilogue(act),
                 y: out.loc,
                 y_batch,
+                quant: None,
             }),
             &[x.loc, out.loc],
         );

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Loc, MAX_WORKSPACE, Span, StepKind, residual_note};
+use super::{Loc, MAX_WORKSPACE, Quant, Span, StepKind, residual_note};
 use crate::check::Types;
 use crate::ir::Act;
 
@@ -48,6 +48,10 @@ pub struct ConvStep {
     pub y: Loc,
     /// Chosen by timing while building; `None` until then.
     pub algo: Option<Tuned>,
+    /// Whether `x` and `weight` are read rounded to 8 bits (`crate::quant`); `w_scales`
+    /// holds one scale per filter. Absent from engine files of unquantized plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<Quant>,
 }
 
 /// The cuDNN algorithm a convolution runs with, chosen by timing.
@@ -67,7 +71,7 @@ impl StepKind for ConvStep {
     fn describe(&self) -> String {
         let c = self;
         format!(
-            "conv {}x{}x{}x{} k{}x{} s{} g{} -> {} {:?}{} {}",
+            "conv {}x{}x{}x{} k{}x{} s{} g{} -> {} {:?}{}{} {}",
             c.n,
             c.c,
             c.h,
@@ -79,6 +83,7 @@ impl StepKind for ConvStep {
             c.k,
             c.act,
             residual_note(c.residual, c.y),
+            super::quant_note(c.quant),
             c.algo.map_or("untuned".into(), |t| format!(
                 "algo {} math {}{}",
                 t.algo,
@@ -98,6 +103,7 @@ impl StepKind for ConvStep {
             self.written(),
         ];
         spans.extend(c.residual.map(|r| Span::dense(r, &[c.n, c.oh, c.ow, c.k])));
+        spans.extend(c.quant.map(|q| Span::dense(q.w_scales, &[c.k])));
         spans
     }
 
@@ -112,6 +118,7 @@ impl StepKind for ConvStep {
     fn locs_mut(&mut self) -> Vec<&mut Loc> {
         let mut locs = vec![&mut self.x, &mut self.weight, &mut self.bias, &mut self.y];
         locs.extend(self.residual.as_mut());
+        locs.extend(self.quant.as_mut().map(|q| &mut q.w_scales));
         locs
     }
 
@@ -139,8 +146,18 @@ impl StepKind for ConvStep {
             && c.algo.is_none_or(|t| t.workspace <= MAX_WORKSPACE)
     }
 
+    /// The scales of a quantized convolution are f32 constants beside operands of the
+    /// plan's type (`super::check_quant`).
     fn types_fit(&self, t: &Types) -> bool {
-        t.uniform(self)
+        t.uniform(&ConvStep {
+            quant: None,
+            ..self.clone()
+        })
+    }
+
+    fn check(&self, t: &Types) -> Result<(), String> {
+        super::check_quant(self, self.quant, t)?;
+        crate::check::sizes_and_types(self, t)
     }
 }
 
@@ -149,6 +166,15 @@ impl crate::sim::Simulate for ConvStep {
     fn simulate(&self, m: &mut crate::sim::Memory) {
         let c = self;
         let (cig, kg) = (c.c / c.group, c.k / c.group);
+        // What the kernel reads: the operands as they are, or rounded to 8 bits.
+        let read_x = |m: &crate::sim::Memory, i| match c.quant {
+            Some(q) => q.format.fake(m.read(c.x, i), q.x_scale),
+            None => m.read(c.x, i),
+        };
+        let read_w = |m: &crate::sim::Memory, i, k| match c.quant {
+            Some(q) => q.format.fake(m.read(c.weight, i), m.read(q.w_scales, k)),
+            None => m.read(c.weight, i),
+        };
         for n in 0..c.n {
             for oy in 0..c.oh {
                 for ox in 0..c.ow {
@@ -166,11 +192,12 @@ impl crate::sim::Simulate for ConvStep {
                                 }
                                 let base = ((n * c.h + y as usize) * c.w + x as usize) * c.c;
                                 for cc in 0..cig {
-                                    let wv = m.read(
-                                        c.weight,
+                                    let wv = read_w(
+                                        m,
                                         ((k * c.kernel[0] + r) * c.kernel[1] + s) * cig + cc,
+                                        k,
                                     );
-                                    acc += wv * m.read(c.x, base + g * cig + cc);
+                                    acc += wv * read_x(m, base + g * cig + cc);
                                 }
                             }
                         }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{DType, Loc, Span, StepKind, batched, residual_note};
+use super::{DType, Loc, Quant, Span, StepKind, batched, residual_note};
 use crate::check::{self, Types};
 use crate::ir::Act;
 
@@ -53,13 +53,17 @@ pub struct GemmStep {
     /// Elements from one product's `y` to the next's: at least `rows · n` (more where
     /// each starts aligned as a buffer of its own would).
     pub y_batch: usize,
+    /// Whether `x` and `w` are read rounded to 8 bits (`crate::quant`); `w_scales` holds
+    /// `[batch, n]` scales. Absent from engine files of unquantized plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<Quant>,
 }
 
 impl StepKind for GemmStep {
     fn describe(&self) -> String {
         let g = self;
         format!(
-            "gemm {}x{} {}x{} · {}x{}{}{}{}{}{}",
+            "gemm {}x{} {}x{} · {}x{}{}{}{}{}{}{}",
             g.batch,
             if g.batch > 1 && g.x_batch == 0 {
                 " of one x"
@@ -85,7 +89,8 @@ impl StepKind for GemmStep {
                 " -> f32 scores"
             } else {
                 ""
-            }
+            },
+            super::quant_note(g.quant)
         )
     }
 
@@ -98,6 +103,7 @@ impl StepKind for GemmStep {
         ];
         spans.extend(g.bias.map(|b| Span::dense(b, &[g.batch, g.n])));
         spans.extend((g.residual).map(|r| batched(r, g.batch, g.y_batch, g.rows * g.n)));
+        spans.extend((g.quant).map(|q| Span::dense(q.w_scales, &[g.batch, g.n])));
         spans
     }
 
@@ -114,11 +120,14 @@ impl StepKind for GemmStep {
         let mut locs = vec![&mut self.x, &mut self.w, &mut self.y];
         locs.extend(self.bias.as_mut());
         locs.extend(self.residual.as_mut());
+        locs.extend(self.quant.as_mut().map(|q| &mut q.w_scales));
         locs
     }
 
-    /// The activations cuBLASLt's epilogue applies come first.
+    /// The activations cuBLASLt's epilogue applies come first, and a quantized product's
+    /// own rules (`super::check_quant`).
     fn check(&self, t: &Types) -> Result<(), String> {
+        super::check_quant(self, self.quant, t)?;
         let epilogue = match self.act {
             Act::None | Act::Relu => true,
             Act::Gelu => t.dtype == DType::F16 && !self.is_wide(),
@@ -155,6 +164,11 @@ impl StepKind for GemmStep {
                 y: y @ Loc::Output(_),
                 ..
             } if !t.plain() && !is_f32(*x) => !is_f32(*w) && is_f32(*y),
+            // The scales are f32 constants beside operands of the plan's type.
+            GemmStep { quant: Some(_), .. } => t.uniform(&GemmStep {
+                quant: None,
+                ..self.clone()
+            }),
             _ => t.uniform(self),
         }
     }
@@ -178,15 +192,26 @@ impl crate::sim::Simulate for GemmStep {
             y,
             y_batch,
             w_transposed,
+            quant,
         } = *self;
         let (w_row, w_col) = if w_transposed { (1, k) } else { (n, 1) };
+        // What the kernel reads: the operands as they are, or rounded to 8 bits.
+        let read_x = |m: &crate::sim::Memory, i| match quant {
+            Some(q) => q.format.fake(m.read(x, i), q.x_scale),
+            None => m.read(x, i),
+        };
+        let read_w = |m: &crate::sim::Memory, i, column| match quant {
+            Some(q) => q.format.fake(m.read(w, i), m.read(q.w_scales, column)),
+            None => m.read(w, i),
+        };
         for p in 0..batch {
             let (xo, wo, yo) = (p * x_batch, p * k * n, p * y_batch);
             for r in 0..rows {
                 for j in 0..n {
                     let mut dot = 0.0;
                     for i in 0..k {
-                        dot += m.read(x, xo + r * k + i) * m.read(w, wo + i * w_row + j * w_col);
+                        dot += read_x(m, xo + r * k + i)
+                            * read_w(m, wo + i * w_row + j * w_col, p * n + j);
                     }
                     let mut acc = alpha * dot + bias.map_or(0.0, |b| m.read(b, p * n + j));
                     if let Some(z) = residual {

@@ -12,6 +12,7 @@ mod conv;
 mod ew;
 mod gemm;
 mod pool;
+mod quant;
 mod rows;
 
 pub use attention::{ATTENTION_HEAD_DIMS, AttentionStep, Rows, attention_takes};
@@ -19,6 +20,7 @@ pub use conv::{ConvStep, Tuned};
 pub use ew::{EwStep, ZeroStep};
 pub use gemm::GemmStep;
 pub use pool::{GlobalAvgPoolStep, PoolStep};
+pub use quant::{Quant, QuantFormat};
 pub use rows::{LayerNormStep, LrnStep, RowMeanStep, SoftmaxStep};
 
 /// Iteration dimensions of an element-wise step, after merging.
@@ -242,6 +244,30 @@ fn residual_note(residual: Option<Loc>, y: Loc) -> &'static str {
         None => "",
     }
 }
+/// A quantized step's format in its description.
+fn quant_note(quant: Option<Quant>) -> String {
+    quant.map_or(String::new(), |q| format!(" {}", q.format))
+}
+
+/// The rules of a quantized product or convolution: it computes in the plan's type (a node
+/// kept in f32 is not rounded to 8 bits), its input's scale is a finite number, and its
+/// weights' scales are a constant in f32.
+fn check_quant(step: &impl StepKind, quant: Option<Quant>, t: &Types) -> Result<(), String> {
+    let Some(q) = quant else {
+        return Ok(());
+    };
+    if step.is_wide() {
+        return Err("quantized, but kept in f32".into());
+    }
+    if !(q.x_scale.is_finite() && q.x_scale >= 0.0) {
+        return Err(format!("an input scale of {}", q.x_scale));
+    }
+    if !matches!(q.w_scales, Loc::Weight { .. }) || !(t.plain() || (t.is_f32)(q.w_scales)) {
+        return Err("weight scales that are not an f32 constant".into());
+    }
+    Ok(())
+}
+
 impl Step {
     /// See `StepKind::is_wide`.
     pub fn is_wide(&self) -> bool {

@@ -262,6 +262,8 @@ impl CpuStep for GemmStep {
             y,
             y_batch,
             w_transposed,
+            // `PlanRunner::from_plans` refuses quantized plans.
+            quant: _,
         } = self;
         let mut unscaled = *x;
         let act = match packed {

@@ -127,6 +127,18 @@ impl Runtime {
         wide: Option<Wide>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self> {
+        // The kernels read every operand in the plan's type; an int8 or FP8 step run so
+        // would give other results than its plan stands for.
+        let quantized = |s: &Step| match s {
+            Step::Gemm(g) => g.quant.is_some(),
+            Step::Conv(c) => c.quant.is_some(),
+            _ => false,
+        };
+        if plans.iter().flat_map(|p| &p.steps).any(quantized) {
+            return Err(Error::Plan(
+                "int8 or FP8 steps, which this runtime does not run",
+            ));
+        }
         let _setup = device::setup_lock(gpu.ctx.ordinal());
         let ctx = gpu.ctx.clone();
         // One stream, one user: cudarc's cross-stream event tracking is not needed, and

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: MPL-2.0
+//! What a quantized product or convolution computes: its input and its weights rounded to
+//! an 8-bit format with a scale each, summed in f32. The scales come from calibration
+//! (`crate::quant`); the semantics here are those of `sim`, and of the kernels.
+
+use serde::{Deserialize, Serialize};
+
+use super::Loc;
+
+/// An 8-bit number format of quantized steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum QuantFormat {
+    /// Signed integers −127..=127 (symmetric: −128 is not used, as in TensorRT), rounded to
+    /// nearest, ties to even.
+    Int8,
+    /// FP8 E4M3 ("e4m3fn": no infinities, largest 448), rounded to nearest even and
+    /// saturated at ±448.
+    Fp8,
+}
+
+impl QuantFormat {
+    /// The largest magnitude the format holds: a scale maps a calibrated range onto it.
+    pub fn max(self) -> f32 {
+        match self {
+            QuantFormat::Int8 => 127.0,
+            QuantFormat::Fp8 => 448.0,
+        }
+    }
+
+    /// `v` rounded to the nearest value the format holds, saturated at `max`.
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            QuantFormat::Int8 => v.round_ties_even().clamp(-127.0, 127.0),
+            QuantFormat::Fp8 => fp8_e4m3(v),
+        }
+    }
+
+    /// `v` as the step reads it: divided by `scale`, rounded, multiplied back. A scale of 0
+    /// (a tensor that was all zeros in calibration) reads 0.
+    pub fn fake(self, v: f32, scale: f32) -> f32 {
+        match scale > 0.0 {
+            true => self.round(v / scale) * scale,
+            false => 0.0,
+        }
+    }
+
+    /// The scale that maps magnitudes up to `range` onto the format's largest value.
+    pub fn scale(self, range: f32) -> f32 {
+        range / self.max()
+    }
+}
+
+impl std::fmt::Display for QuantFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            QuantFormat::Int8 => "int8",
+            QuantFormat::Fp8 => "fp8",
+        })
+    }
+}
+
+/// `v` rounded to FP8 E4M3: 3 mantissa bits, exponents −6..=8 (bias 7), subnormals down to
+/// 2⁻⁹, saturated at ±448; NaN stays NaN.
+fn fp8_e4m3(v: f32) -> f32 {
+    if v.is_nan() {
+        return v;
+    }
+    let a = v.abs();
+    // The spacing of representable values around `a`: 2^(e-3) for a normal of exponent e,
+    // 2^-9 among the subnormals (below 2^-6). Both divisions are exact.
+    let exponent = match a < 2f32.powi(-6) {
+        true => -6,
+        false => ((a.to_bits() >> 23) as i32) - 127,
+    };
+    let step = 2f32.powi(exponent - 3);
+    let rounded = ((a / step).round_ties_even() * step).min(448.0);
+    rounded.copysign(v)
+}
+
+/// How a product or convolution reads its operands when it is quantized: `x` with one
+/// scale for the whole tensor (from calibration), each output channel's weights with their
+/// own (from the weights).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Quant {
+    /// The format both operands are rounded to.
+    pub format: QuantFormat,
+    /// The input's scale: `x` reads as `format.fake(x, x_scale)`.
+    pub x_scale: f32,
+    /// One f32 scale per output channel (a product's `n` columns, per product where it runs
+    /// several; a convolution's `k` filters), a constant that stays f32 on the device.
+    pub w_scales: Loc,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_rounds_to_nearest_even_and_saturates() {
+        let f = QuantFormat::Int8;
+        assert_eq!(f.round(2.5), 2.0);
+        assert_eq!(f.round(3.5), 4.0);
+        assert_eq!(f.round(-2.5), -2.0);
+        assert_eq!(f.round(200.0), 127.0);
+        assert_eq!(f.round(-200.0), -127.0);
+        assert_eq!(f.fake(0.26, 0.1), 0.3);
+        assert_eq!(f.fake(5.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn fp8_holds_its_grid_and_rounds_between_it() {
+        let f = QuantFormat::Fp8;
+        // Every value of the grid maps to itself: 8 subnormals and 15 binades of 8 values.
+        let mut grid: Vec<f32> = (0..8).map(|m| m as f32 * 2f32.powi(-9)).collect();
+        for e in -6..=8 {
+            grid.extend((0..8).map(|m| (1.0 + m as f32 / 8.0) * 2f32.powi(e)));
+        }
+        grid.retain(|&v| v <= 448.0);
+        assert_eq!(grid.len(), 8 + 15 * 8 - 1);
+        for &v in &grid {
+            assert_eq!(f.round(v), v);
+            assert_eq!(f.round(-v), -v);
+        }
+        // Halfway between 1.0 and 1.125 goes to the even mantissa (1.0); between 1.125 and
+        // 1.25 to 1.25; the smallest subnormal's half goes to 0.
+        assert_eq!(f.round(1.0625), 1.0);
+        assert_eq!(f.round(1.1875), 1.25);
+        assert_eq!(f.round(2f32.powi(-10)), 0.0);
+        assert_eq!(f.round(1.5 * 2f32.powi(-9)), 2.0 * 2f32.powi(-9));
+        assert_eq!(f.round(1000.0), 448.0);
+        assert_eq!(f.round(-1e30), -448.0);
+        assert!(f.round(f32::NAN).is_nan());
+    }
+}

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MPL-2.0
+//! How far a quantized engine's answers are from the unquantized one's on the same frames:
+//! the build's accuracy guard.
+
+/// The top-1 agreement and the largest probability error of quantized scores against
+/// reference scores for the same frames.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Agreement {
+    /// Frames compared.
+    pub frames: usize,
+    /// Frames whose top class is the same.
+    pub same_top1: usize,
+    /// The largest difference of any class's probability (softmax of the scores, or the
+    /// scores themselves where they are probabilities already).
+    pub max_probability_error: f32,
+}
+
+impl Agreement {
+    /// Compares `quantized` with `reference`, each `classes` scores a frame, frame by frame;
+    /// adds to what was compared before.
+    pub fn add(&mut self, reference: &[f32], quantized: &[f32], classes: usize) {
+        assert_eq!(reference.len(), quantized.len());
+        for (r, q) in reference
+            .chunks_exact(classes)
+            .zip(quantized.chunks_exact(classes))
+        {
+            self.frames += 1;
+            self.same_top1 += usize::from(top1(r) == top1(q));
+            let (r, q) = (probabilities(r), probabilities(q));
+            // A NaN counts as the largest error.
+            let error = (r.iter().zip(&q))
+                .map(|(a, b)| (a - b).abs())
+                .map(|d| if d.is_nan() { f32::INFINITY } else { d })
+                .fold(0.0f32, f32::max);
+            self.max_probability_error = self.max_probability_error.max(error);
+        }
+    }
+
+    /// The share of frames whose top class is the same, 0 to 1 (1 with no frames).
+    pub fn top1(&self) -> f64 {
+        match self.frames {
+            0 => 1.0,
+            n => self.same_top1 as f64 / n as f64,
+        }
+    }
+}
+
+impl std::fmt::Display for Agreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "top-1 agreement {:.2} % ({} of {} frames), largest probability error {:.4}",
+            self.top1() * 100.0,
+            self.same_top1,
+            self.frames,
+            self.max_probability_error
+        )
+    }
+}
+
+/// The index of the largest score; NaN loses to any number.
+fn top1(scores: &[f32]) -> usize {
+    let value = |i: usize| match scores[i].is_nan() {
+        true => f32::NEG_INFINITY,
+        false => scores[i],
+    };
+    (0..scores.len())
+        .max_by(|&a, &b| value(a).total_cmp(&value(b)))
+        .unwrap_or(0)
+}
+
+/// The scores as probabilities: themselves where they already are (between 0 and 1,
+/// summing to 1), else their softmax.
+fn probabilities(scores: &[f32]) -> Vec<f32> {
+    let sum: f32 = scores.iter().sum();
+    if scores.iter().all(|s| (0.0..=1.0).contains(s)) && (sum - 1.0).abs() < 1e-3 {
+        return scores.to_vec();
+    }
+    let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exp: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
+    let total: f32 = exp.iter().sum();
+    exp.iter().map(|e| e / total).collect()
+}

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::table::{CalibrationTable, NodeRange};
-use super::{Channels, channels, input_of, rounded_weights};
+use super::{channel_weights, channels, input_of, rounded_weights};
 use crate::plan::{Plan, QuantFormat, Span, Step, Weights};
 
 /// Bins of the magnitude histogram: TensorRT's entropy calibrator uses as many.
@@ -114,10 +114,17 @@ impl Calibrator {
         let nodes = (self.nodes.iter())
             .map(|(name, seen)| {
                 let h = &seen.histogram;
-                let channels = channels(&seen.step);
+                let exact = channel_weights(weights, &channels(&seen.step));
+                let (int8_weights, fp8_weights) = (
+                    rounded_weights(&exact, QuantFormat::Int8),
+                    rounded_weights(&exact, QuantFormat::Fp8),
+                );
                 let error = |format, range| {
-                    let w = rounded_weights(weights, &channels, format);
-                    product_error(&seen.samples, &channels, weights, &w, format, range)
+                    let rounded = match format {
+                        QuantFormat::Int8 => &int8_weights,
+                        QuantFormat::Fp8 => &fp8_weights,
+                    };
+                    product_error(&seen.samples, &exact, rounded, format, range)
                 };
                 let candidates = [
                     h.top_value,
@@ -203,39 +210,39 @@ fn input_row(step: &Step, x: &[f32], row: usize) -> (Range<usize>, Vec<f32>) {
 
 /// The relative error (root-mean-square difference over root-mean-square value) of the
 /// product on the kept rows with the input rounded in `format` for `range` and the weights
-/// rounded as `rounded`, against the exact product; over at most `CHANNELS` channels.
+/// as `rounded`, against the exact product (`exact`: each channel's weights); over at most
+/// `CHANNELS` channels. Past f32's range (a NaN or an infinity among the values) it is
+/// `f32::MAX`, which the table can hold and which keeps the step unquantized.
 fn product_error(
     samples: &[(Range<usize>, Vec<f32>)],
-    channels: &Channels,
-    weights: &Weights,
+    exact: &[Vec<f32>],
     rounded: &[Vec<f32>],
     format: QuantFormat,
     range: f32,
 ) -> f32 {
-    let crate::plan::Loc::Weight { index, offset } = channels.weight else {
-        unreachable!("input_of takes constant weights only")
-    };
-    let data = &weights.data[index];
     let x_scale = format.scale(range);
+    let dot = |x: &[f32], w: &[f32]| -> f64 {
+        (x.iter().zip(w))
+            .map(|(&x, &w)| f64::from(x) * f64::from(w))
+            .sum()
+    };
     let (mut error, mut value) = (0.0f64, 0.0f64);
     for (columns, row) in samples {
         let row_q: Vec<f32> = row.iter().map(|&v| format.fake(v, x_scale)).collect();
         let every = (columns.len() / CHANNELS).max(1);
         for j in columns.clone().step_by(every) {
-            let offsets = &channels.offsets[j];
-            let exact: f64 = (row.iter().zip(offsets))
-                .map(|(&x, &o)| f64::from(x) * f64::from(data[offset + o]))
-                .sum();
-            let quant: f64 = (row_q.iter().zip(&rounded[j]))
-                .map(|(&x, &w)| f64::from(x) * f64::from(w))
-                .sum();
-            error += (quant - exact).powi(2);
-            value += exact.powi(2);
+            let want = dot(row, &exact[j]);
+            error += (dot(&row_q, &rounded[j]) - want).powi(2);
+            value += want.powi(2);
         }
     }
-    match value > 0.0 {
+    let relative = match value > 0.0 {
         true => (error / value).sqrt() as f32,
         false => 0.0,
+    };
+    match relative.is_finite() {
+        true => relative,
+        false => f32::MAX,
     }
 }
 

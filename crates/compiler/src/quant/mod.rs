@@ -100,20 +100,22 @@ pub fn quantize(
         if input_of(step).is_none() {
             continue;
         }
-        let range = table.get(origin);
-        let kept = match range {
-            _ if keep.contains(origin) => Some(Kept::Asked),
-            None => Some(Kept::NotCalibrated),
-            Some(r) if r.error(format) > LAYER_ERROR_BOUND => Some(Kept::Error(r.error(format))),
-            Some(_) => None,
+        let range = match table.get(origin) {
+            _ if keep.contains(origin) => Err(Kept::Asked),
+            None => Err(Kept::NotCalibrated),
+            Some(r) if r.error(format) > LAYER_ERROR_BOUND => Err(Kept::Error(r.error(format))),
+            Some(r) => Ok(r),
         };
-        if let Some(why) = kept {
-            if !done.kept.iter().any(|(n, _)| n == origin) {
-                done.kept.push((origin.clone(), why));
+        let range = match range {
+            Ok(range) => range,
+            Err(why) => {
+                if !done.kept.iter().any(|(n, _)| n == origin) {
+                    done.kept.push((origin.clone(), why));
+                }
+                continue;
             }
-            continue;
-        }
-        let x_scale = format.scale(range.expect("checked above").range(format));
+        };
+        let x_scale = format.scale(range.range(format));
         match step {
             Step::Gemm(g) => {
                 let w_scales = weight_scales(weights, &gemm_columns(g), format);
@@ -178,39 +180,43 @@ fn conv_filters(c: &ConvStep) -> Channels {
     }
 }
 
-/// Adds the per-channel scales of `channels` in `format` (each channel's largest magnitude
-/// onto the format's largest value) as an f32 constant, and returns where it is.
-fn weight_scales(weights: &mut Weights, channels: &Channels, format: QuantFormat) -> Loc {
+/// Each channel's weights, as `weights` holds them.
+fn channel_weights(weights: &Weights, channels: &Channels) -> Vec<Vec<f32>> {
     let Loc::Weight { index, offset } = channels.weight else {
         unreachable!("input_of takes constant weights only")
     };
     let data = &weights.data[index];
-    let scales: Vec<f32> = (channels.offsets.iter())
-        .map(|offsets| {
-            let largest = offsets
-                .iter()
-                .map(|&i| data[offset + i].abs())
-                .fold(0.0, f32::max);
-            format.scale(largest)
-        })
+    (channels.offsets.iter())
+        .map(|offsets| offsets.iter().map(|&i| data[offset + i]).collect())
+        .collect()
+}
+
+/// The scale that maps a channel's largest magnitude onto `format`'s largest value.
+fn channel_scale(channel: &[f32], format: QuantFormat) -> f32 {
+    format.scale(channel.iter().map(|v| v.abs()).fold(0.0, f32::max))
+}
+
+/// Adds the per-channel scales of `channels` in `format` as an f32 constant, and returns
+/// where it is.
+fn weight_scales(weights: &mut Weights, channels: &Channels, format: QuantFormat) -> Loc {
+    let scales: Vec<f32> = (channel_weights(weights, channels).iter())
+        .map(|channel| channel_scale(channel, format))
         .collect();
+    let Loc::Weight { index, offset } = channels.weight else {
+        unreachable!("input_of takes constant weights only")
+    };
     let name = format!("{}@{offset} {format} scales", weights.names[index]);
     // Scales stay f32 on the device, beside weights of the plan's type.
     let index = weights.add(&name, &std::sync::Arc::new(scales), true);
     Loc::Weight { index, offset: 0 }
 }
 
-/// The weights of `channels` as `format` rounds them, for the error estimate.
-fn rounded_weights(weights: &Weights, channels: &Channels, format: QuantFormat) -> Vec<Vec<f32>> {
-    let Loc::Weight { index, offset } = channels.weight else {
-        unreachable!("input_of takes constant weights only")
-    };
-    let data = &weights.data[index];
-    (channels.offsets.iter())
-        .map(|offsets| {
-            let exact: Vec<f32> = offsets.iter().map(|&i| data[offset + i]).collect();
-            let scale = format.scale(exact.iter().map(|v| v.abs()).fold(0.0, f32::max));
-            exact.iter().map(|&v| format.fake(v, scale)).collect()
+/// Each channel's weights as `format` rounds them.
+fn rounded_weights(exact: &[Vec<f32>], format: QuantFormat) -> Vec<Vec<f32>> {
+    (exact.iter())
+        .map(|channel| {
+            let scale = channel_scale(channel, format);
+            channel.iter().map(|&v| format.fake(v, scale)).collect()
         })
         .collect()
 }

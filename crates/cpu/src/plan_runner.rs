@@ -420,12 +420,7 @@ impl PlanRunner {
 /// The CPU's kernels compute in f32: a plan of int8 or FP8 steps (made for a GPU) is
 /// refused rather than run unrounded, which would give other results than it stands for.
 fn refuse_quantized(plan: &Plan) -> Result<(), CompileError> {
-    let quantized = plan.steps.iter().any(|s| match s {
-        Step::Gemm(g) => g.quant.is_some(),
-        Step::Conv(c) => c.quant.is_some(),
-        _ => false,
-    });
-    match quantized {
+    match plan.steps.iter().any(|s| s.quant().is_some()) {
         true => Err(CompileError::Plan {
             batch: plan.batch,
             problem: "int8 or FP8 steps, which the CPU backend does not run".into(),

@@ -269,6 +269,15 @@ fn check_quant(step: &impl StepKind, quant: Option<Quant>, t: &Types) -> Result<
 }
 
 impl Step {
+    /// How a product or convolution is quantized, if it is.
+    pub fn quant(&self) -> Option<Quant> {
+        match self {
+            Step::Gemm(g) => g.quant,
+            Step::Conv(c) => c.quant,
+            _ => None,
+        }
+    }
+
     /// See `StepKind::is_wide`.
     pub fn is_wide(&self) -> bool {
         with_step!(self, s => s.is_wide())

@@ -115,24 +115,14 @@ pub fn quantize(
                 continue;
             }
         };
-        let x_scale = format.scale(range.range(format));
+        let quant = Some(Quant {
+            format,
+            x_scale: format.scale(range.range(format)),
+            w_scales: weight_scales(weights, &channels(step), format),
+        });
         match step {
-            Step::Gemm(g) => {
-                let w_scales = weight_scales(weights, &gemm_columns(g), format);
-                g.quant = Some(Quant {
-                    format,
-                    x_scale,
-                    w_scales,
-                });
-            }
-            Step::Conv(c) => {
-                let w_scales = weight_scales(weights, &conv_filters(c), format);
-                c.quant = Some(Quant {
-                    format,
-                    x_scale,
-                    w_scales,
-                });
-            }
+            Step::Gemm(g) => g.quant = quant,
+            Step::Conv(c) => c.quant = quant,
             _ => unreachable!("input_of takes products and convolutions"),
         }
         if !done.nodes.contains(origin) {

@@ -129,12 +129,11 @@ impl Runtime {
     ) -> Result<Self> {
         // The kernels read every operand in the plan's type; an int8 or FP8 step run so
         // would give other results than its plan stands for.
-        let quantized = |s: &Step| match s {
-            Step::Gemm(g) => g.quant.is_some(),
-            Step::Conv(c) => c.quant.is_some(),
-            _ => false,
-        };
-        if plans.iter().flat_map(|p| &p.steps).any(quantized) {
+        if plans
+            .iter()
+            .flat_map(|p| &p.steps)
+            .any(|s| s.quant().is_some())
+        {
             return Err(Error::Plan(
                 "int8 or FP8 steps, which this runtime does not run",
             ));

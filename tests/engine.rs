@@ -13,6 +13,8 @@ fn options(model: &str, batch_size: usize) -> EngineOptions {
         batch_size,
         input_size: None,
         precision: Precision::Fp32,
+        calibration: None,
+        min_agreement: gsttrtclassify::engine::DEFAULT_MIN_AGREEMENT,
         gpu_id: 0,
         threads: 0,
         engine_location: None,
@@ -533,7 +535,7 @@ fn run_to_eos(description: &str) {
 /// quantizable convolutions; a missing source is named.
 #[test]
 fn trtclassify_engine_calibrate_writes_the_table() {
-    use gsttrtclassify::engine::compiler::quant::CalibrationTable;
+    use gsttrtclassify::engine::compiler::quant::{CalibrationTable, HeldOut};
     // A cross build's tests run under qemu through cargo's runner (scripts/aarch64.sh), and
     // the kernel cannot start the arm64 program they would spawn (no binfmt_misc there).
     if cfg!(target_arch = "aarch64")
@@ -570,7 +572,7 @@ fn trtclassify_engine_calibrate_writes_the_table() {
             .output()
             .expect("trtclassify-engine runs")
     };
-    // Three images, then 7 of the video's 30 frames.
+    // Three images, then 8 of the video's 30 frames: every eighth frame is held out.
     let out = calibrate(&[&images, &video], "10");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -589,8 +591,19 @@ fn trtclassify_engine_calibrate_writes_the_table() {
         assert!(stdout.contains(&format!("| {name} | ")), "{stdout}");
     }
     assert!(
-        stdout.contains("2 quantizable nodes calibrated on 10 frames"),
+        stdout.contains("2 quantizable nodes calibrated on 10 frames")
+            && stdout.contains("1 held-out frames"),
         "{stdout}"
+    );
+    let held = HeldOut::load(&HeldOut::beside(&table)).expect("the held-out frames read back");
+    assert_eq!(
+        (held.frames(), held.classes, held.frame_len),
+        (1, 10, 3 * 32 * 32)
+    );
+    let sum: f32 = held.scores.iter().sum();
+    assert!(
+        (sum - 1.0).abs() < 1e-4,
+        "the digits' scores are probabilities: {sum}"
     );
 
     let missing = dir.path().join("no-such.png");

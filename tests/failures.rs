@@ -184,6 +184,7 @@ fn setup_shared(
                 backend: Backend::Cpu,
                 precision: Precision::Fp32,
                 precision_note: script.precision_note.map(String::from),
+                quant_report: None,
                 reads_device_frames: false,
                 batches_in_flight: 1,
                 non_finite: Default::default(),

@@ -102,6 +102,7 @@ fn slow_engine(element: &gst::Element, cost: Cost) -> Stream {
                 backend: Backend::Cpu,
                 precision: Precision::Fp32,
                 precision_note: None,
+                quant_report: None,
                 reads_device_frames: false,
                 batches_in_flight: 1,
                 non_finite: Default::default(),

@@ -3,7 +3,8 @@
 //! quantized engines read from the cache or from `trtclassify-engine build --calibration`:
 //! arbitrary bytes as a table. A table that parses must write back to the same table, and
 //! quantize the digits classifier's plans (int8 and FP8, at batch sizes 1 and 2) into plans
-//! that pass the checks a loaded engine file's plans pass. Anything else (a panic, an
+//! that pass the checks a loaded engine file's plans pass. The same bytes are read as the
+//! held-out frames beside a table (`quant::HeldOut::parse`). Anything else (a panic, an
 //! arithmetic overflow, a crash, a plan refused) is a bug.
 #![no_main]
 
@@ -12,7 +13,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use trtclassify_compiler::plan::{DType, Plan, QuantFormat, Weights};
-use trtclassify_compiler::quant::{CalibrationTable, quantize};
+use trtclassify_compiler::quant::{CalibrationTable, HeldOut, quantize};
 use trtclassify_compiler::{self as compiler, OnnxModel};
 
 struct Seed {
@@ -38,6 +39,11 @@ fn seed() -> &'static Seed {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // The same bytes as the held-out frames beside a table: they parse, or are refused with
+    // an error, and what parses writes back to the same bytes.
+    if let Ok(held) = HeldOut::parse(data, "fuzz") {
+        assert_eq!(held.to_bytes(), data);
+    }
     let text = String::from_utf8_lossy(data);
     let Ok(table) = CalibrationTable::parse(&text, "fuzz") else {
         return;

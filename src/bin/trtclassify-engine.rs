@@ -2,14 +2,17 @@
 //! Builds GPU engines ahead of time, and benchmarks them.
 //!
 //!   trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size 8] [--precision fp16]
-//!                            [--input-size HxW] [--gpu-id 0]
+//!                            [--calibration TABLE] [--min-agreement 0.95] [--input-size HxW]
+//!                            [--gpu-id 0]
 //!   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16] [--runs 200]
-//!                            [--engine-dir DIR] [--check] [--profile]
+//!                            [--calibration TABLE] [--engine-dir DIR] [--check] [--profile]
 //!   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames 256]
 //!                            [--input-size HxW]
 //!
 //! `build` writes the engine where the element looks for it (`--engine`, or the per-user
 //! cache that `engine-location` defaults to), so that a pipeline starts without building.
+//! `--precision int8` and `fp8` read the calibration table `calibrate` wrote (`--calibration`,
+//! or MODEL's name with `.calibration.txt` in the current folder, `calibrate`'s default).
 //! `bench` builds each model for each batch size from scratch, loads it again from its file,
 //! and prints a markdown table: build time, cached start, graph latency (median of single
 //! replays), images/s (graph replays back to back) and the median `infer()` call (upload,
@@ -18,7 +21,8 @@
 //! `--profile` prints the GPU time of each plan by kind of step, and its costliest steps (the
 //! same step in every block of a transformer counted together).
 //! `calibrate` runs the model on the CPU over frames decoded by GStreamer from SOURCE (image
-//! or video files, or folders of them; at most `--frames`), preprocessed as the element's
+//! or video files, or folders of them; at most `--frames`; `.bin` files are model inputs
+//! already preprocessed, float32 NCHW, as `bench --check` reads), preprocessed as the element's
 //! defaults do, and writes the calibration table of the int8 and FP8 precisions (`--table`,
 //! or MODEL's name with `.calibration.txt` in the current folder), with a line per
 //! quantizable node on standard output.
@@ -32,10 +36,12 @@ use gsttrtclassify::engine::{Engine, EngineOptions, Precision, Progress};
 use gsttrtclassify::preprocess::PreprocessOptions;
 
 const USAGE: &str = "usage:
-  trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size N] [--precision fp16|fp32]
-                           [--input-size HxW] [--gpu-id N]
-  trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16|fp32] [--runs N]
-                           [--engine-dir DIR] [--check] [--profile]
+  trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size N]
+                           [--precision fp16|fp32|int8|fp8] [--calibration TABLE]
+                           [--min-agreement 0.95] [--input-size HxW] [--gpu-id N]
+  trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16|fp32|int8|fp8]
+                           [--calibration TABLE] [--runs N] [--engine-dir DIR] [--check]
+                           [--profile]
   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames N]
                            [--input-size HxW]";
 
@@ -44,6 +50,9 @@ struct Args {
     /// The models; for `calibrate`, the model then its sources.
     models: Vec<PathBuf>,
     table: Option<PathBuf>,
+    /// The calibration table of int8 and FP8 engines.
+    calibration: Option<PathBuf>,
+    min_agreement: f64,
     frames: usize,
     engine: Option<PathBuf>,
     engine_dir: Option<PathBuf>,
@@ -67,6 +76,8 @@ fn parse_args() -> Result<Args, String> {
         command,
         models: Vec::new(),
         table: None,
+        calibration: None,
+        min_agreement: gsttrtclassify::engine::DEFAULT_MIN_AGREEMENT,
         frames: 256,
         engine: None,
         engine_dir: None,
@@ -103,7 +114,9 @@ fn parse_args() -> Result<Args, String> {
                 a.precision = match it.next().as_deref() {
                     Some("fp16") => Precision::Fp16,
                     Some("fp32") => Precision::Fp32,
-                    other => return Err(format!("--precision {other:?}: fp16 or fp32")),
+                    Some("int8") => Precision::Int8,
+                    Some("fp8") => Precision::Fp8,
+                    other => return Err(format!("--precision {other:?}: fp16, fp32, int8 or fp8")),
                 }
             }
             "--input-size" => {
@@ -112,6 +125,10 @@ fn parse_args() -> Result<Args, String> {
                 a.input_size = Some((number(&arg, Some(h.into()))?, number(&arg, Some(w.into()))?));
             }
             "--table" => a.table = Some(it.next().ok_or("--table needs a file")?.into()),
+            "--min-agreement" => a.min_agreement = number(&arg, it.next())?,
+            "--calibration" => {
+                a.calibration = Some(it.next().ok_or("--calibration needs a table")?.into())
+            }
             "--frames" => a.frames = number::<usize>(&arg, it.next())?.max(1),
             "--check" => a.check = true,
             "--profile" => a.profile = true,
@@ -137,6 +154,11 @@ fn options(args: &Args, model: &Path, batch_size: usize, engine: Option<PathBuf>
         batch_size,
         input_size: args.input_size,
         precision: args.precision,
+        calibration: args
+            .precision
+            .quant_format()
+            .map(|_| (args.calibration.clone()).unwrap_or_else(|| default_table(model))),
+        min_agreement: args.min_agreement,
         gpu_id: args.gpu_id,
         threads: 0,
         engine_location: engine,
@@ -144,6 +166,13 @@ fn options(args: &Args, model: &Path, batch_size: usize, engine: Option<PathBuf>
         progress: Progress::new(|msg| eprintln!("  {msg}")),
         server: Default::default(),
     }
+}
+
+/// Where `calibrate` writes `model`'s table by default: its name with `.calibration.txt`, in
+/// the current folder.
+fn default_table(model: &Path) -> PathBuf {
+    let stem = model.file_stem().unwrap_or_default().to_string_lossy();
+    PathBuf::from(format!("{stem}.calibration.txt"))
 }
 
 fn main() -> ExitCode {
@@ -191,6 +220,38 @@ fn build(args: &Args) -> Result<(), String> {
         if let Some(note) = &info.precision_note {
             println!("  {note}");
         }
+        if let Some(report) = &info.quant_report {
+            println!("  {report}");
+        }
+    }
+    Ok(())
+}
+
+/// Takes frames of `file` (`Calibration::take`) until the table has `target` frames: model
+/// inputs already preprocessed (float32, little-endian, one frame after another: `bench
+/// --check`'s `MODEL.input.bin`).
+fn read_inputs(
+    file: &Path,
+    target: usize,
+    calibration: &mut gsttrtclassify::engine::calibration::Calibration,
+) -> Result<(), String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let frame_bytes = calibration.frame_len() * 4;
+    if bytes.is_empty() || !bytes.len().is_multiple_of(frame_bytes) {
+        return Err(format!(
+            "{}: {} bytes, not whole frames of the model's input ({frame_bytes} bytes each)",
+            file.display(),
+            bytes.len()
+        ));
+    }
+    for frame in bytes.chunks_exact(frame_bytes) {
+        if calibration.frames() >= target {
+            break;
+        }
+        let input: Vec<f32> = (frame.chunks_exact(4))
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        calibration.take_input(&input).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
@@ -198,7 +259,7 @@ fn build(args: &Args) -> Result<(), String> {
 /// Calibrates `args.models[0]` on frames of the rest, and writes the table.
 fn calibrate(args: &Args) -> Result<(), String> {
     use gsttrtclassify::engine::calibration::Calibration;
-    use gsttrtclassify::engine::compiler::quant::{LAYER_ERROR_BOUND, QuantFormat};
+    use gsttrtclassify::engine::compiler::quant::{HeldOut, LAYER_ERROR_BOUND, QuantFormat};
 
     let (model, sources) = args.models.split_first().expect("checked by parse_args");
     let calibration =
@@ -221,11 +282,13 @@ fn calibrate(args: &Args) -> Result<(), String> {
     }
     let started = Instant::now();
     for file in &files {
-        let left = args.frames - calibration.lock().unwrap().frames();
-        if left == 0 {
+        if calibration.lock().unwrap().frames() >= args.frames {
             break;
         }
-        decode_frames(file, left, &calibration)?;
+        match file.extension().is_some_and(|e| e == "bin") {
+            true => read_inputs(file, args.frames, &mut calibration.lock().unwrap())?,
+            false => decode_frames(file, args.frames, &calibration)?,
+        }
         eprintln!(
             "  {}: {} frames so far",
             file.display(),
@@ -237,10 +300,7 @@ fn calibrate(args: &Args) -> Result<(), String> {
         return Err("no frame decoded from the sources".into());
     }
     let table = calibration.table();
-    let path = args.table.clone().unwrap_or_else(|| {
-        let stem = model.file_stem().unwrap_or_default().to_string_lossy();
-        PathBuf::from(format!("{stem}.calibration.txt"))
-    });
+    let path = args.table.clone().unwrap_or_else(|| default_table(model));
     table.save(&path).map_err(|e| e.to_string())?;
     println!("| node | largest input | int8 range | int8 error | fp8 error |");
     println!("|---|---|---|---|---|");
@@ -262,22 +322,38 @@ fn calibrate(args: &Args) -> Result<(), String> {
             error(QuantFormat::Fp8)
         );
     }
+    let held_out = calibration.held_out();
+    let held_out_path = HeldOut::beside(&path);
+    match held_out.frames() {
+        0 => {
+            // A stale file beside the table would measure the engine on other frames.
+            let _ = std::fs::remove_file(&held_out_path);
+        }
+        _ => held_out.save(&held_out_path).map_err(|e| e.to_string())?,
+    }
     println!(
-        "{}: {} quantizable nodes calibrated on {} frames in {:.1} s; wrote {}",
+        "{}: {} quantizable nodes calibrated on {} frames in {:.1} s; wrote {}{}",
         model.display(),
         table.nodes.len(),
         table.frames,
         started.elapsed().as_secs_f64(),
-        path.display()
+        path.display(),
+        match held_out.frames() {
+            0 => " (no frame held out for the build's accuracy guard: give more frames)".into(),
+            n => format!(
+                " and {n} held-out frames for the build's accuracy guard ({})",
+                held_out_path.display()
+            ),
+        }
     );
     Ok(())
 }
 
-/// Decodes up to `max` frames of `file` (an image or a video GStreamer reads) as RGB into
-/// `calibration`.
+/// Decodes frames of `file` (an image or a video GStreamer reads) as RGB into `calibration`
+/// (`Calibration::take`) until its table has `target` frames.
 fn decode_frames(
     file: &Path,
-    max: usize,
+    target: usize,
     calibration: &std::sync::Arc<
         std::sync::Mutex<gsttrtclassify::engine::calibration::Calibration>,
     >,
@@ -295,11 +371,11 @@ fn decode_frames(
     src.set_property("location", file.to_string_lossy().as_ref());
     let sink = pipeline.by_name("sink").expect("fakesink");
     let pad = sink.static_pad("sink").expect("a sink pad");
-    let taken = std::sync::Arc::new(std::sync::Mutex::new((0usize, None::<String>)));
-    let (calibration, seen) = (calibration.clone(), taken.clone());
+    let failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let (probed, seen) = (calibration.clone(), failed.clone());
     pad.add_probe(gst::PadProbeType::BUFFER, move |pad, info| {
         let mut seen = seen.lock().unwrap();
-        if seen.0 >= max {
+        if probed.lock().unwrap().frames() >= target {
             return gst::PadProbeReturn::Drop;
         }
         let Some(buffer) = info.buffer() else {
@@ -315,15 +391,14 @@ fn decode_frames(
             });
         let added = frame.and_then(|frame| {
             let view = gsttrtclassify::video::view(&frame)?;
-            calibration
+            probed
                 .lock()
                 .unwrap()
-                .add(&view)
+                .take(&view)
                 .map_err(|e| e.to_string())
         });
-        match added {
-            Ok(()) => seen.0 += 1,
-            Err(e) => seen.1 = Some(e),
+        if let Err(e) = added {
+            *seen = Some(e);
         }
         gst::PadProbeReturn::Ok
     });
@@ -346,13 +421,13 @@ fn decode_frames(
             }
             _ => {}
         }
-        let seen = taken.lock().unwrap();
-        if seen.0 >= max || seen.1.is_some() {
+        let failed = failed.lock().unwrap().is_some();
+        if calibration.lock().unwrap().frames() >= target || failed {
             break;
         }
     }
     let _ = pipeline.set_state(gst::State::Null);
-    if let Some(e) = taken.lock().unwrap().1.take() {
+    if let Some(e) = failed.lock().unwrap().take() {
         return Err(fail(&e));
     }
     result

@@ -73,6 +73,10 @@ mirror! {
         Fp16 = 0, "fp16", "FP16: half precision on GPUs (the CPU backend runs fp32)";
         /// Single precision everywhere.
         Fp32 = 1, "fp32", "FP32: single precision";
+        /// int8 products and convolutions on GPUs, calibrated (calibration-location).
+        Int8 = 2, "int8", "INT8: int8 products and convolutions with a calibration table (calibration-location), the rest fp16; GPUs of compute capability 7.5+";
+        /// FP8 E4M3 products and convolutions on GPUs, calibrated (calibration-location).
+        Fp8 = 3, "fp8", "FP8: FP8 E4M3 products and convolutions with a calibration table (calibration-location), the rest fp16; GPUs of compute capability 8.9+";
     }
 }
 
@@ -128,7 +132,10 @@ mod tests {
             (4, "kserve"),
         ];
         assert_eq!(values::<Backend>(), pairs(&backends));
-        assert_eq!(values::<Precision>(), pairs(&[(0, "fp16"), (1, "fp32")]));
+        assert_eq!(
+            values::<Precision>(),
+            pairs(&[(0, "fp16"), (1, "fp32"), (2, "int8"), (3, "fp8")])
+        );
         let modes = [(0, "stretch"), (1, "letterbox"), (2, "center-crop")];
         assert_eq!(values::<ResizeMode>(), pairs(&modes));
         assert_eq!(values::<ChannelOrder>(), pairs(&[(0, "rgb"), (1, "bgr")]));
@@ -149,7 +156,12 @@ mod tests {
             assert_eq!(E::from(ours), theirs);
             assert_eq!(Backend::from(theirs), ours);
         }
-        for p in [Precision::Fp16, Precision::Fp32] {
+        for p in [
+            Precision::Fp16,
+            Precision::Fp32,
+            Precision::Int8,
+            Precision::Fp8,
+        ] {
             assert_eq!(Precision::from(engine::Precision::from(p)), p);
         }
         for m in [

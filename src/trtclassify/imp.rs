@@ -181,7 +181,20 @@ impl ObjectImpl for TrtClassify {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("precision", DEFAULT_PRECISION)
                     .nick("Precision")
-                    .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32)")
+                    .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32); int8 and fp8 need calibration-location")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("calibration-location")
+                    .nick("Calibration location")
+                    .blurb("precision=int8 or fp8: the calibration table of the model (each quantized layer's input range and error), written by `trtclassify-engine calibrate MODEL.onnx IMAGES-OR-VIDEOS... --table FILE`; layers the table marks as losing over 10 % stay fp16, named in the log")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecDouble::builder("min-agreement")
+                    .nick("Minimum agreement")
+                    .blurb("precision=int8 or fp8: the least share of the calibration's held-out frames (written beside the table by trtclassify-engine calibrate) whose top class the quantized engine must keep; below it the engine is built in fp16, with a warning")
+                    .minimum(0.0)
+                    .maximum(1.0)
+                    .default_value(crate::engine::DEFAULT_MIN_AGREEMENT)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecInt::builder("gpu-id")
@@ -373,6 +386,8 @@ impl ObjectImpl for TrtClassify {
             "onnx-location" => settings.onnx_location.to_value(),
             "labels-location" => settings.labels_location.to_value(),
             "engine-location" => settings.engine_location.to_value(),
+            "calibration-location" => settings.calibration_location.to_value(),
+            "min-agreement" => settings.min_agreement.to_value(),
             "model-instance-id" => settings.model_instance_id.to_value(),
             "results-location" => settings.results_location.to_value(),
             "backend" => settings.backend.to_value(),
@@ -423,6 +438,10 @@ impl TrtClassify {
             }
             "results-location" => {
                 settings.results_location = value.get().expect("type checked upstream")
+            }
+            "min-agreement" => settings.min_agreement = value.get().expect("type checked upstream"),
+            "calibration-location" => {
+                settings.calibration_location = value.get().expect("type checked upstream")
             }
             "engine-location" => {
                 settings.engine_location = value.get().expect("type checked upstream")

@@ -342,6 +342,9 @@ impl TrtClassify {
         if let Some(note) = &info.precision_note {
             gst::element_imp_warning!(self, gst::LibraryError::Settings, ["{location}: {note}"]);
         }
+        if let Some(report) = &info.quant_report {
+            gst::element_imp_info!(self, gst::LibraryError::Settings, ["{location}: {report}"]);
+        }
         Ok((stream, joined))
     }
 

@@ -54,19 +54,23 @@ impl CalibrationRunner {
     /// Runs one frame (`input`: the model's input, preprocessed) and records what each
     /// quantizable step read.
     pub fn run(&mut self, input: &[f32]) {
-        assert_eq!(input.len(), self.plan.input_len, "one frame's model input");
-        let mut memory = Memory {
-            plan: &self.plan,
-            packed: &self.packed,
-            weights: &self.weights.data,
-            arena: Aligned::default(),
-            input,
-            output: vec![0.0; self.plan.output_len],
-            scratch: Scratch::default(),
-            threads: Threads::new(crate::cores(), true),
-        };
-        memory.arena.resize(self.plan.arena_len);
+        let mut memory = Memory::new(&self.plan, &self.packed, &self.weights.data, input);
         let Ok(()) = self.calibrator.run(&self.plan, &mut memory);
+    }
+
+    /// The model's f32 scores for one frame, recording nothing: the reference a quantized
+    /// engine is measured against on held-out frames.
+    pub fn score(&mut self, input: &[f32]) -> Vec<f32> {
+        let mut memory = Memory::new(&self.plan, &self.packed, &self.weights.data, input);
+        for step in 0..self.plan.steps.len() {
+            let Ok(()) = memory.run_step(step);
+        }
+        memory.output
+    }
+
+    /// Scores per frame.
+    pub fn classes(&self) -> usize {
+        self.plan.output_len
     }
 
     /// Frames run so far.
@@ -90,6 +94,30 @@ struct Memory<'a> {
     output: Vec<f32>,
     scratch: Scratch,
     threads: Threads,
+}
+
+impl<'a> Memory<'a> {
+    /// The buffers of one frame of `plan`, its model input `input`.
+    fn new(
+        plan: &'a Plan,
+        packed: &'a [Packed],
+        weights: &'a [Arc<Vec<f32>>],
+        input: &'a [f32],
+    ) -> Self {
+        assert_eq!(input.len(), plan.input_len, "one frame's model input");
+        let mut memory = Memory {
+            plan,
+            packed,
+            weights,
+            arena: Aligned::default(),
+            input,
+            output: vec![0.0; plan.output_len],
+            scratch: Scratch::default(),
+            threads: Threads::new(crate::cores(), true),
+        };
+        memory.arena.resize(plan.arena_len);
+        memory
+    }
 }
 
 impl Stepper for Memory<'_> {

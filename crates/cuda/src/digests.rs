@@ -58,7 +58,7 @@ fn memo_and_stamp(dir: &Path, path: &Path, external: &[PathBuf]) -> Option<(Path
         .collect::<Option<Vec<String>>>()?
         .join(" ");
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
-    let hash = engine_file::sha256_hex(&names.join("\n"));
+    let hash = engine_file::sha256_hex(names.join("\n"));
     let memo = dir.join(format!("{stem}-{}.digest", &hash[..16]));
     Some((memo, format!("{}\n{stamp}", names.join("\n"))))
 }

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::cache::{self, CHUNK, Place};
 use trtclassify_compiler::check;
-use trtclassify_compiler::plan::{DType, Plan, weight_type};
+use trtclassify_compiler::plan::{DType, Plan, scale_weights, weight_type};
 
 /// Why an engine file cannot be used, read or written.
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +157,33 @@ pub struct Key {
     pub batch_sizes: Vec<usize>,
     /// Height and width of the model input.
     pub input: (usize, usize),
+    /// For int8 and FP8 engines: the format and the calibration table's SHA-256 (another
+    /// table means other scales). Absent from the keys of fp16 and fp32 engines, whose files
+    /// and names are as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized: Option<QuantKey>,
+}
+
+/// How an int8 or FP8 engine was quantized.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantKey {
+    /// The 8-bit format.
+    pub format: trtclassify_compiler::plan::QuantFormat,
+    /// SHA-256 of the calibration table file.
+    pub table_sha256: String,
+    /// SHA-256 of the held-out frames beside it, where there are any.
+    pub held_out_sha256: Option<String>,
+    /// The least top-1 agreement the accuracy guard asked (`EngineOptions::min_agreement`).
+    pub min_agreement: f64,
+}
+
+/// What the accuracy guard measured of an int8 or FP8 build on the held-out frames.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantCheck {
+    /// The build's report: the layers quantized and kept, and the agreement measured.
+    pub report: String,
+    /// Whether the agreement fell short, so that the plans are unquantized fp16 ones.
+    pub fell_back: bool,
 }
 
 impl Key {
@@ -208,6 +235,8 @@ pub struct EngineFile {
     /// The nodes of an fp16 engine computed in f32 because fp16 cannot hold their values
     /// (mixed precision); `None`: every step runs in the plans' type.
     pub kept_f32: Option<KeptF32>,
+    /// For an int8 or FP8 key: what its build quantized and measured.
+    pub quant_check: Option<QuantCheck>,
 }
 
 /// The part of an fp16 engine kept in f32.
@@ -246,6 +275,8 @@ struct Header {
     weight_sizes: Vec<usize>,
     fp32_because: Option<String>,
     kept_f32: Option<KeptF32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    quant_check: Option<QuantCheck>,
 }
 
 /// SHA-256 of the model file and of the external weight files it names, in hex: of each
@@ -285,8 +316,8 @@ pub fn model_digest(path: &Path, external: &[PathBuf]) -> Result<String, Error> 
 }
 
 /// SHA-256 of `text`, in hex.
-pub fn sha256_hex(text: &str) -> String {
-    hex(&Sha256::digest(text.as_bytes()))
+pub fn sha256_hex(data: impl AsRef<[u8]>) -> String {
+    hex(&Sha256::digest(data.as_ref()))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -443,6 +474,7 @@ fn read_engine(
         weights,
         fp32_because: header.fp32_because,
         kept_f32: header.kept_f32,
+        quant_check: header.quant_check,
     })
 }
 
@@ -527,7 +559,11 @@ fn check_plans(
         return Err(Error::Classes(num_classes));
     }
     let wide = kept_f32.map_or(&[][..], |k| &k.weights);
-    let type_of = |index: usize| weight_type(wide, index, dtype);
+    let scales = scale_weights(plans);
+    let type_of = |index: usize| match scales.binary_search(&index) {
+        Ok(_) => DType::F32,
+        Err(_) => weight_type(wide, index, dtype),
+    };
     if let Some(i) =
         (0..weights.len()).find(|&i| !weights[i].len().is_multiple_of(type_of(i).size()))
     {
@@ -605,6 +641,7 @@ fn header_json(engine: &EngineFile) -> Result<Vec<u8>, Error> {
         weight_sizes: engine.weights.iter().map(Vec::len).collect(),
         fp32_because: engine.fp32_because.clone(),
         kept_f32: engine.kept_f32.clone(),
+        quant_check: engine.quant_check.clone(),
     };
     serde_json::to_vec(&header).map_err(Error::Serialize)
 }
@@ -651,6 +688,7 @@ pub(crate) mod tests {
             precision: DType::F16,
             batch_sizes: vec![1],
             input: (2, 2),
+            quantized: None,
         }
     }
 
@@ -693,6 +731,7 @@ pub(crate) mod tests {
             weights: vec![vec![1, 2], vec![3; 12]],
             fp32_because: None,
             kept_f32: None,
+            quant_check: None,
         }
     }
 
@@ -944,6 +983,7 @@ pub(crate) mod tests {
             weight_sizes: vec![usize::MAX, 15],
             fp32_because: None,
             kept_f32: None,
+            quant_check: None,
         };
         let header = serde_json::to_vec(&header).unwrap();
         let mut body = Vec::new();
@@ -1041,6 +1081,7 @@ pub(crate) mod tests {
                         .collect(),
                     fp32_because,
                     kept_f32: None,
+                    quant_check: None,
                 };
                 assert_eq!(e.dtype() == dtype, loads, "{name}: {asked:?} as {dtype:?}");
                 let dir = tempfile::tempdir().unwrap();
@@ -1093,6 +1134,7 @@ pub(crate) mod tests {
                 .collect(),
             fp32_because: None,
             kept_f32,
+            quant_check: None,
         };
         let kept_f32 = KeptF32 {
             because: vec!["node `conv_0` reaches 6e5".into()],
@@ -1193,6 +1235,7 @@ pub(crate) mod tests {
                 weight_sizes,
                 fp32_because: None,
                 kept_f32: None,
+                quant_check: None,
             })
             .unwrap()
         };

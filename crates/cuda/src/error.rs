@@ -82,6 +82,9 @@ pub enum Error {
     /// A batched matrix product whose count cuBLASLt cannot take.
     #[error("{0} products")]
     TooManyProducts(usize),
+    /// What the plan asks of the GPU that it does not have (FP8 on a GPU before Ada).
+    #[error("{0}")]
+    Unsupported(String),
     /// A plan the runtime cannot run as it stands (a step not prepared, a graph missing).
     #[error("{0}")]
     Plan(&'static str),

@@ -15,7 +15,8 @@ use trtclassify_cuda::{cache, digests, frames};
 use std::time::Instant;
 
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
-use crate::compiler::plan::DType;
+use crate::compiler::plan::{DType, QuantFormat};
+use crate::compiler::quant::{self, Agreement, CalibrationTable, HeldOut};
 use crate::compiler::{batch_sizes, compile_mixed, import};
 use crate::frame::{FrameFormat, FrameView};
 use crate::preprocess::{Crop, Preprocessor};
@@ -76,9 +77,10 @@ impl CudaEngine {
             reason: e.to_string(),
         })?;
         let dtype = match options.precision {
-            Precision::Fp16 => DType::F16,
+            Precision::Fp16 | Precision::Int8 | Precision::Fp8 => DType::F16,
             Precision::Fp32 => DType::F32,
         };
+        let quant = quantization(options).map_err(fail)?;
         let started = Instant::now();
         let versions = runtime::library_versions();
         let key = Key {
@@ -95,7 +97,9 @@ impl CudaEngine {
             precision: dtype,
             batch_sizes: batch_sizes(options.batch_size, model.input.batch.fixed()),
             input: (spec.height, spec.width),
+            quantized: quant.as_ref().map(|q| q.key.clone()),
         };
+        let quant = quant.as_ref();
         let (path, place) = match &options.engine_location {
             Some(path) => (path.clone(), cache::Place::Elsewhere),
             None => (
@@ -131,15 +135,16 @@ impl CudaEngine {
         };
         let build = |progress: &mut dyn FnMut(&str)| {
             let mut file =
-                build_engine(model, &gpu, key.clone(), dtype, spec, &[], progress).map_err(fail)?;
+                build_engine(model, &gpu, key.clone(), dtype, spec, &[], quant, progress)
+                    .map_err(fail)?;
             let mut runtime = open(&mut file, progress)?;
+            let mut kept: Vec<String> = Vec::new();
             if dtype == DType::F16 {
                 // Where the sample frames pass fp16's range, the nodes that do (and those
                 // reading their values) are built again in f32, the rest staying fp16, until
                 // the samples fit; a few rounds at most, then the whole engine in fp32.
                 let samples = fp16_range::sample_frames(spec, &options.preprocess).map_err(fail)?;
                 let mut found: Vec<String> = Vec::new();
-                let mut kept: Vec<String> = Vec::new();
                 loop {
                     let overflow = fp16_range::check(&mut runtime, &samples, spec.frame_len())
                         .map_err(|e| fail(e.to_string()))?;
@@ -157,9 +162,17 @@ impl CudaEngine {
                             model.path.display()
                         );
                         progress(&format!("{because}: building the engine in fp32"));
-                        file =
-                            build_engine(model, &gpu, key.clone(), DType::F32, spec, &[], progress)
-                                .map_err(fail)?;
+                        file = build_engine(
+                            model,
+                            &gpu,
+                            key.clone(),
+                            DType::F32,
+                            spec,
+                            &[],
+                            quant,
+                            progress,
+                        )
+                        .map_err(fail)?;
                         file.fp32_because = Some(because);
                         runtime = open(&mut file, progress)?;
                         break;
@@ -167,8 +180,17 @@ impl CudaEngine {
                     progress(&format!("{because}: building that node in f32"));
                     found.push(because);
                     kept.push(overflow.node);
-                    file = build_engine(model, &gpu, key.clone(), dtype, spec, &kept, progress)
-                        .map_err(fail)?;
+                    file = build_engine(
+                        model,
+                        &gpu,
+                        key.clone(),
+                        dtype,
+                        spec,
+                        &kept,
+                        quant,
+                        progress,
+                    )
+                    .map_err(fail)?;
                     if let Some(k) = &mut file.kept_f32 {
                         k.because = found.clone();
                     }
@@ -180,6 +202,35 @@ impl CudaEngine {
                     .filter(|_| file.fp32_because.is_none())
                 {
                     log::warn!(target: crate::LOG_TARGET, "{}: {}", model.path.display(), mixed_note(k));
+                }
+            }
+            if let Some(q) = quant {
+                // The accuracy guard: below the agreement asked, the same engine unquantized.
+                let checked =
+                    check_quantized(&mut runtime, &mut file, q, spec.frame_len()).map_err(fail)?;
+                progress(&checked.report);
+                if checked.fell_back {
+                    log::warn!(target: crate::LOG_TARGET, "{}: {}", model.path.display(), checked.report);
+                    drop(runtime);
+                    let (fp32_because, kept_f32) = (file.fp32_because.take(), file.kept_f32.take());
+                    file = build_engine(
+                        model,
+                        &gpu,
+                        key.clone(),
+                        file.dtype(),
+                        spec,
+                        &kept,
+                        None,
+                        progress,
+                    )
+                    .map_err(fail)?;
+                    (file.fp32_because, file.quant_check) = (fp32_because, Some(checked));
+                    if let (Some(old), Some(new)) = (kept_f32, &mut file.kept_f32) {
+                        new.because = old.because;
+                    }
+                    runtime = open(&mut file, progress)?;
+                } else {
+                    file.quant_check = Some(checked);
                 }
             }
             // What is saved: the plans with the algorithms tuned for them.
@@ -211,11 +262,21 @@ impl CudaEngine {
             model_batch: runtime.max_batch(),
             outputs_probabilities: model.outputs_probabilities(),
             backend: Backend::Cuda,
-            precision: match file.dtype() {
-                DType::F16 => Precision::Fp16,
-                DType::F32 => Precision::Fp32,
+            precision: match (&file.key.quantized, &file.quant_check, file.dtype()) {
+                (Some(q), Some(c), _) if !c.fell_back && q.format == QuantFormat::Int8 => {
+                    Precision::Int8
+                }
+                (Some(_), Some(c), _) if !c.fell_back => Precision::Fp8,
+                (_, _, DType::F16) => Precision::Fp16,
+                (_, _, DType::F32) => Precision::Fp32,
             },
+            quant_report: (file.quant_check.as_ref())
+                .filter(|c| !c.fell_back)
+                .map(|c| c.report.clone()),
             precision_note: match (&file.fp32_because, &file.kept_f32) {
+                _ if file.quant_check.as_ref().is_some_and(|c| c.fell_back) => {
+                    file.quant_check.as_ref().map(|c| c.report.clone())
+                }
                 (Some(because), _) => Some(format!(
                     "precision=fp16: {because}; the engine runs in fp32"
                 )),
@@ -279,8 +340,120 @@ fn mixed_note(kept: &engine_file::KeptF32) -> String {
     )
 }
 
+/// What an int8 or FP8 engine is quantized with.
+struct Quantization {
+    key: engine_file::QuantKey,
+    table: CalibrationTable,
+    path: std::path::PathBuf,
+    /// The frames calibration held out, beside the table, with their f32 scores.
+    held_out: Option<HeldOut>,
+}
+
+/// The accuracy guard of an int8 or FP8 build: `runtime`'s scores on the held-out frames
+/// against their f32 scores, added to the build's report in `file`, and whether they agree
+/// on less than `q.key.min_agreement` of the frames.
+fn check_quantized(
+    runtime: &mut runtime::Runtime,
+    file: &mut EngineFile,
+    q: &Quantization,
+    frame_len: usize,
+) -> Result<engine_file::QuantCheck, String> {
+    let built = file
+        .quant_check
+        .take()
+        .map(|c| c.report)
+        .unwrap_or_default();
+    let held_path = HeldOut::beside(&q.path);
+    let Some(held) = &q.held_out else {
+        return Ok(engine_file::QuantCheck {
+            report: format!(
+                "{built}; agreement with fp32 not measured: no held-out frames beside the table \
+                 ({}, written by trtclassify-engine calibrate)",
+                held_path.display()
+            ),
+            fell_back: false,
+        });
+    };
+    let classes = file.num_classes;
+    if (held.frame_len, held.classes) != (frame_len, classes) {
+        return Err(format!(
+            "{}: held-out frames of {} values and {} scores, where the model takes {frame_len} \
+             and scores {classes}: a calibration of another model or input size",
+            held_path.display(),
+            held.frame_len,
+            held.classes
+        ));
+    }
+    let batch = runtime.max_batch();
+    let mut agreement = Agreement::default();
+    let frames = (held.inputs.chunks(batch * frame_len)).zip(held.scores.chunks(batch * classes));
+    for (inputs, want) in frames {
+        let got = runtime
+            .run(inputs, want.len() / classes)
+            .map_err(|e| e.to_string())?;
+        agreement.add(want, got, classes);
+    }
+    let report = format!("{built}; against fp32 on the held-out frames: {agreement}");
+    let fell_back = agreement.top1() < q.key.min_agreement;
+    Ok(engine_file::QuantCheck {
+        report: match fell_back {
+            true => format!(
+                "{report}, below min-agreement {:.2}: the engine is built in fp16 instead",
+                q.key.min_agreement
+            ),
+            false => report,
+        },
+        fell_back,
+    })
+}
+
+/// The calibration of `options`' quantized precision, read; `None` for fp16 and fp32.
+fn quantization(options: &EngineOptions) -> Result<Option<Quantization>, String> {
+    let Some(format) = options.precision.quant_format() else {
+        return Ok(None);
+    };
+    let Some(path) = &options.calibration else {
+        return Err(format!(
+            "precision={format} needs a calibration table (calibration-location): write one with \
+             `trtclassify-engine calibrate MODEL.onnx IMAGES-OR-VIDEOS... --table FILE`"
+        ));
+    };
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("calibration table {}: {e}", path.display()))?;
+    let table = CalibrationTable::load(path).map_err(|e| e.to_string())?;
+    let held_path = HeldOut::beside(path);
+    let (held_out, held_out_sha256) = match std::fs::read(&held_path) {
+        Ok(held) => {
+            let shown = held_path.display().to_string();
+            let parsed = HeldOut::parse(&held, &shown).map_err(|e| e.to_string())?;
+            (Some(parsed), Some(engine_file::sha256_hex(&held)))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
+        Err(e) => return Err(format!("{}: {e}", held_path.display())),
+    };
+    if !(0.0..=1.0).contains(&options.min_agreement) {
+        return Err(format!(
+            "min-agreement {}: a share of frames, from 0 to 1",
+            options.min_agreement
+        ));
+    }
+    Ok(Some(Quantization {
+        key: engine_file::QuantKey {
+            format,
+            table_sha256: engine_file::sha256_hex(&bytes),
+            held_out_sha256,
+            min_agreement: options.min_agreement,
+        },
+        table,
+        path: path.clone(),
+        held_out,
+    }))
+}
+
 /// Compiles `model` for `key`'s batch sizes in `dtype`, the nodes named in `kept` (and those
-/// reading their values) in f32 where `dtype` is fp16.
+/// reading their values) in f32 where `dtype` is fp16, and quantizes its products and
+/// convolutions as `quant` says.
+#[allow(clippy::too_many_arguments)]
 fn build_engine(
     model: &OnnxModel,
     gpu: &runtime::Gpu,
@@ -288,15 +461,35 @@ fn build_engine(
     dtype: DType,
     spec: crate::preprocess::InputSpec,
     kept: &[String],
+    quant: Option<&Quantization>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<EngineFile, String> {
-    let (plans, weights) =
+    let (mut plans, mut weights) =
         compile_mixed(model, &key.batch_sizes, spec, dtype, kept).map_err(|e| e.to_string())?;
     progress(&format!(
         "imported a graph of {} steps for batch sizes {:?}",
         plans[0].steps.len(),
         key.batch_sizes
     ));
+    let mut quant_check = None;
+    if let Some(q) = quant {
+        let mut done = Vec::new();
+        for plan in &mut plans {
+            done.push(quant::quantize(
+                plan,
+                &mut weights,
+                &q.table,
+                q.key.format,
+                &[],
+            ));
+        }
+        let report = quantized_note(&done[0], q);
+        progress(&report);
+        quant_check = Some(engine_file::QuantCheck {
+            report,
+            fell_back: false,
+        });
+    }
     let ptx = runtime::compile(dtype, gpu.arch).map_err(|e| e.to_string())?;
     let kept_f32 = match plans.iter().any(|p| p.wide_len > 0) {
         true => Some(engine_file::KeptF32 {
@@ -317,7 +510,25 @@ fn build_engine(
         key,
         fp32_because: None,
         kept_f32,
+        quant_check,
     })
+}
+
+/// What the build quantized, and which layers stay fp16 and why: for the log.
+fn quantized_note(done: &quant::Quantized, q: &Quantization) -> String {
+    let kept: Vec<String> = (done.kept.iter())
+        .map(|(node, why)| format!("{node} ({why})"))
+        .collect();
+    format!(
+        "precision={}: {} product(s) and convolution(s) quantized with {}; {}",
+        q.key.format,
+        done.nodes.len(),
+        q.path.display(),
+        match kept.is_empty() {
+            true => "none that could be stays in fp16".to_owned(),
+            false => format!("in fp16: {}", kept.join(", ")),
+        }
+    )
 }
 
 fn inference(e: Error) -> EngineError {
@@ -541,5 +752,72 @@ impl Engine for CudaEngine {
 
     fn pending(&self) -> usize {
         self.ran.len() + self.pushed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quantized precisions say what they need, and a table that cannot be read is named
+    /// with its line: before any GPU is looked for, so these hold on machines without one.
+    #[test]
+    fn quantized_precisions_name_their_missing_or_broken_table() {
+        let mut options = EngineOptions::new("model.onnx");
+        assert!(quantization(&options).expect("fp16").is_none());
+        options.precision = Precision::Int8;
+        let missing = quantization(&options).err().expect("no table");
+        assert!(
+            missing.contains("precision=int8 needs a calibration table")
+                && missing.contains("trtclassify-engine calibrate"),
+            "{missing}"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let absent = dir.path().join("absent.txt");
+        options.calibration = Some(absent.clone());
+        let e = quantization(&options).err().expect("an absent table");
+        assert!(e.contains(&absent.display().to_string()), "{e}");
+        let broken = dir.path().join("broken.txt");
+        std::fs::write(
+            &broken,
+            "trtclassify-calibration 1\nframes 3\nconv1\tnot a number\n",
+        )
+        .expect("written");
+        options.calibration = Some(broken.clone());
+        let e = quantization(&options).err().expect("a broken table");
+        assert!(
+            e.contains(&broken.display().to_string()) && e.contains("line 3"),
+            "{e}"
+        );
+        let table = crate::compiler::testing::models().join("digits/digits_calibration.txt");
+        options.precision = Precision::Fp8;
+        options.calibration = Some(table);
+        let q = quantization(&options)
+            .expect("the digits table")
+            .expect("quantized");
+        assert_eq!(q.key.format, QuantFormat::Fp8);
+        assert_eq!(q.key.table_sha256.len(), 64);
+        assert!(q.table.get("conv2").is_some());
+        // No held-out frames beside the committed table: the guard will say it did not run.
+        assert_eq!((q.held_out, q.key.held_out_sha256), (None, None));
+        options.min_agreement = 1.5;
+        let e = quantization(&options).err().expect("an agreement past 1");
+        assert!(e.contains("min-agreement 1.5"), "{e}");
+        // Held-out frames beside a table are read; damaged ones are named.
+        let copy = dir.path().join("digits.txt");
+        std::fs::copy(options.calibration.as_ref().unwrap(), &copy).expect("copied");
+        let mut held = HeldOut::new(4, 2);
+        held.push(&[0.0, 1.0, 2.0, 3.0], &[0.25, 0.75]);
+        held.save(&HeldOut::beside(&copy)).expect("written");
+        options.calibration = Some(copy.clone());
+        options.min_agreement = 0.9;
+        let q = quantization(&options).expect("read").expect("quantized");
+        assert_eq!(q.held_out.as_ref().map(HeldOut::frames), Some(1));
+        assert_eq!(q.key.min_agreement, 0.9);
+        std::fs::write(HeldOut::beside(&copy), b"TRTCHELD").expect("written");
+        let e = quantization(&options)
+            .err()
+            .expect("damaged held-out frames");
+        assert!(e.contains("digits.txt.heldout"), "{e}");
     }
 }

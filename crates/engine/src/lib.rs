@@ -51,7 +51,28 @@ pub enum Precision {
     Fp16 = 0,
     /// Single precision everywhere.
     Fp32 = 1,
+    /// Products and dense convolutions with int8 operands on GPUs (compute capability 7.5+),
+    /// their input scales from a calibration table (`EngineOptions::calibration`); the rest,
+    /// and the layers the table marks as losing too much, in fp16.
+    Int8 = 2,
+    /// As `Int8`, in FP8 E4M3 (compute capability 8.9+: Ada, Hopper, Blackwell).
+    Fp8 = 3,
 }
+
+impl Precision {
+    /// The 8-bit format of the quantized precisions; `None` for fp16 and fp32.
+    pub fn quant_format(self) -> Option<compiler::quant::QuantFormat> {
+        match self {
+            Precision::Int8 => Some(compiler::quant::QuantFormat::Int8),
+            Precision::Fp8 => Some(compiler::quant::QuantFormat::Fp8),
+            Precision::Fp16 | Precision::Fp32 => None,
+        }
+    }
+}
+
+/// `EngineOptions::min_agreement`'s default: of the 32 frames a calibration holds out at
+/// most, one may change its top class.
+pub const DEFAULT_MIN_AGREEMENT: f64 = 0.95;
 
 /// Everything that shapes an engine; a change of any of it means another engine. Elements
 /// whose options are equal can share one engine (the plugin's engine instances).
@@ -65,6 +86,12 @@ pub struct EngineOptions {
     pub input_size: Option<(usize, usize)>,
     /// The precision asked of a GPU backend; the CPU backend ignores it.
     pub precision: Precision,
+    /// The calibration table of `Precision::Int8` and `Precision::Fp8` (written by
+    /// `trtclassify-engine calibrate`); the other precisions ignore it.
+    pub calibration: Option<PathBuf>,
+    /// The least top-1 agreement with fp32, 0 to 1, that an int8 or FP8 engine must show on
+    /// the calibration's held-out frames; below it the engine is built in fp16 instead.
+    pub min_agreement: f64,
     /// The CUDA device ordinal a GPU backend runs on.
     pub gpu_id: u32,
     /// Threads of the CPU backend's shared pool one engine may use; 0: all cores.
@@ -89,6 +116,8 @@ impl EngineOptions {
             batch_size: 1,
             input_size: None,
             precision: Precision::default(),
+            calibration: None,
+            min_agreement: DEFAULT_MIN_AGREEMENT,
             gpu_id: 0,
             threads: 0,
             engine_location: None,
@@ -154,6 +183,9 @@ pub struct ModelInfo {
     /// Why `precision` is not the one asked for (fp16 overflowed on sample frames), for the
     /// element to say; `None` where it is.
     pub precision_note: Option<String>,
+    /// What an int8 or FP8 build measured of its engine on the held-out frames and which
+    /// layers it kept in fp16, for the element to post; `None` for the other precisions.
+    pub quant_report: Option<String>,
     /// Whether `Engine::push_device` reads frames in GPU memory where they are; frames in
     /// CUDA memory are otherwise mapped to system memory (a copy) before `push`.
     pub reads_device_frames: bool,

@@ -268,6 +268,20 @@ fn check_quant(step: &impl StepKind, quant: Option<Quant>, t: &Types) -> Result<
     Ok(())
 }
 
+/// The weights that `plans`' 8-bit steps read as their per-channel scales: f32 constants
+/// in every engine, whatever the plans' type (`weight_type` says the rest).
+pub fn scale_weights(plans: &[Plan]) -> Vec<usize> {
+    let mut scales: Vec<usize> = (plans.iter().flat_map(|p| &p.steps))
+        .filter_map(|s| match s.quant()?.w_scales {
+            Loc::Weight { index, .. } => Some(index),
+            _ => None,
+        })
+        .collect();
+    scales.sort_unstable();
+    scales.dedup();
+    scales
+}
+
 impl Step {
     /// How a product or convolution is quantized, if it is.
     pub fn quant(&self) -> Option<Quant> {

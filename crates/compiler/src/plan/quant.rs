@@ -48,6 +48,43 @@ impl QuantFormat {
     pub fn scale(self, range: f32) -> f32 {
         range / self.max()
     }
+
+    /// The byte that holds `v`, a value of the format (`round`'s result): a two's-complement
+    /// int8, or FP8 E4M3's sign, 4 exponent and 3 mantissa bits, as the GPU reads them.
+    pub fn encode(self, v: f32) -> u8 {
+        match self {
+            QuantFormat::Int8 => v as i8 as u8,
+            QuantFormat::Fp8 => {
+                let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+                let a = v.abs();
+                let bits = match a < 2f32.powi(-6) {
+                    // Subnormals: exponent field 0, the value in steps of 2⁻⁹.
+                    true => (a * 512.0) as u8,
+                    false => {
+                        let exponent = ((a.to_bits() >> 23) as i32) - 127;
+                        let mantissa = (a / 2f32.powi(exponent) - 1.0) * 8.0;
+                        (((exponent + 7) as u8) << 3) | mantissa as u8
+                    }
+                };
+                sign | bits
+            }
+        }
+    }
+
+    /// The value of the byte `b` (`encode`'s inverse).
+    pub fn decode(self, b: u8) -> f32 {
+        match self {
+            QuantFormat::Int8 => b as i8 as f32,
+            QuantFormat::Fp8 => {
+                let (exponent, mantissa) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
+                let a = match exponent {
+                    0 => mantissa * 2f32.powi(-9),
+                    e => (1.0 + mantissa / 8.0) * 2f32.powi(e - 7),
+                };
+                if b & 0x80 != 0 { -a } else { a }
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for QuantFormat {
@@ -130,5 +167,28 @@ mod tests {
         assert_eq!(f.round(1000.0), 448.0);
         assert_eq!(f.round(-1e30), -448.0);
         assert!(f.round(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn bytes_hold_every_value_of_both_formats() {
+        // Every byte but FP8's NaNs (S.1111.111) and int8's −128 is a value that encodes
+        // back to it; 448 is 0x7e, 2⁻⁹ is 0x01, −1 is 0xb8 in FP8 and 0xff in int8.
+        for format in [QuantFormat::Int8, QuantFormat::Fp8] {
+            for b in 0..=255u8 {
+                let nan = format == QuantFormat::Fp8 && b & 0x7f == 0x7f;
+                if nan || (format == QuantFormat::Int8 && b == 0x80) {
+                    continue;
+                }
+                let v = format.decode(b);
+                assert_eq!(format.round(v), v, "{format} {b:#04x}");
+                assert_eq!(format.encode(v), b, "{format} {b:#04x} = {v}");
+            }
+        }
+        let f = QuantFormat::Fp8;
+        assert_eq!(
+            (f.encode(448.0), f.encode(2f32.powi(-9)), f.encode(-1.0)),
+            (0x7e, 1, 0xb8)
+        );
+        assert_eq!(QuantFormat::Int8.encode(-1.0), 0xff);
     }
 }

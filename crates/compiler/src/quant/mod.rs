@@ -14,11 +14,13 @@
 
 mod agreement;
 mod calibration;
+mod heldout;
 mod table;
 
 pub use crate::plan::QuantFormat;
 pub use agreement::Agreement;
 pub use calibration::{Calibrator, Stepper};
+pub use heldout::HeldOut;
 pub use table::{CalibrationTable, NodeRange, TableError};
 
 use crate::plan::{ConvStep, GemmStep, Loc, Plan, Quant, Span, Step, Weights};
@@ -70,19 +72,23 @@ pub struct Quantized {
 /// 8-bit tensor cores (the summed dimension a multiple of 16, the output channels of 8).
 /// The others (the first convolution of 3 colour channels, depthwise convolutions, which
 /// are limited by memory, not arithmetic, products of two activations, a classifier of
-/// 1,000 classes) stay in the plan's type.
+/// 1,000 classes) stay in the plan's type, as do steps that write the model's f32 output
+/// and runs of several products at once (attention's), which the GPU runs in its type.
 pub fn input_of(step: &Step) -> Option<Span> {
     let tensor_cores =
         |summed: usize, out: usize| summed.is_multiple_of(16) && out.is_multiple_of(8);
     let fits = match step {
-        Step::Gemm(g) => matches!(g.w, Loc::Weight { .. }) && tensor_cores(g.k, g.n),
+        Step::Gemm(g) => {
+            matches!(g.w, Loc::Weight { .. }) && g.batch == 1 && tensor_cores(g.k, g.n)
+        }
         Step::Conv(c) => {
             matches!(c.weight, Loc::Weight { .. }) && c.group == 1 && tensor_cores(c.c, c.k)
         }
         _ => false,
     };
+    let writes_output = matches!(step.written().loc, Loc::Output(_));
     // A product's and a convolution's first span is their input (`StepKind::spans`).
-    (fits && !step.is_wide()).then(|| step.spans()[0])
+    (fits && !writes_output && !step.is_wide()).then(|| step.spans()[0])
 }
 
 /// Marks the steps of `plan` that `input_of` takes and whose node has a range in `table`

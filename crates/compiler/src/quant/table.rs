@@ -75,6 +75,14 @@ pub enum TableError {
         /// The system's message.
         problem: String,
     },
+    /// A binary file (held-out frames) that is not what its format says.
+    #[error("{path}: {problem}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A line that is not what the format says.
     #[error("{path}: line {line}: {problem}")]
     Format {

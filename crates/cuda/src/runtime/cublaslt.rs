@@ -15,7 +15,7 @@ use cudarc::cublaslt::{result as ltr, sys as lt};
 
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::DType;
+use trtclassify_compiler::plan::{DType, QuantFormat};
 
 /// A cuBLASLt handle.
 pub(super) struct Handle(lt::cublasLtHandle_t);
@@ -230,7 +230,7 @@ impl GemmDescs {
             }
         };
         // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors.
-        let algo = unsafe {
+        unsafe {
             ltr::set_matmul_desc_attribute(
                 desc.0,
                 lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -238,18 +238,6 @@ impl GemmDescs {
                 std::mem::size_of_val(&epilogue),
             )
             .map_err(Error::cublas("epilogue"))?;
-            if w_transposed {
-                // cublasOperation_t's CUBLAS_OP_T (cuBLAS's enum, not in cudarc's cuBLASLt
-                // bindings): an int32 attribute.
-                let op: i32 = 1;
-                ltr::set_matmul_desc_attribute(
-                    desc.0,
-                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                    &op as *const _ as *const c_void,
-                    std::mem::size_of_val(&op),
-                )
-                .map_err(Error::cublas("transpose"))?;
-            }
             if let Some(ptr) = bias {
                 ltr::set_matmul_desc_attribute(
                     desc.0,
@@ -268,6 +256,61 @@ impl GemmDescs {
                 )
                 .map_err(Error::cublas("bias stride"))?;
             }
+        }
+        if w_transposed {
+            set_transpose_a(&desc)?;
+        }
+        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n])
+    }
+
+    /// The descriptors of `d[rows, n] = x[rows, k] · w[n, k]ᵀ` with 8-bit operands in
+    /// `format` (`w` stored `[n, k]`, as cuBLASLt's 8-bit kernels want A transposed) and
+    /// `d` the sums: int32 for int8 (cuBLASLt's integer products; their scalars are int32),
+    /// f32 for FP8. No epilogue: the sums are scaled back per channel after (quant.cu).
+    pub(super) fn eight_bit(
+        handle: &Handle,
+        format: QuantFormat,
+        [rows, k, n]: [usize; 3],
+        workspace: usize,
+    ) -> Result<Self> {
+        use lt::cudaDataType_t as T;
+        let (compute, scalar, operand, sums) = match format {
+            QuantFormat::Int8 => (
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                T::CUDA_R_32I,
+                T::CUDA_R_8I,
+                T::CUDA_R_32I,
+            ),
+            QuantFormat::Fp8 => (
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+                T::CUDA_R_8F_E4M3,
+                T::CUDA_R_32F,
+            ),
+        };
+        let desc = ltr::create_matmul_desc(compute, scalar)
+            .map(MatmulDesc)
+            .map_err(Error::cublas("descriptor"))?;
+        // As in `with_epilogue`, column-major: A = w (k×n, ld k, transposed), B = x (k×rows),
+        // D = the sums (n×rows).
+        let a = MatrixLayout::new(operand, k, n, k)?;
+        let b = MatrixLayout::new(operand, k, rows, k)?;
+        let c = MatrixLayout::new(sums, n, rows, n)?;
+        set_transpose_a(&desc)?;
+        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n])
+    }
+
+    /// The descriptors with the algorithm cuBLASLt's heuristic picks for them within
+    /// `workspace` bytes.
+    fn with_algo(
+        handle: &Handle,
+        desc: MatmulDesc,
+        [a, b, c]: [MatrixLayout; 3],
+        workspace: usize,
+        [rows, k, n]: [usize; 3],
+    ) -> Result<Self> {
+        // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors.
+        let algo = unsafe {
             let pref = ltr::create_matmul_pref()
                 .map(MatmulPref)
                 .map_err(Error::cublas("preference"))?;
@@ -292,4 +335,21 @@ impl GemmDescs {
             act_after: Act::None,
         })
     }
+}
+
+/// Makes the product read A transposed.
+fn set_transpose_a(desc: &MatmulDesc) -> Result<()> {
+    // cublasOperation_t's CUBLAS_OP_T (cuBLAS's enum, not in cudarc's cuBLASLt bindings): an
+    // int32 attribute.
+    let op: i32 = 1;
+    // SAFETY: an attribute of the type cuBLASLt documents for it, on a live descriptor.
+    unsafe {
+        ltr::set_matmul_desc_attribute(
+            desc.0,
+            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &op as *const _ as *const c_void,
+            std::mem::size_of_val(&op),
+        )
+    }
+    .map_err(Error::cublas("transpose"))
 }

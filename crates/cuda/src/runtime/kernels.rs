@@ -10,7 +10,9 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
 
 use super::staging::PreprocessKernels;
-use super::steps::{Attention, ConvKernels, ElementwiseKernels, PoolKernels, RowKernels};
+use super::steps::{
+    Attention, ConvKernels, ElementwiseKernels, PoolKernels, QuantKernels, RowKernels,
+};
 use crate::abi;
 use crate::error::{Error, Result};
 use trtclassify_compiler::plan::DType;
@@ -27,6 +29,7 @@ pub fn source() -> &'static str {
             abi::dispatchers().as_str(),
             include_str!("steps/elementwise.cu"),
             include_str!("steps/conv.cu"),
+            include_str!("steps/quant.cu"),
             include_str!("steps/pool.cu"),
             include_str!("steps/rows.cu"),
             include_str!("preprocess.cu"),
@@ -57,6 +60,7 @@ pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<String> {
 pub(super) struct Kernels {
     pub(super) ew: ElementwiseKernels,
     pub(super) conv: ConvKernels,
+    pub(super) quant: QuantKernels,
     pub(super) pool: PoolKernels,
     pub(super) rows: RowKernels,
     pub(super) preprocess: PreprocessKernels,
@@ -82,6 +86,7 @@ impl Kernels {
         Ok(Kernels {
             ew: ElementwiseKernels::load(&module)?,
             conv: ConvKernels::load(&module)?,
+            quant: QuantKernels::load(&module)?,
             pool: PoolKernels::load(&module)?,
             rows: RowKernels::load(&module)?,
             preprocess: PreprocessKernels::load(&module)?,
@@ -145,7 +150,7 @@ pub(super) use kernel_set;
 /// attention's in fp16 only): for the tests, which find each kernel defined in that file and
 /// as an entry of the PTX.
 #[cfg(test)]
-pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 6] {
+pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 7] {
     let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
     [
         (
@@ -157,6 +162,11 @@ pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec
             "steps/conv.cu",
             include_str!("steps/conv.cu"),
             names(ConvKernels::NAMES),
+        ),
+        (
+            "steps/quant.cu",
+            include_str!("steps/quant.cu"),
+            names(QuantKernels::NAMES),
         ),
         (
             "steps/pool.cu",

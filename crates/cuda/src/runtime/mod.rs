@@ -39,7 +39,10 @@ use kernels::Kernels;
 #[cfg(test)]
 pub(crate) use kernels::kernel_families;
 pub use kernels::{compile, source};
-use trtclassify_compiler::plan::{DType, Loc, MAX_WORKSPACE, Plan, Step, weight_type};
+use steps::EightBit;
+use trtclassify_compiler::plan::{
+    DType, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights, weight_type,
+};
 
 /// What a step needs prepared before it runs: its library descriptors.
 /// The part of a mixed-precision engine kept in f32: its kernels (the kernels compiled for
@@ -54,6 +57,9 @@ pub struct Wide<'a> {
 enum Prepared {
     Conv(Box<cudnn::ConvDescs>),
     Gemm(Box<cublaslt::GemmDescs>),
+    /// An 8-bit product or convolution: its product's descriptors and the device address of
+    /// its rounded weights.
+    EightBit(Box<cublaslt::GemmDescs>, u64),
     None,
 }
 
@@ -82,8 +88,15 @@ pub struct Runtime {
     /// The f32 values of the nodes kept in f32 (`Loc::Wide`).
     wide_arena: CudaSlice<u8>,
     weights: Vec<CudaSlice<u8>>,
-    /// Each weight's type on the device: the plans' or, read by a node kept in f32, f32.
+    /// Each weight's type on the device: the plans' or, read by a node kept in f32 or the
+    /// scales of 8-bit steps, f32.
     weight_types: Vec<DType>,
+    /// The weights of 8-bit steps, rounded: by the plan's weights and the format.
+    eight_bit_weights: Vec<((Loc, QuantFormat), CudaSlice<u8>)>,
+    /// The input of the 8-bit step running, rounded into patches; and its product's sums.
+    /// Sized for the largest 8-bit step (1 byte where there is none).
+    patches: CudaSlice<u8>,
+    sums: CudaSlice<u8>,
     input: CudaSlice<f32>,
     output: CudaSlice<f32>,
     workspace: CudaSlice<u8>,
@@ -127,17 +140,14 @@ impl Runtime {
         wide: Option<Wide>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self> {
-        // The kernels read every operand in the plan's type; an int8 or FP8 step run so
-        // would give other results than its plan stands for.
-        if plans
-            .iter()
-            .flat_map(|p| &p.steps)
-            .any(|s| s.quant().is_some())
-        {
-            return Err(Error::Plan(
-                "int8 or FP8 steps, which this runtime does not run",
-            ));
-        }
+        let eight_bit: Vec<EightBit> = (plans.iter().flat_map(|p| &p.steps))
+            .filter_map(|s| match s {
+                Step::Gemm(g) => EightBit::of_gemm(g),
+                Step::Conv(c) => EightBit::of_conv(c),
+                _ => None,
+            })
+            .collect();
+        check_eight_bit(&eight_bit, gpu)?;
         let _setup = device::setup_lock(gpu.ctx.ordinal());
         let ctx = gpu.ctx.clone();
         // One stream, one user: cudarc's cross-stream event tracking is not needed, and
@@ -151,9 +161,14 @@ impl Runtime {
             None => None,
         };
         let wide_weights = wide.as_ref().map_or(&[][..], |w| w.weights);
-        let weight_types: Vec<DType> = (0..weights.len())
+        let mut weight_types: Vec<DType> = (0..weights.len())
             .map(|i| weight_type(wide_weights, i, dtype))
             .collect();
+        for index in scale_weights(&plans) {
+            if let Some(t) = weight_types.get_mut(index) {
+                *t = DType::F32;
+            }
+        }
         let sm_count = ctx
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(Error::driver("attribute"))? as u32;
@@ -173,11 +188,40 @@ impl Runtime {
             );
         }
 
+        let mut eight_bit_weights = Vec::new();
+        for e in &eight_bit {
+            let key = (e.w, e.quant.format);
+            if eight_bit_weights.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            let (Loc::Weight { index, .. }, Loc::Weight { index: s, offset }) =
+                (e.w, e.quant.w_scales)
+            else {
+                return Err(Error::Plan("an 8-bit step without constant weights"));
+            };
+            let scales: Vec<f32> = (weights[s].chunks_exact(4))
+                .skip(offset)
+                .take(e.n)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .collect();
+            let rows = e.rounded_weights(&weights[index], weight_types[index], &scales);
+            let rows = stream
+                .clone_htod(&rows)
+                .map_err(Error::driver("weight upload"))?;
+            eight_bit_weights.push((key, rows));
+        }
         let weights = weights
             .iter()
             .map(|w| stream.clone_htod(w).map_err(Error::driver("weight upload")))
             .collect::<Result<Vec<_>>>()?;
         let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
+        let most = |f: fn(&EightBit) -> usize| eight_bit.iter().map(f).max().unwrap_or(1);
+        let patches = stream
+            .alloc_zeros::<u8>(most(EightBit::patch_bytes))
+            .map_err(Error::driver("8-bit patches allocation"))?;
+        let sums = stream
+            .alloc_zeros::<u8>(most(EightBit::sum_bytes))
+            .map_err(Error::driver("8-bit sums allocation"))?;
         let arena = stream
             .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
             .map_err(Error::driver("arena allocation"))?;
@@ -210,6 +254,9 @@ impl Runtime {
             wide_arena,
             weights,
             weight_types,
+            eight_bit_weights,
+            patches,
+            sums,
             input,
             output,
             workspace: stream
@@ -381,6 +428,30 @@ impl Runtime {
     pub fn max_batch(&self) -> usize {
         self.plans.iter().map(|p| p.plan.batch).max().unwrap_or(1)
     }
+}
+
+/// Checks that `gpu` runs the 8-bit steps `steps`: FP8 products from Ada and Hopper on
+/// (compute capability 8.9), int8 on tensor cores from Turing on (7.5); and that their
+/// sizes suit the patches kernel (16 channels at a time).
+fn check_eight_bit(steps: &[EightBit], gpu: &Gpu) -> Result<()> {
+    for e in steps {
+        let needs = match e.quant.format {
+            QuantFormat::Fp8 => (8, 9),
+            QuantFormat::Int8 => (7, 5),
+        };
+        if gpu.arch < needs {
+            return Err(Error::Unsupported(format!(
+                "{} products need a GPU of compute capability {}.{} or newer; {} is {}.{}",
+                e.quant.format, needs.0, needs.1, gpu.name, gpu.arch.0, gpu.arch.1
+            )));
+        }
+        if !e.summed().is_multiple_of(16) || !e.n.is_multiple_of(8) {
+            return Err(Error::Plan(
+                "an 8-bit step whose sizes are not multiples of 16 and 8",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Constants as the plan's type, little-endian, ready to upload.

@@ -9,6 +9,7 @@ use cudarc::driver::sys as drv;
 
 use super::cublaslt::{GemmDescs, GemmShape};
 use super::cudnn::{self, ConvDescs};
+use super::steps::EightBit;
 use super::{BatchPlan, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
@@ -19,6 +20,15 @@ impl Runtime {
     pub(super) fn prepare(&mut self, mut plan: Plan) -> Result<BatchPlan> {
         let mut prepared = Vec::with_capacity(plan.steps.len());
         for step in &mut plan.steps {
+            let eight_bit = match step {
+                Step::Gemm(g) => EightBit::of_gemm(g),
+                Step::Conv(c) => EightBit::of_conv(c),
+                _ => None,
+            };
+            if let Some(e) = eight_bit {
+                prepared.push(self.prepare_eight_bit(&e)?);
+                continue;
+            }
             prepared.push(match step {
                 Step::Conv(c) => {
                     let descs = ConvDescs::new(c, self.writes(c.y).1)?;
@@ -68,6 +78,18 @@ impl Runtime {
             prepared,
             graph: None,
         })
+    }
+
+    /// The product's descriptors of the 8-bit step `e`, and where its rounded weights are.
+    fn prepare_eight_bit(&self, e: &EightBit) -> Result<Prepared> {
+        let format = e.quant.format;
+        let weights = (self.eight_bit_weights.iter())
+            .find(|(key, _)| *key == (e.w, format))
+            .map(|(_, w)| self.ptr_u8(w))
+            .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
+        let shape = [e.rows, e.summed(), e.n];
+        let descs = GemmDescs::eight_bit(&self.cublaslt, format, shape, self.lt_workspace.len())?;
+        Ok(Prepared::EightBit(Box::new(descs), weights))
     }
 
     /// Times cuDNN's algorithms for `c` on its real shapes and keeps the fastest that fits

@@ -63,8 +63,9 @@ impl CpuEngine {
             path: model.path.clone(),
             reason,
         };
-        if options.precision == Precision::Fp16 {
-            log::info!(target: crate::LOG_TARGET, "the cpu backend runs fp32 (precision=fp16 applies to GPU backends)"
+        if options.precision != Precision::Fp32 {
+            log::info!(target: crate::LOG_TARGET, "the cpu backend runs fp32 (precision={} applies to GPU backends)",
+                format!("{:?}", options.precision).to_lowercase()
             );
         }
         let input = model.input_spec(options.input_size).map_err(fail)?;
@@ -127,6 +128,7 @@ impl CpuEngine {
             backend: Backend::Cpu,
             precision: Precision::Fp32,
             precision_note: None,
+            quant_report: None,
             reads_device_frames: false,
             batches_in_flight: 1,
             non_finite: Default::default(),

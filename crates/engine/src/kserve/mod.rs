@@ -313,6 +313,7 @@ impl KserveEngine {
                 DataType::Fp16 => Precision::Fp16,
             },
             precision_note: None,
+            quant_report: None,
             reads_device_frames: false,
             batches_in_flight: IN_FLIGHT,
             non_finite: Default::default(),

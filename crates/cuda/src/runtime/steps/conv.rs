@@ -11,7 +11,7 @@ use cudarc::driver::PushKernelArg;
 use super::super::Runtime;
 use super::super::cudnn::{self, ConvDescs};
 use super::super::kernels::kernel_set;
-use super::{GpuStep, launch};
+use super::{EightBit, GpuStep, launch};
 use crate::abi::act_params;
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
@@ -28,6 +28,9 @@ kernel_set! {
 
 impl GpuStep for ConvStep {
     fn enqueue(&self, rt: &Runtime, prepared: &Prepared) -> Result<()> {
+        if let (Some(e), Prepared::EightBit(g, w)) = (EightBit::of_conv(self), prepared) {
+            return rt.eight_bit(&e, g, *w);
+        }
         let Prepared::Conv(d) = prepared else {
             return Err(Error::Plan("a step without its prepared descriptors"));
         };

@@ -8,7 +8,7 @@ use cudarc::cublaslt::result as ltr;
 
 use super::super::Runtime;
 use super::super::cublaslt::GemmDescs;
-use super::GpuStep;
+use super::{EightBit, GpuStep};
 use crate::abi::EwParams;
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
@@ -17,6 +17,9 @@ use trtclassify_compiler::plan::{Cast, DType, GemmStep, Loc, StepKind, Strided};
 
 impl GpuStep for GemmStep {
     fn enqueue(&self, rt: &Runtime, prepared: &Prepared) -> Result<()> {
+        if let (Some(e), Prepared::EightBit(g, w)) = (EightBit::of_gemm(self), prepared) {
+            return rt.eight_bit(&e, g, *w);
+        }
         let Prepared::Gemm(g) = prepared else {
             return Err(Error::Plan("a step without its prepared descriptors"));
         };
@@ -54,13 +57,33 @@ impl Runtime {
         let beta = if residual.is_some() { 1.0f32 } else { 0.0 };
         let (a, b, d) = (self.ptr(w), self.ptr(x), self.ptr(y));
         let c = residual.map_or(d, |z| self.ptr(z));
-        // SAFETY: live device buffers of the sizes the layouts state.
+        let scalars = [
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+        ];
+        // SAFETY: live device buffers of the sizes the layouts state; f32 scalars, the
+        // descriptors' scale type.
+        unsafe { self.matmul(g, scalars, [a, b, c, d]) }
+    }
+
+    /// cuBLASLt's `d = alpha·a·b + beta·c` with the descriptors `g`, on the stream.
+    ///
+    /// # Safety
+    /// `a`, `b`, `c` and `d` are live device buffers of the sizes `g`'s layouts state, and
+    /// `alpha` and `beta` point to values of `g`'s scale type.
+    pub(in crate::runtime) unsafe fn matmul(
+        &self,
+        g: &GemmDescs,
+        [alpha, beta]: [*const c_void; 2],
+        [a, b, c, d]: [u64; 4],
+    ) -> Result<()> {
+        // SAFETY: as the caller promises.
         let r = unsafe {
             ltr::matmul(
                 self.cublaslt.raw(),
                 g.desc.raw(),
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
+                alpha,
+                beta,
                 a as *const c_void,
                 g.a.raw(),
                 b as *const c_void,

@@ -15,12 +15,14 @@ mod conv;
 mod elementwise;
 mod gemm;
 mod pool;
+mod quant;
 mod rows;
 
 pub(super) use attention::Attention;
 pub(super) use conv::ConvKernels;
 pub(super) use elementwise::ElementwiseKernels;
 pub(super) use pool::PoolKernels;
+pub(super) use quant::{EightBit, QuantKernels};
 pub(super) use rows::RowKernels;
 
 /// A kind of step as the GPU runs it. Every kind implements it (`Runtime::step` dispatches

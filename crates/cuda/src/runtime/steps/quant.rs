@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Launching int8 and FP8 products and convolutions (`plan::Quant`): the input rounded to
+//! 8 bits into patches (quant.cu), cuBLASLt's 8-bit product of the patches and the 8-bit
+//! weights (int32 sums for int8, f32 for FP8), then quant.cu's epilogue, which scales the
+//! sums back per output channel and adds the bias, the residual and the activation.
+//!
+//! The weights are rounded once, on the host, as the engine is opened (`EightBitWeights`),
+//! from the plan-type weights and the per-channel scales the engine file holds.
+
+use std::ffi::c_void;
+
+use cudarc::driver::PushKernelArg;
+
+use super::super::Runtime;
+use super::super::cublaslt::GemmDescs;
+use super::super::kernels::kernel_set;
+use super::launch;
+use crate::abi::act_params;
+use crate::error::Result;
+use trtclassify_compiler::ir::Act;
+use trtclassify_compiler::plan::{ConvStep, DType, GemmStep, Loc, Quant, QuantFormat};
+
+kernel_set! {
+    /// quant.cu's kernels: the input of 8-bit products and their epilogue.
+    QuantKernels {
+        /// 8 channels a thread, into rows of patches.
+        patches: "quantize_patches",
+        dequantize_int32: "dequantize_int32",
+        dequantize_f32: "dequantize_f32",
+    }
+}
+
+/// A quantized product or convolution as the GPU runs it: patches of its input times its
+/// weights as `[n, summed]` rows. A product is a 1×1 convolution over one image of
+/// 1×`rows` pixels.
+pub(in crate::runtime) struct EightBit {
+    pub(in crate::runtime) quant: Quant,
+    /// Rows of patches and of the output: output pixels, or the product's rows.
+    pub(in crate::runtime) rows: usize,
+    /// Output channels: the product's columns, the convolution's filters.
+    pub(in crate::runtime) n: usize,
+    /// Input height, width and channels.
+    hwc: [usize; 3],
+    /// Output height and width.
+    out: [usize; 2],
+    kernel: [usize; 2],
+    pads: [usize; 2],
+    strides: [usize; 2],
+    dilations: [usize; 2],
+    /// Scales the sums (a product's `alpha`; 1 for a convolution).
+    alpha: f32,
+    act: Act,
+    x: Loc,
+    /// The weights in the plan's order: KRSC, `[k, n]`, or `[n, k]` where `transposed`.
+    pub(in crate::runtime) w: Loc,
+    transposed: bool,
+    bias: Option<Loc>,
+    residual: Option<Loc>,
+    y: Loc,
+}
+
+impl EightBit {
+    /// The quantized product `g`, or `None` where it is not quantized.
+    pub(in crate::runtime) fn of_gemm(g: &GemmStep) -> Option<Self> {
+        Some(EightBit {
+            quant: g.quant?,
+            rows: g.rows,
+            n: g.n,
+            hwc: [1, g.rows, g.k],
+            out: [1, g.rows],
+            kernel: [1, 1],
+            pads: [0, 0],
+            strides: [1, 1],
+            dilations: [1, 1],
+            alpha: g.alpha,
+            act: g.act,
+            x: g.x,
+            w: g.w,
+            transposed: g.w_transposed,
+            bias: g.bias,
+            residual: g.residual,
+            y: g.y,
+        })
+    }
+
+    /// The quantized convolution `c`, or `None` where it is not quantized.
+    pub(in crate::runtime) fn of_conv(c: &ConvStep) -> Option<Self> {
+        Some(EightBit {
+            quant: c.quant?,
+            rows: c.n * c.oh * c.ow,
+            n: c.k,
+            hwc: [c.h, c.w, c.c],
+            out: [c.oh, c.ow],
+            kernel: c.kernel,
+            pads: c.pads,
+            strides: c.strides,
+            dilations: c.dilations,
+            alpha: 1.0,
+            act: c.act,
+            x: c.x,
+            w: c.weight,
+            transposed: true,
+            bias: Some(c.bias),
+            residual: c.residual,
+            y: c.y,
+        })
+    }
+
+    /// The dimension summed over: a patch's length.
+    pub(in crate::runtime) fn summed(&self) -> usize {
+        self.kernel[0] * self.kernel[1] * self.hwc[2]
+    }
+
+    /// Bytes of patches it reads.
+    pub(in crate::runtime) fn patch_bytes(&self) -> usize {
+        self.rows * self.summed()
+    }
+
+    /// Bytes of the sums it writes (int32 or f32).
+    pub(in crate::runtime) fn sum_bytes(&self) -> usize {
+        self.rows * self.n * 4
+    }
+
+    /// Its weights as 8-bit `[n, summed]` rows, each channel divided by its scale and
+    /// rounded: `weights` holds them in the plan's type `dtype`, `scales` is the f32 scales.
+    pub(in crate::runtime) fn rounded_weights(
+        &self,
+        weights: &[u8],
+        dtype: DType,
+        scales: &[f32],
+    ) -> Vec<u8> {
+        let Loc::Weight { offset, .. } = self.w else {
+            unreachable!("quantized steps read constant weights")
+        };
+        let read = |i: usize| {
+            let at = (offset + i) * dtype.size();
+            match dtype {
+                DType::F16 => half::f16::from_le_bytes([weights[at], weights[at + 1]]).to_f32(),
+                DType::F32 => f32::from_le_bytes(weights[at..at + 4].try_into().expect("4 bytes")),
+            }
+        };
+        let (n, summed, format) = (self.n, self.summed(), self.quant.format);
+        let mut rows = Vec::with_capacity(n * summed);
+        for (j, &scale) in scales.iter().enumerate().take(n) {
+            for i in 0..summed {
+                let v = match self.transposed {
+                    true => read(j * summed + i),
+                    false => read(i * n + j),
+                };
+                let q = match scale > 0.0 {
+                    true => format.round(v / scale),
+                    false => 0.0,
+                };
+                rows.push(format.encode(q));
+            }
+        }
+        rows
+    }
+}
+
+impl Runtime {
+    /// Enqueues the 8-bit step `e`: its input into patches, the product into the sums, and
+    /// the epilogue into `y`. `g` is its product's descriptors, `w` its 8-bit weights.
+    pub(in crate::runtime) fn eight_bit(&self, e: &EightBit, g: &GemmDescs, w: u64) -> Result<()> {
+        let (kernels, dtype) = self.writes(e.y);
+        let quant = &kernels?.quant;
+        let (patches, sums) = (self.ptr_u8(&self.patches), self.ptr_u8(&self.sums));
+
+        let x = self.ptr(e.x);
+        let i = |v: usize| v as i32;
+        let [h, w_in, c] = e.hwc.map(i);
+        let [oh, ow] = e.out.map(i);
+        let [kh, kw] = e.kernel.map(i);
+        let [ph, pw] = e.pads.map(i);
+        let [sh, sw] = e.strides.map(i);
+        let [dh, dw] = e.dilations.map(i);
+        let rows = e.rows as i64;
+        let fp8 = i32::from(e.quant.format == QuantFormat::Fp8);
+        let mut b = self.stream.launch_builder(&quant.patches);
+        b.arg(&x).arg(&patches).arg(&rows);
+        b.arg(&h)
+            .arg(&w_in)
+            .arg(&c)
+            .arg(&oh)
+            .arg(&ow)
+            .arg(&kh)
+            .arg(&kw);
+        b.arg(&ph).arg(&pw).arg(&sh).arg(&sw).arg(&dh).arg(&dw);
+        b.arg(&e.quant.x_scale).arg(&fp8);
+        launch(b, self.launch_cfg(e.patch_bytes() / 8))?;
+
+        // d = 1·w·patchesᵀ: int32 scalars for int8 (its scale type), f32 for FP8.
+        let (one_i, zero_i, one_f, zero_f) = (1i32, 0i32, 1.0f32, 0.0f32);
+        let (alpha, beta) = match e.quant.format {
+            QuantFormat::Int8 => (
+                &one_i as *const i32 as *const c_void,
+                &zero_i as *const i32 as *const c_void,
+            ),
+            QuantFormat::Fp8 => (
+                &one_f as *const f32 as *const c_void,
+                &zero_f as *const f32 as *const c_void,
+            ),
+        };
+        // SAFETY: live device buffers of the sizes the layouts state: the weights of
+        // `EightBitWeights`, the patches and sums sized for the largest 8-bit step; scalars
+        // of the descriptors' scale type.
+        unsafe { self.matmul(g, [alpha, beta], [w, patches, sums, sums]) }?;
+
+        let func = match e.quant.format {
+            QuantFormat::Int8 => &quant.dequantize_int32,
+            QuantFormat::Fp8 => &quant.dequantize_f32,
+        };
+        let (id, p0, p1) = act_params(e.act, dtype);
+        let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
+        let bias = e.bias.map_or(0u64, |b| self.ptr(b));
+        let z = e.residual.map_or(0u64, |z| self.ptr(z));
+        let (len, n) = ((e.rows * e.n) as i64, e.n as i32);
+        let scale = e.alpha * e.quant.x_scale;
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&sums).arg(&y).arg(&w_scales).arg(&bias).arg(&z);
+        b.arg(&len).arg(&n).arg(&scale).arg(&id).arg(&p0).arg(&p1);
+        launch(b, self.launch_cfg(e.rows * e.n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A product of k = 2, n = 3 whose weights are stored `[k, n]` (or `[n, k]`, transposed).
+    fn product(w_transposed: bool, format: QuantFormat) -> EightBit {
+        let g = GemmStep {
+            batch: 1,
+            alpha: 1.0,
+            rows: 4,
+            n: 3,
+            k: 2,
+            x: Loc::Arena(0),
+            x_batch: 0,
+            w: Loc::Weight {
+                index: 0,
+                offset: 1,
+            },
+            w_transposed,
+            bias: None,
+            residual: None,
+            act: Act::None,
+            y: Loc::Arena(8),
+            y_batch: 12,
+            quant: Some(Quant {
+                format,
+                x_scale: 0.1,
+                w_scales: Loc::Weight {
+                    index: 1,
+                    offset: 0,
+                },
+            }),
+        };
+        EightBit::of_gemm(&g).expect("quantized")
+    }
+
+    #[test]
+    fn weights_become_rows_of_output_channels_rounded_by_their_scales() {
+        // w = [[1, -0.5, 0.25], [0.5, 1, -0.25]] after one value of padding; each column's
+        // scale is its largest magnitude / 127. Halves round to even: 63.5 → 64, −63.5 → −64.
+        let w = [9.0f32, 1.0, -0.5, 0.25, 0.5, 1.0, -0.25];
+        let wt = [9.0f32, 1.0, 0.5, -0.5, 1.0, 0.25, -0.25];
+        let scales = [1.0 / 127.0, 1.0 / 127.0, 0.25 / 127.0];
+        let int8 = |v: [i8; 6]| v.map(|q| q as u8).to_vec();
+        let want = int8([127, 64, -64, 127, 127, -127]);
+        for (transposed, weights) in [(false, w), (true, wt)] {
+            let e = product(transposed, QuantFormat::Int8);
+            assert_eq!((e.summed(), e.patch_bytes(), e.sum_bytes()), (2, 8, 48));
+            let f16: Vec<u8> = (weights.iter())
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect();
+            assert_eq!(e.rounded_weights(&f16, DType::F16, &scales), want);
+            let f32: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(e.rounded_weights(&f32, DType::F32, &scales), want);
+        }
+        // FP8: scales of largest / 448 put each column's largest at 448 (0x7e), and a channel
+        // whose scale is 0 (all zeros) reads 0.
+        let e = product(false, QuantFormat::Fp8);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let got = e.rounded_weights(&bytes, DType::F32, &[1.0 / 448.0, 1.0 / 448.0, 0.0]);
+        let f = QuantFormat::Fp8;
+        assert_eq!(got, [0x7e, f.encode(224.0), f.encode(-224.0), 0x7e, 0, 0]);
+    }
+}

@@ -3,7 +3,7 @@
 //! layouts and strides. A lowering bug (a wrong stride, two live buffers sharing memory)
 //! shows here as a result that differs from `reference`.
 
-use super::plan::{DType, Loc, Plan, Span, Step, Weights};
+use super::plan::{Loc, Plan, Span, Step, Weights};
 
 /// The buffers of a plan, in f32.
 pub(crate) struct Memory<'a> {
@@ -40,18 +40,6 @@ impl Memory<'_> {
 
 /// Runs `plan` on `input` (one batch in the plan's input layout) and returns its output.
 pub fn run(plan: &Plan, weights: &Weights, input: &[f32]) -> Vec<f32> {
-    run_rounding(plan, weights, input, false)
-}
-
-/// `run`, with every value a step writes to the arena rounded to the plan's type, as the
-/// GPU stores it: the simulation of an fp16 plan then reads what the GPU's kernels read,
-/// which matters where a step rounds its input to 8 bits (a value near a rounding boundary
-/// lands on the same side).
-pub fn run_stored(plan: &Plan, weights: &Weights, input: &[f32]) -> Vec<f32> {
-    run_rounding(plan, weights, input, plan.dtype == DType::F16)
-}
-
-fn run_rounding(plan: &Plan, weights: &Weights, input: &[f32], fp16: bool) -> Vec<f32> {
     assert_eq!(input.len(), plan.input_len);
     let mut m = Memory {
         // NaN marks memory no step has written: reading it shows in the result.
@@ -63,14 +51,6 @@ fn run_rounding(plan: &Plan, weights: &Weights, input: &[f32], fp16: bool) -> Ve
     };
     for step in &plan.steps {
         run_step(&mut m, step);
-        let span = step.written();
-        if let (true, Loc::Arena(o)) = (fp16, span.loc) {
-            let start = usize::try_from(span.start).expect("a span within its buffer");
-            let end = usize::try_from(span.end).expect("a span within its buffer");
-            for v in &mut m.arena[o + start..o + end] {
-                *v = half::f16::from_f32(*v).to_f32();
-            }
-        }
     }
     m.output
 }

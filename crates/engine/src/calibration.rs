@@ -47,21 +47,13 @@ impl Calibration {
 
     /// Runs `frame` through the model and keeps what its quantizable steps read.
     pub fn add(&mut self, frame: &FrameView) -> Result<(), EngineError> {
-        self.preprocessor
-            .run(frame, &[Crop::Whole], &mut self.input)?;
-        self.runner.run(&self.input);
-        Ok(())
+        self.preprocessed(frame, Self::add_input)
     }
 
     /// Takes `frame` into the table, or holds it out: every `HOLD_OUT_EVERY`th frame is
     /// held out, up to `HOLD_OUT_MOST` of them.
     pub fn take(&mut self, frame: &FrameView) -> Result<(), EngineError> {
-        self.preprocessor
-            .run(frame, &[Crop::Whole], &mut self.input)?;
-        let input = std::mem::take(&mut self.input);
-        let taken = self.take_input(&input);
-        self.input = input;
-        taken
+        self.preprocessed(frame, Self::take_input)
     }
 
     /// `take` for a frame already in the model's input layout (as `add_input`).
@@ -77,12 +69,21 @@ impl Calibration {
 
     /// Keeps `frame` out of the table, with the model's f32 scores for it.
     pub fn hold_out(&mut self, frame: &FrameView) -> Result<(), EngineError> {
+        self.preprocessed(frame, Self::hold_out_input)
+    }
+
+    /// `then` on `frame` preprocessed as the engine's defaults do.
+    fn preprocessed(
+        &mut self,
+        frame: &FrameView,
+        then: fn(&mut Self, &[f32]) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
         self.preprocessor
             .run(frame, &[Crop::Whole], &mut self.input)?;
         let input = std::mem::take(&mut self.input);
-        let held = self.hold_out_input(&input);
+        let done = then(self, &input);
         self.input = input;
-        held
+        done
     }
 
     /// Keeps a frame (its model input) out of the table, with the model's f32 scores for it:

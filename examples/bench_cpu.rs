@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
 //! CPU backend benchmark: per-frame time of the engine on each model at batch 1 and 8, with
-//! one thread and with all cores; preprocessing cost; and the whole element's frame rate at
-//! 720p and 1080p. Prints one `name value` line per figure (medians).
+//! one thread and with all cores, and of the whole element on 224×224 RGB frames at the same
+//! settings (`elem_` lines: the pipeline's time less its source's, so conversion,
+//! normalisation, batching and metadata count); preprocessing cost; and the whole element's
+//! frame rate at 720p and 1080p. Prints one `name value` line per figure (medians).
 //!
 //! cargo run --release --example bench_cpu -- RUNS MODEL.onnx...
 //! cargo run --release --example bench_cpu -- RUNS --element MODEL.onnx
@@ -86,9 +88,76 @@ fn main() {
                 // Per frame: a batch's time over its frames.
                 let ms = median(times) / batch as f64;
                 println!("{tag}_{name}_t{threads}_b{batch}_ms {ms:.2}");
+                drop(engine);
+                // About as many frames as the engine ran, and at least 1.5 s of them.
+                let frames = (runs * batch)
+                    .max((1500.0 / ms) as usize)
+                    .next_multiple_of(batch);
+                let ms = element_ms(model, threads, batch, frames);
+                println!("elem_{name}_t{threads}_b{batch}_ms {ms:.2}");
             }
         }
     }
+}
+
+/// The element's time per frame on 224×224 RGB frames at `threads` and `batch`: the
+/// pipeline's, less that of the same source into `fakesink` alone, each timed from its
+/// first batch's output to its last (so not the first run's warm-up) over `frames` frames.
+fn element_ms(model: &str, threads: usize, batch: usize, frames: usize) -> f64 {
+    let source = format!(
+        "videotestsrc num-buffers={} pattern=ball ! \
+         video/x-raw,format=RGB,width=224,height=224,framerate=30/1",
+        frames + batch
+    );
+    let whole = ms_per_frame(
+        &format!(
+            "{source} ! trtclassify backend=cpu onnx-location={model} threads={threads} \
+             batch-size={batch} batch-timeout=-1 ! fakesink name=sink sync=false"
+        ),
+        batch,
+    );
+    let alone = ms_per_frame(&format!("{source} ! fakesink name=sink sync=false"), batch);
+    whole - alone
+}
+
+/// Milliseconds per buffer into the pipeline `description`'s `sink`, after its first `skip`.
+fn ms_per_frame(description: &str, skip: usize) -> f64 {
+    let pipeline = gst::parse::launch(description)
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let sink = pipeline.by_name("sink").unwrap();
+    // (buffers seen, when the `skip`th came, when the last came)
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((0usize, None, None)));
+    let probe = seen.clone();
+    sink.static_pad("sink")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+            let mut seen = probe.lock().unwrap();
+            seen.0 += 1;
+            let now = Some(Instant::now());
+            match seen.0 == skip {
+                true => seen.1 = now,
+                false => seen.2 = now,
+            }
+            gst::PadProbeReturn::Ok
+        });
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let bus = pipeline.bus().unwrap();
+    let msg = bus
+        .timed_pop_filtered(
+            gst::ClockTime::NONE,
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        )
+        .unwrap();
+    if let gst::MessageView::Error(e) = msg.view() {
+        panic!("{description}: {} ({:?})", e.error(), e.debug());
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    let (count, Some(first), Some(last)) = *seen.lock().unwrap() else {
+        panic!("{description}: fewer than {} buffers", skip + 1);
+    };
+    (last - first).as_secs_f64() * 1e3 / (count - skip) as f64
 }
 
 /// The scores of two frames of the benchmark's input pattern, one line each, for a check
@@ -185,38 +254,17 @@ fn bench_element(model: &str, runs: usize, tag: &str) {
     // The whole element: I420 frames through trtclassify (all cores).
     for (width, height) in [(1280, 720), (1920, 1080)] {
         for batch in [1, 8] {
-            let frames = 4 * runs;
-            let pipeline = gst::parse::launch(&format!(
-                "videotestsrc num-buffers={frames} pattern=ball ! \
-                 video/x-raw,format=I420,width={width},height={height} ! \
-                 trtclassify onnx-location={model} batch-size={batch} batch-timeout=-1 ! \
-                 fakesink name=sink sync=false"
-            ))
-            .unwrap()
-            .downcast::<gst::Pipeline>()
-            .unwrap();
-            pipeline.set_state(gst::State::Paused).unwrap();
-            let bus = pipeline.bus().unwrap();
-            // The engine builds in start(); only the streaming is timed.
-            bus.timed_pop_filtered(
-                gst::ClockTime::NONE,
-                &[gst::MessageType::AsyncDone, gst::MessageType::Error],
+            let frames = 4 * runs + batch;
+            let ms = ms_per_frame(
+                &format!(
+                    "videotestsrc num-buffers={frames} pattern=ball ! \
+                     video/x-raw,format=I420,width={width},height={height} ! \
+                     trtclassify onnx-location={model} batch-size={batch} batch-timeout=-1 ! \
+                     fakesink name=sink sync=false"
+                ),
+                batch,
             );
-            let t = Instant::now();
-            pipeline.set_state(gst::State::Playing).unwrap();
-            let msg = bus
-                .timed_pop_filtered(
-                    gst::ClockTime::NONE,
-                    &[gst::MessageType::Eos, gst::MessageType::Error],
-                )
-                .unwrap();
-            assert!(matches!(msg.view(), gst::MessageView::Eos(_)), "{msg:?}");
-            let secs = t.elapsed().as_secs_f64();
-            pipeline.set_state(gst::State::Null).unwrap();
-            println!(
-                "{tag}_pipeline_{height}p_b{batch}_fps {:.1}",
-                frames as f64 / secs
-            );
+            println!("{tag}_pipeline_{height}p_b{batch}_fps {:.1}", 1e3 / ms);
         }
     }
 }

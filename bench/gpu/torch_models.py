@@ -12,7 +12,8 @@ export: for each model, OUTDIR/NAME.onnx (opset 17, legacy TorchScript exporter,
 OUTDIR/NAME.input.bin (4 float32 little-endian NCHW images, numpy default_rng(7) standard
 normal) and OUTDIR/NAME.ref.json (onnxruntime CPU outputs and top-5 for that input).
 
-A model is a torchvision name (`vit_b_16`), or `timm.NAME` for timm's hybrids and DeiT (timm
+A model is a torchvision name (`vit_b_16`), `vit_ti_16` (torchvision's ViT class in DeiT-Tiny's
+shape: 12 layers of width 192, 3 heads), or `timm.NAME` for timm's hybrids and DeiT (timm
 only needs importing: carry its wheel to the GPU host, it is pure Python), with `@13`..`@20`
 for another opset or `@dynamo` for the dynamo exporter (torch.export, its default opset);
 the files are named with a dot there: `vit_b_16.opset13.onnx`, `swin_t.dynamo.onnx`.
@@ -75,6 +76,13 @@ FAMILY_MODELS = [
     "timm.levit_128s@dynamo",
 ]
 BENCH_MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "vit_b_16", "swin_t"]
+# Architectures torchvision has the class of but no name for.
+CUSTOM_MODELS = {
+    # DeiT-Tiny's shape: the small ViT an edge CPU runs.
+    "vit_ti_16": lambda: torchvision.models.VisionTransformer(
+        image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768
+    ),
+}
 
 OPSET = 17
 INPUT_NAME = "image"
@@ -110,7 +118,7 @@ def file_stem(spec):
 
 
 def check_model_names(specs):
-    known = set(torchvision.models.list_models())
+    known = set(torchvision.models.list_models()) | set(CUSTOM_MODELS)
     unknown = []
     for spec in specs:
         source, name, exporter = parse_model(spec)
@@ -235,6 +243,8 @@ def build_model(spec, calibrate=True):
         import timm
 
         model = timm.create_model(name, pretrained=False, num_classes=1000)
+    elif name in CUSTOM_MODELS:
+        model = CUSTOM_MODELS[name]()
     else:
         model = torchvision.models.get_model(name, weights=None)
     model.eval()

@@ -157,12 +157,13 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
     let depthwise = shape == Shape::Small && rng.below(2) == 0;
     let group = match shape {
         _ if depthwise => 1 + rng.below(40),
-        Shape::Small => [1, 1, 2, 3][rng.below(4)],
+        Shape::Small => [1, 1, 2, 3, 4, 8][rng.below(6)],
         _ => 1,
     };
     let (c, k) = match shape {
         _ if depthwise => (group, group),
-        Shape::Small => (group * (1 + rng.below(9)), group * (1 + rng.below(9))),
+        // Up to 20 channels a group: RegNets' groups are 8 to 24 channels wide.
+        Shape::Small => (group * (1 + rng.below(20)), group * (1 + rng.below(20))),
         Shape::Wide => ([32, 40, 64, 300][rng.below(4)], 1 + rng.below(40)),
         Shape::Winograd => (
             [32, 40, 64, 96][rng.below(4)],

@@ -47,6 +47,21 @@ fn sigmoid<const FMA: bool>(x: f32) -> f32 {
     1.0 / (1.0 + exp::<FMA>(-x))
 }
 
+/// erf(x) as the reference computes it (Abramowitz and Stegun 7.1.26, error below 1.5e-7),
+/// without calls or branches: the reference's libm `expf` per value made GELU's epilogue cost
+/// four times its product (ViT-Ti: 2.3 ms of a 0.5 ms product, on one core).
+#[inline(always)]
+fn erf<const FMA: bool>(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / fma::<FMA>(0.327_591_1, a, 1.0);
+    let p = fma::<FMA>(1.061_405_4, t, -1.453_152_1);
+    let p = fma::<FMA>(p, t, 1.421_413_8);
+    let p = fma::<FMA>(p, t, -0.284_496_74);
+    let p = fma::<FMA>(p, t, 0.254_829_6);
+    let y = 1.0 - p * t * exp::<FMA>(-a * a);
+    y.copysign(x)
+}
+
 /// Applies `act` to every value of `v`, one loop per activation so that each vectorises.
 #[inline(always)]
 pub fn activate<const FMA: bool>(act: Act, v: &mut [f32]) {
@@ -69,6 +84,10 @@ pub fn activate<const FMA: bool>(act: Act, v: &mut [f32]) {
             .iter_mut()
             .for_each(|x| *x = 2.0 * sigmoid::<FMA>(2.0 * *x) - 1.0),
         Act::Exp => v.iter_mut().for_each(|x| *x = exp::<FMA>(*x)),
+        Act::Erf => v.iter_mut().for_each(|x| *x = erf::<FMA>(*x)),
+        Act::Gelu => v.iter_mut().for_each(|x| {
+            *x *= 0.5 * (1.0 + erf::<FMA>(*x * std::f32::consts::FRAC_1_SQRT_2));
+        }),
         other => v.iter_mut().for_each(|x| *x = other.apply(*x)),
     }
 }
@@ -104,6 +123,7 @@ mod tests {
             Act::Silu,
             Act::Tanh,
             Act::Exp,
+            Act::Erf,
             Act::Gelu,
         ];
         let xs: Vec<f32> = (-400..400).map(|i| i as f32 * 0.025).collect();

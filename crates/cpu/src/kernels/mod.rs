@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
 //! The steps of a plan (`compiler::plan`, lowered in f32) run on the CPU: convolutions and
 //! matrix products with constant weights on weights packed once (`panels`: AVX-512, AVX2/FMA
-//! or NEON tiles), depthwise convolutions in AVX-512 or AVX2 register tiles (`conv`; loops
-//! the compiler vectorises elsewhere), products of computed matrices (attention) and grouped
-//! convolutions through the `gemm` crate, and the rest (pooling, element-wise steps) as loops
+//! or NEON tiles; a grouped convolution's per group), depthwise convolutions in AVX-512 or
+//! AVX2 register tiles (`conv`; loops the compiler vectorises elsewhere), products of
+//! computed matrices (attention) through the `gemm` crate, and the rest (pooling, element-wise steps) as loops
 //! over NHWC channels that the compiler vectorises.
 //!
 //! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,
@@ -96,10 +96,10 @@ pub enum Packed {
     /// Depthwise: `[kernel positions][channels]`, so that the channel loop reads both
     /// operands in order.
     Depthwise(Arc<Aligned>),
-    /// A grouped convolution's, per group, `[kernel positions × input channels of the
-    /// group][output channels of the group]`: the right-hand matrix of the product with the
-    /// unfolded input.
-    Gemm(Arc<Vec<f32>>),
+    /// A grouped convolution's, each group's `[kernel positions × input channels of the
+    /// group][output channels of the group]` in panels: the right-hand matrix of the
+    /// group's product with its unfolded input.
+    Groups(Vec<Panels>),
     /// The constant right-hand matrix of a product (a convolution's `[kernel positions ×
     /// input channels][output channels]`) in panels, and the activation of a following step
     /// where the product does it.
@@ -129,7 +129,7 @@ impl Packed {
     pub fn shared(&self) -> Packed {
         match self {
             Packed::Depthwise(w) => Packed::Depthwise(w.clone()),
-            Packed::Gemm(w) => Packed::Gemm(w.clone()),
+            Packed::Groups(w) => Packed::Groups(w.clone()),
             Packed::Panels(panels, _) | Packed::ScaledInput { panels, .. } => {
                 Packed::Panels(panels.clone(), None)
             }
@@ -311,7 +311,7 @@ pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
     match (step, packed) {
         (
             Step::Conv(c),
-            Packed::Depthwise(_) | Packed::Gemm(_) | Packed::Panels(..) | Packed::Winograd(_),
+            Packed::Depthwise(_) | Packed::Groups(_) | Packed::Panels(..) | Packed::Winograd(_),
         ) => Some(c.weight),
         (Step::Gemm(GemmStep { w, .. }), Packed::Panels(..) | Packed::ScaledInput { .. }) => {
             Some(*w)

@@ -75,16 +75,6 @@ pub(super) enum Weights {
     },
 }
 
-impl Weights {
-    /// A row-major `k × n` matrix.
-    pub(super) fn strided(w: &[f32], n: usize) -> Weights {
-        Weights::Strided {
-            ptr: w.as_ptr(),
-            strides: (n, 1),
-        }
-    }
-}
-
 // SAFETY: the pointers are into buffers checked for the whole product; the threads of
 // `run` each write their own rows (or columns) of the output.
 unsafe impl Sync for Product {}

@@ -14,11 +14,10 @@ mod unfold;
 
 pub(super) use depthwise::depthwise;
 pub(super) use pack::pack;
-pub(super) use unfold::{Taps, ZEROS, conv_gemm};
+pub(super) use unfold::{Taps, ZEROS, conv_gemm, conv_groups};
 
 use std::sync::Arc;
 
-use super::product::Weights;
 use super::{Buffers, CpuStep, Packed, Scratch, Threads, winograd};
 use trtclassify_compiler::plan::{ConvStep, Loc, Step};
 
@@ -62,8 +61,8 @@ impl CpuStep for ConvStep {
         };
         match packed {
             Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
-            Packed::Gemm(w) => conv_gemm(buf, c, Weights::strided(w, c.k / c.group), col, threads),
-            Packed::Panels(w, _) => conv_gemm(buf, c, Weights::Panels(w), col, threads),
+            Packed::Groups(w) => conv_groups(buf, c, w, col, threads),
+            Packed::Panels(w, _) => conv_gemm(buf, c, w, col, threads),
             Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
             _ => unreachable!("a convolution's weight packs"),
         }

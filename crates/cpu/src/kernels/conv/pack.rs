@@ -40,14 +40,8 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
             None,
         );
     }
-    let mut packed = vec![0.0; c.group * rows * kg];
-    for g in 0..c.group {
-        for kk in 0..kg {
-            let k = g * kg + kk;
-            for i in 0..rows {
-                packed[(g * rows + i) * kg + kk] = krsc[k * rows + i];
-            }
-        }
-    }
-    Packed::Gemm(Arc::new(packed))
+    let groups = (0..c.group)
+        .map(|g| Panels::pack(rows, kg, 1.0, |i, j| krsc[(g * kg + j) * rows + i]))
+        .collect();
+    Packed::Groups(groups)
 }

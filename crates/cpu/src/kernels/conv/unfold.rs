@@ -6,129 +6,144 @@
 use std::ops::Range;
 
 use super::is_pointwise;
-use crate::kernels::product::{Product, Weights, epilogue_init};
-use crate::kernels::{Buffers, Threads, activate};
+use crate::kernels::panels::Panels;
+use crate::kernels::product::{Product, Weights};
+use crate::kernels::{Buffers, Threads};
 use trtclassify_compiler::plan::ConvStep;
 
-/// Any other convolution, as a product of the input's patches and the packed weights, with
-/// bias, residual and activation: the patches read where they lie (`Taps`), or unfolded
-/// first (im2col, NHWC patches in `col`) where neither a tap nor a kernel row is a run
-/// worth finding (`Taps::of`) or the weights are not packed.
+/// A convolution of one group (not depthwise: `depthwise` takes those), as a product of
+/// the input's patches and the packed weights, with bias, residual and activation: the
+/// patches read where they lie (`Taps`), or unfolded first (im2col, NHWC patches in `col`)
+/// where neither a tap nor a kernel row is a run worth finding (`Taps::of`).
 pub(in crate::kernels) fn conv_gemm(
     buf: &Buffers,
     c: &ConvStep,
-    w: Weights,
+    panels: &Panels,
     col: &mut Vec<f32>,
     threads: Threads,
 ) {
     let (x, y) = (buf.at(c.x), buf.at_mut(c.y));
-    let (cg, kg) = (c.c / c.group, c.k / c.group);
-    let rows = c.kernel[0] * c.kernel[1] * cg;
+    let rows = c.kernel[0] * c.kernel[1] * c.c;
     let pixels = c.oh * c.ow;
     let pointwise = is_pointwise(c);
-    let taps = match w {
-        Weights::Panels(_) if !pointwise => Taps::of(c, 0),
-        _ => None,
+    let taps = match pointwise {
+        false => Taps::of(c, 0),
+        true => None,
     };
     let indirect = taps.is_some();
+    // Unfolded in blocks of pixels of about 256 KB, which stay in the L2 cache for the
+    // product (the weights are packed once, so more calls cost nothing); at least 120 rows,
+    // so that the weights read for a block serve enough of them. Several threads take the
+    // whole image, which the product shares out, as does a product that reads its input
+    // where it lies.
+    let block = match (pointwise || indirect, threads.count) {
+        (true, _) | (_, 2..) => pixels,
+        _ => ((1 << 16) / rows.max(1)).max(120),
+    };
     for n in 0..c.n {
         // SAFETY: checked spans.
         let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * c.k)) };
         let residual = c
             .residual
             .map(|z| unsafe { buf.at(z).add(n * pixels * c.k) });
-        if c.group == 1 {
-            // Unfolded in blocks of pixels of about 256 KB, which stay in the L2 cache for
-            // the product (the weights are packed once, so more calls cost nothing); at
-            // least 120 rows, so that the weights read for a block serve enough of them.
-            // Several threads take the whole image, which the product shares out, as does a
-            // product that reads its input where it lies.
-            let block = match (pointwise || indirect, threads.count) {
-                (true, _) | (_, 2..) => pixels,
-                _ => ((1 << 16) / rows.max(1)).max(120),
-            };
-            for start in (0..pixels).step_by(block.max(1)) {
-                let count = block.min(pixels - start);
-                let (lhs, lhs_stride) = if pointwise {
-                    // SAFETY: checked span.
-                    (unsafe { xb.add(start * c.c) }, c.c)
-                } else if indirect {
-                    (xb, 0)
-                } else {
-                    unfold(xb, c, 0, start, count, col);
-                    (col.as_ptr(), rows)
-                };
-                // SAFETY: checked spans; `col` holds `count × rows` values.
-                let product = unsafe {
-                    Product {
-                        rows: count,
-                        n: c.k,
-                        k: rows,
-                        x: lhs,
-                        x_stride: lhs_stride,
-                        taps: taps.map(|t| t.skip_rows(start)),
-                        w,
-                        y: yb.add(start * c.k),
-                        y_stride: c.k,
-                        alpha: 1.0,
-                        bias: Some(buf.at(c.bias)),
-                        residual: residual.map(|z| z.add(start * c.k)),
-                        act: c.act,
-                    }
-                };
-                product.run(threads);
-            }
-            continue;
-        }
-        let Weights::Strided { ptr: w, .. } = w else {
-            unreachable!("grouped convolutions keep their weights per group (`pack`)");
-        };
-        epilogue_init(yb, pixels, c.k, c.k, Some(buf.at(c.bias)), residual);
-        for g in 0..c.group {
-            let (lhs, lhs_rs) = if pointwise {
-                (unsafe { xb.add(g * cg) }, c.c)
+        for start in (0..pixels).step_by(block.max(1)) {
+            let count = block.min(pixels - start);
+            let (lhs, lhs_stride) = if pointwise {
+                // SAFETY: checked span.
+                (unsafe { xb.add(start * c.c) }, c.c)
+            } else if indirect {
+                (xb, 0)
             } else {
-                unfold(xb, c, g, 0, pixels, col);
+                col.resize(count * rows, 0.0);
+                unfold(xb, c, 0, start, count, col);
                 (col.as_ptr(), rows)
             };
-            // SAFETY: checked spans; `col` holds `pixels × rows` values.
-            unsafe {
-                gemm::gemm(
-                    pixels,
-                    kg,
-                    rows,
-                    yb.add(g * kg),
-                    1,
-                    c.k as isize,
-                    true,
-                    lhs,
-                    1,
-                    lhs_rs as isize,
-                    w.add(g * rows * kg),
-                    1,
-                    kg as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    threads.gemm(),
-                )
+            // SAFETY: checked spans; `col` holds `count × rows` values.
+            let product = unsafe {
+                Product {
+                    rows: count,
+                    n: c.k,
+                    k: rows,
+                    x: lhs,
+                    x_stride: lhs_stride,
+                    taps: taps.map(|t| t.skip_rows(start)),
+                    w: Weights::Panels(panels),
+                    y: yb.add(start * c.k),
+                    y_stride: c.k,
+                    alpha: 1.0,
+                    bias: Some(buf.at(c.bias)),
+                    residual: residual.map(|z| z.add(start * c.k)),
+                    act: c.act,
+                }
             };
+            product.run(threads);
         }
-        // SAFETY: checked span.
-        activate(c.act, unsafe {
-            std::slice::from_raw_parts_mut(yb, pixels * c.k)
-        });
+    }
+}
+
+/// A grouped convolution (not depthwise: `depthwise` takes those), as one product a group,
+/// each of the group's patches (unfolded, or the input's channels of the group where it is
+/// 1×1) and its panels, with the group's part of the bias, residual and activation. The
+/// groups share the threads, each product on one: a product shared out would hand work to
+/// the threads once per group (24 in a RegNet layer) instead of once.
+pub(in crate::kernels) fn conv_groups(
+    buf: &Buffers,
+    c: &ConvStep,
+    panels: &[Panels],
+    col: &mut Vec<f32>,
+    threads: Threads,
+) {
+    let (cg, kg) = (c.c / c.group, c.k / c.group);
+    let rows = c.kernel[0] * c.kernel[1] * cg;
+    let pixels = c.oh * c.ow;
+    let pointwise = is_pointwise(c);
+    if !pointwise {
+        col.resize(c.group * pixels * rows, 0.0);
+    }
+    // Each group unfolds into its own part of `col`.
+    let col = col.as_mut_ptr() as usize;
+    for n in 0..c.n {
+        let group = |g: usize| {
+            // SAFETY: checked spans; group `g` writes only its part of `col` and its
+            // channels of the output.
+            unsafe {
+                let xb = buf.at(c.x).add(n * c.h * c.w * c.c);
+                let yb = buf.at_mut(c.y).add(n * pixels * c.k);
+                let (lhs, lhs_stride) = if pointwise {
+                    (xb.add(g * cg), c.c)
+                } else {
+                    let part = (col as *mut f32).add(g * pixels * rows);
+                    let part = std::slice::from_raw_parts_mut(part, pixels * rows);
+                    unfold(xb, c, g, 0, pixels, part);
+                    (part.as_ptr(), rows)
+                };
+                let residual = c.residual.map(|z| buf.at(z).add(n * pixels * c.k + g * kg));
+                Product {
+                    rows: pixels,
+                    n: kg,
+                    k: rows,
+                    x: lhs,
+                    x_stride: lhs_stride,
+                    taps: None,
+                    w: Weights::Panels(&panels[g]),
+                    y: yb.add(g * kg),
+                    y_stride: c.k,
+                    alpha: 1.0,
+                    bias: Some(buf.at(c.bias).add(g * kg)),
+                    residual,
+                    act: c.act,
+                }
+                .run(threads.single());
+            }
+        };
+        threads.for_each(c.group, group);
     }
 }
 
 /// im2col for group `g` of one image, output pixels `start..start + count`: for each, its
 /// kernel's taps in order, each the group's input channels (zeros outside the image).
-fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col: &mut Vec<f32>) {
+fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col: &mut [f32]) {
     let cg = c.c / c.group;
-    let rows = c.kernel[0] * c.kernel[1] * cg;
-    col.resize(count * rows, 0.0);
     let mut dst = 0;
     // Where the taps of a kernel row are neighbours in the input (no dilation along the
     // row, one group), the row's patch is one run of `kernel[1] × c` values: one copy
@@ -148,8 +163,9 @@ fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col
             if runs && ix0 >= 0 && ix0 as usize + c.kernel[1] <= c.w {
                 let at = (iy as usize * c.w + ix0 as usize) * c.c;
                 // SAFETY: inside the checked input span (the run ends inside the row).
-                col[dst..dst + row_len]
-                    .copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), row_len) });
+                copy_run(&mut col[dst..dst + row_len], unsafe {
+                    std::slice::from_raw_parts(x.add(at), row_len)
+                });
                 dst += row_len;
                 continue;
             }
@@ -161,11 +177,27 @@ fn unfold(x: *const f32, c: &ConvStep, g: usize, start: usize, count: usize, col
                 } else {
                     let at = (iy as usize * c.w + ix as usize) * c.c + g * cg;
                     // SAFETY: inside the checked input span.
-                    out.copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(at), cg) });
+                    copy_run(out, unsafe { std::slice::from_raw_parts(x.add(at), cg) });
                 }
                 dst += cg;
             }
         }
+    }
+}
+
+/// `to = from`, in moves of 8 values inline: the runs here are a group's channels or a
+/// kernel row (8 to a few hundred values), for which a call to `memmove` (what
+/// `copy_from_slice` becomes) cost more than the copy: 17 % of RegNet-X-400MF's time.
+#[inline(always)]
+fn copy_run(to: &mut [f32], from: &[f32]) {
+    let mut to = to.chunks_exact_mut(8);
+    let mut from = from.chunks_exact(8);
+    for (t, f) in (&mut to).zip(&mut from) {
+        let f: [f32; 8] = f.try_into().expect("8 values");
+        t.copy_from_slice(&f);
+    }
+    for (t, &f) in to.into_remainder().iter_mut().zip(from.remainder()) {
+        *t = f;
     }
 }
 

@@ -127,19 +127,13 @@ fn ms_per_frame(description: &str, skip: usize) -> f64 {
         .downcast::<gst::Pipeline>()
         .unwrap();
     let sink = pipeline.by_name("sink").unwrap();
-    // (buffers seen, when the `skip`th came, when the last came)
-    let seen = std::sync::Arc::new(std::sync::Mutex::new((0usize, None, None)));
+    // When each buffer reached the sink.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let probe = seen.clone();
     sink.static_pad("sink")
         .unwrap()
         .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
-            let mut seen = probe.lock().unwrap();
-            seen.0 += 1;
-            let now = Some(Instant::now());
-            match seen.0 == skip {
-                true => seen.1 = now,
-                false => seen.2 = now,
-            }
+            probe.lock().unwrap().push(Instant::now());
             gst::PadProbeReturn::Ok
         });
     pipeline.set_state(gst::State::Playing).unwrap();
@@ -154,10 +148,10 @@ fn ms_per_frame(description: &str, skip: usize) -> f64 {
         panic!("{description}: {} ({:?})", e.error(), e.debug());
     }
     pipeline.set_state(gst::State::Null).unwrap();
-    let (count, Some(first), Some(last)) = *seen.lock().unwrap() else {
-        panic!("{description}: fewer than {} buffers", skip + 1);
-    };
-    (last - first).as_secs_f64() * 1e3 / (count - skip) as f64
+    let seen = seen.lock().unwrap();
+    let timed = seen.get(skip.max(1) - 1..).filter(|t| t.len() > 1);
+    let timed = timed.unwrap_or_else(|| panic!("{description}: fewer than {} buffers", skip + 1));
+    (timed[timed.len() - 1] - timed[0]).as_secs_f64() * 1e3 / (timed.len() - 1) as f64
 }
 
 /// The scores of two frames of the benchmark's input pattern, one line each, for a check

@@ -3,8 +3,8 @@
 //! matrix products with constant weights on weights packed once (`panels`: AVX-512, AVX2/FMA
 //! or NEON tiles; a grouped convolution's per group), depthwise convolutions in AVX-512 or
 //! AVX2 register tiles (`conv`; loops the compiler vectorises elsewhere), products of
-//! computed matrices (attention) through the `gemm` crate, and the rest (pooling, element-wise steps) as loops
-//! over NHWC channels that the compiler vectorises.
+//! computed matrices (attention) through the `gemm` crate, and the rest (pooling,
+//! element-wise steps) as loops over NHWC channels that the compiler vectorises.
 //!
 //! Here: the buffers, the dispatch of a step and the small kernels (pooling, rows); `conv`,
 //! `product`, `panels` and `elementwise` hold the rest, and `x86_64` and `aarch64` the code

@@ -959,6 +959,7 @@ mod tests {
                 precision: crate::engine::Precision::Fp32,
                 calibration: None,
                 min_agreement: crate::engine::DEFAULT_MIN_AGREEMENT,
+                strict_precision: false,
                 gpu_id: 0,
                 threads: 0,
                 engine_location: None,

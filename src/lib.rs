@@ -15,6 +15,7 @@ use gst::glib;
 
 #[cfg(feature = "analytics")]
 pub mod analytics;
+pub mod calibrate;
 pub mod cudamem;
 /// The inference engines (their own crate, free of GStreamer).
 pub use trtclassify_engine as engine;

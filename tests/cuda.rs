@@ -20,6 +20,7 @@ fn options(model: &str, batch_size: usize, precision: Precision) -> EngineOption
         precision,
         calibration: None,
         min_agreement: gsttrtclassify::engine::DEFAULT_MIN_AGREEMENT,
+        strict_precision: false,
         gpu_id: 0,
         threads: 0,
         engine_location: None,
@@ -347,9 +348,11 @@ fn cuda_keeps_the_digits_accuracy() {
 
 /// The digits classifier in int8 and FP8, quantized with the committed calibration table
 /// (its two inner convolutions): the held-out accuracy stays within a point of fp32's, and
-/// the scores are those of onnxruntime running the same quantization as a QDQ model
+/// with every quantized layer in 8 bits (`strict_precision`) the scores are those of
+/// onnxruntime running the same quantization as a QDQ model
 /// (`models/digits/digits_quantized_reference.json`), within fp16's difference (the layers
-/// around them run in fp16 here, in f32 there).
+/// around them run in fp16 here, in f32 there). By default each layer runs in the faster of
+/// 8 bits and fp16, which the build's report names.
 #[test]
 fn cuda_int8_and_fp8_keep_the_digits_accuracy() {
     if !gpu("cuda_int8_and_fp8_keep_the_digits_accuracy") {
@@ -370,7 +373,16 @@ fn cuda_int8_and_fp8_keep_the_digits_accuracy() {
         let mut options = options(&model, 16, precision);
         options.calibration = Some(common::model("digits/digits_calibration.txt").into());
         let mut gpu = CudaEngine::build(&options).expect("a quantized cuda engine");
+        let report = gpu.info().quant_report.clone().expect("the build's report");
+        println!("digits {format}, each layer the faster: {report}");
         assert_eq!(gpu.info().precision, precision);
+        let scores = gpu.classify(&frames).expect("the digits classify");
+        digits.check(&format!("backend=cuda {format}, the faster"), &scores);
+
+        options.strict_precision = true;
+        let mut gpu = CudaEngine::build(&options).expect("a quantized cuda engine");
+        let report = gpu.info().quant_report.clone().expect("the build's report");
+        assert!(!report.contains("faster on this GPU"), "{format}: {report}");
         let scores = gpu.classify(&frames).expect("the digits classify");
         digits.check(&format!("backend=cuda {format}"), &scores);
         let want = floats(&reference[format], "scores");
@@ -639,8 +651,8 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
 
-/// Each export in int8 and FP8 (FP8 from sm_89 on), calibrated on its own reference frames:
-/// the engine builds and runs, its scores are probabilities, and the transformers keep the
+/// Each export in int8 and FP8 (FP8 from sm_89 on), calibrated on its own reference frames,
+/// every quantized layer in 8 bits (`strict_precision`): the engine builds and runs, its scores are probabilities, and the transformers keep the
 /// top class of at least 3 of 4 frames with no probability off by more than 0.1 against
 /// onnxruntime's fp32. The CNNs' agreement is printed, not asserted: the exports have random
 /// weights, and such a CNN turns the few per cent of error an 8-bit layer makes into large
@@ -691,6 +703,7 @@ fn cuda_int8_and_fp8_run_every_export() {
             }
             let mut o = options(model, 8, precision);
             o.calibration = Some(table.clone());
+            o.strict_precision = true;
             let mut gpu = CudaEngine::build(&o)
                 .unwrap_or_else(|e| panic!("{name} {precision:?}: cuda engine: {e}"));
             let got = gpu.infer(&input, want.len()).expect("quantized inference");

@@ -15,6 +15,7 @@ fn options(model: &str, batch_size: usize) -> EngineOptions {
         precision: Precision::Fp32,
         calibration: None,
         min_agreement: gsttrtclassify::engine::DEFAULT_MIN_AGREEMENT,
+        strict_precision: false,
         gpu_id: 0,
         threads: 0,
         engine_location: None,
@@ -611,4 +612,91 @@ fn trtclassify_engine_calibrate_writes_the_table() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("no-such.png"), "{stderr}");
+}
+
+/// The element's `calibration-location` may name frames instead of a table: the table is
+/// made from them once, kept in the cache folder under a digest of the model, the frames and
+/// the preprocessing, and found there the next time; a table, or a precision that is not
+/// quantized, is left as it is; a changed frame file makes another table; a missing source
+/// is named.
+#[test]
+fn calibration_from_frames_is_made_once_and_kept_in_the_cache() {
+    use gsttrtclassify::calibrate::with_table;
+    use gsttrtclassify::engine::compiler::quant::{CalibrationTable, HeldOut};
+    common::init();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let cache = dir.path().join("cache");
+    let video = dir.path().join("clip.mkv");
+    let clip = |frames: u32| {
+        run_to_eos(&format!(
+            "videotestsrc num-buffers={frames} pattern=smpte ! \
+             video/x-raw,format=I420,width=64,height=48 ! matroskamux ! filesink location={}",
+            video.display()
+        ))
+    };
+    clip(20);
+    let mut o = options("digits/digits.onnx", 1);
+    o.precision = Precision::Int8;
+    o.calibration = Some(video.clone());
+    let mut heard = Vec::new();
+    let made = with_table(&o, &cache, &mut |m| heard.push(m.to_owned())).expect("calibrated");
+    let table = made.calibration.clone().expect("a table");
+    assert_eq!(table.parent(), Some(cache.as_path()), "{}", table.display());
+    assert!(
+        heard
+            .iter()
+            .any(|m| m.contains("calibrating on up to 256 frames")),
+        "{heard:?}"
+    );
+    let written = CalibrationTable::load(&table).expect("the table reads back");
+    // 20 frames: every eighth (the 8th and 16th) held out for the accuracy guard.
+    assert_eq!(written.frames, 18);
+    assert_eq!(written.nodes.keys().collect::<Vec<_>>(), ["conv2", "conv3"]);
+    let held = HeldOut::load(&HeldOut::beside(&table)).expect("the held-out frames");
+    assert_eq!(held.frames(), 2);
+    let names = |dir: &std::path::Path| {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .expect("the cache folder")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(
+        names(&cache).len(),
+        2,
+        "the table and its held-out frames only"
+    );
+
+    // Again: found, not made.
+    heard.clear();
+    let again = with_table(&o, &cache, &mut |m| heard.push(m.to_owned())).expect("found");
+    assert_eq!(again.calibration.as_deref(), Some(table.as_path()));
+    assert!(heard.is_empty(), "{heard:?}");
+    // A table, or fp16, is left as it is.
+    let mut given = o.clone();
+    given.calibration = Some(table.clone());
+    let kept = with_table(&given, &cache, &mut |_| {}).expect("a table");
+    assert_eq!(kept.calibration.as_deref(), Some(table.as_path()));
+    let mut fp16 = o.clone();
+    fp16.precision = Precision::Fp16;
+    let kept = with_table(&fp16, &cache, &mut |_| {}).expect("fp16");
+    assert_eq!(kept.calibration.as_deref(), Some(video.as_path()));
+
+    // Other frames in the same file: another table.
+    clip(12);
+    let other = with_table(&o, &cache, &mut |_| {}).expect("calibrated again");
+    let other = other.calibration.expect("a table");
+    assert_ne!(other, table);
+    assert_eq!(CalibrationTable::load(&other).expect("reads").frames, 11);
+
+    let mut missing = o.clone();
+    missing.calibration = Some(dir.path().join("no-such-folder"));
+    let err = with_table(&missing, &cache, &mut |_| {}).expect_err("a missing source");
+    assert!(err.contains("no-such-folder"), "{err}");
 }

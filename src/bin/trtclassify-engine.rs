@@ -2,17 +2,20 @@
 //! Builds GPU engines ahead of time, and benchmarks them.
 //!
 //!   trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size 8] [--precision fp16]
-//!                            [--calibration TABLE] [--min-agreement 0.95] [--input-size HxW]
-//!                            [--gpu-id 0]
+//!                            [--calibration TABLE] [--min-agreement 0.95] [--strict-precision]
+//!                            [--input-size HxW] [--gpu-id 0]
 //!   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16] [--runs 200]
-//!                            [--calibration TABLE] [--engine-dir DIR] [--check] [--profile]
+//!                            [--calibration TABLE] [--strict-precision] [--engine-dir DIR]
+//!                            [--check] [--profile]
 //!   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames 256]
 //!                            [--input-size HxW]
 //!
 //! `build` writes the engine where the element looks for it (`--engine`, or the per-user
 //! cache that `engine-location` defaults to), so that a pipeline starts without building.
 //! `--precision int8` and `fp8` read the calibration table `calibrate` wrote (`--calibration`,
-//! or MODEL's name with `.calibration.txt` in the current folder, `calibrate`'s default).
+//! or MODEL's name with `.calibration.txt` in the current folder, `calibrate`'s default);
+//! each quantized layer runs in the faster of 8 bits and fp16 on this GPU, or always in 8
+//! bits with `--strict-precision`.
 //! `bench` builds each model for each batch size from scratch, loads it again from its file,
 //! and prints a markdown table: build time, cached start, graph latency (median of single
 //! replays), images/s (graph replays back to back) and the median `infer()` call (upload,
@@ -38,10 +41,11 @@ use gsttrtclassify::preprocess::PreprocessOptions;
 const USAGE: &str = "usage:
   trtclassify-engine build MODEL.onnx [--engine FILE] [--batch-size N]
                            [--precision fp16|fp32|int8|fp8] [--calibration TABLE]
-                           [--min-agreement 0.95] [--input-size HxW] [--gpu-id N]
+                           [--min-agreement 0.95] [--strict-precision] [--input-size HxW]
+                           [--gpu-id N]
   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16|fp32|int8|fp8]
-                           [--calibration TABLE] [--runs N] [--engine-dir DIR] [--check]
-                           [--profile]
+                           [--calibration TABLE] [--strict-precision] [--runs N]
+                           [--engine-dir DIR] [--check] [--profile]
   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames N]
                            [--input-size HxW]";
 
@@ -53,6 +57,8 @@ struct Args {
     /// The calibration table of int8 and FP8 engines.
     calibration: Option<PathBuf>,
     min_agreement: f64,
+    /// Every quantized layer in 8 bits, even where fp16 is faster.
+    strict_precision: bool,
     frames: usize,
     engine: Option<PathBuf>,
     engine_dir: Option<PathBuf>,
@@ -78,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         table: None,
         calibration: None,
         min_agreement: gsttrtclassify::engine::DEFAULT_MIN_AGREEMENT,
+        strict_precision: false,
         frames: 256,
         engine: None,
         engine_dir: None,
@@ -126,6 +133,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--table" => a.table = Some(it.next().ok_or("--table needs a file")?.into()),
             "--min-agreement" => a.min_agreement = number(&arg, it.next())?,
+            "--strict-precision" => a.strict_precision = true,
             "--calibration" => {
                 a.calibration = Some(it.next().ok_or("--calibration needs a table")?.into())
             }
@@ -159,6 +167,7 @@ fn options(args: &Args, model: &Path, batch_size: usize, engine: Option<PathBuf>
             .quant_format()
             .map(|_| (args.calibration.clone()).unwrap_or_else(|| default_table(model))),
         min_agreement: args.min_agreement,
+        strict_precision: args.strict_precision,
         gpu_id: args.gpu_id,
         threads: 0,
         engine_location: engine,
@@ -227,84 +236,21 @@ fn build(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Takes frames of `file` (`Calibration::take`) until the table has `target` frames: model
-/// inputs already preprocessed (float32, little-endian, one frame after another: `bench
-/// --check`'s `MODEL.input.bin`).
-fn read_inputs(
-    file: &Path,
-    target: usize,
-    calibration: &mut gsttrtclassify::engine::calibration::Calibration,
-) -> Result<(), String> {
-    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let frame_bytes = calibration.frame_len() * 4;
-    if bytes.is_empty() || !bytes.len().is_multiple_of(frame_bytes) {
-        return Err(format!(
-            "{}: {} bytes, not whole frames of the model's input ({frame_bytes} bytes each)",
-            file.display(),
-            bytes.len()
-        ));
-    }
-    for frame in bytes.chunks_exact(frame_bytes) {
-        if calibration.frames() >= target {
-            break;
-        }
-        let input: Vec<f32> = (frame.chunks_exact(4))
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-            .collect();
-        calibration.take_input(&input).map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
 /// Calibrates `args.models[0]` on frames of the rest, and writes the table.
 fn calibrate(args: &Args) -> Result<(), String> {
-    use gsttrtclassify::engine::calibration::Calibration;
     use gsttrtclassify::engine::compiler::quant::{HeldOut, LAYER_ERROR_BOUND, QuantFormat};
 
     let (model, sources) = args.models.split_first().expect("checked by parse_args");
-    let calibration =
-        Calibration::new(&options(args, model, 1, None)).map_err(|e| e.to_string())?;
-    let calibration = std::sync::Arc::new(std::sync::Mutex::new(calibration));
-    let mut files = Vec::new();
-    for source in sources {
-        match source.is_dir() {
-            true => {
-                let mut inside: Vec<PathBuf> = std::fs::read_dir(source)
-                    .map_err(|e| format!("{}: {e}", source.display()))?
-                    .filter_map(|entry| entry.ok().map(|e| e.path()))
-                    .filter(|p| p.is_file())
-                    .collect();
-                inside.sort();
-                files.extend(inside);
-            }
-            false => files.push(source.clone()),
-        }
-    }
-    let started = Instant::now();
-    for file in &files {
-        if calibration.lock().unwrap().frames() >= args.frames {
-            break;
-        }
-        match file.extension().is_some_and(|e| e == "bin") {
-            true => read_inputs(file, args.frames, &mut calibration.lock().unwrap())?,
-            false => decode_frames(file, args.frames, &calibration)?,
-        }
-        eprintln!(
-            "  {}: {} frames so far",
-            file.display(),
-            calibration.lock().unwrap().frames()
-        );
-    }
-    let calibration = calibration.lock().unwrap();
-    if calibration.frames() == 0 {
-        return Err("no frame decoded from the sources".into());
-    }
-    let table = calibration.table();
     let path = args.table.clone().unwrap_or_else(|| default_table(model));
-    table.save(&path).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let options = options(args, model, 1, None);
+    let done =
+        gsttrtclassify::calibrate::calibrate(&options, sources, args.frames, &path, &mut |msg| {
+            eprintln!("  {msg}")
+        })?;
     println!("| node | largest input | int8 range | int8 error | fp8 error |");
     println!("|---|---|---|---|---|");
-    for (name, r) in &table.nodes {
+    for (name, r) in &done.table.nodes {
         let error = |format: QuantFormat| {
             let e = r.error(format);
             let kept = if e > LAYER_ERROR_BOUND {
@@ -322,115 +268,22 @@ fn calibrate(args: &Args) -> Result<(), String> {
             error(QuantFormat::Fp8)
         );
     }
-    let held_out = calibration.held_out();
-    let held_out_path = HeldOut::beside(&path);
-    match held_out.frames() {
-        0 => {
-            // A stale file beside the table would measure the engine on other frames.
-            let _ = std::fs::remove_file(&held_out_path);
-        }
-        _ => held_out.save(&held_out_path).map_err(|e| e.to_string())?,
-    }
     println!(
         "{}: {} quantizable nodes calibrated on {} frames in {:.1} s; wrote {}{}",
         model.display(),
-        table.nodes.len(),
-        table.frames,
+        done.table.nodes.len(),
+        done.table.frames,
         started.elapsed().as_secs_f64(),
         path.display(),
-        match held_out.frames() {
+        match done.held_out {
             0 => " (no frame held out for the build's accuracy guard: give more frames)".into(),
             n => format!(
                 " and {n} held-out frames for the build's accuracy guard ({})",
-                held_out_path.display()
+                HeldOut::beside(&path).display()
             ),
         }
     );
     Ok(())
-}
-
-/// Decodes frames of `file` (an image or a video GStreamer reads) as RGB into `calibration`
-/// (`Calibration::take`) until its table has `target` frames.
-fn decode_frames(
-    file: &Path,
-    target: usize,
-    calibration: &std::sync::Arc<
-        std::sync::Mutex<gsttrtclassify::engine::calibration::Calibration>,
-    >,
-) -> Result<(), String> {
-    use gst::prelude::*;
-
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", file.display());
-    let pipeline = gst::parse::launch(
-        "filesrc name=src ! decodebin ! videoconvert ! video/x-raw,format=RGB ! fakesink name=sink sync=false",
-    )
-    .map_err(|e| fail(&e))?
-    .downcast::<gst::Pipeline>()
-    .expect("a pipeline");
-    let src = pipeline.by_name("src").expect("filesrc");
-    src.set_property("location", file.to_string_lossy().as_ref());
-    let sink = pipeline.by_name("sink").expect("fakesink");
-    let pad = sink.static_pad("sink").expect("a sink pad");
-    let failed = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
-    let (probed, seen) = (calibration.clone(), failed.clone());
-    pad.add_probe(gst::PadProbeType::BUFFER, move |pad, info| {
-        let mut seen = seen.lock().unwrap();
-        if probed.lock().unwrap().frames() >= target {
-            return gst::PadProbeReturn::Drop;
-        }
-        let Some(buffer) = info.buffer() else {
-            return gst::PadProbeReturn::Ok;
-        };
-        let frame = pad
-            .current_caps()
-            .ok_or("no caps".to_owned())
-            .and_then(|caps| gst_video::VideoInfo::from_caps(&caps).map_err(|e| e.to_string()))
-            .and_then(|vinfo| {
-                gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &vinfo)
-                    .map_err(|e| e.to_string())
-            });
-        let added = frame.and_then(|frame| {
-            let view = gsttrtclassify::video::view(&frame)?;
-            probed
-                .lock()
-                .unwrap()
-                .take(&view)
-                .map_err(|e| e.to_string())
-        });
-        if let Err(e) = added {
-            *seen = Some(e);
-        }
-        gst::PadProbeReturn::Ok
-    });
-    pipeline
-        .set_state(gst::State::Playing)
-        .map_err(|e| fail(&e))?;
-    let bus = pipeline.bus().expect("a bus");
-    let mut result = Ok(());
-    // Until the end of the file, an error, or enough frames (checked between messages).
-    loop {
-        match bus
-            .timed_pop(gst::ClockTime::from_mseconds(100))
-            .as_ref()
-            .map(|m| m.view())
-        {
-            Some(gst::MessageView::Eos(..)) => break,
-            Some(gst::MessageView::Error(err)) => {
-                result = Err(fail(&err.error()));
-                break;
-            }
-            _ => {}
-        }
-        let failed = failed.lock().unwrap().is_some();
-        if calibration.lock().unwrap().frames() >= target || failed {
-            break;
-        }
-    }
-    let _ = pipeline.set_state(gst::State::Null);
-    if let Some(e) = failed.lock().unwrap().take() {
-        return Err(fail(&e));
-    }
-    result
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -186,7 +186,7 @@ impl ObjectImpl for TrtClassify {
                     .build(),
                 glib::ParamSpecString::builder("calibration-location")
                     .nick("Calibration location")
-                    .blurb("precision=int8 or fp8: the calibration table of the model (each quantized layer's input range and error), written by `trtclassify-engine calibrate MODEL.onnx IMAGES-OR-VIDEOS... --table FILE`; layers the table marks as losing over 10 % stay fp16, named in the log")
+                    .blurb("precision=int8 or fp8: the calibration table of the model (each quantized layer's input range and error), written by `trtclassify-engine calibrate MODEL.onnx IMAGES-OR-VIDEOS... --table FILE`; or an image, a video or a folder of them, on whose first 256 frames the element calibrates at its first start (on the CPU; progress in the log), keeping the table in the engine cache for later starts. Layers the table marks as losing over 10 % stay fp16, named in the log")
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecDouble::builder("min-agreement")

@@ -317,8 +317,23 @@ impl TrtClassify {
     ) -> Result<(instance::Stream, Joined), Problem> {
         let started = Instant::now();
         let (backend, options) = (key.backend, key.options.clone());
-        let (stream, joined) = instance::join(key, wake, move || engine::build(backend, &options))
-            .map_err(start_problem)?;
+        let (stream, joined) = instance::join(key, wake, move || {
+            // A calibration-location of frames, not a table: the GPU engine's table is made
+            // (or found in the engine cache) first. The CPU backend runs f32 anyway.
+            if matches!(backend, engine::Backend::Cpu | engine::Backend::Kserve) {
+                return engine::build(backend, &options);
+            }
+            let cache = engine::cuda::cache::dir();
+            let options = crate::calibrate::with_table(&options, &cache, &mut |msg| {
+                options.progress.report(msg)
+            })
+            .map_err(|reason| EngineError::Build {
+                path: options.model.clone(),
+                reason,
+            })?;
+            engine::build(backend, &options)
+        })
+        .map_err(start_problem)?;
         let info = stream.info();
         match joined {
             Joined::Built => gst::info!(

@@ -253,6 +253,7 @@ impl Settings {
                 precision: self.precision.into(),
                 calibration: self.calibration_location.clone().map(Into::into),
                 min_agreement: self.min_agreement,
+                strict_precision: false,
                 gpu_id: gpu,
                 threads: self.threads as usize,
                 engine_location: self.engine_location.clone().map(Into::into),

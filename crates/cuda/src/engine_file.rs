@@ -175,6 +175,10 @@ pub struct QuantKey {
     pub held_out_sha256: Option<String>,
     /// The least top-1 agreement the accuracy guard asked (`EngineOptions::min_agreement`).
     pub min_agreement: f64,
+    /// Whether every quantized layer runs in 8 bits (`EngineOptions::strict_precision`),
+    /// rather than each in the faster of 8 bits and fp16.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
 }
 
 /// What the accuracy guard measured of an int8 or FP8 build on the held-out frames.

@@ -8,9 +8,9 @@
 //! looked up or built.
 
 pub use trtclassify_cuda::{
-    Error, engine_file, fp16_range, gpu_count, runtime, unavailable_reason,
+    Error, cache, engine_file, fp16_range, gpu_count, runtime, unavailable_reason,
 };
-use trtclassify_cuda::{cache, digests, frames};
+use trtclassify_cuda::{digests, frames};
 
 use std::time::Instant;
 
@@ -116,7 +116,8 @@ impl CudaEngine {
         };
 
         // Plans without tuned algorithms are tuned here; a loaded file's are used as they are.
-        let open = |file: &mut EngineFile, progress: &mut dyn FnMut(&str)| {
+        // A fresh build (`built`) also times each 8-bit step both ways, unless strict.
+        let open = |file: &mut EngineFile, built: bool, progress: &mut dyn FnMut(&str)| {
             let plans = std::mem::take(&mut file.plans);
             let wide = file.kept_f32.as_ref().map(|k| runtime::Wide {
                 ptx: &k.ptx,
@@ -129,6 +130,7 @@ impl CudaEngine {
                 &file.weights,
                 plans,
                 wide,
+                built && !file.key.quantized.as_ref().is_some_and(|q| q.strict),
                 progress,
             )
             .map_err(|e| fail(e.to_string()))
@@ -137,7 +139,7 @@ impl CudaEngine {
             let mut file =
                 build_engine(model, &gpu, key.clone(), dtype, spec, &[], quant, progress)
                     .map_err(fail)?;
-            let mut runtime = open(&mut file, progress)?;
+            let mut runtime = open(&mut file, true, progress)?;
             let mut kept: Vec<String> = Vec::new();
             if dtype == DType::F16 {
                 // Where the sample frames pass fp16's range, the nodes that do (and those
@@ -174,7 +176,7 @@ impl CudaEngine {
                         )
                         .map_err(fail)?;
                         file.fp32_because = Some(because);
-                        runtime = open(&mut file, progress)?;
+                        runtime = open(&mut file, true, progress)?;
                         break;
                     }
                     progress(&format!("{because}: building that node in f32"));
@@ -194,7 +196,7 @@ impl CudaEngine {
                     if let Some(k) = &mut file.kept_f32 {
                         k.because = found.clone();
                     }
-                    runtime = open(&mut file, progress)?;
+                    runtime = open(&mut file, true, progress)?;
                 }
                 if let Some(k) = file
                     .kept_f32
@@ -228,7 +230,7 @@ impl CudaEngine {
                     if let (Some(old), Some(new)) = (kept_f32, &mut file.kept_f32) {
                         new.because = old.because;
                     }
-                    runtime = open(&mut file, progress)?;
+                    runtime = open(&mut file, true, progress)?;
                 } else {
                     file.quant_check = Some(checked);
                 }
@@ -243,7 +245,7 @@ impl CudaEngine {
         let fresh = built.is_some();
         let runtime = match built {
             Some(runtime) => runtime,
-            None => open(&mut file, &mut progress)?,
+            None => open(&mut file, false, &mut progress)?,
         };
         let num_classes = file.num_classes;
         log::info!(target: crate::LOG_TARGET, "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {:?}",
@@ -358,11 +360,19 @@ fn check_quantized(
     q: &Quantization,
     frame_len: usize,
 ) -> Result<engine_file::QuantCheck, String> {
-    let built = file
+    let mut built = file
         .quant_check
         .take()
         .map(|c| c.report)
         .unwrap_or_default();
+    for (batch, nodes) in runtime.unquantized() {
+        built += &format!(
+            "; at batch size {batch}, {} quantized layer(s) run in fp16, faster on this GPU \
+             than in 8 bits: {}",
+            nodes.len(),
+            nodes.join(", ")
+        );
+    }
     let held_path = HeldOut::beside(&q.path);
     let Some(held) = &q.held_out else {
         return Ok(engine_file::QuantCheck {
@@ -443,6 +453,7 @@ fn quantization(options: &EngineOptions) -> Result<Option<Quantization>, String>
             table_sha256: engine_file::sha256_hex(&bytes),
             held_out_sha256,
             min_agreement: options.min_agreement,
+            strict: options.strict_precision,
         },
         table,
         path: path.clone(),

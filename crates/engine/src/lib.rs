@@ -92,6 +92,10 @@ pub struct EngineOptions {
     /// The least top-1 agreement with fp32, 0 to 1, that an int8 or FP8 engine must show on
     /// the calibration's held-out frames; below it the engine is built in fp16 instead.
     pub min_agreement: f64,
+    /// Whether every layer an int8 or FP8 engine quantizes runs in 8 bits, even where fp16 is
+    /// faster on the GPU (TensorRT's obey-precision-constraints). By default the build times
+    /// each both ways and keeps the faster.
+    pub strict_precision: bool,
     /// The CUDA device ordinal a GPU backend runs on.
     pub gpu_id: u32,
     /// Threads of the CPU backend's shared pool one engine may use; 0: all cores.
@@ -118,6 +122,7 @@ impl EngineOptions {
             precision: Precision::default(),
             calibration: None,
             min_agreement: DEFAULT_MIN_AGREEMENT,
+            strict_precision: false,
             gpu_id: 0,
             threads: 0,
             engine_location: None,

@@ -57,12 +57,12 @@ impl QuantFormat {
             QuantFormat::Fp8 => {
                 let sign = if v.is_sign_negative() { 0x80 } else { 0 };
                 let a = v.abs();
-                let bits = match a < 2f32.powi(-6) {
+                let bits = match a < pow2(-6) {
                     // Subnormals: exponent field 0, the value in steps of 2⁻⁹.
                     true => (a * 512.0) as u8,
                     false => {
                         let exponent = ((a.to_bits() >> 23) as i32) - 127;
-                        let mantissa = (a / 2f32.powi(exponent) - 1.0) * 8.0;
+                        let mantissa = (a / pow2(exponent) - 1.0) * 8.0;
                         (((exponent + 7) as u8) << 3) | mantissa as u8
                     }
                 };
@@ -78,8 +78,8 @@ impl QuantFormat {
             QuantFormat::Fp8 => {
                 let (exponent, mantissa) = (((b >> 3) & 0xf) as i32, (b & 7) as f32);
                 let a = match exponent {
-                    0 => mantissa * 2f32.powi(-9),
-                    e => (1.0 + mantissa / 8.0) * 2f32.powi(e - 7),
+                    0 => mantissa * pow2(-9),
+                    e => (1.0 + mantissa / 8.0) * pow2(e - 7),
                 };
                 if b & 0x80 != 0 { -a } else { a }
             }
@@ -105,13 +105,21 @@ fn fp8_e4m3(v: f32) -> f32 {
     let a = v.abs();
     // The spacing of representable values around `a`: 2^(e-3) for a normal of exponent e,
     // 2^-9 among the subnormals (below 2^-6). Both divisions are exact.
-    let exponent = match a < 2f32.powi(-6) {
+    let exponent = match a < pow2(-6) {
         true => -6,
+        // At most 127: saturated to 448 below.
         false => ((a.to_bits() >> 23) as i32) - 127,
     };
-    let step = 2f32.powi(exponent - 3);
+    let step = pow2(exponent - 3);
     let rounded = ((a / step).round_ties_even() * step).min(448.0);
     rounded.copysign(v)
+}
+
+/// 2^e for a normal f32 exponent (−126..=127), built from its bits: `powi` is a loop of
+/// products, and the engine rounds every weight of an FP8 engine as it opens.
+fn pow2(e: i32) -> f32 {
+    debug_assert!((-126..=127).contains(&e));
+    f32::from_bits(((e + 127) as u32) << 23)
 }
 
 /// How a product or convolution reads its operands when it is quantized: `x` with one

@@ -21,7 +21,7 @@ pub use crate::plan::QuantFormat;
 pub use agreement::Agreement;
 pub use calibration::{Calibrator, Stepper};
 pub use heldout::HeldOut;
-pub use table::{CalibrationTable, NodeRange, TableError};
+pub use table::{CalibrationTable, HEADER as TABLE_HEADER, NodeRange, TableError};
 
 use crate::plan::{ConvStep, GemmStep, Loc, Plan, Quant, Span, Step, Weights};
 

@@ -19,7 +19,8 @@ use std::path::Path;
 use crate::plan::QuantFormat;
 
 /// The first line of a table, with the version of its format.
-const HEADER: &str = "trtclassify-calibration 1";
+/// The first line of a table file.
+pub const HEADER: &str = "trtclassify-calibration 1";
 
 /// One node's line: the range of its input and its product's errors.
 #[derive(Debug, Clone, Copy, PartialEq)]

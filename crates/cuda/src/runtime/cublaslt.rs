@@ -123,6 +123,20 @@ pub(super) struct GemmDescs {
     /// The activation left for an element-wise pass after the product: GELU where no
     /// algorithm of cuBLASLt takes it in the epilogue for this shape.
     pub(super) act_after: Act,
+    /// For an 8-bit product: whether it writes the step's output itself (`scaled_fp8`),
+    /// rather than sums that a pass of ours scales back.
+    pub(super) scaled: bool,
+}
+
+/// The epilogue of an FP8 product that writes its step's output (`GemmDescs::scaled_fp8`):
+/// device addresses of the per-channel scales (`n` f32) and of `rows` f32 ones, the bias,
+/// the activation, and the output's type.
+pub(super) struct ScaledEpilogue {
+    pub(super) w_scales: u64,
+    pub(super) ones: u64,
+    pub(super) bias: Option<u64>,
+    pub(super) act: Act,
+    pub(super) out: DType,
 }
 
 /// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n],
@@ -182,10 +196,7 @@ impl GemmDescs {
             w_transposed,
             y_f32,
         } = *shape;
-        let ty = match dtype {
-            DType::F16 => lt::cudaDataType_t::CUDA_R_16F,
-            DType::F32 => lt::cudaDataType_t::CUDA_R_32F,
-        };
+        let ty = data_type(dtype);
         // Row-major y[rows, n] = x[rows, k] · w[k, n] is, column-major, yᵀ = wᵀ · xᵀ:
         // A = w as n×k (ld n), B = x as k×rows (ld k), C = y as n×rows (ld n); the bias runs
         // along C's rows, one value per output.
@@ -215,48 +226,7 @@ impl GemmDescs {
                 layout.set_batch(count, stride as i64)?;
             }
         }
-        use lt::cublasLtEpilogue_t as E;
-        let epilogue = match (bias.is_some(), act) {
-            (true, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
-            (false, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU,
-            (true, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
-            (false, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU,
-            (true, Act::None) => E::CUBLASLT_EPILOGUE_BIAS,
-            (false, Act::None) => E::CUBLASLT_EPILOGUE_DEFAULT,
-            _ => {
-                return Err(Error::Plan(
-                    "a matrix product with an activation its epilogue lacks",
-                ));
-            }
-        };
-        // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors.
-        unsafe {
-            ltr::set_matmul_desc_attribute(
-                desc.0,
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-                &epilogue as *const _ as *const c_void,
-                std::mem::size_of_val(&epilogue),
-            )
-            .map_err(Error::cublas("epilogue"))?;
-            if let Some(ptr) = bias {
-                ltr::set_matmul_desc_attribute(
-                    desc.0,
-                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &ptr as *const u64 as *const c_void,
-                    std::mem::size_of::<u64>(),
-                )
-                .map_err(Error::cublas("bias"))?;
-                // Each product its own bias: `n` values apart.
-                let stride = n as i64;
-                ltr::set_matmul_desc_attribute(
-                    desc.0,
-                    lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
-                    &stride as *const i64 as *const c_void,
-                    std::mem::size_of::<i64>(),
-                )
-                .map_err(Error::cublas("bias stride"))?;
-            }
-        }
+        set_epilogue(&desc, bias, act, n)?;
         if w_transposed {
             set_transpose_a(&desc)?;
         }
@@ -300,6 +270,62 @@ impl GemmDescs {
         Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n])
     }
 
+    /// The descriptors of `y[rows, n] = act(x[rows, k] · w[n, k]ᵀ · scale + bias + z)` with
+    /// FP8 operands, `scale` each output channel's weight scale times the step's `alpha`
+    /// (the scalar: the input's scale times the product's alpha), `z` the residual as C: one
+    /// pass, the output written by cuBLASLt's epilogue. The weight scales are an outer
+    /// vector of A; B's is `rows` ones, as cuBLASLt takes outer-vector scales on both
+    /// operands or neither. `None` where this cuBLASLt has no such algorithm (before CUDA
+    /// 12.9, or an activation its epilogue lacks): the step then runs as `eight_bit` does.
+    pub(super) fn scaled_fp8(
+        handle: &Handle,
+        [rows, k, n]: [usize; 3],
+        epilogue: &ScaledEpilogue,
+        workspace: usize,
+    ) -> Result<Option<Self>> {
+        use lt::cudaDataType_t as T;
+        if !matches!(epilogue.act, Act::None | Act::Relu | Act::Gelu) {
+            return Ok(None);
+        }
+        let desc =
+            ltr::create_matmul_desc(lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, T::CUDA_R_32F)
+                .map(MatmulDesc)
+                .map_err(Error::cublas("descriptor"))?;
+        let a = MatrixLayout::new(T::CUDA_R_8F_E4M3, k, n, k)?;
+        let b = MatrixLayout::new(T::CUDA_R_8F_E4M3, k, rows, k)?;
+        let c = MatrixLayout::new(data_type(epilogue.out), n, rows, n)?;
+        set_transpose_a(&desc)?;
+        set_epilogue(&desc, epilogue.bias, epilogue.act, n)?;
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        let outer = lt::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        for (attribute, what) in [
+            (A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, "scale mode"),
+            (A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, "scale mode"),
+        ] {
+            set_desc(&desc, attribute, &(outer as i32), what)?;
+        }
+        set_desc(
+            &desc,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &epilogue.w_scales,
+            "scales",
+        )?;
+        set_desc(
+            &desc,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            &epilogue.ones,
+            "scales",
+        )?;
+        match Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n]) {
+            Ok(descs) => Ok(Some(GemmDescs {
+                scaled: true,
+                ..descs
+            })),
+            Err(Error::NoGemmAlgorithm { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The descriptors with the algorithm cuBLASLt's heuristic picks for them within
     /// `workspace` bytes.
     fn with_algo(
@@ -333,8 +359,75 @@ impl GemmDescs {
             c,
             algo,
             act_after: Act::None,
+            scaled: false,
         })
     }
+}
+
+/// cuBLASLt's type of values of `dtype`.
+fn data_type(dtype: DType) -> lt::cudaDataType_t {
+    match dtype {
+        DType::F16 => lt::cudaDataType_t::CUDA_R_16F,
+        DType::F32 => lt::cudaDataType_t::CUDA_R_32F,
+    }
+}
+
+/// Sets the attribute `attribute` of `desc` to `value`, of the type cuBLASLt documents for it.
+fn set_desc<V>(
+    desc: &MatmulDesc,
+    attribute: lt::cublasLtMatmulDescAttributes_t,
+    value: &V,
+    what: &'static str,
+) -> Result<()> {
+    // SAFETY: the callers pass values of the type cuBLASLt documents for each attribute; the
+    // descriptor is live.
+    unsafe {
+        ltr::set_matmul_desc_attribute(
+            desc.0,
+            attribute,
+            value as *const V as *const c_void,
+            std::mem::size_of::<V>(),
+        )
+    }
+    .map_err(Error::cublas(what))
+}
+
+/// The epilogue of `desc`: the bias at device address `bias` (`n` values a product) and
+/// `act` (None, ReLU or GELU), applied after the residual (C) is added.
+fn set_epilogue(desc: &MatmulDesc, bias: Option<u64>, act: Act, n: usize) -> Result<()> {
+    use lt::cublasLtEpilogue_t as E;
+    use lt::cublasLtMatmulDescAttributes_t as A;
+    let epilogue = match (bias.is_some(), act) {
+        (true, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
+        (false, Act::Relu) => E::CUBLASLT_EPILOGUE_RELU,
+        (true, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
+        (false, Act::Gelu) => E::CUBLASLT_EPILOGUE_GELU,
+        (true, Act::None) => E::CUBLASLT_EPILOGUE_BIAS,
+        (false, Act::None) => E::CUBLASLT_EPILOGUE_DEFAULT,
+        _ => {
+            return Err(Error::Plan(
+                "a matrix product with an activation its epilogue lacks",
+            ));
+        }
+    };
+    set_desc(
+        desc,
+        A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+        &epilogue,
+        "epilogue",
+    )?;
+    if let Some(ptr) = bias {
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ptr, "bias")?;
+        // Each product its own bias: `n` values apart.
+        let stride = n as i64;
+        set_desc(
+            desc,
+            A::CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+            &stride,
+            "bias stride",
+        )?;
+    }
+    Ok(())
 }
 
 /// Makes the product read A transposed.
@@ -342,14 +435,6 @@ fn set_transpose_a(desc: &MatmulDesc) -> Result<()> {
     // cublasOperation_t's CUBLAS_OP_T (cuBLAS's enum, not in cudarc's cuBLASLt bindings): an
     // int32 attribute.
     let op: i32 = 1;
-    // SAFETY: an attribute of the type cuBLASLt documents for it, on a live descriptor.
-    unsafe {
-        ltr::set_matmul_desc_attribute(
-            desc.0,
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &op as *const _ as *const c_void,
-            std::mem::size_of_val(&op),
-        )
-    }
-    .map_err(Error::cublas("transpose"))
+    let transa = lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA;
+    set_desc(desc, transa, &op, "transpose")
 }

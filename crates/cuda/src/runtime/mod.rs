@@ -97,6 +97,12 @@ pub struct Runtime {
     /// Sized for the largest 8-bit step (1 byte where there is none).
     patches: CudaSlice<u8>,
     sums: CudaSlice<u8>,
+    /// Ones, one per row of the largest FP8 step: the scales of its patches in products
+    /// whose epilogue scales each output channel (`GemmDescs::scaled_fp8`).
+    ones: CudaSlice<f32>,
+    /// The 8-bit steps a fresh build moved to the plan's type, where that was faster: the
+    /// batch size of their plan and their nodes (`prepare`).
+    unquantized: Vec<(usize, Vec<String>)>,
     input: CudaSlice<f32>,
     output: CudaSlice<f32>,
     workspace: CudaSlice<u8>,
@@ -130,7 +136,10 @@ unsafe impl Send for Runtime {}
 
 impl Runtime {
     /// Uploads the weights, loads the kernels and prepares every plan; plans without tuned
-    /// algorithms are tuned now. `progress` hears about each plan tuned.
+    /// algorithms are tuned now, and where `time_eight_bit`, their 8-bit steps run in the
+    /// faster of 8 bits and the plan's type (`prepare`). `progress` hears about each plan
+    /// tuned.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         ptx: &str,
@@ -138,6 +147,7 @@ impl Runtime {
         weights: &[Vec<u8>],
         plans: Vec<Plan>,
         wide: Option<Wide>,
+        time_eight_bit: bool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self> {
         let eight_bit: Vec<EightBit> = (plans.iter().flat_map(|p| &p.steps))
@@ -222,6 +232,14 @@ impl Runtime {
         let sums = stream
             .alloc_zeros::<u8>(most(EightBit::sum_bytes))
             .map_err(Error::driver("8-bit sums allocation"))?;
+        let fp8_rows = (eight_bit.iter())
+            .filter(|e| e.quant.format == QuantFormat::Fp8)
+            .map(|e| e.rows)
+            .max()
+            .unwrap_or(1);
+        let ones = stream
+            .clone_htod(&vec![1.0f32; fp8_rows])
+            .map_err(Error::driver("8-bit scales upload"))?;
         let arena = stream
             .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
             .map_err(Error::driver("arena allocation"))?;
@@ -257,6 +275,8 @@ impl Runtime {
             eight_bit_weights,
             patches,
             sums,
+            ones,
+            unquantized: Vec::new(),
             input,
             output,
             workspace: stream
@@ -291,7 +311,7 @@ impl Runtime {
         }
         for plan in plans {
             let batch = plan.batch;
-            let prepared = rt.prepare(plan)?;
+            let prepared = rt.prepare(plan, time_eight_bit)?;
             rt.plans.push(prepared);
             if tune {
                 progress(&format!("tuned batch size {batch}"));
@@ -422,6 +442,12 @@ impl Runtime {
     /// The plans, tuned.
     pub fn plans(&self) -> impl Iterator<Item = &Plan> {
         self.plans.iter().map(|p| &p.plan)
+    }
+
+    /// The 8-bit steps that this build runs in the plan's type, as faster on this GPU: for
+    /// each plan that has any, its batch size and their nodes.
+    pub fn unquantized(&self) -> &[(usize, Vec<String>)] {
+        &self.unquantized
     }
 
     /// The most frames one call runs.

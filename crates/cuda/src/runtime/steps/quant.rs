@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Launching int8 and FP8 products and convolutions (`plan::Quant`): the input rounded to
-//! 8 bits into patches (quant.cu), cuBLASLt's 8-bit product of the patches and the 8-bit
-//! weights (int32 sums for int8, f32 for FP8), then quant.cu's epilogue, which scales the
-//! sums back per output channel and adds the bias, the residual and the activation.
+//! 8 bits into patches (quant.cu), then cuBLASLt's 8-bit product of the patches and the
+//! 8-bit weights. An FP8 product writes the step's output itself where cuBLASLt takes
+//! per-channel scales (CUDA 12.9 on): the scales, bias, residual and activation in its
+//! epilogue. Otherwise it writes sums (int32 for int8, f32 for FP8) and quant.cu's epilogue
+//! scales them back per output channel and adds the bias, the residual and the activation.
 //!
 //! The weights are rounded once, on the host, as the engine is opened (`EightBitWeights`),
 //! from the plan-type weights and the per-channel scales the engine file holds.
@@ -49,14 +51,14 @@ pub(in crate::runtime) struct EightBit {
     dilations: [usize; 2],
     /// Scales the sums (a product's `alpha`; 1 for a convolution).
     alpha: f32,
-    act: Act,
+    pub(in crate::runtime) act: Act,
     x: Loc,
     /// The weights in the plan's order: KRSC, `[k, n]`, or `[n, k]` where `transposed`.
     pub(in crate::runtime) w: Loc,
     transposed: bool,
-    bias: Option<Loc>,
+    pub(in crate::runtime) bias: Option<Loc>,
     residual: Option<Loc>,
-    y: Loc,
+    pub(in crate::runtime) y: Loc,
 }
 
 impl EightBit {
@@ -140,27 +142,47 @@ impl EightBit {
             }
         };
         let (n, summed, format) = (self.n, self.summed(), self.quant.format);
-        let mut rows = Vec::with_capacity(n * summed);
-        for (j, &scale) in scales.iter().enumerate().take(n) {
-            for i in 0..summed {
-                let v = match self.transposed {
-                    true => read(j * summed + i),
-                    false => read(i * n + j),
-                };
-                let q = match scale > 0.0 {
-                    true => format.round(v / scale),
-                    false => 0.0,
-                };
-                rows.push(format.encode(q));
+        let round = |channels: &mut [u8], first: usize| {
+            let rows = channels.chunks_exact_mut(summed).zip(&scales[first..]);
+            for (j, (row, &scale)) in rows.enumerate().map(|(j, r)| (first + j, r)) {
+                for (i, b) in row.iter_mut().enumerate() {
+                    let v = match self.transposed {
+                        true => read(j * summed + i),
+                        false => read(i * n + j),
+                    };
+                    let q = match scale > 0.0 {
+                        true => format.round(v / scale),
+                        false => 0.0,
+                    };
+                    *b = format.encode(q);
+                }
             }
+        };
+        let mut rows = vec![0u8; n * summed];
+        // Every weight of every 8-bit step is rounded as the engine opens: the channels are
+        // spread over the cores, for a quick start.
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let per = match rows.len() < 1 << 20 {
+            true => n.max(1),
+            false => n.div_ceil(cores),
+        };
+        match per >= n {
+            true => round(&mut rows, 0),
+            false => std::thread::scope(|s| {
+                for (t, channels) in rows.chunks_mut(per * summed).enumerate() {
+                    let round = &round;
+                    s.spawn(move || round(channels, t * per));
+                }
+            }),
         }
         rows
     }
 }
 
 impl Runtime {
-    /// Enqueues the 8-bit step `e`: its input into patches, the product into the sums, and
-    /// the epilogue into `y`. `g` is its product's descriptors, `w` its 8-bit weights.
+    /// Enqueues the 8-bit step `e`: its input into patches, then the product into `y`
+    /// (`g.scaled`) or into the sums and the epilogue into `y`. `g` is its product's
+    /// descriptors, `w` its 8-bit weights.
     pub(in crate::runtime) fn eight_bit(&self, e: &EightBit, g: &GemmDescs, w: u64) -> Result<()> {
         let (kernels, dtype) = self.writes(e.y);
         let quant = &kernels?.quant;
@@ -189,6 +211,21 @@ impl Runtime {
         b.arg(&e.quant.x_scale).arg(&fp8);
         launch(b, self.launch_cfg(e.patch_bytes() / 8))?;
 
+        if g.scaled {
+            // y = act(alpha·(w·patchesᵀ ⊙ channel scales) + z + bias), z the residual as C.
+            let alpha = e.alpha * e.quant.x_scale;
+            let beta = if e.residual.is_some() { 1.0f32 } else { 0.0 };
+            let y = self.ptr(e.y);
+            let c = e.residual.map_or(y, |z| self.ptr(z));
+            let scalars = [
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+            ];
+            // SAFETY: live device buffers of the sizes the layouts state (the weights, the
+            // patches sized for the largest 8-bit step, the step's output and residual); f32
+            // scalars, the descriptors' scale type.
+            return unsafe { self.matmul(g, scalars, [w, patches, c, y]) };
+        }
         // d = 1·w·patchesᵀ: int32 scalars for int8 (its scale type), f32 for FP8.
         let (one_i, zero_i, one_f, zero_f) = (1i32, 0i32, 1.0f32, 0.0f32);
         let (alpha, beta) = match e.quant.format {
@@ -285,5 +322,24 @@ mod tests {
         let got = e.rounded_weights(&bytes, DType::F32, &[1.0 / 448.0, 1.0 / 448.0, 0.0]);
         let f = QuantFormat::Fp8;
         assert_eq!(got, [0x7e, f.encode(224.0), f.encode(-224.0), 0x7e, 0, 0]);
+    }
+
+    #[test]
+    fn large_weights_are_rounded_in_parts_as_in_one() {
+        // 1024 × 1024 weights: past the size from which the channels are spread over threads.
+        let (k, n) = (1024, 1024);
+        let mut g = product(true, QuantFormat::Fp8);
+        (g.hwc[2], g.n) = (k, n);
+        let weights: Vec<f32> = (0..1 + k * n)
+            .map(|i| ((i * 7919) % 2003) as f32 - 1001.0)
+            .collect();
+        let bytes: Vec<u8> = weights.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let scales: Vec<f32> = (0..n).map(|j| (1 + j % 5) as f32 / 448.0).collect();
+        let got = g.rounded_weights(&bytes, DType::F32, &scales);
+        let f = QuantFormat::Fp8;
+        let want: Vec<u8> = (0..n * k)
+            .map(|i| f.encode(f.round(weights[1 + i] / scales[i / k])))
+            .collect();
+        assert!(got == want, "the rows rounded in parts differ");
     }
 }

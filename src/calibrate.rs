@@ -102,7 +102,7 @@ pub fn calibrate(
 }
 
 /// `options` with a calibration table: where an int8 or FP8 engine's `calibration` names
-/// frames (a folder, or a file that is not a table), the table made from them, kept in `dir`
+/// frames (a folder, or a file that is neither a table nor `.txt`), the table made from them, kept in `dir`
 /// (the element's: the engine cache) and made now if it is not there yet. Its name holds a
 /// digest of the model's and the frames' paths, sizes and modification times and of the
 /// preprocessing, so a changed model or frame makes another table.
@@ -115,7 +115,9 @@ pub fn with_table(
     else {
         return Ok(options.clone());
     };
-    if is_table(source) {
+    // A `.txt` file is taken for a table even when it is not one, so that its reader says
+    // what is wrong with it rather than a decoder.
+    if is_table(source) || source.extension().is_some_and(|e| e == "txt") {
         return Ok(options.clone());
     }
     if !source.exists() {

@@ -695,6 +695,14 @@ fn calibration_from_frames_is_made_once_and_kept_in_the_cache() {
     assert_ne!(other, table);
     assert_eq!(CalibrationTable::load(&other).expect("reads").frames, 11);
 
+    // A damaged table is left for the table's reader to name, not decoded as frames.
+    let damaged = dir.path().join("damaged.txt");
+    std::fs::write(&damaged, "not a table\n").expect("written");
+    let mut given = o.clone();
+    given.calibration = Some(damaged.clone());
+    let kept = with_table(&given, &cache, &mut |_| {}).expect("left as it is");
+    assert_eq!(kept.calibration.as_deref(), Some(damaged.as_path()));
+
     let mut missing = o.clone();
     missing.calibration = Some(dir.path().join("no-such-folder"));
     let err = with_table(&missing, &cache, &mut |_| {}).expect_err("a missing source");

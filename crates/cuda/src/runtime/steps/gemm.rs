@@ -53,9 +53,22 @@ impl Runtime {
         residual: Option<Loc>,
         y: Loc,
     ) -> Result<()> {
+        self.product(g, alpha, [self.ptr(w), self.ptr(x)], residual, y)
+    }
+
+    /// `y = alpha·a·b (+ residual)` with the operands at device addresses `a` and `b`, the
+    /// residual as C, bias and activation in cuBLASLt's epilogue (`g`).
+    pub(in crate::runtime) fn product(
+        &self,
+        g: &GemmDescs,
+        alpha: f32,
+        [a, b]: [u64; 2],
+        residual: Option<Loc>,
+        y: Loc,
+    ) -> Result<()> {
         // A residual comes in as C: d = alpha·a·b + 1·c (+ bias, ReLU in the epilogue).
         let beta = if residual.is_some() { 1.0f32 } else { 0.0 };
-        let (a, b, d) = (self.ptr(w), self.ptr(x), self.ptr(y));
+        let d = self.ptr(y);
         let c = residual.map_or(d, |z| self.ptr(z));
         let scalars = [
             &alpha as *const f32 as *const c_void,

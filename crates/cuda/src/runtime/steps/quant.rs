@@ -212,19 +212,9 @@ impl Runtime {
         launch(b, self.launch_cfg(e.patch_bytes() / 8))?;
 
         if g.scaled {
-            // y = act(alpha·(w·patchesᵀ ⊙ channel scales) + z + bias), z the residual as C.
+            // y = act(alpha·(w·patchesᵀ ⊙ channel scales) + z + bias), z the residual.
             let alpha = e.alpha * e.quant.x_scale;
-            let beta = if e.residual.is_some() { 1.0f32 } else { 0.0 };
-            let y = self.ptr(e.y);
-            let c = e.residual.map_or(y, |z| self.ptr(z));
-            let scalars = [
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-            ];
-            // SAFETY: live device buffers of the sizes the layouts state (the weights, the
-            // patches sized for the largest 8-bit step, the step's output and residual); f32
-            // scalars, the descriptors' scale type.
-            return unsafe { self.matmul(g, scalars, [w, patches, c, y]) };
+            return self.product(g, alpha, [w, patches], e.residual, e.y);
         }
         // d = 1·w·patchesᵀ: int32 scalars for int8 (its scale type), f32 for FP8.
         let (one_i, zero_i, one_f, zero_f) = (1i32, 0i32, 1.0f32, 0.0f32);

@@ -16,6 +16,10 @@
 //!   --swap A,B        every `--every` seconds, onnx-location goes to the other of A and B on
 //!                     every element (a live model update); the elements start with A
 //!   --every S         (default 30)
+//!   --regions K       K regions of interest a frame (a detector's boxes, 48 to 328 pixels
+//!                     wide, other places and sizes each frame) attached before the element,
+//!                     for secondary classification (`roi=regions` in --element)
+//!   --decode-only     no element: the cameras alone, the yardstick of the run with it
 //!   --label L         the first column of the table row
 //!
 //! Prints the run's figures and one markdown table row: frames in and out (and lost), the
@@ -23,12 +27,14 @@
 //! the time they were due (p99: median and worst camera), time in the element (worst p99),
 //! the longest gap between two frames of a camera after the first 2 s, model updates applied,
 //! engine batches, and the process's memory (RSS) and GPU memory (where nvidia-smi runs) at
-//! the first minute's sample and at the end.
+//! the first minute's sample and at the end. With `--regions`, a line of the regions
+//! classified (crops a second) too.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gst::prelude::*;
+use gst_video::VideoRegionOfInterestMeta;
 use gsttrtclassify::meta::Classification;
 
 /// What one camera's frames did.
@@ -37,6 +43,8 @@ struct Camera {
     frames_in: u64,
     frames_out: u64,
     fresh: u64,
+    /// Regions classified, over the fresh frames.
+    regions: u64,
     last_out: Option<Instant>,
     /// The longest time between two frames out, after the first two seconds.
     longest_gap: Duration,
@@ -50,6 +58,8 @@ struct Args {
     element: String,
     swap: Option<(String, String)>,
     every: u64,
+    regions: usize,
+    decode_only: bool,
     label: String,
 }
 
@@ -64,6 +74,8 @@ fn args() -> Args {
         element: "onnx-location=models/colors.onnx".into(),
         swap: None,
         every: 30,
+        regions: 0,
+        decode_only: false,
         label: "live".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -81,6 +93,8 @@ fn args() -> Args {
                 a.swap = Some((x.into(), y.into()));
             }
             "--every" => a.every = value().parse().expect("seconds"),
+            "--regions" => a.regions = value().parse().expect("a number of regions"),
+            "--decode-only" => a.decode_only = true,
             "--label" => a.label = value(),
             other => panic!("unknown option {other}"),
         }
@@ -114,6 +128,21 @@ fn gpu_mib() -> Option<f64> {
         .ok()
 }
 
+/// Attaches `k` boxes to frame `n` of a `width`×`height` stream: sizes from 48 to 328
+/// pixels wide, tall or wide, spread over the frame, each frame in other places, as a
+/// detector's boxes on a busy scene.
+fn attach_regions(buffer: &mut gst::BufferRef, n: u64, k: usize, width: u32, height: u32) {
+    for j in 0..k as u64 {
+        let w = (48 + (j * 97 + n * 13) % 8 * 40) as u32;
+        let h = (w as u64 * (3 + (j + n) % 4) / 4) as u32;
+        let (w, h) = (w.min(width), h.min(height));
+        let x = ((j * u64::from(width) / k as u64 + n * 7) % u64::from(width - w + 1)) as u32;
+        let y = ((j * 131 + n * 5) % u64::from(height - h + 1)) as u32;
+        let kind = if j % 3 == 0 { "person" } else { "car" };
+        VideoRegionOfInterestMeta::add(buffer, kind, (x, y, w, h)).set_id(j as i32);
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -129,10 +158,11 @@ fn main() {
                 "{offset}",
                 &(i as u64 * 33_333_333 / a.streams as u64).to_string(),
             );
-            format!(
-                "{source} ! trtclassify name=c{i} {} ! fakesink sync=false async=false",
-                a.element
-            )
+            let element = match a.decode_only {
+                true => "identity".to_owned(),
+                false => format!("trtclassify {}", a.element),
+            };
+            format!("{source} ! {element} name=c{i} ! fakesink sync=false async=false")
         })
         .collect();
     let pipeline = gst::parse::launch(&branches.join(" "))
@@ -146,26 +176,39 @@ fn main() {
         .collect();
     for (element, camera) in elements.iter().zip(&cameras) {
         let into = camera.clone();
-        element
-            .static_pad("sink")
-            .unwrap()
-            .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
-                into.lock().unwrap().frames_in += 1;
+        let regions = a.regions;
+        element.static_pad("sink").unwrap().add_probe(
+            gst::PadProbeType::BUFFER,
+            move |pad, info| {
+                let n = {
+                    let mut c = into.lock().unwrap();
+                    c.frames_in += 1;
+                    c.frames_in
+                };
+                let size = pad
+                    .current_caps()
+                    .and_then(|caps| gst_video::VideoInfo::from_caps(&caps).ok())
+                    .map(|v| (v.width(), v.height()));
+                if let (true, Some(buffer), Some((w, h))) = (regions > 0, info.buffer_mut(), size) {
+                    attach_regions(buffer.make_mut(), n, regions, w, h);
+                }
                 gst::PadProbeReturn::Ok
-            });
+            },
+        );
         let out = camera.clone();
         element
             .static_pad("src")
             .unwrap()
             .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
-                let fresh = info
+                let result = info
                     .buffer()
                     .and_then(|b| Classification::from_buffer(b))
-                    .is_some_and(|c| c.fresh);
+                    .filter(|c| c.fresh);
                 let now = Instant::now();
                 let mut c = out.lock().unwrap();
                 c.frames_out += 1;
-                c.fresh += u64::from(fresh);
+                c.fresh += u64::from(result.is_some());
+                c.regions += result.map_or(0, |r| r.regions.len() as u64);
                 if let Some(last) = c.last_out
                     && now.duration_since(started) > Duration::from_secs(2)
                 {
@@ -276,7 +319,10 @@ fn main() {
     memory.push((playing.elapsed().as_secs(), rss_mib(), gpu_mib()));
     let stats: Vec<gst::Structure> = elements
         .iter()
-        .map(|e| e.property::<gst::Structure>("stats"))
+        .map(|e| match a.decode_only {
+            true => gst::Structure::new_empty("decode-only"),
+            false => e.property::<gst::Structure>("stats"),
+        })
         .collect();
     pipeline.set_state(gst::State::Null).expect("NULL");
     report(&a, &cameras, &stats, &memory, playing.elapsed());
@@ -319,6 +365,15 @@ fn report(
         ms(s0, "batch-time"),
         s0.get::<u64>("engine-rebuilds").unwrap_or(0),
     );
+    if a.regions > 0 {
+        let regions: u64 = cams.iter().map(|c| c.regions).sum();
+        println!(
+            "regions: {} a frame attached, {regions} classified ({:.0} a second), {:.0} frames a second out",
+            a.regions,
+            regions as f64 / ran.as_secs_f64(),
+            frames_out as f64 / ran.as_secs_f64(),
+        );
+    }
     println!("memory (s, RSS MiB, GPU MiB): {memory:?}");
     let first = memory
         .iter()

@@ -84,6 +84,11 @@ pub fn calibrate(
         let named: Vec<String> = sources.iter().map(|s| s.display().to_string()).collect();
         return Err(format!("no frame decoded from {}", named.join(", ")));
     }
+    save(&calibration, table)
+}
+
+/// Writes `calibration`'s table to `table`, and its held-out frames beside it.
+pub fn save(calibration: &Calibration, table: &Path) -> Result<Calibrated, String> {
     let written = calibration.table();
     written.save(table).map_err(|e| e.to_string())?;
     let held_out = calibration.held_out();
@@ -101,14 +106,73 @@ pub fn calibrate(
     })
 }
 
+/// The table a calibration of `options.model` on `files` keeps in the cache `dir`: its name
+/// holds a digest of `what` (how it calibrates), the preprocessing, and the model's and the
+/// files' paths, sizes and modification times, so that a change to any makes another.
+pub fn cached_table(
+    options: &EngineOptions,
+    dir: &Path,
+    what: &str,
+    files: &[PathBuf],
+) -> Result<PathBuf, String> {
+    let mut stamp = format!("{what}\n{:?}\n", options.preprocess);
+    for file in std::iter::once(&options.model).chain(files) {
+        let meta = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let modified = (meta.modified().ok())
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        stamp += &format!("{}\t{}\t{modified}\n", file.display(), meta.len());
+    }
+    let stem = options
+        .model
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy();
+    let digest = cuda::engine_file::sha256_hex(stamp);
+    Ok(dir.join(format!("{stem}-{}.calibration.txt", &digest[..16])))
+}
+
+/// Marks a table found in the cache, and its held-out frames, as used: the cache's cleanup
+/// removes those unused for a month.
+pub fn mark_used(table: &Path) {
+    cuda::cache::mark_used(table);
+    cuda::cache::mark_used(&HeldOut::beside(table));
+}
+
+/// Makes `table` with `make` (which writes a table and its held-out frames where it is
+/// told): under a name of this process's beside it first, then renamed, held-out frames
+/// first, so that an element starting meanwhile sees the whole table or none.
+pub fn keep(
+    table: &Path,
+    make: impl FnOnce(&Path) -> Result<Calibrated, String>,
+) -> Result<Calibrated, String> {
+    let dir = table.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let name = table.file_name().unwrap_or_default().to_string_lossy();
+    let partial = dir.join(format!(".{name}.{}.txt", std::process::id()));
+    let renamed = make(&partial).and_then(|done| {
+        let held_out = HeldOut::beside(&partial);
+        if held_out.exists() {
+            std::fs::rename(&held_out, HeldOut::beside(table))
+                .map_err(|e| format!("{}: {e}", table.display()))?;
+        }
+        std::fs::rename(&partial, table).map_err(|e| format!("{}: {e}", table.display()))?;
+        Ok(done)
+    });
+    renamed.inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+        let _ = std::fs::remove_file(HeldOut::beside(&partial));
+    })
+}
+
 /// `options` with a calibration table: where an int8 or FP8 engine's `calibration` names
-/// frames (a folder, or a file that is neither a table nor `.txt`), the table made from them, kept in `dir`
-/// (the element's: the engine cache) and made now if it is not there yet. Its name holds a
-/// digest of the model's and the frames' paths, sizes and modification times and of the
-/// preprocessing, so a changed model or frame makes another table.
+/// frames (a folder, or a file that is neither a table nor `.txt`), the table made from up to
+/// `frames` of them, kept in `dir` (the element's: the engine cache) and made now if it is
+/// not there yet (`cached_table`: a changed model or frame makes another).
 pub fn with_table(
     options: &EngineOptions,
     dir: &Path,
+    frames: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<EngineOptions, String> {
     let (Some(source), Some(format)) = (&options.calibration, options.precision.quant_format())
@@ -127,47 +191,16 @@ pub fn with_table(
         ));
     }
     let sources = vec![source.clone()];
-    let mut stamp = format!("{:?}\n", options.preprocess);
-    for file in std::iter::once(options.model.clone()).chain(files(&sources)?) {
-        let meta = std::fs::metadata(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let modified = (meta.modified().ok())
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        stamp += &format!("{}\t{}\t{modified}\n", file.display(), meta.len());
-    }
-    let stem = options
-        .model
-        .file_stem()
-        .unwrap_or_default()
-        .to_string_lossy();
-    let digest = cuda::engine_file::sha256_hex(stamp);
-    let table = dir.join(format!("{stem}-{}.calibration.txt", &digest[..16]));
-    if !is_table(&table) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let table = cached_table(options, dir, &format!("frames {frames}"), &files(&sources)?)?;
+    if is_table(&table) {
+        mark_used(&table);
+    } else {
         progress(&format!(
-            "precision={format}: calibrating on up to {FRAMES} frames of {}",
+            "precision={format}: calibrating on up to {frames} frames of {}",
             source.display()
         ));
-        // Written under a name of this process's, then renamed, held-out frames first: an
-        // element starting beside this one sees the whole table or none.
-        let partial = dir.join(format!(
-            ".{stem}-{}.{}.txt",
-            &digest[..16],
-            std::process::id()
-        ));
-        let done = calibrate(options, &sources, FRAMES, &partial, progress);
-        let renamed = done.and_then(|done| {
-            let held_out = HeldOut::beside(&partial);
-            if held_out.exists() {
-                std::fs::rename(&held_out, HeldOut::beside(&table))
-                    .map_err(|e| format!("{}: {e}", table.display()))?;
-            }
-            std::fs::rename(&partial, &table).map_err(|e| format!("{}: {e}", table.display()))?;
-            Ok(done)
-        });
-        let done = renamed.inspect_err(|_| {
-            let _ = std::fs::remove_file(&partial);
-            let _ = std::fs::remove_file(HeldOut::beside(&partial));
+        let done = keep(&table, |partial| {
+            calibrate(options, &sources, frames, partial, progress)
         })?;
         progress(&format!(
             "calibrated {} layers on {} frames ({} held out for the accuracy guard): {}",

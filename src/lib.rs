@@ -24,6 +24,7 @@ pub mod logging;
 pub mod outputs;
 pub use trtclassify_engine::preprocess;
 pub mod regions;
+pub mod stream_calibration;
 /// The `trtclassify` element.
 pub mod trtclassify;
 pub mod video;

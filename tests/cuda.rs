@@ -1005,11 +1005,12 @@ fn gpu_region_crops_match_the_cpu() {
             let frame =
                 gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info).unwrap();
             let frames = [gsttrtclassify::video::view(&frame).unwrap()];
+            let mut alone = Vec::new();
             for r in regions {
                 let what = format!("{mode:?} {format:?} {r:?}");
                 let crop = [Crop::Region(r)];
                 let got = gpu
-                    .gpu_preprocess(&frames, crop[0])
+                    .gpu_preprocess(&frames, &crop)
                     .unwrap()
                     .unwrap_or_else(|| panic!("{what}: not preprocessed on the GPU"));
                 let mut truth = vec![0.0; spec.frame_len()];
@@ -1026,7 +1027,16 @@ fn gpu_region_crops_match_the_cpu() {
                     max <= 0.25 && (mean <= 0.03 || mean <= cpu_mean + 0.01),
                     "{what}: off the picture by max {max:.3}, mean {mean:.4} (CPU path: mean {cpu_mean:.4})"
                 );
+                alone.push(got);
             }
+            // A batch's crops of all sizes go through one launch (a job each, the grid fitting
+            // the largest): each lands in its slot exactly as when preprocessed alone.
+            let four: Vec<Crop> = regions[..4].iter().map(|&r| Crop::Region(r)).collect();
+            let together = gpu.gpu_preprocess(&frames, &four).unwrap().unwrap();
+            assert!(
+                together == alone[..4].concat(),
+                "{mode:?} {format:?}: crops preprocessed together differ from each alone"
+            );
             // All crops of the frame in one push (5 crops, batches of 4): each crop's scores,
             // in order, as the CPU backend gives them. Packed formats only: from YUV the two
             // paths' inputs differ by chroma upsampling (checked above), which on this
@@ -1093,7 +1103,7 @@ fn gpu_preprocessing_matches_the_cpu() {
                             .unwrap();
                     let frames = [gsttrtclassify::video::view(&frame).unwrap()];
                     let got = gpu
-                        .gpu_preprocess(&frames, Crop::Whole)
+                        .gpu_preprocess(&frames, &[Crop::Whole])
                         .unwrap()
                         .unwrap_or_else(|| panic!("{format:?}: not preprocessed on the GPU"));
                     let mut cpu_input = vec![0.0; spec.frame_len()];
@@ -1564,4 +1574,106 @@ fn elements_run_on_their_frames_gpu_or_spread_over_the_gpus() {
         );
     }
     pipeline.set_state(gst::State::Null).unwrap();
+}
+
+/// `precision=int8` without `calibration-location`: the element classifies in fp16 while it
+/// calibrates on its stream's first frames, says so, then moves to the int8 engine without
+/// losing a frame; the next start finds the table in the cache and builds int8 at once.
+#[test]
+fn int8_without_a_table_calibrates_on_the_stream() {
+    use gst::prelude::*;
+    if !gpu("int8_without_a_table_calibrates_on_the_stream") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A model file of its own: the cached table is named by the model's path and time, so
+    // each run of this test calibrates afresh. `min-agreement=0`: the test pattern's frames
+    // are no digits, and the accuracy guard is not what this test checks.
+    let model = dir.path().join("digits.onnx");
+    std::fs::copy(common::model("digits/digits.onnx"), &model).unwrap();
+    let launch = |source: &str| {
+        let pipeline = gst::parse::launch(&format!(
+            "{source} ! video/x-raw,width=64,height=64,framerate=30/1 ! trtclassify name=c \
+             backend=cuda precision=int8 calibration-frames=16 min-agreement=0 max-lateness=-1 \
+             onnx-location={} \
+             ! fakesink sync=false",
+            model.display()
+        ))
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+        let element = pipeline.by_name("c").unwrap();
+        (pipeline, element)
+    };
+    let stats = |element: &gst::Element| element.property::<gst::Structure>("stats");
+    let field = |s: &gst::Structure, name: &str| s.get::<String>(name).unwrap_or_default();
+    let count = |s: &gst::Structure, name: &str| s.get::<u64>(name).unwrap_or(0);
+
+    let (pipeline, element) = launch("videotestsrc is-live=true pattern=ball");
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let (mut infos, mut precisions) = (Vec::new(), Vec::new());
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "int8 within 2 minutes: {infos:?}, {precisions:?}"
+        );
+        if let Some(msg) = bus.timed_pop(gst::ClockTime::from_mseconds(100)) {
+            match msg.view() {
+                // The element's text is the message's debug part, as for its warnings.
+                gst::MessageView::Info(i) => infos.push(i.debug().unwrap_or_default().to_string()),
+                gst::MessageView::Error(_) | gst::MessageView::Warning(_) => {
+                    panic!("{}", common::message_text(&msg))
+                }
+                _ => (),
+            }
+        }
+        let s = stats(&element);
+        let precision = field(&s, "precision");
+        if precisions.last() != Some(&precision) {
+            precisions.push(precision.clone());
+        }
+        if precision == "int8" {
+            break;
+        }
+    }
+    pipeline.send_event(gst::event::Eos::new());
+    let ended = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    assert!(matches!(
+        ended.as_ref().map(|m| m.view()),
+        Some(gst::MessageView::Eos(_))
+    ));
+    let s = stats(&element);
+    pipeline.set_state(gst::State::Null).unwrap();
+    eprintln!("stream calibration: {infos:?}; precision {precisions:?}; {s}");
+    assert_eq!(precisions, ["fp16", "int8"], "{infos:?}");
+    assert!(
+        infos
+            .iter()
+            .any(|m| m.contains("fp16 while calibrating on 16 frames")),
+        "{infos:?}"
+    );
+    assert!(
+        infos
+            .iter()
+            .any(|m| m.contains("on 16 frames of the stream")),
+        "{infos:?}"
+    );
+    assert_eq!(count(&s, "model-updates"), 1, "{s}");
+    let frames_in = count(&s, "frames-in");
+    assert!(frames_in > 16, "{s}");
+    assert_eq!(count(&s, "frames-out"), frames_in, "no frame lost: {s}");
+
+    // The next start: int8 from the first frame, the table found.
+    let (pipeline, element) = launch("videotestsrc num-buffers=30 pattern=ball");
+    common::run_to_eos(&pipeline).unwrap();
+    let s = stats(&element);
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert_eq!(field(&s, "precision"), "int8", "{s}");
+    assert_eq!(count(&s, "model-updates"), 0, "{s}");
+    assert_eq!(count(&s, "frames-out"), 30, "{s}");
 }

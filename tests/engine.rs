@@ -639,7 +639,7 @@ fn calibration_from_frames_is_made_once_and_kept_in_the_cache() {
     o.precision = Precision::Int8;
     o.calibration = Some(video.clone());
     let mut heard = Vec::new();
-    let made = with_table(&o, &cache, &mut |m| heard.push(m.to_owned())).expect("calibrated");
+    let made = with_table(&o, &cache, 256, &mut |m| heard.push(m.to_owned())).expect("calibrated");
     let table = made.calibration.clone().expect("a table");
     assert_eq!(table.parent(), Some(cache.as_path()), "{}", table.display());
     assert!(
@@ -675,22 +675,22 @@ fn calibration_from_frames_is_made_once_and_kept_in_the_cache() {
 
     // Again: found, not made.
     heard.clear();
-    let again = with_table(&o, &cache, &mut |m| heard.push(m.to_owned())).expect("found");
+    let again = with_table(&o, &cache, 256, &mut |m| heard.push(m.to_owned())).expect("found");
     assert_eq!(again.calibration.as_deref(), Some(table.as_path()));
     assert!(heard.is_empty(), "{heard:?}");
     // A table, or fp16, is left as it is.
     let mut given = o.clone();
     given.calibration = Some(table.clone());
-    let kept = with_table(&given, &cache, &mut |_| {}).expect("a table");
+    let kept = with_table(&given, &cache, 256, &mut |_| {}).expect("a table");
     assert_eq!(kept.calibration.as_deref(), Some(table.as_path()));
     let mut fp16 = o.clone();
     fp16.precision = Precision::Fp16;
-    let kept = with_table(&fp16, &cache, &mut |_| {}).expect("fp16");
+    let kept = with_table(&fp16, &cache, 256, &mut |_| {}).expect("fp16");
     assert_eq!(kept.calibration.as_deref(), Some(video.as_path()));
 
     // Other frames in the same file: another table.
     clip(12);
-    let other = with_table(&o, &cache, &mut |_| {}).expect("calibrated again");
+    let other = with_table(&o, &cache, 256, &mut |_| {}).expect("calibrated again");
     let other = other.calibration.expect("a table");
     assert_ne!(other, table);
     assert_eq!(CalibrationTable::load(&other).expect("reads").frames, 11);
@@ -700,11 +700,108 @@ fn calibration_from_frames_is_made_once_and_kept_in_the_cache() {
     std::fs::write(&damaged, "not a table\n").expect("written");
     let mut given = o.clone();
     given.calibration = Some(damaged.clone());
-    let kept = with_table(&given, &cache, &mut |_| {}).expect("left as it is");
+    let kept = with_table(&given, &cache, 256, &mut |_| {}).expect("left as it is");
     assert_eq!(kept.calibration.as_deref(), Some(damaged.as_path()));
 
     let mut missing = o.clone();
     missing.calibration = Some(dir.path().join("no-such-folder"));
-    let err = with_table(&missing, &cache, &mut |_| {}).expect_err("a missing source");
+    let err = with_table(&missing, &cache, 256, &mut |_| {}).expect_err("a missing source");
     assert!(err.contains("no-such-folder"), "{err}");
+}
+
+/// An int8 engine without `calibration-location` calibrates on the stream: the plan is fp16
+/// meanwhile and one calibration that every stream of the model shares; frames offered while
+/// it is busy are skipped; the table lands in the cache, where the next start finds it; a
+/// backend that runs f32, another precision or a table given needs none; another frame count
+/// makes another table.
+#[test]
+fn calibration_on_the_stream_is_shared_kept_and_found() {
+    use gsttrtclassify::engine::compiler::quant::{CalibrationTable, HeldOut};
+    use gsttrtclassify::engine::frame::FrameView;
+    use gsttrtclassify::engine::{Backend, OnnxModel};
+    use gsttrtclassify::stream_calibration::{Plan, meanwhile, plan};
+    common::init();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let cache = dir.path().join("cache");
+    let mut o = options("digits/digits.onnx", 1);
+    o.precision = Precision::Int8;
+    for backend in [Backend::Cpu, Backend::Kserve] {
+        assert!(plan(&o, backend, 16, &cache).expect("a plan").is_none());
+    }
+    let fp16 = EngineOptions {
+        precision: Precision::Fp16,
+        ..o.clone()
+    };
+    assert!(
+        plan(&fp16, Backend::Cuda, 16, &cache)
+            .expect("a plan")
+            .is_none()
+    );
+    let given = EngineOptions {
+        calibration: Some(dir.path().join("table.txt")),
+        ..o.clone()
+    };
+    assert!(
+        plan(&given, Backend::Cuda, 16, &cache)
+            .expect("a plan")
+            .is_none()
+    );
+
+    let Some(Plan::Calibrate(first)) = plan(&o, Backend::Cuda, 16, &cache).expect("a plan") else {
+        panic!("no table yet: a calibration");
+    };
+    let Some(Plan::Calibrate(second)) = plan(&o, Backend::Cuda, 16, &cache).expect("a plan") else {
+        panic!("the running calibration");
+    };
+    assert!(std::sync::Arc::ptr_eq(&first, &second), "one calibration");
+    assert_eq!(meanwhile(&o).precision, Precision::Fp16);
+    assert_eq!(first.table().parent(), Some(cache.as_path()));
+
+    // Frames as a stream brings them, as fast as they come: each a different picture.
+    let input = OnnxModel::load(&o.model)
+        .expect("the model")
+        .input_spec(None)
+        .expect("its input");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let (mut offered, mut taken) = (0, 0);
+    while first.outcome().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "calibrated within 2 minutes"
+        );
+        let rgb: Vec<u8> = (0..32 * 32 * 3)
+            .map(|i| ((i * 7 + offered * 31) % 256) as u8)
+            .collect();
+        taken += usize::from(first.wants_frame());
+        first
+            .offer(&FrameView::rgb(32, 32, &rgb), Crop::Whole, input)
+            .expect("offered");
+        offered += 1;
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let summary = first.outcome().expect("ended").clone().expect("calibrated");
+    assert!(summary.contains("on 16 frames of the stream"), "{summary}");
+    // 16 frames in the table and every eighth (the 8th and 16th seen) held out.
+    let table = first.table().to_path_buf();
+    let written = CalibrationTable::load(&table).expect("the table reads back");
+    assert_eq!(written.frames, 16);
+    assert_eq!(written.nodes.keys().collect::<Vec<_>>(), ["conv2", "conv3"]);
+    assert_eq!(
+        HeldOut::load(&HeldOut::beside(&table))
+            .expect("held out")
+            .frames(),
+        2
+    );
+    assert!(taken >= 18, "{taken} frames taken of {offered}");
+    assert!(!first.wants_frame(), "done: no more frames");
+
+    // The next start finds it; another frame count is another calibration.
+    match plan(&o, Backend::Cuda, 16, &cache).expect("a plan") {
+        Some(Plan::Table(found)) => assert_eq!(found, table),
+        _ => panic!("the table in the cache"),
+    }
+    let Some(Plan::Calibrate(other)) = plan(&o, Backend::Cuda, 24, &cache).expect("a plan") else {
+        panic!("24 frames: another calibration");
+    };
+    assert_ne!(other.table(), table);
 }

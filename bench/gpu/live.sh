@@ -17,6 +17,12 @@
 #                                between MODELS every EVERY (30) seconds
 #   bench/gpu/live.sh soak       CAMERAS (64) cameras within capacity for SECONDS_RUN (600):
 #                                GPU memory and RSS at the first minute and at the end
+#   bench/gpu/live.sh regions    secondary classification: CAMERAS (64) cameras not live, each
+#                                frame with REGIONS (8) boxes of 48 to 328 pixels, the
+#                                video played once as fast as it decodes (at most
+#                                SECONDS_RUN, 120): decode only, then MODEL (resnet18) on every
+#                                box (`roi=regions`, PRECISION fp16); one row: frames/s of both,
+#                                their ratio and crops classified a second
 #
 # Environment: MODEL (vit_b_16), PRECISION (fp32), MODELS (update: resnet50,mobilenet_v2, in
 # fp16), BATCH (64), TIMEOUT (batch-timeout, 50), VIDEO (.gpu/files/bench1080.mp4), DEC
@@ -36,7 +42,7 @@ batch=${BATCH:-64}
 dec=${DEC:-nvh264dec}
 backend=${BACKEND:-cuda}
 timeout=${TIMEOUT:-50}
-mode=${1:?usage: live.sh capacity|wait|overload|update|soak}
+mode=${1:?usage: live.sh capacity|wait|overload|update|soak|regions}
 status=0
 
 export_models() { # NAME...
@@ -71,7 +77,7 @@ run() { # LABEL CAMERAS SECONDS live|file ELEMENT-PROPERTIES [live_cameras optio
   shift 5
   echo "== $label: $cameras cameras, $seconds s ($kind)"
   local loop=--loop
-  [ "${SOURCE:-video}" = test ] && loop=""
+  [ "${SOURCE:-video}" = test ] || [ -n "${ONCE:-}" ] && loop=""
   # shellcheck disable=SC2086
   GST_DEBUG="trtclassify:3${GST_DEBUG:+,$GST_DEBUG}" timeout $((seconds + 240)) live_cameras \
     --streams "$cameras" --seconds "$seconds" $loop --label "$label" \
@@ -120,6 +126,27 @@ case $mode in
     build "$b" fp16
     run "update-$a-$b" "${CAMERAS:-64}" "${SECONDS_RUN:-180}" live "onnx-location=/tmp/tv/$a.onnx" \
       --swap "/tmp/tv/$a.onnx,/tmp/tv/$b.onnx" --every "${EVERY:-30}"
+    ;;
+  regions)
+    model=${MODEL:-resnet18} precision=${PRECISION:-fp16}
+    cams=${CAMERAS:-64} k=${REGIONS:-8} secs=${SECONDS_RUN:-120}
+    # Each camera plays the video once, as fast as it decodes (segment seeks on NVDEC's
+    # output fail to negotiate with this GStreamer): frames/s over PLAYING to EOS.
+    export ONCE=1
+    export_models "$model"
+    build "$model" "$precision"
+    run "decode-$cams-regions" "$cams" "$secs" file "" --decode-only --regions "$k"
+    run "$model-$precision-$cams-regions" "$cams" "$secs" file \
+      "onnx-location=/tmp/tv/$model.onnx precision=$precision roi=regions" --regions "$k"
+    # "regions: K a frame attached, N classified (C a second), F frames a second out"
+    fps() { grep -oE '[0-9.]+ frames a second out' "$out/live-$1.txt" | grep -oE '^[0-9.]+'; }
+    decode=$(fps "decode-$cams-regions") classify=$(fps "$model-$precision-$cams-regions")
+    crops=$(grep -oE 'classified \([0-9]+ a second' "$out/live-$model-$precision-$cams-regions.txt" |
+      tail -1 | grep -oE '[0-9]+')
+    echo "| classifier on the boxes | cameras | boxes a frame | decode-only frames/s | with it frames/s | share | crops/s |" | tee -a "$out/live.md"
+    echo "|---|---|---|---|---|---|---|" | tee -a "$out/live.md"
+    echo "| $model $precision | $cams | $k | ${decode:-?} | ${classify:-?} | $(python3 -c "print(f'{100*${classify:-0}/max(${decode:-0},1):.1f}%')") | ${crops:-?} |" |
+      tee -a "$out/live.md"
     ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

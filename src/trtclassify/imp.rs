@@ -181,12 +181,20 @@ impl ObjectImpl for TrtClassify {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("precision", DEFAULT_PRECISION)
                     .nick("Precision")
-                    .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32); int8 and fp8 need calibration-location")
+                    .blurb("Arithmetic precision of GPU backends (the CPU backend always runs fp32); int8 and fp8 calibrate on calibration-location or, without it, on the stream's first frames (fp16 until then)")
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecString::builder("calibration-location")
                     .nick("Calibration location")
-                    .blurb("precision=int8 or fp8: the calibration table of the model (each quantized layer's input range and error), written by `trtclassify-engine calibrate MODEL.onnx IMAGES-OR-VIDEOS... --table FILE`; or an image, a video or a folder of them, on whose first 256 frames the element calibrates at its first start (on the CPU; progress in the log), keeping the table in the engine cache for later starts. Layers the table marks as losing over 10 % stay fp16, named in the log")
+                    .blurb("precision=int8 or fp8: the calibration table of the model (each quantized layer's input range and error), written by `trtclassify-engine calibrate MODEL.onnx IMAGES-OR-VIDEOS... --table FILE`; or an image, a video or a folder of them, on whose first calibration-frames frames the element calibrates at its first start (on the CPU; progress in the log), keeping the table in the engine cache for later starts. Unset: the element runs in fp16 while it calibrates on the stream's first calibration-frames frames (sampled as the CPU keeps up), then switches to the quantized engine without a pause, and keeps that table in the engine cache for later starts. Layers the table marks as losing over 10 % stay fp16, named in the log")
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("calibration-frames")
+                    .nick("Calibration frames")
+                    .blurb("precision=int8 or fp8: how many frames of calibration-location, or of the stream when it is unset, the calibration runs on (every eighth, up to 32, is held out for the accuracy guard instead)")
+                    .minimum(8)
+                    .maximum(100_000)
+                    .default_value(crate::calibrate::FRAMES as u32)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecDouble::builder("min-agreement")
@@ -387,6 +395,7 @@ impl ObjectImpl for TrtClassify {
             "labels-location" => settings.labels_location.to_value(),
             "engine-location" => settings.engine_location.to_value(),
             "calibration-location" => settings.calibration_location.to_value(),
+            "calibration-frames" => settings.calibration_frames.to_value(),
             "min-agreement" => settings.min_agreement.to_value(),
             "model-instance-id" => settings.model_instance_id.to_value(),
             "results-location" => settings.results_location.to_value(),
@@ -442,6 +451,9 @@ impl TrtClassify {
             "min-agreement" => settings.min_agreement = value.get().expect("type checked upstream"),
             "calibration-location" => {
                 settings.calibration_location = value.get().expect("type checked upstream")
+            }
+            "calibration-frames" => {
+                settings.calibration_frames = value.get().expect("type checked upstream")
             }
             "engine-location" => {
                 settings.engine_location = value.get().expect("type checked upstream")
@@ -1175,6 +1187,9 @@ impl TrtClassify {
         crops: &[Crop],
         until: Option<Instant>,
     ) -> Result<Pushed, gst::FlowError> {
+        if let (Some(_), Some(&crop)) = (&state.calibrating, crops.first()) {
+            self.calibrate_on(state, buffer, crop);
+        }
         let Some(info) = state.input.info.as_ref() else {
             gst::element_imp_error!(
                 self,
@@ -1211,6 +1226,47 @@ impl TrtClassify {
             );
             self.fail(state, &problem)
         })
+    }
+}
+
+// Calibration on the stream's frames (an int8 or FP8 engine without calibration-location).
+impl TrtClassify {
+    /// Hands `crop` of the frame to the calibration where it wants one; once it is done,
+    /// says so and moves to the quantized engine (a live update).
+    fn calibrate_on(&self, state: &mut State, buffer: &gst::Buffer, crop: Crop) {
+        let (Some(calibration), Some(info)) = (state.calibrating.clone(), &state.input.info) else {
+            return;
+        };
+        let offered = match calibration.outcome() {
+            Some(Ok(summary)) => {
+                gst::element_imp_info!(self, gst::LibraryError::Settings, ["{}", summary]);
+                state.calibrating = None;
+                self.schedule_update("calibration on the stream");
+                return;
+            }
+            Some(Err(problem)) => Err(problem.clone()),
+            None if calibration.wants_frame() => {
+                // Frames in CUDA memory are copied to system memory by the map.
+                gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
+                    .map_err(|_| "a buffer does not match its caps".to_owned())
+                    .and_then(|frame| {
+                        let view = crate::video::view(&frame)?;
+                        calibration.offer(&view, crop, state.stream.info().input)
+                    })
+            }
+            None => Ok(()),
+        };
+        if let Err(problem) = offered {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Settings,
+                [
+                    "calibration on the stream failed: {}; the engine stays in fp16",
+                    problem
+                ]
+            );
+            state.calibrating = None;
+        }
     }
 }
 

@@ -27,6 +27,7 @@ use crate::engine::{self, EngineError, ModelError, ModelInfo};
 use crate::instance::{self, InstanceKey, Joined};
 use crate::outputs::labels::Labels;
 use crate::outputs::results::ResultsWriter;
+use crate::stream_calibration::{self, Plan, StreamCalibration};
 
 /// Why an engine could not be made: the error `start()` fails with, and its text for the
 /// warning of a live update that failed.
@@ -55,6 +56,8 @@ pub(super) struct Prepared {
     ready_in: Duration,
     /// The GPU it was built for.
     gpu: u32,
+    /// The calibration on the stream that a quantized engine waits for.
+    calibrating: Option<Arc<StreamCalibration>>,
 }
 
 /// Live updates in flight: the latest asked for, and the engine built for it.
@@ -108,6 +111,7 @@ impl TrtClassify {
         let key = settings
             .instance_key(self.progress_reporter(), gpu)
             .map_err(|text| Problem::new(gst::LibraryError::Settings, text))?;
+        let (key, calibrating) = self.calibration_plan(key, &settings)?;
         let location = settings.model_location();
         let labels = load_labels(&settings)?;
         // The timer thread exists before the engine is joined: another stream's batch can
@@ -118,7 +122,8 @@ impl TrtClassify {
             (true, None) => Some(self.spawn_timer()?),
         };
         let started = Instant::now();
-        let (stream, joined) = self.join_engine(key, &location, waker(timer.as_ref()))?;
+        let frames = settings.calibration_frames as usize;
+        let (stream, joined) = self.join_engine(key, &location, frames, waker(timer.as_ref()))?;
         let ready_in = started.elapsed();
         let info = stream.info();
         self.check_labels(&settings, &labels, info);
@@ -138,6 +143,52 @@ impl TrtClassify {
             joined,
             ready_in,
             gpu,
+            calibrating,
+        })
+    }
+
+    /// `key` for an int8 or FP8 engine without `calibration-location`: with the table an
+    /// earlier calibration on the stream left in the engine cache, or in fp16 while a
+    /// calibration on this stream's frames runs (`stream_calibration`).
+    fn calibration_plan(
+        &self,
+        mut key: InstanceKey,
+        settings: &Settings,
+    ) -> Result<(InstanceKey, Option<Arc<StreamCalibration>>), Problem> {
+        let plan = stream_calibration::plan(
+            &key.options,
+            key.backend,
+            settings.calibration_frames as usize,
+            &engine::cuda::cache::dir(),
+        )
+        .map_err(|text| Problem::new(gst::LibraryError::Settings, text))?;
+        Ok(match plan {
+            None => (key, None),
+            Some(Plan::Table(table)) => {
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "calibration table of the stream: {}",
+                    table.display()
+                );
+                key.options.calibration = Some(table);
+                (key, None)
+            }
+            Some(Plan::Calibrate(calibration)) => {
+                let format = key.options.precision.quant_format();
+                gst::element_imp_info!(
+                    self,
+                    gst::LibraryError::Settings,
+                    [
+                        "precision={}: no calibration-location: fp16 while calibrating on {} frames of the stream (the table goes to {})",
+                        format.map(|f| f.to_string()).unwrap_or_default(),
+                        settings.calibration_frames,
+                        calibration.table().display()
+                    ]
+                );
+                key.options = stream_calibration::meanwhile(&key.options);
+                (key, Some(calibration))
+            }
         })
     }
 
@@ -151,6 +202,7 @@ impl TrtClassify {
             joined,
             ready_in,
             gpu,
+            calibrating,
         } = prepared;
         self.publish_model_info(stream.info());
         let gpu = (stream.info().backend == engine::Backend::Cuda).then_some(gpu);
@@ -163,6 +215,7 @@ impl TrtClassify {
             .unwrap()
             .engine(&location, &stream, gpu, joined, ready_in);
         let mut state = State::new(stream, &settings, timer, outputs);
+        state.calibrating = calibrating;
         if let Some(old) = old {
             state.input.info = old.input.info.clone();
         }
@@ -313,6 +366,7 @@ impl TrtClassify {
         &self,
         key: InstanceKey,
         location: &str,
+        frames: usize,
         wake: instance::Waker,
     ) -> Result<(instance::Stream, Joined), Problem> {
         let started = Instant::now();
@@ -324,7 +378,7 @@ impl TrtClassify {
                 return engine::build(backend, &options);
             }
             let cache = engine::cuda::cache::dir();
-            let options = crate::calibrate::with_table(&options, &cache, &mut |msg| {
+            let options = crate::calibrate::with_table(&options, &cache, frames, &mut |msg| {
                 options.progress.report(msg)
             })
             .map_err(|reason| EngineError::Build {

@@ -46,6 +46,8 @@ pub(crate) struct Settings {
     pub(crate) results_location: Option<String>,
     pub(crate) engine_location: Option<String>,
     pub(crate) calibration_location: Option<String>,
+    /// `calibration-frames`: the frames an int8 or FP8 engine is calibrated on.
+    pub(crate) calibration_frames: u32,
     pub(crate) min_agreement: f64,
     pub(crate) model_instance_id: Option<String>,
     pub(crate) backend: Backend,
@@ -145,6 +147,7 @@ impl Default for Settings {
             results_location: None,
             engine_location: None,
             calibration_location: None,
+            calibration_frames: crate::calibrate::FRAMES as u32,
             min_agreement: crate::engine::DEFAULT_MIN_AGREEMENT,
             model_instance_id: None,
             backend: DEFAULT_BACKEND,

@@ -17,6 +17,7 @@ use crate::outputs::meta::ClassEntry;
 use crate::outputs::results::ResultsWriter;
 use crate::preprocess::Crop;
 use crate::regions::{self, Region, RegionFilter, RoiMode};
+use crate::stream_calibration::StreamCalibration;
 
 /// A frame held in the element, with the regions it is classified in (see `roi`).
 pub(crate) struct Held {
@@ -36,6 +37,9 @@ pub(crate) struct State {
     pub(crate) outputs: Outputs,
     /// The failure relay.
     pub(crate) failure: Failure,
+    /// The calibration on this stream's frames that the quantized engine waits for; the
+    /// engine meanwhile runs in fp16.
+    pub(crate) calibrating: Option<Arc<StreamCalibration>>,
 }
 
 impl State {
@@ -63,6 +67,7 @@ impl State {
             },
             outputs,
             failure: Failure::default(),
+            calibrating: None,
         }
     }
 }

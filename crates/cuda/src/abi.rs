@@ -10,7 +10,7 @@
 //! and the generated `act` and `binop` call the kernels' `act_<name>`/`binop_<name>`
 //! (runtime/steps/activations.cu; a listed name without its function does not compile).
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use std::mem::{align_of, offset_of, size_of};
 
 use trtclassify_compiler::ir::{Act, BinOp};
@@ -297,6 +297,38 @@ const _: () = assert!(
         && offset_of!(Pre, mean) == 176
         && offset_of!(Pre, std) == 188
         && offset_of!(Pre, border) == 200
+);
+
+/// One frame or crop of a batched preprocessing launch: preprocess.cu's `struct PreJob`.
+/// The kernels take an array of them, one per `blockIdx.z`, so a batch's crops go through
+/// one launch of each pass instead of two launches a crop.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PreJob {
+    /// What to make of the frame.
+    pub pre: Pre,
+    /// The frame's device address.
+    pub src: u64,
+    /// The first pass's rows of this job: a device address in the runtime's rows buffer.
+    pub rows: u64,
+    /// Its frame of the model input: a device address.
+    pub out: u64,
+    /// Destination columns one block of the first pass filters (`columns_per_block`).
+    pub cols: i32,
+    /// Padding to the struct's 8-byte alignment.
+    pub pad: i32,
+}
+// SAFETY: plain old data laid out as the kernel's `struct PreJob` (asserted below); all
+// zeros is a valid value.
+unsafe impl DeviceRepr for PreJob {}
+unsafe impl ValidAsZeroBits for PreJob {}
+const _: () = assert!(
+    size_of::<PreJob>() == 248
+        && align_of::<PreJob>() == 8
+        && offset_of!(PreJob, src) == 216
+        && offset_of!(PreJob, rows) == 224
+        && offset_of!(PreJob, out) == 232
+        && offset_of!(PreJob, cols) == 240
 );
 
 /// How a frame's pixels lie in memory, as the preprocessing kernels read them

@@ -393,7 +393,8 @@ struct Found {
 }
 
 /// Cleans the cache folder `dir` (never a user's `engine-location` folder): temporary files
-/// of writers that crashed, engines and model digests (`digests`) unused for `UNUSED_AGE`,
+/// of writers that crashed, engines, model digests (`digests`) and the calibration tables
+/// the element made (with their held-out frames, `is_calibration`) unused for `UNUSED_AGE`,
 /// engines of another format unused for `OTHER_FORMAT_AGE`, then the least recently used
 /// engines while the rest exceed `max_bytes`. `keep` (the engine just saved) and engines whose builders' lock is held stay.
 /// One listing of the folder, and the first bytes of old engines only; what goes is logged.
@@ -431,6 +432,11 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
             // A model digest remembered (`digests`) for a model not started for so long.
             if age > UNUSED_AGE && fs::remove_file(&path).is_ok() {
                 log_removed(&path, &format!("a model digest unused for {}", ago(age)));
+                removed.push(path);
+            }
+        } else if is_calibration(name) {
+            if age > UNUSED_AGE && fs::remove_file(&path).is_ok() {
+                log_removed(&path, &format!("a calibration unused for {}", ago(age)));
                 removed.push(path);
             }
         } else if name.ends_with(".engine") && !name.starts_with('.') {
@@ -491,6 +497,22 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
         }
     }
     removed
+}
+
+/// Whether the cache's file `name` is a calibration table the element made from frames, or
+/// its held-out frames (`CalibrationTable`, `HeldOut::beside`): the element marks it used
+/// (`mark_used`) each time it finds it, so the cleanup removes those of models long gone.
+fn is_calibration(name: &str) -> bool {
+    !name.starts_with('.')
+        && (name.ends_with(".calibration.txt") || name.ends_with(".calibration.txt.heldout"))
+}
+
+/// Marks a file of the cache as used now (its modification time), so that the cleanup keeps
+/// it; a failure only makes it look older.
+pub fn mark_used(path: &Path) {
+    if let Ok(file) = fs::OpenOptions::new().append(true).open(path) {
+        let _ = file.set_modified(SystemTime::now());
+    }
 }
 
 /// Removes the temporary files of the engine file `engine` that crashed writers left in a
@@ -1139,6 +1161,16 @@ mod tests {
         put(d, "notes.txt", b"mine", 400 * DAY, now);
         put(d, "m-old-0123456789abcdef.digest", b"digest", 31 * DAY, now);
         put(d, "m-0123456789abcdef.digest", b"digest", 29 * DAY, now);
+        put(d, "m-old-1.calibration.txt", b"table", 31 * DAY, now);
+        put(
+            d,
+            "m-old-1.calibration.txt.heldout",
+            b"frames",
+            31 * DAY,
+            now,
+        );
+        put(d, "m-1.calibration.txt", b"table", 29 * DAY, now);
+        put(d, "m-1.calibration.txt.heldout", b"frames", 29 * DAY, now);
         fs::create_dir(d.join("folder.engine")).unwrap();
         symlink(d.join("notes.txt"), d.join("link.engine")).unwrap();
         // A builder of `m-locked` holds its lock.
@@ -1154,6 +1186,8 @@ mod tests {
                 "m-elf.engine",
                 "m-format8.engine",
                 "m-old-0123456789abcdef.digest",
+                "m-old-1.calibration.txt",
+                "m-old-1.calibration.txt.heldout",
                 "m-unused.engine",
             ]
         );
@@ -1173,6 +1207,8 @@ mod tests {
                 "folder.engine",
                 "link.engine",
                 "m-0123456789abcdef.digest",
+                "m-1.calibration.txt",
+                "m-1.calibration.txt.heldout",
                 "m-format8-new.engine",
                 "m-kept.engine",
                 "m-locked.engine",

@@ -568,17 +568,18 @@ impl CudaEngine {
             .map(|params| (params, frame.planes.clone())))
     }
 
-    /// The model input the GPU makes of `crop` of each of `frames`, or `None` where the CPU
-    /// would make it; for tests that compare the two.
+    /// The model input the GPU makes of each of `crops` of each of `frames` (frame by frame,
+    /// all in one preprocessing launch), or `None` where the CPU would make it; for tests
+    /// that compare the two.
     pub fn gpu_preprocess(
         &mut self,
         frames: &[FrameView],
-        crop: Crop,
+        crops: &[Crop],
     ) -> Result<Option<Vec<f32>>, EngineError> {
-        let mut raw = Vec::with_capacity(frames.len());
+        let mut raw = Vec::with_capacity(frames.len() * crops.len());
         for frame in frames {
-            match self.gpu_frame(frame, &[crop])? {
-                Some((mut pre, planes)) => raw.push((pre.remove(0), planes)),
+            match self.gpu_frame(frame, crops)? {
+                Some((pres, planes)) => raw.extend(pres.into_iter().map(|p| (p, planes.clone()))),
                 None => return Ok(None),
             }
         }

@@ -125,9 +125,8 @@ pub struct Runtime {
     /// Frames in GPU memory of another CUDA context, copied here slot by slot before the
     /// preprocessing kernel reads them; and the bytes each slot holds.
     peer: Option<(CudaSlice<u8>, usize)>,
-    /// The preprocessing's first pass, the frame's rows at the model's width; one frame at a
-    /// time (the passes run in stream order), sized for the largest frame seen.
-    pre_rows: Option<CudaSlice<f32>>,
+    /// The GPU preprocessing queued for its launch.
+    pre: staging::PreQueue,
 }
 
 // SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
@@ -297,7 +296,7 @@ impl Runtime {
             zero_copy,
             raw_used: 0,
             peer: None,
-            pre_rows: None,
+            pre: Default::default(),
         };
         let tune = plans.iter().any(|p| {
             p.steps
@@ -396,6 +395,7 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
+        self.flush_preprocess()?;
         self.launch_and_download(i, n)
     }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-// Frames to the model's input, on the GPU; launched by staging.rs's `launch_preprocess`.
+// Frames to the model's input, on the GPU; launched by staging.rs (`flush_preprocess`).
 
 // Frame preprocessing: one raw video frame to the model's normalised f32 input: colour
 // conversion, antialiased bilinear resampling (the triangle filter widened by the downscale
@@ -25,6 +25,26 @@ struct Pre {
 };
 // The size that frames.rs's `Pre` asserts too, with its fields' offsets.
 static_assert(sizeof(Pre) == 216, "struct Pre no longer matches Pre (frames.rs)");
+
+// One frame or crop of a launch (abi.rs's `PreJob`): the kernels take one per `blockIdx.z`,
+// so that a batch's crops are preprocessed in one launch of each pass.
+struct PreJob {
+    Pre pre;
+    unsigned long long src;     // the frame's device address
+    unsigned long long rows;    // the first pass's output for this job ([crop h][dst w][3] f32)
+    unsigned long long out;     // its frame of the model input
+    int cols;                   // destination columns per block of the first pass
+    int pad;
+};
+static_assert(sizeof(PreJob) == 248, "struct PreJob no longer matches PreJob (abi.rs)");
+
+// The block's job, copied into shared memory by all its threads: its fields are read all
+// through the passes.
+__device__ __forceinline__ void load_job(const PreJob *__restrict__ jobs, PreJob *job) {
+    const int *from = (const int *)&jobs[blockIdx.z];
+    for (int i = threadIdx.x; i < (int)(sizeof(PreJob) / 4); i += blockDim.x) ((int *)job)[i] = from[i];
+    __syncthreads();
+}
 
 // A 16-bit little-endian sample (P010: ten bits at the top) on the 8-bit scale: a 10-bit
 // value v is 8-bit v / 4, as the standards (and GStreamer's converter, within half a level)
@@ -157,12 +177,17 @@ __device__ void convert_span(const Pre &p, const unsigned char *__restrict__ src
 // Pass 1: each source row of the crop filtered horizontally into the destination rectangle's
 // columns, as RGB in 0..255, into `rows` ([crop h][dst w][3]). A block takes `cols` columns
 // of one row at a time: its threads convert the pixels those columns read into shared memory,
-// then each thread filters one column.
-extern "C" __global__ void preprocess_rows(const Pre p, const unsigned char *__restrict__ src,
-                                           float *__restrict__ rows, int cols) {
+// then each thread filters one column. Job `blockIdx.z` of `jobs`; a block beyond its job's
+// columns or rows (the grid fits the largest job of the launch) has nothing to do.
+extern "C" __global__ void preprocess_rows(const PreJob *__restrict__ jobs) {
     __shared__ float px[PRE_SPAN * 3];
     __shared__ float uv[PRE_SPAN + 8];
-    int c0 = blockIdx.x * cols, c1 = min(c0 + cols, p.dst[2]);
+    __shared__ PreJob job;
+    load_job(jobs, &job);
+    const Pre &p = job.pre;
+    const unsigned char *src = (const unsigned char *)job.src;
+    float *rows = (float *)job.rows;
+    int c0 = blockIdx.x * job.cols, c1 = min(c0 + job.cols, p.dst[2]);
     if (c0 >= c1) return;
     float cx, sx;
     int lo, n, last, last_n;
@@ -199,7 +224,12 @@ extern "C" __global__ void preprocess_rows(const Pre p, const unsigned char *__r
 // Pass 2: the filtered rows filtered vertically into each output pixel, normalised, in the
 // model's channel order and layout; the letterbox colour around the destination rectangle.
 // One thread per output pixel.
-extern "C" __global__ void preprocess_cols(const Pre p, const float *rows, float *out) {
+extern "C" __global__ void preprocess_cols(const PreJob *__restrict__ jobs) {
+    __shared__ PreJob job;
+    load_job(jobs, &job);
+    const Pre &p = job.pre;
+    const float *rows = (const float *)job.rows;
+    float *out = (float *)job.out;
     int n = p.out_w * p.out_h;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         int dx = i % p.out_w - p.dst[0], dy = i / p.out_w - p.dst[1];

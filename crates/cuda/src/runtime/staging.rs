@@ -3,14 +3,45 @@
 //! memory (staged in page-locked memory, uploaded or read in place, preprocessed on the
 //! GPU), frames already in GPU memory (of our CUDA context or copied from another), and
 //! frames preprocessed on the host.
+//!
+//! The GPU preprocessing of frames and crops is queued and launched for up to
+//! `GROUP_JOBS` of them at once (one launch of each pass): with regions of interest a
+//! frame's crops, eight or more, would otherwise cost two launches each. Groups are small
+//! enough that the preprocessing still runs while frames arrive, not all at the batch's end.
 
-use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg, sys as drv};
+use cudarc::driver::{
+    CudaSlice, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg, sys as drv,
+};
 
 use super::Runtime;
 use super::kernels::{grid, kernel_set};
-use crate::abi;
+use crate::abi::{self, PreJob};
 use crate::error::{Error, Result};
 use crate::frames::{Pre, RawFrame};
+
+/// The most frames or crops one preprocessing launch takes.
+const GROUP_JOBS: usize = 32;
+/// The first-pass rows (f32 values) after which queued jobs are launched: 8 MiB, about
+/// three 1080p frames or a few dozen crops; the rows buffer holds a group's.
+const GROUP_ROWS: usize = 2 << 20;
+
+/// Preprocessing waiting for its launch, and the buffers a launch uses.
+#[derive(Default)]
+pub(super) struct PreQueue {
+    /// The queued jobs and the slot each writes.
+    jobs: Vec<(usize, PreJob)>,
+    /// The jobs of a launch, in page-locked memory for their upload, and on the device.
+    host: Option<PinnedHostSlice<PreJob>>,
+    device: Option<CudaSlice<PreJob>>,
+    /// The first pass's output of a launch's jobs, one after the other; sized for the
+    /// largest group seen.
+    rows: Option<CudaSlice<f32>>,
+}
+
+/// The f32 values of a job's first pass: its crop's rows at the destination's width.
+fn rows_len(pre: &Pre) -> usize {
+    pre.crop[3].max(0) as usize * pre.dst[2].max(1) as usize * 3
+}
 
 kernel_set! {
     /// preprocess.cu's kernels: the two passes of `launch_preprocess`.
@@ -36,12 +67,14 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
+        self.restage_from(slot);
         let len: usize = planes.iter().map(|p| p.len()).sum();
         let capacity = self.raw_host.as_ref().map_or(0, |r| r.len());
         if slot == 0 || self.raw_used + len > capacity {
-            // The staging is reused from its start once the frames in it are on the GPU (at
-            // the start of a batch the stream is idle but for a discarded batch's copies).
-            self.stream.synchronize().map_err(Error::driver("sync"))?;
+            // The staging is reused from its start once the frames in it are on the GPU and
+            // preprocessed (at the start of a batch the stream is idle but for a discarded
+            // batch's copies).
+            self.settle()?;
             self.raw_used = 0;
             let want = len * self.max_batch();
             if capacity < want {
@@ -92,16 +125,16 @@ impl Runtime {
         };
         self.raw_used = end;
         for (i, pre) in pres.iter().enumerate() {
-            self.launch_preprocess(slot + i, pre, raw_dev + start as u64)?;
+            self.queue_preprocess(slot + i, pre, raw_dev + start as u64)?;
         }
         Ok(())
     }
 
     /// Preprocesses one frame that is already in GPU memory (GStreamer's CUDA memory, at
     /// device address `src`, in CUDA context `context`) into frame `slot` of the input,
-    /// asynchronously. A frame of our own context is read where it is; one of another
-    /// context is first copied into ours on the GPU. The caller keeps the frame's memory
-    /// untouched until the batch has run.
+    /// asynchronously (queued: see the module's doc). A frame of our own context is read
+    /// where it is; one of another context is first copied into ours on the GPU. The caller
+    /// keeps the frame's memory untouched until the batch has run.
     pub fn stage_device_frame(
         &mut self,
         slot: usize,
@@ -113,12 +146,13 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
+        self.restage_from(slot);
         let src = if context == self.context_handle() {
             src
         } else {
             self.copy_from_peer(slot, pre, src, context)?
         };
-        self.launch_preprocess(slot, pre, src)
+        self.queue_preprocess(slot, pre, src)
     }
 
     /// The CUDA context (`CUcontext`) the runtime runs in.
@@ -134,8 +168,8 @@ impl Runtime {
             .as_ref()
             .is_none_or(|(_, per_slot)| *per_slot < len)
         {
-            // Earlier slots' kernels may still read the old buffer.
-            self.stream.synchronize().map_err(Error::driver("sync"))?;
+            // Earlier slots' kernels, queued or running, may still read the old buffer.
+            self.settle()?;
             let buffer =
                 // SAFETY: each slot is written by the copy below before a kernel reads it.
                 unsafe { self.stream.alloc::<u8>(len * self.max_batch()) }
@@ -161,45 +195,122 @@ impl Runtime {
         Ok(dst)
     }
 
-    /// Launches the two preprocessing passes on a frame at device address `src`, into `slot`.
-    pub(super) fn launch_preprocess(&mut self, slot: usize, pre: &Pre, src: u64) -> Result<()> {
+    /// Queues the preprocessing of a frame at device address `src` into `slot`; launches the
+    /// queue once it holds a group.
+    pub(super) fn queue_preprocess(&mut self, slot: usize, pre: &Pre, src: u64) -> Result<()> {
         let pixels = (pre.out_w * pre.out_h) as usize;
-        let input = self.input.device_ptr(&self.stream).0;
-        let out = input + (slot * pixels * 3 * 4) as u64;
-        let (crop_h, dst_w) = (pre.crop[3].max(0) as usize, pre.dst[2].max(1) as usize);
-        let rows_len = crop_h * dst_w * 3;
-        if self.pre_rows.as_ref().is_none_or(|r| r.len() < rows_len) {
-            // The last frame's passes may still use the old buffer.
+        let out = self.input.device_ptr(&self.stream).0 + (slot * pixels * 3 * 4) as u64;
+        let job = PreJob {
+            pre: *pre,
+            src,
+            out,
+            cols: columns_per_block(pre),
+            ..Default::default()
+        };
+        let jobs = &mut self.pre.jobs;
+        jobs.push((slot, job));
+        let rows: usize = jobs.iter().map(|(_, j)| rows_len(&j.pre)).sum();
+        if jobs.len() >= GROUP_JOBS || rows >= GROUP_ROWS {
+            self.flush_preprocess()?;
+        }
+        Ok(())
+    }
+
+    /// Forgets queued preprocessing of slots from `slot` on: a batch staged again from there
+    /// (after a refused push, or a discarded batch) writes them anew.
+    fn restage_from(&mut self, slot: usize) {
+        self.pre.jobs.retain(|&(s, _)| s < slot);
+    }
+
+    /// Launches the queued preprocessing: both passes, once each, for all its jobs.
+    pub(super) fn flush_preprocess(&mut self) -> Result<()> {
+        let n = self.pre.jobs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let total: usize = self.pre.jobs.iter().map(|(_, j)| rows_len(&j.pre)).sum();
+        if self.pre.rows.as_ref().is_none_or(|r| r.len() < total) {
+            // The last launch may still use the old buffer.
             self.stream.synchronize().map_err(Error::driver("sync"))?;
-            self.pre_rows = Some(
+            self.pre.rows = Some(
                 // SAFETY: the first pass writes every value the second reads.
-                unsafe { self.stream.alloc::<f32>(rows_len) }
+                unsafe { self.stream.alloc::<f32>(total) }.map_err(Error::driver("allocation"))?,
+            );
+        }
+        if self.pre.device.is_none() {
+            self.pre.host = Some(
+                // SAFETY: `PreJob` is plain data, valid as zeros; each is written before use.
+                unsafe { self.ctx.alloc_pinned::<PreJob>(GROUP_JOBS) }
+                    .map_err(Error::driver("pinned allocation"))?,
+            );
+            self.pre.device = Some(
+                self.stream
+                    .alloc_zeros::<PreJob>(GROUP_JOBS)
                     .map_err(Error::driver("allocation"))?,
             );
         }
-        let rows = self.pre_rows.as_ref().expect("allocated above");
-        let rows = rows.device_ptr(&self.stream).0;
-        let cols = columns_per_block(pre);
+        let PreQueue {
+            jobs,
+            host,
+            device,
+            rows,
+        } = &mut self.pre;
+        let (host, device) = (
+            host.as_mut().expect("made above"),
+            device.as_mut().expect("made above"),
+        );
+        let mut at = rows
+            .as_ref()
+            .expect("made above")
+            .device_ptr(&self.stream)
+            .0;
+        // Waits for the last launch's upload of the jobs, long done by now.
+        let staged = host.as_mut_slice().map_err(Error::driver("staging"))?;
+        for (to, (_, job)) in staged.iter_mut().zip(jobs.iter()) {
+            *to = PreJob { rows: at, ..*job };
+            at += (rows_len(&job.pre) * 4) as u64;
+        }
+        self.stream
+            .memcpy_htod(host, device)
+            .map_err(Error::driver("upload"))?;
+        // The grid fits the widest and tallest job; other jobs' blocks beyond theirs return.
+        let pres = || jobs.iter().map(|(_, j)| j);
+        let col_blocks = pres()
+            .map(|j| (j.pre.dst[2].max(1) as u32).div_ceil(j.cols.max(1) as u32))
+            .max();
+        let crop_rows = pres().map(|j| j.pre.crop[3]).max();
+        let pixels = pres().map(|j| (j.pre.out_w * j.pre.out_h) as usize).max();
+        let jobs_ptr = device.device_ptr(&self.stream).0;
         let kernels = &self.kernels.preprocess;
         let mut l = self.stream.launch_builder(&kernels.preprocess_rows);
-        l.arg(pre).arg(&src).arg(&rows).arg(&cols);
+        l.arg(&jobs_ptr);
         let cfg = LaunchConfig {
             grid_dim: (
-                dst_w.div_ceil(cols as usize) as u32,
-                crop_h.clamp(1, 65_535) as u32,
-                1,
+                col_blocks.unwrap_or(1),
+                crop_rows.unwrap_or(1).clamp(1, 65_535) as u32,
+                n as u32,
             ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: argument types match the kernel's signature (preprocess.cu); `rows` holds
-        // the crop's rows at the destination's width.
+        // SAFETY: the argument matches the kernel's signature (preprocess.cu): `n` jobs, each
+        // with its own rows in `rows`, its frame and its slot of the input.
         unsafe { l.launch(cfg) }.map_err(Error::driver("kernel launch"))?;
         let mut l = self.stream.launch_builder(&kernels.preprocess_cols);
-        l.arg(pre).arg(&rows).arg(&out);
-        // SAFETY: argument types match the kernel's signature (preprocess.cu); one thread a pixel.
-        unsafe { l.launch(grid(self.sm_count, pixels)) }.map_err(Error::driver("kernel launch"))?;
+        l.arg(&jobs_ptr);
+        let mut cfg = grid(self.sm_count, pixels.unwrap_or(1));
+        cfg.grid_dim.2 = n as u32;
+        // SAFETY: as above; one thread a pixel of each job's frame of the input.
+        unsafe { l.launch(cfg) }.map_err(Error::driver("kernel launch"))?;
+        jobs.clear();
         Ok(())
+    }
+
+    /// Launches the queued preprocessing and waits for the stream: the staging buffers may
+    /// then be reused.
+    fn settle(&mut self) -> Result<()> {
+        self.flush_preprocess()?;
+        self.stream.synchronize().map_err(Error::driver("sync"))
     }
 
     /// Uploads one frame preprocessed on the host (f32, the model's input layout) into
@@ -209,6 +320,7 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
+        self.restage_from(slot);
         if slot == 0 {
             // A discarded batch's copies may still read the staging.
             self.stream.synchronize().map_err(Error::driver("sync"))?;
@@ -249,6 +361,7 @@ impl Runtime {
         for (slot, (pre, planes)) in frames.iter().enumerate() {
             self.stage_frame(slot, std::slice::from_ref(pre), planes)?;
         }
+        self.flush_preprocess()?;
         let len: usize = frames
             .iter()
             .map(|(p, _)| (p.out_w * p.out_h * 3) as usize)

@@ -103,13 +103,15 @@ impl Runtime {
             .map_err(Error::driver("allocation"))?;
         let src = frame.device_ptr(&self.stream).0;
         let batch = self.max_batch();
-        self.launch_preprocess(0, pre, src)?;
+        self.queue_preprocess(0, pre, src)?;
+        self.flush_preprocess()?;
         self.stream.synchronize().map_err(Error::driver("sync"))?;
         let started = std::time::Instant::now();
         for _ in 0..runs {
             for slot in 0..batch {
-                self.launch_preprocess(slot, pre, src)?;
+                self.queue_preprocess(slot, pre, src)?;
             }
+            self.flush_preprocess()?;
         }
         self.stream.synchronize().map_err(Error::driver("sync"))?;
         Ok(started.elapsed().as_secs_f64() * 1e3 / (runs * batch) as f64)

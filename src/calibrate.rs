@@ -107,7 +107,7 @@ pub fn save(calibration: &Calibration, table: &Path) -> Result<Calibrated, Strin
 }
 
 /// The table a calibration of `options.model` on `files` keeps in the cache `dir`: its name
-/// holds a digest of `what` (how it calibrates), the preprocessing, and the model's and the
+/// holds a digest of `what` (how it calibrates), the preprocessing and input size, and the model's and the
 /// files' paths, sizes and modification times, so that a change to any makes another.
 pub fn cached_table(
     options: &EngineOptions,
@@ -115,7 +115,10 @@ pub fn cached_table(
     what: &str,
     files: &[PathBuf],
 ) -> Result<PathBuf, String> {
-    let mut stamp = format!("{what}\n{:?}\n", options.preprocess);
+    let mut stamp = format!(
+        "{what}\n{:?}\n{:?}\n",
+        options.preprocess, options.input_size
+    );
     for file in std::iter::once(&options.model).chain(files) {
         let meta = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
         let modified = (meta.modified().ok())
@@ -140,7 +143,7 @@ pub fn mark_used(table: &Path) {
 }
 
 /// Makes `table` with `make` (which writes a table and its held-out frames where it is
-/// told): under a name of this process's beside it first, then renamed, held-out frames
+/// told): under a temporary name beside it first, then renamed, held-out frames
 /// first, so that an element starting meanwhile sees the whole table or none.
 pub fn keep(
     table: &Path,
@@ -149,7 +152,9 @@ pub fn keep(
     let dir = table.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let name = table.file_name().unwrap_or_default().to_string_lossy();
-    let partial = dir.join(format!(".{name}.{}.txt", std::process::id()));
+    // A name of its own (two calibrations of one process may overlap), in the pattern of the
+    // cache's temporary files, which its cleanup removes if a crash leaves one.
+    let partial = dir.join(format!(".{name}.{}.tmp", cuda::cache::random_hex()));
     let renamed = make(&partial).and_then(|done| {
         let held_out = HeldOut::beside(&partial);
         if held_out.exists() {

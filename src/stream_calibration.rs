@@ -68,13 +68,16 @@ pub fn plan(
         return Ok(None);
     }
     let table = calibrate::cached_table(options, dir, &format!("stream {frames}"), &[])?;
+    // Looked for under the lock: a calibration that has just written it is then seen.
+    let mut running = RUNNING.lock().unwrap();
     if calibrate::is_table(&table) {
         calibrate::mark_used(&table);
         return Ok(Some(Plan::Table(table)));
     }
-    let mut running = RUNNING.lock().unwrap();
     running.retain(|c| c.strong_count() > 0);
-    let same = |c: &Arc<StreamCalibration>| c.table == table && c.outcome().is_none();
+    // A failed one is not joined: this start tries again.
+    let same =
+        |c: &Arc<StreamCalibration>| c.table == table && !matches!(c.outcome(), Some(Err(_)));
     if let Some(c) = running.iter().filter_map(Weak::upgrade).find(same) {
         return Ok(Some(Plan::Calibrate(c)));
     }
@@ -120,7 +123,10 @@ impl StreamCalibration {
                         calibration.sender.lock().unwrap().take();
                         let _ = calibration.outcome.set(outcome);
                     }
-                    None => log::info!(target: crate::engine::LOG_TARGET, "calibration on the stream stopped: {}", outcome.err().unwrap_or_default()),
+                    None => match outcome {
+                        Ok(summary) => log::info!(target: crate::engine::LOG_TARGET, "{summary}"),
+                        Err(e) => log::info!(target: crate::engine::LOG_TARGET, "calibration on the stream stopped: {e}"),
+                    },
                 }
             })
             .map_err(|e| format!("cannot start the calibration thread: {e}"))?;

@@ -176,8 +176,10 @@ fn create_temp(dir: &Path, name: &str, mode: u32) -> io::Result<(PathBuf, File)>
 }
 
 /// 64 random bits in hex: SipHash keyed by std's per-process random keys (from the system's
-/// random source), over a counter and the time.
-fn random_hex() -> String {
+/// random source), over a counter and the time. Temporary files are named
+/// `.<name>.<random_hex>.tmp` (with `.heldout` after it for a calibration's held-out frames),
+/// which the cleanup removes once stale.
+pub fn random_hex() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -421,7 +423,9 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
         }
         let used = meta.modified().unwrap_or(now);
         let age = now.duration_since(used).unwrap_or_default();
-        if temp_of(name).is_some() || old_temp(name) {
+        // A calibration's held-out frames, written beside its temporary table, go with it.
+        let temp = temp_of(name.strip_suffix(".heldout").unwrap_or(name));
+        if temp.is_some() || old_temp(name) {
             if age > TEMP_AGE && fs::remove_file(&path).is_ok() {
                 log_removed(&path, &format!("a temporary file left {}", ago(age)));
                 removed.push(path);
@@ -1171,6 +1175,20 @@ mod tests {
         );
         put(d, "m-1.calibration.txt", b"table", 29 * DAY, now);
         put(d, "m-1.calibration.txt.heldout", b"frames", 29 * DAY, now);
+        put(
+            d,
+            ".m-2.calibration.txt.0123456789abcdef.tmp",
+            b"half",
+            2 * HOUR,
+            now,
+        );
+        put(
+            d,
+            ".m-2.calibration.txt.0123456789abcdef.tmp.heldout",
+            b"half",
+            2 * HOUR,
+            now,
+        );
         fs::create_dir(d.join("folder.engine")).unwrap();
         symlink(d.join("notes.txt"), d.join("link.engine")).unwrap();
         // A builder of `m-locked` holds its lock.
@@ -1181,6 +1199,8 @@ mod tests {
             names(&removed),
             [
                 ".m-1.engine.0123456789abcdef.tmp",
+                ".m-2.calibration.txt.0123456789abcdef.tmp",
+                ".m-2.calibration.txt.0123456789abcdef.tmp.heldout",
                 ".m-gone.engine.lock",
                 "m-2.tmp1234-0",
                 "m-elf.engine",

@@ -395,6 +395,8 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
+        // Slots from `n` on hold nothing of this batch (a push refused part-way left them).
+        self.restage_from(n);
         self.flush_preprocess()?;
         self.launch_and_download(i, n)
     }

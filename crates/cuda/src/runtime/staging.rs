@@ -218,7 +218,7 @@ impl Runtime {
 
     /// Forgets queued preprocessing of slots from `slot` on: a batch staged again from there
     /// (after a refused push, or a discarded batch) writes them anew.
-    fn restage_from(&mut self, slot: usize) {
+    pub(super) fn restage_from(&mut self, slot: usize) {
         self.pre.jobs.retain(|&(s, _)| s < slot);
     }
 

@@ -396,7 +396,7 @@ struct Found {
 
 /// Cleans the cache folder `dir` (never a user's `engine-location` folder): temporary files
 /// of writers that crashed, engines, model digests (`digests`) and the calibration tables
-/// the element made (with their held-out frames, `is_calibration`) unused for `UNUSED_AGE`,
+/// the element made (with their held-out frames, `kept_while_used`) unused for `UNUSED_AGE`,
 /// engines of another format unused for `OTHER_FORMAT_AGE`, then the least recently used
 /// engines while the rest exceed `max_bytes`. `keep` (the engine just saved) and engines whose builders' lock is held stay.
 /// One listing of the folder, and the first bytes of old engines only; what goes is logged.
@@ -432,15 +432,9 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
             }
         } else if lock_of(name).is_some() {
             locks.push((path, age));
-        } else if name.ends_with(".digest") && !name.starts_with('.') {
-            // A model digest remembered (`digests`) for a model not started for so long.
+        } else if let Some(what) = kept_while_used(name) {
             if age > UNUSED_AGE && fs::remove_file(&path).is_ok() {
-                log_removed(&path, &format!("a model digest unused for {}", ago(age)));
-                removed.push(path);
-            }
-        } else if is_calibration(name) {
-            if age > UNUSED_AGE && fs::remove_file(&path).is_ok() {
-                log_removed(&path, &format!("a calibration unused for {}", ago(age)));
+                log_removed(&path, &format!("{what} unused for {}", ago(age)));
                 removed.push(path);
             }
         } else if name.ends_with(".engine") && !name.starts_with('.') {
@@ -503,12 +497,20 @@ fn cleanup(dir: &Path, keep: &Path, now: SystemTime, max_bytes: u64) -> Vec<Path
     removed
 }
 
-/// Whether the cache's file `name` is a calibration table the element made from frames, or
-/// its held-out frames (`CalibrationTable`, `HeldOut::beside`): the element marks it used
-/// (`mark_used`) each time it finds it, so the cleanup removes those of models long gone.
-fn is_calibration(name: &str) -> bool {
-    !name.starts_with('.')
-        && (name.ends_with(".calibration.txt") || name.ends_with(".calibration.txt.heldout"))
+/// What the cache's file `name` is, where it is one that each use marks as used and
+/// the cleanup removes once unused for `UNUSED_AGE`: a model digest remembered (`digests`), or
+/// a calibration table the element made from frames, or its held-out frames
+/// (`CalibrationTable`, `HeldOut::beside`).
+fn kept_while_used(name: &str) -> Option<&'static str> {
+    if name.starts_with('.') {
+        None
+    } else if name.ends_with(".digest") {
+        Some("a model digest")
+    } else if name.ends_with(".calibration.txt") || name.ends_with(".calibration.txt.heldout") {
+        Some("a calibration")
+    } else {
+        None
+    }
 }
 
 /// Marks a file of the cache as used now (its modification time), so that the cleanup keeps

@@ -18,6 +18,10 @@
 //! holds a camera back. Mailboxes have locks of their own: taking scores, or giving up frames
 //! whose deadline passed (`Stream::abandon`), never waits for a batch.
 //!
+//! An engine whose batches run while the next gather (the GPU's: `batches_in_flight` more
+//! than one) hands their scores out as they finish: at the next push, or at once through
+//! the instance's collector thread, which the engine signals when a batch is done.
+//!
 //! Faults stay where they happen: a push refused for its own frame fails that frame only; a
 //! failed batch fails the frames in it, and the engine is built again for the streams that go
 //! on (at once the first time, then after a growing pause while it keeps failing).
@@ -36,7 +40,7 @@ use parking_lot::MutexGuard;
 
 use crate::engine::frame::FrameView;
 use crate::engine::{
-    Backend, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
+    Backend, BatchDone, DevicePlanes, Engine, EngineError, EngineOptions, ModelInfo, unpanic,
 };
 use crate::logging::ENGINE_CAT as CAT;
 use crate::preprocess::Crop;
@@ -50,6 +54,9 @@ pub struct InstanceKey {
     pub backend: Backend,
     /// The model and everything else the engine is built from.
     pub options: EngineOptions,
+    /// The frames an int8 or FP8 engine is calibrated on (`calibration-frames`); 0 for the
+    /// other precisions, which it does not shape.
+    pub calibration_frames: u32,
     /// The model file as it was on disk when the key was made: an element that loads a model
     /// file replaced since gets an engine of its own, not the one built from the old file.
     pub model_file: Option<FileStamp>,
@@ -141,6 +148,9 @@ struct Inner {
     fault: Option<(Arc<EngineError>, Instant)>,
     /// Failures since the last batch that ran, for the pause before the next rebuild.
     failures: u32,
+    /// What an engine with batches in flight calls when one has finished: wakes the
+    /// collector (made with the first such engine, given to each rebuilt one).
+    batch_done: Option<BatchDone>,
 }
 
 /// Counts kept outside the lock, for `stats` while a batch runs.
@@ -158,11 +168,105 @@ struct Counters {
 /// An engine and the streams that feed it.
 pub struct Instance {
     key: InstanceKey,
-    /// Held by the stream whose turn it is (see `gate`), and briefly to join or leave.
+    /// Held by the stream whose turn it is (see `gate`), briefly to join or leave, and by the
+    /// collector to hand out finished batches.
     inner: parking_lot::Mutex<Inner>,
     /// Whose turn it is at the engine.
     gate: Gate,
     counters: Counters,
+    collector: Arc<Collector>,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.collector.close();
+    }
+}
+
+/// Wakes the collector thread of an instance whose engine runs batches in flight: a batch
+/// that finished is handed out at once, not at the next push (which may be a frame
+/// interval away, or never come before `batch-timeout`).
+#[derive(Default)]
+struct Collector {
+    state: Mutex<CollectorState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct CollectorState {
+    /// A batch finished since the collector last looked.
+    due: bool,
+    /// The instance is gone.
+    closed: bool,
+}
+
+impl Collector {
+    fn state(&self) -> std::sync::MutexGuard<'_, CollectorState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The engine's `BatchDone`: only signals (it runs on the GPU driver's thread).
+    fn signal(&self) {
+        self.state().due = true;
+        self.wake.notify_one();
+    }
+
+    fn close(&self) {
+        self.state().closed = true;
+        self.wake.notify_one();
+    }
+
+    /// The collector thread: hands out what finished each time it is signalled, until the
+    /// instance is gone.
+    fn run(&self, instance: &Weak<Instance>) {
+        loop {
+            {
+                let mut state = self.state();
+                while !state.due && !state.closed {
+                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                }
+                if state.closed {
+                    return;
+                }
+                state.due = false;
+            }
+            let Some(instance) = instance.upgrade() else {
+                return;
+            };
+            instance
+                .inner
+                .lock()
+                .deliver_ready(&instance.counters, NO_STREAM);
+        }
+    }
+}
+
+/// The caller of a hand-out that is no stream (the collector): every stream is woken.
+const NO_STREAM: StreamId = StreamId::MAX;
+
+impl Instance {
+    /// Gives `engine` the signal of this instance's collector, whose thread starts with the
+    /// first engine that will call it.
+    fn adopt(self: &Arc<Self>, inner: &mut Inner, engine: &mut dyn Engine) {
+        if engine.info().batches_in_flight <= 1 || inner.batch_done.is_some() {
+            return;
+        }
+        let collector = self.collector.clone();
+        let signal: BatchDone = Arc::new(move || collector.signal());
+        if !engine.on_batch_done(signal.clone()) {
+            return;
+        }
+        inner.batch_done = Some(signal);
+        let weak = Arc::downgrade(self);
+        let collector = self.collector.clone();
+        let spawned = std::thread::Builder::new()
+            .name("trtclassify-collect".into())
+            .spawn(move || collector.run(&weak));
+        if let Err(e) = spawned {
+            // Finished batches are then handed out at the next push or run.
+            gst::warning!(CAT, "no thread to collect finished batches: {e}");
+        }
+    }
 }
 
 static INSTANCES: LazyLock<Mutex<Vec<Weak<Instance>>>> = LazyLock::new(Default::default);
@@ -375,9 +479,11 @@ pub fn join(
                         next_stream: 0,
                         fault: None,
                         failures: 0,
+                        batch_done: None,
                     }),
                     gate: Gate::default(),
                     counters: Counters::default(),
+                    collector: Default::default(),
                 });
                 instances.push(Arc::downgrade(&instance));
                 instance
@@ -394,7 +500,8 @@ pub fn join(
             Joined::Built
         }
         (None, None) => {
-            let engine = build()?;
+            let mut engine = build()?;
+            instance.adopt(&mut inner, engine.as_mut());
             inner.built_info = Some(engine.info().clone());
             inner.engine = Some(engine);
             inner.build = Some(Box::new(build));
@@ -509,7 +616,10 @@ impl Inner {
             _ => Ok(engine),
         });
         match rebuilt {
-            Ok(engine) => {
+            Ok(mut engine) => {
+                if let Some(signal) = &self.batch_done {
+                    engine.on_batch_done(signal.clone());
+                }
                 gst::info!(CAT, "engine built again after a failure: {error}");
                 counters.rebuilds.fetch_add(1, Ordering::Relaxed);
                 self.engine = Some(engine);
@@ -595,6 +705,44 @@ impl Inner {
             }
         };
         self.deliver(tickets.into_iter().zip(scores), caller);
+    }
+
+    /// Hands out the scores of batches that finished in flight (engines with
+    /// `batches_in_flight` above 1), without waiting; wakes the streams that got some,
+    /// except `caller`. A batch that failed in flight fails every queued frame, as a failed
+    /// run does.
+    fn deliver_ready(&mut self, counters: &Counters, caller: StreamId) {
+        if self
+            .engine
+            .as_ref()
+            .is_none_or(|e| e.info().batches_in_flight <= 1)
+        {
+            return;
+        }
+        let error = match self.call(counters, |engine| engine.take_ready()) {
+            Ok(ready) if ready.scores.is_empty() => return,
+            Ok(ready) if ready.scores.len() <= self.queued.len() => {
+                self.failures = 0;
+                counters.record_batch(ready.batches, ready.scores.len(), ready.took);
+                let tickets: Vec<Ticket> = self.queued.drain(..ready.scores.len()).collect();
+                self.deliver(
+                    tickets.into_iter().zip(ready.scores.into_iter().map(Ok)),
+                    caller,
+                );
+                return;
+            }
+            Ok(ready) => Arc::new(EngineError::Inference(format!(
+                "the engine returned {} score vectors for {} frames",
+                ready.scores.len(),
+                self.queued.len()
+            ))),
+            Err(CallError::NoEngine(e) | CallError::Failed(e) | CallError::Panicked(e)) => e,
+        };
+        if self.engine.is_some() {
+            self.failed(counters, error.clone());
+        }
+        let lost = std::mem::take(&mut self.queued);
+        self.deliver(lost.into_iter().map(|t| (t, Err(error.clone()))), caller);
     }
 
     /// Hands each frame's scores to its stream, when the stream is still there and in the
@@ -789,6 +937,7 @@ impl Stream {
             },
             items,
         ));
+        inner.deliver_ready(counters, self.id);
         if inner.queued.len() >= self.run_at {
             inner.run(counters, self.id, started);
         }
@@ -950,6 +1099,7 @@ mod tests {
 
     fn key(id: &str, batch_size: usize) -> InstanceKey {
         InstanceKey {
+            calibration_frames: 0,
             id: id.into(),
             backend: Backend::Cpu,
             options: EngineOptions {
@@ -1388,5 +1538,179 @@ mod tests {
         push(&a, 5).unwrap();
         a.run_now(None);
         assert_eq!(values(a.take_scores()), [5.0]);
+    }
+
+    /// An engine whose full batches of 2 run "in flight" until the test finishes them: then
+    /// it signals as a GPU's driver would.
+    struct Flying {
+        info: ModelInfo,
+        gathering: Vec<f32>,
+        flights: Arc<Mutex<Flights>>,
+        signal: Option<BatchDone>,
+    }
+
+    #[derive(Default)]
+    struct Flights {
+        running: std::collections::VecDeque<Vec<f32>>,
+        finished: Vec<f32>,
+        runs: usize,
+    }
+
+    impl Flying {
+        fn land(&mut self) -> Vec<Vec<f32>> {
+            let mut flights = self.flights.lock().unwrap();
+            std::mem::take(&mut flights.finished)
+                .into_iter()
+                .map(|v| vec![v])
+                .collect()
+        }
+    }
+
+    impl Engine for Flying {
+        fn info(&self) -> &ModelInfo {
+            &self.info
+        }
+        fn infer(&mut self, _: &[f32], _: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+            unreachable!()
+        }
+        fn push(&mut self, frame: &FrameView, _: &[Crop]) -> Result<(), EngineError> {
+            self.gathering.push(f32::from(frame.planes[0][0]));
+            if self.gathering.len() == 2 {
+                let batch = std::mem::take(&mut self.gathering);
+                self.flights.lock().unwrap().running.push_back(batch);
+            }
+            Ok(())
+        }
+        fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+            let mut flights = self.flights.lock().unwrap();
+            flights.runs += 1;
+            while let Some(batch) = flights.running.pop_front() {
+                flights.finished.extend(batch);
+            }
+            flights.finished.append(&mut self.gathering);
+            drop(flights);
+            Ok(self.land())
+        }
+        fn take_ready(&mut self) -> Result<crate::engine::Ready, EngineError> {
+            let scores = self.land();
+            Ok(crate::engine::Ready {
+                batches: scores.len() / 2,
+                took: Duration::from_millis(1),
+                scores,
+            })
+        }
+        fn on_batch_done(&mut self, signal: BatchDone) -> bool {
+            self.signal = Some(signal);
+            true
+        }
+        fn discard(&mut self) {
+            self.gathering.clear();
+            let mut flights = self.flights.lock().unwrap();
+            flights.running.clear();
+            flights.finished.clear();
+        }
+        fn pending(&self) -> usize {
+            let flights = self.flights.lock().unwrap();
+            self.gathering.len()
+                + flights.running.iter().map(Vec::len).sum::<usize>()
+                + flights.finished.len()
+        }
+    }
+
+    #[test]
+    fn batches_that_finish_in_flight_reach_their_streams_without_a_run() {
+        let flights = Arc::new(Mutex::new(Flights::default()));
+        let signal: Arc<Mutex<Option<BatchDone>>> = Default::default();
+        let build = {
+            let (flights, signal) = (flights.clone(), signal.clone());
+            move || -> Result<Box<dyn Engine>, EngineError> {
+                let mut info = fake(&Arc::new(Script::default()))()?.info().clone();
+                (info.model_batch, info.batches_in_flight) = (2, 3);
+                let engine = Flying {
+                    info,
+                    gathering: Vec::new(),
+                    flights: flights.clone(),
+                    signal: None,
+                };
+                Ok(Box::new(SignalOut(engine, signal.clone())))
+            }
+        };
+        let (wake_a, woken_a) = counter();
+        let k = key("in-flight", 2);
+        let (a, _) = join(k.clone(), wake_a, build).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
+        push(&a, 1).unwrap();
+        push(&b, 2).unwrap();
+        push(&a, 3).unwrap();
+        assert!(a.take_scores().is_empty(), "the batch is in flight");
+        // The GPU finishes it: the collector hands it out, with no push and no run.
+        {
+            let mut flights = flights.lock().unwrap();
+            let landed = flights.running.pop_front().unwrap();
+            flights.finished.extend(landed);
+        }
+        let signal = signal
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the instance gave a signal");
+        signal();
+        let waited = Instant::now();
+        while woken_a.load(Ordering::SeqCst) == 0 {
+            assert!(
+                waited.elapsed() < Duration::from_secs(10),
+                "never handed out"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(values(a.take_scores()), [1.0], "frame 3 still gathers");
+        assert_eq!(values(b.take_scores()), [2.0]);
+        assert_eq!(flights.lock().unwrap().runs, 0, "nothing ran");
+        assert_eq!((a.stats().batches, a.stats().items), (1, 2));
+        // A batch finished before a push is handed out by that push, with the pushing
+        // stream's own scores in its mailbox.
+        push(&b, 4).unwrap();
+        {
+            let mut flights = flights.lock().unwrap();
+            let landed = flights.running.pop_front().unwrap();
+            flights.finished.extend(landed);
+        }
+        push(&b, 5).unwrap();
+        assert_eq!(values(a.take_scores()), [3.0]);
+        assert_eq!(values(b.take_scores()), [4.0]);
+        b.run_now(None);
+        assert_eq!(values(b.take_scores()), [5.0]);
+        assert_eq!(flights.lock().unwrap().runs, 1);
+    }
+
+    /// `Flying`, and the signal it was given, for the test to call.
+    struct SignalOut(Flying, Arc<Mutex<Option<BatchDone>>>);
+
+    impl Engine for SignalOut {
+        fn info(&self) -> &ModelInfo {
+            self.0.info()
+        }
+        fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+            self.0.infer(input, n)
+        }
+        fn push(&mut self, frame: &FrameView, crops: &[Crop]) -> Result<(), EngineError> {
+            self.0.push(frame, crops)
+        }
+        fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+            self.0.run_pushed()
+        }
+        fn take_ready(&mut self) -> Result<crate::engine::Ready, EngineError> {
+            self.0.take_ready()
+        }
+        fn on_batch_done(&mut self, signal: BatchDone) -> bool {
+            *self.1.lock().unwrap() = Some(signal.clone());
+            self.0.on_batch_done(signal)
+        }
+        fn discard(&mut self) {
+            self.0.discard()
+        }
+        fn pending(&self) -> usize {
+            self.0.pending()
+        }
     }
 }

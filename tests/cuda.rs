@@ -1193,15 +1193,30 @@ fn pushed_frames_match_the_cpu_in_order() {
         })
         .collect();
     let frame = |i: usize| gsttrtclassify::video::view(&mapped[i]).unwrap();
-    for i in [3, 1, 4] {
+    // Discarded with two batches in flight and one gathering.
+    for i in [3, 1, 4, 1, 5, 9, 2, 6, 5] {
         gpu.push(&frame(i), &[Crop::Whole]).expect("push");
     }
+    assert_eq!(gpu.pending(), 9);
     gpu.discard();
-    // 11 frames: two full batches of 4 run as they are pushed, 3 at the end.
+    assert_eq!(gpu.pending(), 0);
+    // 11 frames: two full batches of 4 launched as they are pushed (running while the next
+    // gather; what finished is taken on the way), 3 at the end.
+    let mut got = Vec::new();
     for i in 0..11 {
         gpu.push(&frame(i), &[Crop::Whole]).expect("push");
+        if i == 9 {
+            let ready = gpu.take_ready().expect("ready");
+            assert!(
+                [0, 4, 8].contains(&ready.scores.len()),
+                "whole batches: {}",
+                ready.scores.len()
+            );
+            assert_eq!(ready.batches * 4, ready.scores.len());
+            got.extend(ready.scores);
+        }
     }
-    let got = gpu.run_pushed().expect("run");
+    got.extend(gpu.run_pushed().expect("run"));
     assert_eq!(
         got.len(),
         11,
@@ -1216,6 +1231,61 @@ fn pushed_frames_match_the_cpu_in_order() {
         }
     }
     assert!(gpu.run_pushed().expect("run").is_empty(), "all run");
+}
+
+/// Batches in flight keep their frames: 1080p frames at batch 32 take about 11 preprocessing
+/// launches a batch, more than the job arrays used in turn, while two batches run, and the
+/// fourth batch waits for the first; NV12 and RGB frames through the page-locked staging,
+/// reused for each batch while the one before runs. Each frame's colour comes back in its
+/// place.
+#[test]
+fn batches_in_flight_keep_their_frames() {
+    use gst_video::VideoFormat::*;
+    if !gpu("batches_in_flight_keep_their_frames") {
+        return;
+    }
+    let path = common::model("colors.onnx");
+    let mut gpu = CudaEngine::build(&options(&path, 32, Precision::Fp16)).expect("cuda engine");
+    assert_eq!(
+        gpu.info().batches_in_flight,
+        cuda::runtime::IN_FLIGHT + 1,
+        "batches run while the next gathers"
+    );
+    let rgb_info = gst_video::VideoInfo::builder(Rgb, 1920, 1080)
+        .build()
+        .unwrap();
+    // Six colours, each in NV12 and in RGB.
+    let frames: Vec<(gst::Buffer, gst_video::VideoInfo)> = (0..6)
+        .flat_map(|c| {
+            let rgb = common::solid_rgb(1920, 1080, common::COLORS[c].1, c as u64);
+            [
+                convert(&rgb, &rgb_info, Nv12),
+                (rgb.clone(), rgb_info.clone()),
+            ]
+        })
+        .collect();
+    let mapped: Vec<_> = frames
+        .iter()
+        .map(|(buffer, info)| {
+            gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info).unwrap()
+        })
+        .collect();
+    // Frame i: colour (i * 5) % 6, NV12 or RGB.
+    let colour = |i: usize| (i * 5) % 6;
+    let n = 32 * 4 + 7;
+    let mut got = Vec::new();
+    for i in 0..n {
+        let view = gsttrtclassify::video::view(&mapped[colour(i) * 2 + i % 2]).unwrap();
+        gpu.push(&view, &[Crop::Whole]).expect("push");
+        if i % 40 == 39 {
+            got.extend(gpu.take_ready().expect("ready").scores);
+        }
+    }
+    got.extend(gpu.run_pushed().expect("run"));
+    assert_eq!(got.len(), n, "one result per frame");
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(top(g, 1)[0], colour(i), "frame {i}: its colour");
+    }
 }
 
 /// Whether GStreamer's CUDA elements (`cudaupload`, from gst-plugins-bad's nvcodec) and its

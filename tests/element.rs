@@ -36,7 +36,7 @@ fn push_frames(h: &mut gst_check::Harness, range: std::ops::Range<u64>) {
 /// Pulls everything that came out and checks each frame carries its own colour.
 fn pull_all(h: &mut gst_check::Harness) -> Vec<(u64, Classification)> {
     let mut out = Vec::new();
-    while let Some(buffer) = h.try_pull() {
+    while let Some(buffer) = try_pull_settled(h) {
         let (i, result) = index_and_result(&buffer);
         // Only `interval` makes carried frames (its own test checks which).
         if interval_of(h) == 1 {
@@ -54,6 +54,22 @@ fn pull_all(h: &mut gst_check::Harness) -> Vec<(u64, Classification)> {
         out.push((i, result));
     }
     out
+}
+
+/// The next buffer out, waiting until none has come for 100 ms: on a GPU a full batch runs
+/// while the next gathers, and its frames leave from the element's own thread once it is
+/// done, not within the push that filled it.
+fn try_pull_settled(h: &mut gst_check::Harness) -> Option<gst::Buffer> {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(buffer) = h.try_pull() {
+            return Some(buffer);
+        }
+        if started.elapsed() > std::time::Duration::from_millis(100) {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 /// The element's `interval`: every how many frames one is inferred.
@@ -276,6 +292,19 @@ fn the_allocation_query_asks_for_what_the_batch_timeout_holds() {
         pool_minimum("batch-size=16 interval=30 batch-timeout=1000"),
         26 + 2
     );
-    // Without a timeout, the whole batch's frames wait.
-    assert_eq!(pool_minimum("batch-size=4 batch-timeout=-1"), 3 + 2);
+    // Without a timeout, the whole batch's frames wait; on a GPU also those of the batches
+    // running while it gathers.
+    let mut h = harness("batch-size=4");
+    let stats = h
+        .find_element("trtclassify")
+        .unwrap()
+        .property::<gst::Structure>("stats");
+    let batches = match stats.get::<String>("backend").unwrap().as_str() {
+        "cuda" => gsttrtclassify::engine::cuda::runtime::IN_FLIGHT as u32 + 1,
+        _ => 1,
+    };
+    assert_eq!(
+        pool_minimum("batch-size=4 batch-timeout=-1"),
+        4 * batches - 1 + 2
+    );
 }

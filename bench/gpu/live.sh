@@ -21,8 +21,9 @@
 #                                frame with REGIONS (8) boxes of 48 to 328 pixels, the
 #                                video played once as fast as it decodes (at most
 #                                SECONDS_RUN, 120): decode only, then MODEL (resnet18) on every
-#                                box (`roi=regions`, PRECISION fp16); one row: frames/s of both,
-#                                their ratio and crops classified a second
+#                                box (`roi=regions`, PRECISION fp16) with batches in flight and
+#                                with each batch waited for, then decode only again; a row
+#                                each: frames/s beside decode only, share, crops/s
 #
 # Environment: MODEL (vit_b_16), PRECISION (fp32), MODELS (update: resnet50,mobilenet_v2, in
 # fp16), BATCH (64), TIMEOUT (batch-timeout, 50), VIDEO (.gpu/files/bench1080.mp4), DEC
@@ -135,18 +136,26 @@ case $mode in
     export ONCE=1
     export_models "$model"
     build "$model" "$precision"
+    props="onnx-location=/tmp/tv/$model.onnx precision=$precision roi=regions"
+    # Decode only before and after; the engine with batches in flight (the default) and
+    # with each batch waited for in the push that fills it (TRTCLASSIFY_BATCHES_IN_FLIGHT=0).
     run "decode-$cams-regions" "$cams" "$secs" file "" --decode-only --regions "$k"
-    run "$model-$precision-$cams-regions" "$cams" "$secs" file \
-      "onnx-location=/tmp/tv/$model.onnx precision=$precision roi=regions" --regions "$k"
+    run "$model-$precision-$cams-regions" "$cams" "$secs" file "$props" --regions "$k"
+    TRTCLASSIFY_BATCHES_IN_FLIGHT=0 run "$model-$precision-$cams-regions-sync" "$cams" "$secs" \
+      file "$props" --regions "$k"
+    run "decode-$cams-regions-after" "$cams" "$secs" file "" --decode-only --regions "$k"
     # "regions: K a frame attached, N classified (C a second), F frames a second out"
     fps() { grep -oE '[0-9.]+ frames a second out' "$out/live-$1.txt" | grep -oE '^[0-9.]+'; }
-    decode=$(fps "decode-$cams-regions") classify=$(fps "$model-$precision-$cams-regions")
-    crops=$(grep -oE 'classified \([0-9]+ a second' "$out/live-$model-$precision-$cams-regions.txt" |
-      tail -1 | grep -oE '[0-9]+')
-    echo "| classifier on the boxes | cameras | boxes a frame | decode-only frames/s | with it frames/s | share | crops/s |" | tee -a "$out/live.md"
-    echo "|---|---|---|---|---|---|---|" | tee -a "$out/live.md"
-    echo "| $model $precision | $cams | $k | ${decode:-?} | ${classify:-?} | $(python3 -c "print(f'{100*${classify:-0}/max(${decode:-0},1):.1f}%')") | ${crops:-?} |" |
-      tee -a "$out/live.md"
+    crops() { grep -oE 'classified \([0-9]+ a second' "$out/live-$1.txt" | tail -1 | grep -oE '[0-9]+'; }
+    decode=$(fps "decode-$cams-regions") after=$(fps "decode-$cams-regions-after")
+    echo "decode only: ${decode:-?} frames/s before, ${after:-?} after" | tee -a "$out/live.md"
+    echo "| classifier on the boxes | batches | cameras | boxes a frame | decode-only frames/s | with it frames/s | share | crops/s |" | tee -a "$out/live.md"
+    echo "|---|---|---|---|---|---|---|---|" | tee -a "$out/live.md"
+    for variant in "in flight:$model-$precision-$cams-regions" "waited for:$model-$precision-$cams-regions-sync"; do
+      how=${variant%%:*} label=${variant#*:} classify=$(fps "${variant#*:}")
+      echo "| $model $precision | $how | $cams | $k | ${decode:-?} | ${classify:-?} | $(python3 -c "print(f'{100*${classify:-0}/max(${decode:-0},1):.1f}%')") | $(crops "$label") |" |
+        tee -a "$out/live.md"
+    done
     ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

@@ -63,6 +63,8 @@ pub struct TrtClassify {
     framerate: Mutex<Option<gst::Fraction>>,
     pub(super) num_classes: AtomicU32,
     pub(super) device_frames: AtomicU8,
+    /// The running engine's `batches_in_flight` (0 before there is one): the frames it holds.
+    pub(super) batches_in_flight: AtomicU32,
     /// The CUDA context shared with CUDA elements (decoders, converters) of the pipeline.
     cuda_context: Mutex<Option<cudamem::Context>>,
     /// The GPU the element works on: the running engine's, or before the engine is there,
@@ -983,7 +985,15 @@ impl BaseTransformImpl for TrtClassify {
             .map(|info| info.fps());
         // Never more than the frames that arrive in `batch-timeout`: the partial batch then
         // runs and they leave.
-        let held = self.settings.lock().unwrap().held_frames_at(framerate);
+        let in_flight = match self.batches_in_flight.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        };
+        let held = self
+            .settings
+            .lock()
+            .unwrap()
+            .held_frames_at(framerate, in_flight);
         // CUDA memory comes from pools that grow on demand (NVDEC copies each decoded frame
         // into one): asking for more would only preallocate GPU memory, for every camera.
         let cuda_memory = query

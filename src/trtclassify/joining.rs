@@ -433,11 +433,13 @@ impl TrtClassify {
         }
     }
 
-    /// What the running engine tells queries and caps: `num-classes`, and whether frames in
-    /// CUDA memory are read where they are.
+    /// What the running engine tells queries and caps: `num-classes`, whether frames in
+    /// CUDA memory are read where they are, and the batches it holds.
     fn publish_model_info(&self, info: &ModelInfo) {
         self.num_classes
             .store(info.num_classes as u32, Ordering::Relaxed);
+        self.batches_in_flight
+            .store(info.batches_in_flight as u32, Ordering::Relaxed);
         self.device_frames.store(
             match info.reads_device_frames {
                 true => DEVICE_FRAMES_YES,

@@ -245,8 +245,14 @@ impl Settings {
             }
             (h, w) => Some((h as usize, w as usize)),
         };
+        let eight_bit = matches!(self.precision, Precision::Int8 | Precision::Fp8);
         Ok(InstanceKey {
             model_file: FileStamp::of(location.as_ref()),
+            calibration_frames: if eight_bit {
+                self.calibration_frames
+            } else {
+                0
+            },
             id: self.model_instance_id.clone().unwrap_or_default(),
             backend: self.backend.into(),
             options: EngineOptions {
@@ -320,11 +326,20 @@ impl Settings {
         (self.held_items() - 1) * self.tunables.interval
     }
 
-    /// How many frames the element holds at most beyond the one being pushed, at `framerate`:
-    /// `held_frames`, but no more than arrive while the oldest waits `batch-timeout` (the
-    /// partial batch then runs and they leave), and one more for that batch's run.
-    pub(crate) fn held_frames_at(&self, framerate: Option<gst::Fraction>) -> u32 {
-        let held = self.held_frames();
+    /// How many frames the element holds at most beyond the one being pushed, at `framerate`,
+    /// on an engine that holds `batches_in_flight` batches (its `ModelInfo`'s, once known:
+    /// a GPU's batches run while the next gathers): `held_frames`, but no more than arrive
+    /// while the oldest waits `batch-timeout` (the partial batch then runs and they leave),
+    /// and one more for that batch's run.
+    pub(crate) fn held_frames_at(
+        &self,
+        framerate: Option<gst::Fraction>,
+        batches_in_flight: Option<u32>,
+    ) -> u32 {
+        let held = match batches_in_flight {
+            Some(n) => (self.batch_size * n.max(1) - 1) * self.tunables.interval,
+            None => self.held_frames(),
+        };
         let (Some(timeout), Some(fps)) = (self.tunables.batch_timeout(), framerate) else {
             return held;
         };
@@ -444,12 +459,34 @@ mod tests {
         let fps = |n| Some(gst::Fraction::new(n, 1));
         assert_eq!(s.held_frames(), 450);
         // 100 ms at 30 fps: 3 frames, and one more while the batch runs.
-        assert_eq!(s.held_frames_at(fps(30)), 4);
-        assert_eq!(s.held_frames_at(None), 450, "no rate, no bound");
+        assert_eq!(s.held_frames_at(fps(30), None), 4);
+        assert_eq!(s.held_frames_at(None, None), 450, "no rate, no bound");
         s.tunables.batch_timeout_ms = -1;
-        assert_eq!(s.held_frames_at(fps(30)), 450, "no timeout, no bound");
+        assert_eq!(s.held_frames_at(fps(30), None), 450, "no timeout, no bound");
+        // A GPU engine's two batches in flight and the one gathering.
+        assert_eq!(s.held_frames_at(fps(30), Some(3)), (16 * 3 - 1) * 30);
         s.batch_size = 1;
-        assert_eq!(s.held_frames_at(fps(30)), 0);
+        assert_eq!(s.held_frames_at(fps(30), None), 0);
+        assert_eq!(s.held_frames_at(fps(30), Some(1)), 0);
+    }
+
+    #[test]
+    fn calibration_frames_shape_only_eight_bit_engines() {
+        let key = |precision, calibration_frames| {
+            Settings {
+                onnx_location: Some("m.onnx".into()),
+                calibration_location: Some("frames/".into()),
+                precision,
+                calibration_frames,
+                ..Default::default()
+            }
+            .instance_key(Default::default(), 0)
+            .unwrap()
+        };
+        assert_ne!(key(Precision::Int8, 64), key(Precision::Int8, 256));
+        assert_ne!(key(Precision::Fp8, 64), key(Precision::Fp8, 256));
+        assert_eq!(key(Precision::Int8, 64), key(Precision::Int8, 64));
+        assert_eq!(key(Precision::Fp16, 64), key(Precision::Fp16, 256));
     }
 
     #[test]

@@ -12,7 +12,8 @@ pub use trtclassify_cuda::{
 };
 use trtclassify_cuda::{digests, frames};
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use super::{Backend, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
 use crate::compiler::plan::{DType, QuantFormat};
@@ -32,10 +33,19 @@ pub struct CudaEngine {
     frame_pre: Option<frames::FramePreprocess>,
     /// One frame preprocessed on the CPU, for frames the GPU kernel does not read.
     input: Vec<f32>,
-    /// Frames pushed into the runtime's input and not yet run.
+    /// Frames pushed into the runtime's input and not yet launched.
     pushed: usize,
-    /// Scores of the pushed frames that have run.
+    /// Batches launched and not yet collected, oldest first: their frames and launch time.
+    launched: VecDeque<(usize, Instant)>,
+    /// Scores of the pushed frames that have run; the batches they ran in since the last
+    /// `take_ready`, and the longest any took from its launch.
     ran: super::Ran,
+    finished: usize,
+    took: Duration,
+    /// Called by the GPU driver when a launched batch has finished (`on_batch_done`).
+    done_signal: Option<runtime::DoneSignal>,
+    /// The most batches that run while the next gathers (`in_flight`).
+    in_flight: usize,
     /// Whether frames from another CUDA context were seen (and said so once).
     foreign_frames: bool,
 }
@@ -286,7 +296,13 @@ impl CudaEngine {
                 (None, None) => None,
             },
             reads_device_frames: frame_pre.is_some(),
-            batches_in_flight: 1,
+            // The batches running and the one gathering: a push that fills a batch waits for
+            // the oldest, and streams get scores as batches finish (`take_ready`). Without
+            // batches in flight, 1: the instance runs each full batch.
+            batches_in_flight: match in_flight(options.batch_size) {
+                0 => 1,
+                n => n + 1,
+            },
             non_finite: Default::default(),
             engine_file: Some(super::EngineFileUse {
                 path: path.clone(),
@@ -300,7 +316,12 @@ impl CudaEngine {
             frame_pre,
             input: Vec::new(),
             pushed: 0,
+            launched: VecDeque::new(),
             ran: Default::default(),
+            finished: 0,
+            took: Duration::ZERO,
+            done_signal: None,
+            in_flight: in_flight(options.batch_size),
             foreign_frames: false,
         })
     }
@@ -546,6 +567,21 @@ fn inference(e: Error) -> EngineError {
     EngineError::Inference(e.to_string())
 }
 
+/// The most batches that run while the next gathers, at `batch-size`: `runtime::IN_FLIGHT`,
+/// or `TRTCLASSIFY_BATCHES_IN_FLIGHT` below it; 0 waits for each batch in the push that
+/// fills it (for comparisons). Batches of one frame are waited for: an element that does not
+/// batch hands each frame on once its push returns (it has no thread to be woken by).
+fn in_flight(batch_size: usize) -> usize {
+    static IN_FLIGHT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let n = *IN_FLIGHT.get_or_init(|| {
+        std::env::var("TRTCLASSIFY_BATCHES_IN_FLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(runtime::IN_FLIGHT, |n: usize| n.min(runtime::IN_FLIGHT))
+    });
+    if batch_size > 1 { n } else { 0 }
+}
+
 /// A frame's planes and the preprocessing parameters of each crop of it.
 type CroppedFrame<'a> = (Vec<frames::Pre>, Vec<&'a [u8]>);
 
@@ -590,34 +626,86 @@ impl CudaEngine {
     }
 
     /// Forgets every item pushed after the first `n` (a push refused part-way): the scores of
-    /// a model batch that ran inside the push, and the staged input of the next (its staging
-    /// is written again from there).
-    fn keep_first(&mut self, n: usize) {
+    /// model batches that ran inside the push (waited for, where in flight), and the staged
+    /// input of the next (its staging is written again from there).
+    /// A failure waiting for a batch in flight loses every item pushed: its error.
+    fn keep_first(&mut self, n: usize) -> Result<(), EngineError> {
+        let launched = |e: &Self| e.launched.iter().map(|l| l.0).sum::<usize>();
+        let within_launched = n > self.ran.len() && n < self.ran.len() + launched(self);
+        if within_launched {
+            self.collect_all()?;
+        }
         let ran = self.ran.len();
         if ran >= n {
             self.ran.truncate(n);
+            self.forget_launched();
             self.pushed = 0;
         } else {
-            self.pushed = n - ran;
+            self.pushed = n - ran - launched(self);
         }
+        Ok(())
     }
 
-    /// Runs the frames pushed into the runtime's input into `ran`.
-    fn score_pushed_frames(&mut self) -> Result<(), EngineError> {
-        let n = std::mem::take(&mut self.pushed);
-        if n == 0 {
+    /// Launches the frames pushed into the runtime's input as a model batch, which runs while
+    /// the next gathers; where `in_flight` batches run, waits for the oldest first (with none
+    /// in flight, for this one).
+    fn launch_pushed(&mut self) -> Result<(), EngineError> {
+        if self.pushed == 0 {
             return Ok(());
         }
-        let classes = self.info.num_classes;
-        let scores = self
-            .runtime
-            .run_staged(n)
-            .map(|out| out.chunks(classes).map(<[f32]>::to_vec).collect::<Vec<_>>())
-            .map_err(inference);
-        if let Ok(scores) = &scores {
-            self.look_for_non_finite(scores, n);
+        if self.launched.len() >= self.in_flight.max(1) {
+            self.collect(true)?;
         }
-        self.ran.keep(scores)
+        let n = std::mem::take(&mut self.pushed);
+        if let Err(e) = self.runtime.launch_staged(n, self.done_signal.as_ref()) {
+            return self.lose_all(inference(e));
+        }
+        self.launched.push_back((n, Instant::now()));
+        if self.in_flight == 0 {
+            self.collect(true)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the scores of the oldest launched batch into `ran`: waits for them where `wait`;
+    /// `false` where none was ready. A failure loses every pushed item.
+    fn collect(&mut self, wait: bool) -> Result<bool, EngineError> {
+        let Some(&(n, launched_at)) = self.launched.front() else {
+            return Ok(false);
+        };
+        let classes = self.info.num_classes;
+        let scores = match self.runtime.collect(wait) {
+            Ok(None) => return Ok(false),
+            Ok(Some(out)) => out.chunks(classes).map(<[f32]>::to_vec).collect::<Vec<_>>(),
+            Err(e) => return self.lose_all(inference(e)).map(|()| false),
+        };
+        self.launched.pop_front();
+        self.finished += 1;
+        self.took = self.took.max(launched_at.elapsed());
+        // Its input is still in the input buffer only while nothing was staged after it.
+        if self.launched.is_empty() && self.pushed == 0 {
+            self.look_for_non_finite(&scores, n);
+        }
+        self.ran.keep(Ok(scores))?;
+        Ok(true)
+    }
+
+    /// Collects every launched batch, waiting for each.
+    fn collect_all(&mut self) -> Result<(), EngineError> {
+        while self.collect(true)? {}
+        Ok(())
+    }
+
+    /// Forgets the batches in flight; they still run, unwanted.
+    fn forget_launched(&mut self) {
+        self.launched.clear();
+        self.runtime.forget_in_flight();
+    }
+
+    /// Forgets every pushed item after a failure that lost some of them, and returns it.
+    fn lose_all(&mut self, e: EngineError) -> Result<(), EngineError> {
+        self.discard();
+        Err(e)
     }
 
     /// The first time `scores` (of a run of `n` frames, whose input is still in the input
@@ -673,7 +761,7 @@ impl Engine for CudaEngine {
                         self.preprocessor
                             .run(frame, &crops[done..done + now], &mut self.input)
                     {
-                        self.keep_first(before);
+                        self.keep_first(before)?;
                         return Err(e.into());
                     }
                     self.input
@@ -683,13 +771,13 @@ impl Engine for CudaEngine {
                 }
             };
             if let Err(e) = staged {
-                self.keep_first(before);
+                self.keep_first(before)?;
                 return Err(inference(e));
             }
             self.pushed += now;
             done += now;
             if self.pushed == batch {
-                self.score_pushed_frames()?;
+                self.launch_pushed()?;
             }
         }
         Ok(())
@@ -740,30 +828,47 @@ impl Engine for CudaEngine {
                 self.runtime
                     .stage_device_frame(self.pushed, params, base, frame.context)
             {
-                self.keep_first(before);
+                self.keep_first(before)?;
                 return Err(inference(e));
             }
             self.pushed += 1;
             if self.pushed == self.info.model_batch {
-                self.score_pushed_frames()?;
+                self.launch_pushed()?;
             }
         }
         Ok(())
     }
 
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-        let last = self.score_pushed_frames();
+        let last = self.launch_pushed().and_then(|()| self.collect_all());
+        (self.finished, self.took) = (0, Duration::ZERO);
         self.ran.take(last)
+    }
+
+    fn take_ready(&mut self) -> Result<super::Ready, EngineError> {
+        while self.collect(false)? {}
+        Ok(super::Ready {
+            scores: self.ran.take(Ok(()))?,
+            batches: std::mem::take(&mut self.finished),
+            took: std::mem::take(&mut self.took),
+        })
+    }
+
+    fn on_batch_done(&mut self, signal: runtime::DoneSignal) -> bool {
+        self.done_signal = Some(signal);
+        self.in_flight > 0
     }
 
     fn discard(&mut self) {
         self.pushed = 0;
+        self.forget_launched();
         // The runtime reuses the staging from the start of the next batch.
         self.ran.clear();
+        (self.finished, self.took) = (0, Duration::ZERO);
     }
 
     fn pending(&self) -> usize {
-        self.ran.len() + self.pushed
+        self.ran.len() + self.launched.iter().map(|l| l.0).sum::<usize>() + self.pushed
     }
 }
 

@@ -197,7 +197,9 @@ pub struct ModelInfo {
     /// How many full batches the engine may hold sent and unanswered before the streams wait
     /// for their scores: 1 for engines that run a batch where they are; more for a remote
     /// server, whose answers come back while the next batches gather, so that the network's
-    /// round trip does not idle the server.
+    /// round trip does not idle the server, and for a GPU, whose batches run while the next
+    /// gather (the batches running and the one gathering; it hands finished ones out with
+    /// `Engine::take_ready`).
     pub batches_in_flight: usize,
     /// Where a run's values first became infinite or NaN (the step and the ONNX node), once
     /// the engine has looked: the first time its scores were not finite. Shared by every
@@ -300,11 +302,28 @@ pub trait Engine: Send {
     /// afterwards, even on error.
     fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError>;
 
+    /// The scores of the oldest pushed items whose model batches have finished, in push
+    /// order, without waiting; they are forgotten as by `run_pushed`. For engines that run
+    /// batches while the next gather (`ModelInfo::batches_in_flight` above 1), so that their
+    /// streams get scores as each batch finishes, not when `run_pushed` waits for all. An
+    /// error (a batch in flight failed) loses every pushed item, as a failed `run_pushed`.
+    /// Engines that answer only in `run_pushed` have none ready.
+    fn take_ready(&mut self) -> Result<Ready, EngineError> {
+        Ok(Ready::default())
+    }
+
+    /// Gives an engine whose batches finish while the next gather the `signal` to call when
+    /// one has (from a thread of its own: the signal must only signal), for its caller to
+    /// `take_ready` the scores; `true` where it will call it. The others never do.
+    fn on_batch_done(&mut self, _signal: BatchDone) -> bool {
+        false
+    }
+
     /// Forgets the frames pushed since the last `run_pushed` (a flush dropped them).
     fn discard(&mut self);
 
-    /// How many items pushed since the last `run_pushed` or `discard` the engine holds (their
-    /// input, or their scores where their model batch has run). A push refused for its own
+    /// How many items pushed since the last `run_pushed`, `take_ready` or `discard` the
+    /// engine holds (their input, their batch in flight, or their scores where it has run). A push refused for its own
     /// frame (one it cannot read or preprocess) leaves this as it was: the items pushed
     /// before it, of other streams too, are kept. A failure that loses them (a model batch
     /// that failed inside the push) leaves it lower, so that a shared engine can tell the two
@@ -326,6 +345,20 @@ pub trait Engine: Send {
 /// The scores of pushed frames whose model batch has run, kept until `run_pushed`.
 #[derive(Debug, Default)]
 pub(crate) struct Ran(Vec<Vec<f32>>);
+
+/// `Engine::on_batch_done`'s signal.
+pub type BatchDone = std::sync::Arc<dyn Fn() + Send + Sync>;
+
+/// What `Engine::take_ready` found finished.
+#[derive(Debug, Default)]
+pub struct Ready {
+    /// One score vector per item, the oldest pushed first.
+    pub scores: Vec<Vec<f32>>,
+    /// The model batches they ran in.
+    pub batches: usize,
+    /// The longest any of those batches took from its launch to its scores.
+    pub took: std::time::Duration,
+}
 
 impl Ran {
     /// Keeps a model batch's scores; an error forgets those of every pushed frame.

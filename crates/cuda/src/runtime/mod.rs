@@ -5,7 +5,8 @@
 //! kernels for the rest, and each plan captured as a CUDA graph so a batch is one launch.
 //!
 //! This module holds the `Runtime` and its life: made (`Runtime::new`), fed a batch and run
-//! (`run`, `run_staged`). Its other parts, one `impl Runtime` each where they need it:
+//! (`run`), or launched on staged frames without waiting (`launch_staged`, `collect`): up to
+//! `IN_FLIGHT` batches run on the GPU while the host stages the next. Its other parts, one `impl Runtime` each where they need it:
 //! - `device`: the libraries and the GPU found, their versions;
 //! - `kernels`: the kernels' source (`prelude.cu`, `preprocess.cu`, `steps/*.cu`) compiled by NVRTC and loaded, one set per family (defined beside its launches), and their launch shapes;
 //! - `cudnn`, `cublaslt`: owners of the libraries' handles and descriptors;
@@ -26,10 +27,12 @@ mod steps;
 mod timing;
 mod tuning;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, sys as drv,
+    CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice,
+    sys as drv,
 };
 
 use super::error::{Error, Result};
@@ -61,6 +64,45 @@ enum Prepared {
     /// its rounded weights.
     EightBit(Box<cublaslt::GemmDescs>, u64),
     None,
+}
+
+/// The most batches launched on staged frames and not yet collected: while they run, the
+/// host stages the next (a batch's frames are queued behind them on the one stream, so the
+/// single input buffer is never written while a graph reads it). Two keep the GPU busy
+/// while the host stages a batch faster than the GPU runs one; more only add latency.
+pub const IN_FLIGHT: usize = 2;
+
+/// Called from the GPU driver's thread when a launched batch has finished: it must only
+/// signal (it may not call CUDA, and the stream waits for it).
+pub type DoneSignal = Arc<dyn Fn() + Send + Sync>;
+
+/// `cuLaunchHostFunc`'s callback: calls the boxed signal once and drops it.
+unsafe extern "C" fn signal_done(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` is the box `launch_staged` leaked for this one call.
+    let signal = unsafe { Box::from_raw(data.cast::<DoneSignal>()) };
+    // Unwinding out of the driver's thread would abort; a panicking signal only loses its
+    // wake-up (the scores are still collected at the next push or run).
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&**signal));
+}
+
+/// What of the page-locked staging (frames, inputs preprocessed on the host) may be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostStaging {
+    /// All of it: nothing staged there is still to be read.
+    Free,
+    /// All of it once `staged_read` completes: the last launched batch's uploads read it.
+    AfterLaunch,
+    /// What the batch being staged has not written: it is in use.
+    InUse,
+}
+
+/// A batch launched and not yet collected.
+struct Launched {
+    /// Its frames, and where its scores land in `host_out`.
+    n: usize,
+    out: std::ops::Range<usize>,
+    /// Recorded after its scores' download.
+    done: CudaEvent,
 }
 
 /// A plan of one batch size, its steps' descriptors and its captured graph.
@@ -110,7 +152,16 @@ pub struct Runtime {
     sm_count: u32,
     /// Page-locked staging buffers, so that copies run at full speed and asynchronously.
     host_in: PinnedHostSlice<f32>,
+    /// Scores of `IN_FLIGHT + 1` batches: those launched and one run by `run`.
     host_out: PinnedHostSlice<f32>,
+    /// Batches launched on staged frames, oldest first; and events for the next.
+    in_flight: VecDeque<Launched>,
+    spare_events: Vec<CudaEvent>,
+    /// Recorded by the last launch after its frames' uploads and preprocessing, before its
+    /// graph: once complete, the page-locked staging may be written again from its start,
+    /// while the graph still runs. And what of the staging may be written (`staging_free`).
+    staged_read: Option<CudaEvent>,
+    host_staging: HostStaging,
     /// Raw frames: staged in page-locked memory, uploaded, preprocessed on the GPU; sized
     /// for a full batch of the largest frames seen.
     raw_host: Option<PinnedHostSlice<u8>>,
@@ -127,6 +178,14 @@ pub struct Runtime {
     peer: Option<(CudaSlice<u8>, usize)>,
     /// The GPU preprocessing queued for its launch.
     pre: staging::PreQueue,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Batches in flight still write the page-locked output and call their signals: both
+        // must be done before the buffers go.
+        let _ = self.stream.synchronize();
+    }
 }
 
 // SAFETY: the cuDNN and cuBLASLt handles may be used from any thread, one at a time; the
@@ -288,9 +347,14 @@ impl Runtime {
             host_in: unsafe { ctx_for_pinned.alloc_pinned::<f32>(max(|p| p.input_len)) }
                 .map_err(Error::driver("pinned allocation"))?,
             host_out: unsafe {
-                ctx_for_pinned.alloc_pinned_with_flags::<f32>(max(|p| p.output_len), 0)
+                ctx_for_pinned
+                    .alloc_pinned_with_flags::<f32>(max(|p| p.output_len) * (IN_FLIGHT + 1), 0)
             }
             .map_err(Error::driver("pinned allocation"))?,
+            in_flight: VecDeque::new(),
+            spare_events: Vec::new(),
+            staged_read: None,
+            host_staging: HostStaging::Free,
             raw_host: None,
             raw: None,
             zero_copy,
@@ -369,6 +433,7 @@ impl Runtime {
         self.ctx
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
+        self.staging_free()?;
         let input_ptr = self.input.device_ptr(&self.stream).0;
         let host_in = self
             .host_in
@@ -385,12 +450,21 @@ impl Runtime {
             )
         }
         .map_err(Error::driver("upload"))?;
-        self.launch_and_download(i, n)
+        let out = self.launch_and_download(i, n)?;
+        self.stream
+            .synchronize()
+            .map_err(Error::driver("inference"))?;
+        let host_out = self.host_out.as_slice().map_err(Error::driver("staging"))?;
+        Ok(&host_out[out])
     }
 
-    /// Runs the first `n` staged frames through the smallest plan that holds them; returns the
-    /// scores as `run` does.
-    pub fn run_staged(&mut self, n: usize) -> Result<&[f32]> {
+    /// Launches the first `n` staged frames through the smallest plan that holds them and
+    /// returns at once; `collect` gives their scores, and `done` (where given) is called once
+    /// they are there. Fails where `IN_FLIGHT` batches are launched and not collected.
+    pub fn launch_staged(&mut self, n: usize, done_signal: Option<&DoneSignal>) -> Result<()> {
+        if self.in_flight.len() >= IN_FLIGHT {
+            return Err(Error::Plan("too many batches in flight"));
+        }
         let i = self.plan_holding(n)?;
         self.ctx
             .bind_to_thread()
@@ -398,7 +472,85 @@ impl Runtime {
         // Slots from `n` on hold nothing of this batch (a push refused part-way left them).
         self.restage_from(n);
         self.flush_preprocess()?;
-        self.launch_and_download(i, n)
+        if self.staged_read.is_none() {
+            self.staged_read = Some(self.ctx.new_event(None).map_err(Error::driver("event"))?);
+        }
+        let staged_read = self.staged_read.as_ref().expect("made above");
+        staged_read
+            .record(&self.stream)
+            .map_err(Error::driver("event record"))?;
+        self.host_staging = HostStaging::AfterLaunch;
+        let out = self.launch_and_download(i, n)?;
+        let done = match self.spare_events.pop() {
+            Some(event) => event,
+            None => self.ctx.new_event(None).map_err(Error::driver("event"))?,
+        };
+        done.record(&self.stream)
+            .map_err(Error::driver("event record"))?;
+        self.in_flight.push_back(Launched { n, out, done });
+        if let Some(signal) = done_signal {
+            let data = Box::into_raw(Box::new(signal.clone()));
+            // SAFETY: the callback takes back the box it is given, once; it calls no CUDA.
+            let launched = unsafe {
+                cudarc::driver::result::stream::launch_host_function(
+                    self.stream.cu_stream(),
+                    signal_done,
+                    data.cast(),
+                )
+            };
+            if let Err(e) = launched {
+                // SAFETY: not launched, so the callback will not take it.
+                drop(unsafe { Box::from_raw(data) });
+                return Err(Error::driver("host callback launch")(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Batches launched and not yet collected.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The scores of the oldest batch launched and not yet collected, `n` times the output
+    /// per frame as `run` gives them: waits for it where `wait`; `None` while it runs (or
+    /// where none is in flight).
+    pub fn collect(&mut self, wait: bool) -> Result<Option<&[f32]>> {
+        let Some(oldest) = self.in_flight.front() else {
+            return Ok(None);
+        };
+        let ready = match wait {
+            true => oldest
+                .done
+                .synchronize()
+                .map(|()| true)
+                .map_err(Error::driver("inference"))?,
+            false => oldest
+                .done
+                .try_is_complete()
+                .map_err(Error::driver("inference"))?,
+        };
+        if !ready {
+            return Ok(None);
+        }
+        let Launched { n, out, done } = self.in_flight.pop_front().expect("looked at above");
+        self.spare_events.push(done);
+        let host_out = self.host_out.as_slice().map_err(Error::driver("staging"))?;
+        debug_assert_eq!(out.len() % n.max(1), 0);
+        Ok(Some(&host_out[out]))
+    }
+
+    /// Forgets the batches in flight and what is staged: their scores are not wanted (a
+    /// discarded batch); waits for them, so that their frames may be released.
+    pub fn forget_in_flight(&mut self) {
+        let forgotten = self.in_flight.drain(..).map(|l| l.done);
+        self.spare_events.extend(forgotten);
+        // Their frames (and those staged since) may be released once this returns: frames
+        // in GPU memory go back to their decoder's pool. A discard is rare (a flush, or a
+        // failure), so it waits.
+        self.restage_from(0);
+        let _ = self.stream.synchronize();
+        self.host_staging = HostStaging::Free;
     }
 
     /// The index of the smallest plan that runs `n` frames at once.
@@ -409,18 +561,24 @@ impl Runtime {
             .ok_or(Error::NoPlanHolding(n))
     }
 
-    /// Replays plan `i` on the input buffer, downloads the scores of its first `n` frames and
-    /// waits for them.
-    fn launch_and_download(&mut self, i: usize, n: usize) -> Result<&[f32]> {
+    /// Launches plan `i` on the input buffer and the download of its first `n` frames'
+    /// scores into a part of `host_out` no batch in flight uses, which it returns; waits for
+    /// nothing.
+    fn launch_and_download(&mut self, i: usize, n: usize) -> Result<std::ops::Range<usize>> {
         let plan = &self.plans[i].plan;
         let len_out = n * plan.output_len / plan.batch;
+        let part = self.host_out.len() / (IN_FLIGHT + 1);
+        let free = (0..=IN_FLIGHT)
+            .find(|k| self.in_flight.iter().all(|l| l.out.start != k * part))
+            .expect("IN_FLIGHT + 1 parts for at most IN_FLIGHT batches and this one");
+        let out = free * part..free * part + len_out;
         let output_ptr = self.output.device_ptr(&self.stream).0;
         let host_out = self
             .host_out
             .as_mut_slice()
             .map_err(Error::driver("staging"))?;
-        // SAFETY: the device buffer holds the plan's output; the pinned buffer outlives the
-        // synchronisation below.
+        // SAFETY: the device buffer holds the plan's output; the pinned range is read only
+        // after the event recorded behind this copy, and no other batch in flight writes it.
         unsafe {
             self.plans[i]
                 .graph
@@ -429,16 +587,13 @@ impl Runtime {
                 .launch()
                 .map_err(Error::driver("graph launch"))?;
             cudarc::driver::result::memcpy_dtoh_async(
-                &mut host_out[..len_out],
+                &mut host_out[out.clone()],
                 output_ptr,
                 self.stream.cu_stream(),
             )
             .map_err(Error::driver("download"))?;
         }
-        self.stream
-            .synchronize()
-            .map_err(Error::driver("inference"))?;
-        Ok(&host_out[..len_out])
+        Ok(out)
     }
 
     /// The plans, tuned.

@@ -10,11 +10,11 @@
 //! enough that the preprocessing still runs while frames arrive, not all at the batch's end.
 
 use cudarc::driver::{
-    CudaSlice, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg, sys as drv,
+    CudaEvent, CudaSlice, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg, sys as drv,
 };
 
-use super::Runtime;
 use super::kernels::{grid, kernel_set};
+use super::{HostStaging, Runtime};
 use crate::abi::{self, PreJob};
 use crate::error::{Error, Result};
 use crate::frames::{Pre, RawFrame};
@@ -30,13 +30,21 @@ const GROUP_ROWS: usize = 2 << 20;
 pub(super) struct PreQueue {
     /// The queued jobs and the slot each writes.
     jobs: Vec<(usize, PreJob)>,
-    /// The jobs of a launch, in page-locked memory for their upload, and on the device.
-    host: Option<PinnedHostSlice<PreJob>>,
+    /// The jobs of a launch, in page-locked memory for their upload (`JOB_ARRAYS` used in
+    /// turn, each with an event recorded behind its upload, waited for before it is written
+    /// again), and on the device (as many, one after the other); the array the next launch
+    /// uses.
+    host: Vec<(PinnedHostSlice<PreJob>, CudaEvent)>,
     device: Option<CudaSlice<PreJob>>,
+    next: usize,
     /// The first pass's output of a launch's jobs, one after the other; sized for the
     /// largest group seen.
     rows: Option<CudaSlice<f32>>,
 }
+
+/// Job arrays a launch may use in turn: a launch queued behind batches in flight keeps its
+/// array until they are done, and the next launches must not wait for that.
+const JOB_ARRAYS: usize = 8;
 
 /// The f32 values of a job's first pass: its crop's rows at the destination's width.
 fn rows_len(pre: &Pre) -> usize {
@@ -70,11 +78,16 @@ impl Runtime {
         self.restage_from(slot);
         let len: usize = planes.iter().map(|p| p.len()).sum();
         let capacity = self.raw_host.as_ref().map_or(0, |r| r.len());
-        if slot == 0 || self.raw_used + len > capacity {
+        let first = self.host_staging != HostStaging::InUse;
+        if first || self.raw_used + len > capacity {
             // The staging is reused from its start once the frames in it are on the GPU and
-            // preprocessed (at the start of a batch the stream is idle but for a discarded
-            // batch's copies).
-            self.settle()?;
+            // preprocessed: for a batch's first frame staged here, the last launched batch's
+            // (its graph may still run); mid-batch (larger frames than the staging was made
+            // for), this batch's.
+            match first {
+                true => self.staging_free()?,
+                false => self.settle()?,
+            }
             self.raw_used = 0;
             let want = len * self.max_batch();
             if capacity < want {
@@ -98,6 +111,7 @@ impl Runtime {
             .expect("allocated above")
             .as_mut_slice()
             .map_err(Error::driver("staging"))?;
+        self.host_staging = HostStaging::InUse;
         let start = self.raw_used;
         let mut end = start;
         for plane in planes {
@@ -134,7 +148,8 @@ impl Runtime {
     /// device address `src`, in CUDA context `context`) into frame `slot` of the input,
     /// asynchronously (queued: see the module's doc). A frame of our own context is read
     /// where it is; one of another context is first copied into ours on the GPU. The caller
-    /// keeps the frame's memory untouched until the batch has run.
+    /// keeps the frame's memory untouched until the batch's scores are collected (or the
+    /// batches in flight forgotten).
     pub fn stage_device_frame(
         &mut self,
         slot: usize,
@@ -238,14 +253,18 @@ impl Runtime {
             );
         }
         if self.pre.device.is_none() {
-            self.pre.host = Some(
-                // SAFETY: `PreJob` is plain data, valid as zeros; each is written before use.
-                unsafe { self.ctx.alloc_pinned::<PreJob>(GROUP_JOBS) }
-                    .map_err(Error::driver("pinned allocation"))?,
-            );
+            self.pre.host = (0..JOB_ARRAYS)
+                .map(|_| {
+                    // SAFETY: `PreJob` is plain data, valid as zeros; each is written before
+                    // use.
+                    let jobs = unsafe { self.ctx.alloc_pinned::<PreJob>(GROUP_JOBS) }?;
+                    Ok((jobs, self.ctx.new_event(None)?))
+                })
+                .collect::<std::result::Result<_, _>>()
+                .map_err(Error::driver("pinned allocation"))?;
             self.pre.device = Some(
                 self.stream
-                    .alloc_zeros::<PreJob>(GROUP_JOBS)
+                    .alloc_zeros::<PreJob>(GROUP_JOBS * JOB_ARRAYS)
                     .map_err(Error::driver("allocation"))?,
             );
         }
@@ -254,25 +273,33 @@ impl Runtime {
             host,
             device,
             rows,
+            next,
         } = &mut self.pre;
-        let (host, device) = (
-            host.as_mut().expect("made above"),
-            device.as_mut().expect("made above"),
-        );
+        let k = std::mem::replace(next, (*next + 1) % JOB_ARRAYS);
+        let (host, uploaded) = &mut host[k];
+        let mut device = device
+            .as_mut()
+            .expect("made above")
+            .slice_mut(k * GROUP_JOBS..(k + 1) * GROUP_JOBS);
         let mut at = rows
             .as_ref()
             .expect("made above")
             .device_ptr(&self.stream)
             .0;
-        // Waits for the last launch's upload of the jobs, long done by now.
+        // This array's last upload is done unless `JOB_ARRAYS` launches are queued behind
+        // batches in flight.
+        uploaded.synchronize().map_err(Error::driver("sync"))?;
         let staged = host.as_mut_slice().map_err(Error::driver("staging"))?;
         for (to, (_, job)) in staged.iter_mut().zip(jobs.iter()) {
             *to = PreJob { rows: at, ..*job };
             at += (rows_len(&job.pre) * 4) as u64;
         }
         self.stream
-            .memcpy_htod(host, device)
+            .memcpy_htod(host, &mut device)
             .map_err(Error::driver("upload"))?;
+        uploaded
+            .record(&self.stream)
+            .map_err(Error::driver("event record"))?;
         // The grid fits the widest and tallest job; other jobs' blocks beyond theirs return.
         let pres = || jobs.iter().map(|(_, j)| j);
         let col_blocks = pres()
@@ -306,6 +333,20 @@ impl Runtime {
         Ok(())
     }
 
+    /// Waits until the page-locked staging may be written from its start: after a launch,
+    /// until that batch's uploads and preprocessing have read it (its graph may still run).
+    /// While a batch is being staged, its own uploads may still read it: the caller knows
+    /// which parts it may write.
+    pub(super) fn staging_free(&mut self) -> Result<()> {
+        if self.host_staging == HostStaging::AfterLaunch {
+            if let Some(read) = &self.staged_read {
+                read.synchronize().map_err(Error::driver("sync"))?;
+            }
+            self.host_staging = HostStaging::Free;
+        }
+        Ok(())
+    }
+
     /// Launches the queued preprocessing and waits for the stream: the staging buffers may
     /// then be reused.
     fn settle(&mut self) -> Result<()> {
@@ -321,9 +362,11 @@ impl Runtime {
             .bind_to_thread()
             .map_err(Error::driver("context"))?;
         self.restage_from(slot);
-        if slot == 0 {
-            // A discarded batch's copies may still read the staging.
-            self.stream.synchronize().map_err(Error::driver("sync"))?;
+        // Each slot is written once per batch, at its own place; the first write after a
+        // launch waits until that batch's uploads have read theirs.
+        if self.host_staging != HostStaging::InUse {
+            self.staging_free()?;
+            self.host_staging = HostStaging::InUse;
         }
         let input_ptr = self.input.device_ptr(&self.stream).0;
         let host_in = self

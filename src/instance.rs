@@ -1540,13 +1540,13 @@ mod tests {
         assert_eq!(values(a.take_scores()), [5.0]);
     }
 
-    /// An engine whose full batches of 2 run "in flight" until the test finishes them: then
-    /// it signals as a GPU's driver would.
+    /// An engine whose full batches of 2 run "in flight" until the test finishes them; it
+    /// keeps the signal it was given where the test calls it, as a GPU's driver would.
     struct Flying {
         info: ModelInfo,
         gathering: Vec<f32>,
         flights: Arc<Mutex<Flights>>,
-        signal: Option<BatchDone>,
+        signal: Arc<Mutex<Option<BatchDone>>>,
     }
 
     #[derive(Default)]
@@ -1600,7 +1600,7 @@ mod tests {
             })
         }
         fn on_batch_done(&mut self, signal: BatchDone) -> bool {
-            self.signal = Some(signal);
+            *self.signal.lock().unwrap() = Some(signal);
             true
         }
         fn discard(&mut self) {
@@ -1626,13 +1626,12 @@ mod tests {
             move || -> Result<Box<dyn Engine>, EngineError> {
                 let mut info = fake(&Arc::new(Script::default()))()?.info().clone();
                 (info.model_batch, info.batches_in_flight) = (2, 3);
-                let engine = Flying {
+                Ok(Box::new(Flying {
                     info,
                     gathering: Vec::new(),
                     flights: flights.clone(),
-                    signal: None,
-                };
-                Ok(Box::new(SignalOut(engine, signal.clone())))
+                    signal: signal.clone(),
+                }))
             }
         };
         let (wake_a, woken_a) = counter();
@@ -1681,36 +1680,5 @@ mod tests {
         b.run_now(None);
         assert_eq!(values(b.take_scores()), [5.0]);
         assert_eq!(flights.lock().unwrap().runs, 1);
-    }
-
-    /// `Flying`, and the signal it was given, for the test to call.
-    struct SignalOut(Flying, Arc<Mutex<Option<BatchDone>>>);
-
-    impl Engine for SignalOut {
-        fn info(&self) -> &ModelInfo {
-            self.0.info()
-        }
-        fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-            self.0.infer(input, n)
-        }
-        fn push(&mut self, frame: &FrameView, crops: &[Crop]) -> Result<(), EngineError> {
-            self.0.push(frame, crops)
-        }
-        fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
-            self.0.run_pushed()
-        }
-        fn take_ready(&mut self) -> Result<crate::engine::Ready, EngineError> {
-            self.0.take_ready()
-        }
-        fn on_batch_done(&mut self, signal: BatchDone) -> bool {
-            *self.1.lock().unwrap() = Some(signal.clone());
-            self.0.on_batch_done(signal)
-        }
-        fn discard(&mut self) {
-            self.0.discard()
-        }
-        fn pending(&self) -> usize {
-            self.0.pending()
-        }
     }
 }

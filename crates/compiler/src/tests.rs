@@ -989,6 +989,64 @@ fn assert_damage_refused(damage: impl FnOnce(&mut tract_onnx::pb::ModelProto), m
     assert!(err.contains(message), "expected «{message}» in «{err}»");
 }
 
+/// MnasNet ends in `x.mean([2, 3])`: a ReduceMean over the planes without `keepdims`. It
+/// runs as a global average pool, which reads the channels-last activations where they lie
+/// (a mean over NCHW's last axes transposed them first), and scores as the pool does.
+#[test]
+fn a_mean_over_the_planes_runs_as_a_global_average_pool() {
+    use prost::Message;
+    use tract_onnx::pb;
+    let pooled = built_classifier();
+    let mut meaned = pooled.clone();
+    let graph = meaned.graph.as_mut().expect("graph");
+    graph.node.retain(|n| n.name != "flatten");
+    let pool = graph
+        .node
+        .iter_mut()
+        .find(|n| n.name == "pool")
+        .expect("pool");
+    pool.op_type = "ReduceMean".into();
+    pool.output = vec!["f".into()];
+    pool.attribute = vec![
+        pb::AttributeProto {
+            name: "axes".into(),
+            r#type: pb::attribute_proto::AttributeType::Ints as i32,
+            ints: vec![2, 3],
+            ..Default::default()
+        },
+        pb::AttributeProto {
+            name: "keepdims".into(),
+            r#type: pb::attribute_proto::AttributeType::Int as i32,
+            i: 0,
+            ..Default::default()
+        },
+    ];
+    let run = |proto: &pb::ModelProto| {
+        let path = models().join("built.onnx");
+        let model = OnnxModel::from_bytes(&path, &proto.encode_to_vec()).expect("loads");
+        let spec = model.input_spec(None).expect("input");
+        let (plans, weights) = super::compile_for_cpu(&model, &[2], spec).expect("compiles");
+        let input: Vec<f32> = (0..2 * 3 * 4 * 4)
+            .map(|i| (i % 7) as f32 * 0.3 - 1.0)
+            .collect();
+        // The kind of each step, as Debug names it.
+        let steps: Vec<String> = (plans[0].steps.iter())
+            .map(|s| {
+                format!("{s:?}")
+                    .split('(')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        (sim::run(&plans[0], &weights, &input), steps)
+    };
+    let (want, pool_steps) = run(&pooled);
+    let (got, mean_steps) = run(&meaned);
+    assert_close(&got, &want, 1e-6);
+    assert_eq!(mean_steps, pool_steps);
+}
+
 /// docs/bad-inputs.md row 23.
 #[test]
 fn a_node_missing_a_required_input_is_named() {

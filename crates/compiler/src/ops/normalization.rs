@@ -223,12 +223,21 @@ fn reduce(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
         "ReduceSum" => format!("{out}.mean"),
         _ => out.clone(),
     };
-    let op = if xs.len() == 4 && axes == [2, 3] && keep {
-        Op::GlobalAvgPool
+    if xs.len() == 4 && axes == [2, 3] {
+        // The mean of each channel's plane, as a global average pool: the pool reads the
+        // channels-last activations where they lie, where a mean over the last axes of
+        // NCHW first transposed them (MnasNet's `x.mean([2, 3])`).
+        if keep {
+            im.add(name, Op::GlobalAvgPool, vec![x], &mean, shape.clone());
+        } else {
+            let pooled = format!("{mean}.pooled");
+            let pool_shape = vec![xs[0], xs[1], 1, 1];
+            im.add(name, Op::GlobalAvgPool, vec![x], &pooled, pool_shape);
+            im.add(name, Op::Reshape, vec![pooled], &mean, shape.clone());
+        }
     } else {
-        Op::ReduceMean { axes }
-    };
-    im.add(name, op, vec![x], &mean, shape.clone());
+        im.add(name, Op::ReduceMean { axes }, vec![x], &mean, shape.clone());
+    }
     if node.op() == "ReduceSum" {
         let count = format!("{name}.count");
         im.set_const(&count, Tensor::scalar(n as f32));

@@ -150,6 +150,9 @@ enum Shape {
     /// 3×3 of stride 1 with channels and pixels enough for Winograd's F(2×2, 3×3), odd
     /// sizes and padding up to 2 included.
     Winograd,
+    /// Grouped, of 1 to 24 channels a group (unfolded below 8, read where they lie from 8),
+    /// on images of enough pixels for several blocks of them (`conv_groups`).
+    Grouped,
 }
 
 /// A random convolution of the kind `shape`.
@@ -158,12 +161,17 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
     let group = match shape {
         _ if depthwise => 1 + rng.below(40),
         Shape::Small => [1, 1, 2, 3, 4, 8][rng.below(6)],
+        Shape::Grouped => 2 + rng.below(4),
         _ => 1,
     };
     let (c, k) = match shape {
         _ if depthwise => (group, group),
         // Up to 20 channels a group: RegNets' groups are 8 to 24 channels wide.
         Shape::Small => (group * (1 + rng.below(20)), group * (1 + rng.below(20))),
+        Shape::Grouped => (
+            group * [3, 8, 12, 16, 24][rng.below(5)],
+            group * (1 + rng.below(24)),
+        ),
         Shape::Wide => ([32, 40, 64, 300][rng.below(4)], 1 + rng.below(40)),
         Shape::Winograd => (
             [32, 40, 64, 96][rng.below(4)],
@@ -176,7 +184,11 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
             [[1, 1], [3, 3], [5, 5], [1, 3], [7, 7]][rng.below(5)],
             [1 + rng.below(2), 1 + rng.below(2)],
             [1 + rng.below(2), 1 + rng.below(2)],
-            3..12,
+            if shape == Shape::Grouped {
+                32..65
+            } else {
+                3..12
+            },
         ),
     };
     let pads = [rng.below(3), rng.below(3)];
@@ -261,6 +273,30 @@ fn convolutions_of_many_channels_agree_with_the_plain_run() {
         let (plan, weights, input, what) = random_conv_plan(seed, Shape::Wide);
         agree(plan, &weights, &input, &what);
     }
+}
+
+#[test]
+fn grouped_convolutions_of_many_pixels_agree_with_the_plain_run() {
+    // Blocks of pixels per group: `conv_groups` takes about 64 Ki values of patches a block.
+    let mut several_blocks = 0;
+    for seed in 0..24 {
+        let (plan, weights, input, what) = random_conv_plan(seed, Shape::Grouped);
+        let c = (plan.steps.iter())
+            .find_map(|s| match s {
+                Step::Conv(c) => Some(c),
+                _ => None,
+            })
+            .expect("a convolution");
+        let rows = c.kernel[0] * c.kernel[1] * c.c / c.group;
+        if c.oh * c.ow > ((1 << 16) / rows).max(120) && c.kernel != [1, 1] {
+            several_blocks += 1;
+        }
+        agree(plan, &weights, &input, &what);
+    }
+    assert!(
+        several_blocks >= 4,
+        "{several_blocks} of 24 in several blocks"
+    );
 }
 
 #[test]

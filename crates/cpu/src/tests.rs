@@ -287,8 +287,7 @@ fn grouped_convolutions_of_many_pixels_agree_with_the_plain_run() {
                 _ => None,
             })
             .expect("a convolution");
-        let rows = c.kernel[0] * c.kernel[1] * c.c / c.group;
-        if c.oh * c.ow > ((1 << 16) / rows).max(120) && c.kernel != [1, 1] {
+        if c.oh * c.ow > crate::kernels::group_block(c) {
             several_blocks += 1;
         }
         agree(plan, &weights, &input, &what);
@@ -318,7 +317,7 @@ fn pooling_agrees_with_the_plain_run() {
             1 + rng.below(2),
             2 + rng.below(9),
             2 + rng.below(9),
-            1 + rng.below(20),
+            1 + rng.below(40),
         );
         let kernel = [1 + rng.below(3), 1 + rng.below(3)];
         let strides = [1 + rng.below(2), 1 + rng.below(2)];
@@ -753,15 +752,16 @@ fn frames_spread_over_threads_give_the_same_scores() {
 #[test]
 fn a_frame_that_finds_the_team_taken_runs_on_the_pool_with_the_same_scores() {
     // Another run holds the team (as another element's would): a frame on two threads runs
-    // its steps over the shared pool instead, to the same scores as on one thread.
+    // its steps over the shared pool instead, and a batch its shares of frames, to the same
+    // scores as on one thread.
     use std::sync::mpsc::channel;
     let model = committed_cnn();
     let spec = model.input_spec(None).expect("input");
-    let input = Rng(11).values(spec.frame_len());
-    let one = PlanRunner::new(&model, spec, 1, 1, 1)
+    let input = Rng(11).values(4 * spec.frame_len());
+    let one = PlanRunner::new(&model, spec, 1, 4, 1)
         .expect("plan")
-        .run(&input, 1);
-    let two = PlanRunner::new(&model, spec, 1, 1, 2).expect("plan");
+        .run(&input, 4);
+    let two = PlanRunner::new(&model, spec, 1, 4, 2).expect("plan");
     let (held, taken) = channel();
     let (release, done) = channel::<()>();
     std::thread::scope(|s| {
@@ -779,10 +779,13 @@ fn a_frame_that_finds_the_team_taken_runs_on_the_pool_with_the_same_scores() {
         // Dropped on a panic below, which lets the holder go before the scope joins it.
         let release = release;
         taken.recv().expect("the team held");
-        let scores = two.run(&input, 1);
+        let frame = two.run(&input[..spec.frame_len()], 1);
+        let batch = two.run(&input, 4);
         release.send(()).expect("the holder waits");
-        assert_eq!(scores.len(), 10);
-        assert_eq!(scores, one);
+        assert_eq!(frame.len(), 10);
+        assert_eq!(frame, one[..10]);
+        assert_eq!(batch.len(), 40);
+        assert_eq!(batch, one);
     });
 }
 

@@ -270,6 +270,9 @@ mod winograd;
 #[cfg(target_arch = "x86_64")]
 mod x86_64;
 
+#[cfg(test)]
+pub(crate) use conv::group_block;
+
 use panels::Panels;
 pub use product::fuse_activations;
 pub use scaled_input::fuse_scales;

@@ -43,11 +43,10 @@ fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &PoolStep, row: usize) {
     let (h, w, c, oh, ow) = (*h, *w, *c, *oh, *ow);
     let (x, y) = (buf.at(*x), buf.at_mut(*y));
     let (b, oy) = (row / oh, row % oh);
+    // Where each of a window's taps inside the image begins in the input.
+    let mut taps = Vec::with_capacity(kernel[0] * kernel[1]);
     for ox in 0..ow {
-        // SAFETY: checked span; rows are disjoint between threads.
-        let out =
-            unsafe { std::slice::from_raw_parts_mut(y.add(((b * oh + oy) * ow + ox) * c), c) };
-        out.fill(if *max { f32::NEG_INFINITY } else { 0.0 });
+        taps.clear();
         let (mut count, mut padded) = (0, 0);
         for ky in 0..kernel[0] {
             for kx in 0..kernel[1] {
@@ -59,28 +58,80 @@ fn pool_row_with<const FMA: bool>(buf: &Buffers, step: &PoolStep, row: usize) {
                     continue;
                 }
                 count += 1;
-                let input = unsafe {
-                    std::slice::from_raw_parts(
-                        x.add(((b * h + yy as usize) * w + xx as usize) * c),
-                        c,
-                    )
-                };
-                if *max {
-                    out.iter_mut().zip(input).for_each(|(o, &v)| *o = o.max(v));
-                } else {
-                    out.iter_mut().zip(input).for_each(|(o, &v)| *o += v);
-                }
+                taps.push(((b * h + yy as usize) * w + xx as usize) * c);
             }
         }
-        if !*max {
-            let divisor = if *count_include_pad {
-                count + padded
-            } else {
-                count
-            };
-            let scale = 1.0 / divisor as f32;
-            out.iter_mut().for_each(|o| *o *= scale);
+        let divisor = if *count_include_pad {
+            count + padded
+        } else {
+            count
+        };
+        let window = Window {
+            x,
+            taps: &taps,
+            scale: 1.0 / divisor as f32,
+            // SAFETY: checked span; rows are disjoint between threads.
+            out: unsafe { y.add(((b * oh + oy) * ow + ox) * c) },
+        };
+        match max {
+            true => window.pool_channels::<true>(c),
+            false => window.pool_channels::<false>(c),
         }
+    }
+}
+
+/// One output pixel of a pooling step: its window's taps inside the image.
+struct Window<'a> {
+    x: *const f32,
+    taps: &'a [usize],
+    /// An average's `1 / divisor`.
+    scale: f32,
+    out: *mut f32,
+}
+
+impl Window<'_> {
+    /// All `c` channels, 16 at a time held in registers over the window's taps: the output
+    /// read and written again at each tap, with `f32::max`'s checks for NaN, made the 3×3
+    /// max pool of ShuffleNetV2 ×0.5 a tenth of its time (0.10 ms, onnxruntime 0.06).
+    #[inline(always)]
+    fn pool_channels<const MAX: bool>(&self, c: usize) {
+        let mut ch = 0;
+        while ch + 16 <= c {
+            self.pool_lanes::<MAX, 16>(ch);
+            ch += 16;
+        }
+        if ch + 8 <= c {
+            self.pool_lanes::<MAX, 8>(ch);
+            ch += 8;
+        }
+        for ch in ch..c {
+            self.pool_lanes::<MAX, 1>(ch);
+        }
+    }
+
+    /// Channels `ch..ch + L`: the largest value (NaNs passed over, as `f32::max` does) or
+    /// the average, summed in the taps' order.
+    #[inline(always)]
+    fn pool_lanes<const MAX: bool, const L: usize>(&self, ch: usize) {
+        let mut acc = [if MAX { f32::NEG_INFINITY } else { 0.0 }; L];
+        for &tap in self.taps {
+            // SAFETY: inside the checked input span (`ch + L <= c`).
+            let v = unsafe { self.x.add(tap + ch).cast::<[f32; L]>().read_unaligned() };
+            for (a, v) in acc.iter_mut().zip(v) {
+                *a = match MAX {
+                    // `v > a` is false for a NaN: a plain `maxps`, without `f32::max`'s
+                    // fix-up, that keeps `a` as `f32::max` would.
+                    true if v > *a => v,
+                    true => *a,
+                    false => *a + v,
+                };
+            }
+        }
+        if !MAX {
+            acc.iter_mut().for_each(|a| *a *= self.scale);
+        }
+        // SAFETY: checked span (`ch + L <= c`); this pixel's outputs are this thread's.
+        unsafe { self.out.add(ch).cast::<[f32; L]>().write_unaligned(acc) };
     }
 }
 

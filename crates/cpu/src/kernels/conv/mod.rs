@@ -14,6 +14,8 @@ mod unfold;
 
 pub(super) use depthwise::depthwise;
 pub(super) use pack::pack;
+#[cfg(test)]
+pub(crate) use unfold::group_block;
 pub(super) use unfold::{Taps, ZEROS, conv_gemm, conv_groups};
 
 use std::sync::Arc;

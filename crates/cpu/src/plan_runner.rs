@@ -4,8 +4,9 @@
 //! in f32 and run step by step by `kernels`.
 //!
 //! The plan is for one frame (or the batch a model fixes); the frames of a call run one after
-//! the other on the calling thread, or spread over the threads of the shared pool, each with
-//! its own activation arena; a single frame spreads its products over them instead. Where a
+//! the other on the calling thread, or in shares over it and the team's helpers (the shared
+//! pool's threads where another run holds the team), each with its own activation arena; a
+//! single frame spreads its products over them instead. Where a
 //! thread has several frames, their last steps may run on all of them at once
 //! (`batched_tail`).
 
@@ -235,7 +236,9 @@ impl PlanRunner {
             let mut scratch = self.take_scratch();
             let threads = self.on(self.threads);
             let out = &mut scores[..];
-            self.on_team(|| self.run_plan(input, out, &mut scratch, threads, None));
+            self.on_team(self.threads, || {
+                self.run_plan(input, out, &mut scratch, threads, None)
+            });
             self.keep_scratch(scratch);
         } else {
             // Each thread runs its share of the calls, single-threaded: this one and the
@@ -244,6 +247,7 @@ impl PlanRunner {
             // the element on two threads at batch 8 spent 0.2–0.3 ms a frame more than
             // back-to-back calls in the small models.
             let per = calls.div_ceil(self.threads.min(calls));
+            // In locks, for `&mut` access from a job's `Fn + Sync` items: each is taken once.
             let shares: Vec<Mutex<(&[f32], &mut [f32])>> = input
                 .chunks(per * batch * self.frame_len)
                 .zip(scores.chunks_mut(per * batch * self.num_classes))
@@ -256,11 +260,13 @@ impl PlanRunner {
                 self.run_share(input, out, &mut scratch);
                 self.keep_scratch(scratch);
             };
+            // As many threads as shares (fewer than the runner's where the calls are few),
+            // so that no helper is woken to wait through the batch without one.
             match shares.len() {
                 1 => run_share(0),
-                n => self.on_team(|| {
-                    if Team::for_each(n, &run_share).is_none() {
-                        (0..n).into_par_iter().for_each(run_share);
+                count => self.on_team(count, || {
+                    if Team::for_each(count, &run_share).is_none() {
+                        (0..count).into_par_iter().for_each(run_share);
                     }
                 }),
             }
@@ -332,18 +338,20 @@ impl PlanRunner {
         let mut out = vec![0.0; self.plan.output_len];
         let mut times = Vec::new();
         let threads = self.on(self.threads);
-        self.on_team(|| self.run_plan(input, &mut out, &mut scratch, threads, Some(&mut times)));
+        self.on_team(self.threads, || {
+            self.run_plan(input, &mut out, &mut scratch, threads, Some(&mut times))
+        });
         self.keep_scratch(scratch);
         times
     }
 
-    /// Runs `f`, whose steps spread over the runner's threads: on this thread with the
-    /// team's helpers, or on the shared pool where another run holds the team. On this
+    /// Runs `f`, whose steps spread over `threads` threads: on this thread with the team's
+    /// helpers, or on the shared pool where another run holds the team. On this
     /// thread rather than a pool thread woken for each frame: on the shared 2-core VM,
     /// EfficientNet-B0 on both cores at batch 1 took 8.7–10.1 ms a frame against 10.4–12.3
     /// in the same minutes.
-    fn on_team(&self, f: impl FnOnce() + Send) {
-        if let Err(f) = Team::run(self.threads, f) {
+    fn on_team(&self, threads: usize, f: impl FnOnce() + Send) {
+        if let Err(f) = Team::run(threads, f) {
             POOL.install(f)
         }
     }

@@ -417,6 +417,11 @@ impl Taps {
                 iys.extend(kernel_rows(oy));
             }
         }
+        debug_assert_eq!(
+            holes.len() * self.len(),
+            scratch.len(),
+            "a copy for each hole"
+        );
         for (hole, copy) in holes.into_iter().zip(scratch.chunks_exact(self.len())) {
             table[hole] = copy.as_ptr();
         }

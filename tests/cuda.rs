@@ -651,15 +651,28 @@ fn cuda_torchvision_agrees_with_onnxruntime() {
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
 }
 
+/// The largest logit error a transformer export may make in strict int8 or FP8: half again
+/// the 0.16 that FP8's rounding alone makes of Swin-T's in the plan simulator
+/// (`cargo run --release --example quant_sim -- DIR swin_t`; on an H200: 0.13, and ViT-B/16
+/// 0.15).
+const LOGIT_ERROR_BOUND: f32 = 0.25;
+
 /// Each export in int8 and FP8 (FP8 from sm_89 on), calibrated on its own reference frames,
-/// every quantized layer in 8 bits (`strict_precision`): the engine builds and runs, its scores are probabilities, and the transformers keep the
-/// top class of at least 3 of 4 frames with no probability off by more than 0.1 against
-/// onnxruntime's fp32. The CNNs' agreement is printed, not asserted: the exports have random
-/// weights, and such a CNN turns the few per cent of error an 8-bit layer makes into large
-/// moves of its output (MobileNetV2: one FP8 layer of 3.8 % error moves a probability by up
-/// to 0.86 in the plan simulator, where fp16's error moves none; the GPU's int8 scores differ
-/// from the simulator's by 0.24 from fp16 rounding order alone). LayerNorm keeps the
-/// transformers' error in scale, as training keeps a trained CNN's (the digits tests).
+/// every quantized layer in 8 bits (`strict_precision`): the engine builds and runs, its
+/// scores are probabilities, and the transformers' logits stay within `LOGIT_ERROR_BOUND`
+/// of onnxruntime's fp32 (`common::logit_error`). Top-1 agreement and the largest
+/// probability error are printed, not asserted: the exports have random weights, whose
+/// probabilities sit near ties or near 1, so that rounding alone moves them far (Swin-T in
+/// strict FP8 in the plan simulator, with no GPU in it: top-1 2 of 4, a probability off by
+/// 0.27, logits by 0.16). A CNN with random weights turns a layer's few per cent of error
+/// into larger moves still (MobileNetV2: one FP8 layer of 3.8 % error moves a probability by
+/// up to 0.86 in the simulator, where fp16's error moves none), so theirs are printed only;
+/// LayerNorm keeps a transformer's error in scale, as training keeps a trained CNN's.
+///
+/// What this catches is a fault of the 8-bit path as a whole (in the simulator, every layer's
+/// weights doubled take Swin-T's logit error from 0.16 to 1.18); one layer gone wrong among
+/// 77 does not show past the rounding (one layer's weights reversed: 0.17). The digits tests
+/// check the kernels layer by layer against onnxruntime's QDQ on a trained model.
 #[test]
 fn cuda_int8_and_fp8_run_every_export() {
     use gsttrtclassify::engine::calibration::Calibration;
@@ -719,8 +732,9 @@ fn cuda_int8_and_fp8_run_every_export() {
             let agree = (got.iter().zip(&want))
                 .filter(|(g, w)| top(g, 1) == top(w, 1))
                 .count();
+            let logits = common::logit_error(&got, &want);
             println!(
-                "{name} {precision:?}: against onnxruntime fp32 (random weights): top-1 {agree}/{}, largest probability error {:.3}",
+                "{name} {precision:?}: against onnxruntime fp32 (random weights): top-1 {agree}/{}, largest probability error {:.3}, logit error {logits:.3}",
                 want.len(),
                 common::largest_difference(&got, &want)
             );
@@ -732,11 +746,9 @@ fn cuda_int8_and_fp8_run_every_export() {
                 "{name} {precision:?}: scores that are not probabilities"
             );
             if transformer {
-                let worst = common::largest_difference(&got, &want);
                 assert!(
-                    agree * 4 >= want.len() * 3 && worst <= 0.1,
-                    "{name} {precision:?}: top-1 {agree}/{}, {worst}",
-                    want.len()
+                    logits <= LOGIT_ERROR_BOUND,
+                    "{name} {precision:?}: logit error {logits} against onnxruntime's fp32"
                 );
                 checked += 1;
             }

@@ -197,6 +197,14 @@ impl Preprocessor {
                     height,
                 }
             })?;
+            let (input_w, input_h) = (self.input.width as i32, self.input.height as i32);
+            if (src.w, src.h, dst.w, dst.h) == (input_w, input_h, input_w, input_h) {
+                // Pixels already at the model's size: no resampling, so none of its copy.
+                let row = width as usize * self.input.channels;
+                let start = src.y as usize * row + src.x as usize * self.input.channels;
+                normalise(&pixels[start..], row, &self.input, &self.table, out);
+                continue;
+            }
             if dst.w as usize != self.input.width || dst.h as usize != self.input.height {
                 for (i, p) in self.resized.iter_mut().enumerate() {
                     *p = self.border[i % self.border.len()];
@@ -289,6 +297,17 @@ fn normalise(data: &[u8], stride: usize, input: &InputSpec, table: &[[f32; 256]]
                     .zip(row.iter().enumerate())
                 {
                     *dst = table[i % c][*p as usize];
+                }
+            }
+            Layout::Nchw if c == 3 => {
+                // One pass over the packed pixels, three planes written side by side.
+                let (r, rest) = out[y * w..].split_at_mut(h * w);
+                let (g, b) = rest.split_at_mut(h * w);
+                let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+                for (((r, g), b), p) in planes.zip(row.chunks_exact(3)) {
+                    *r = table[0][p[0] as usize];
+                    *g = table[1][p[1] as usize];
+                    *b = table[2][p[2] as usize];
                 }
             }
             Layout::Nchw => {
@@ -402,5 +421,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("Nv12 16x8"), "{err}");
+    }
+
+    /// Pixels at the model's size (a whole frame, or a region of that size in a larger
+    /// frame) are normalised where they lie, unresampled: each value is its pixel's, in
+    /// either layout, and a 1-channel model reads a grey frame the same way.
+    #[test]
+    fn pixels_at_the_models_size_are_normalised_where_they_lie() {
+        let (w, h) = (7usize, 5usize);
+        let pixel = |x: usize, y: usize, c: usize| ((x * 31 + y * 17 + c * 101) % 256) as u8;
+        let options = PreprocessOptions::default();
+        let (mean, std) = options.per_channel(3).unwrap();
+        let value = |p: u8, c: usize| (p as f32 * options.scale - mean[c]) / std[c];
+        // The region of the 7x5 input at (3, 2) in a 12x9 frame, and the whole 7x5 frame.
+        for (frame_w, frame_h, x0, y0) in [(12, 9, 3, 2), (w, h, 0, 0)] {
+            let rgb: Vec<u8> = (0..frame_h * frame_w * 3)
+                .map(|i| pixel((i / 3) % frame_w, i / 3 / frame_w, i % 3))
+                .collect();
+            let frame = FrameView::rgb(frame_w as u32, frame_h as u32, &rgb);
+            let crop = match (x0, y0) {
+                (0, 0) => Crop::Whole,
+                _ => Crop::Region(Rect {
+                    x: x0 as i32,
+                    y: y0 as i32,
+                    w: w as i32,
+                    h: h as i32,
+                }),
+            };
+            for layout in [Layout::Nchw, Layout::Nhwc] {
+                let input = InputSpec {
+                    layout,
+                    channels: 3,
+                    height: h,
+                    width: w,
+                };
+                let mut pre = Preprocessor::new(options.clone(), input).unwrap();
+                let mut got = vec![f32::NAN; input.frame_len()];
+                pre.run(&frame, &[crop], &mut got).unwrap();
+                for (y, x, c) in
+                    (0..h).flat_map(|y| (0..w).flat_map(move |x| (0..3).map(move |c| (y, x, c))))
+                {
+                    let at = match layout {
+                        Layout::Nchw => (c * h + y) * w + x,
+                        Layout::Nhwc => (y * w + x) * 3 + c,
+                    };
+                    let want = value(pixel(x + x0, y + y0, c), c);
+                    assert_eq!(
+                        got[at], want,
+                        "{layout:?} {crop:?}: x {x} y {y} channel {c}"
+                    );
+                }
+            }
+        }
     }
 }

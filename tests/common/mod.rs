@@ -19,30 +19,6 @@ pub fn largest_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// How far two batches of probabilities are apart in the logits they come from, frame by
-/// frame, the largest: the root-mean-square difference of the centred log-probabilities (a
-/// softmax's input less its mean) over that of `want`'s. Unlike the probabilities' own
-/// difference, it does not swell where a small move of one logit shifts a probability that
-/// random weights left near a tie or near 1.
-pub fn logit_error(got: &[Vec<f32>], want: &[Vec<f32>]) -> f32 {
-    let centred = |p: &[f32]| {
-        let l: Vec<f64> = p.iter().map(|&v| f64::from(v.max(1e-12)).ln()).collect();
-        let mean = l.iter().sum::<f64>() / l.len() as f64;
-        l.into_iter().map(move |v| v - mean)
-    };
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            let (diff, norm) = centred(g)
-                .zip(centred(w))
-                .fold((0.0, 0.0), |(d, n), (g, w)| {
-                    (d + (g - w) * (g - w), n + w * w)
-                });
-            (diff / norm).sqrt() as f32
-        })
-        .fold(0.0, f32::max)
-}
-
 /// Says a test did not run, on stderr directly: the test harness captures `println!` and
 /// `eprintln!`, and a skip must show in CI's log (`.ci/run` counts these lines as skipped
 /// tests).

@@ -4,9 +4,10 @@
 //! Colour conversion: frames already packed in the model's channel order are read where they
 //! are; other packed RGB formats have their bytes picked; anything else goes through the
 //! frame's `PackedSource`, which in the plugin is GStreamer's own `GstVideoConverter` (the code
-//! behind `videoconvert`, reading every raw format with its strides and colorimetry). The crop, resize and letterbox border use fast_image_resize (antialiased
-//! bilinear, as PIL and torchvision resize for training, and as the GPU kernels do); then the
-//! per-channel normalisation `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table
+//! behind `videoconvert`, reading every raw format with its strides and colorimetry). The
+//! crop, resize and letterbox border use fast_image_resize (antialiased bilinear, as PIL and
+//! torchvision resize for training, and as the GPU kernels do), except for pixels already at
+//! the model's size, which are read where they lie; then the per-channel normalisation `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table
 //! per channel, writes the model's layout.
 
 use std::any::Any;
@@ -160,7 +161,8 @@ impl Preprocessor {
 
     /// Steps 2 and 3 for packed pixels of the model's channel order: crop, scale and place
     /// with fast_image_resize (antialiased bilinear, as PIL and torchvision resize for
-    /// training), then normalisation and layout.
+    /// training) unless the crop is at the model's size already, then normalisation and
+    /// layout.
     fn fit(
         &mut self,
         pixels: &[u8],
@@ -288,29 +290,33 @@ fn pack(frame: &FrameView, to: PixelFormat, out: &mut Vec<u8>) -> Result<(), Str
 fn normalise(data: &[u8], stride: usize, input: &InputSpec, table: &[[f32; 256]], out: &mut [f32]) {
     let (c, h, w) = (input.channels, input.height, input.width);
     let out = &mut out[..c * h * w];
-    for y in 0..h {
-        let row = &data[y * stride..y * stride + w * c];
-        match input.layout {
-            Layout::Nhwc => {
-                for (dst, (i, p)) in out[y * w * c..(y + 1) * w * c]
-                    .iter_mut()
-                    .zip(row.iter().enumerate())
-                {
+    let rows = (0..h).map(|y| &data[y * stride..y * stride + w * c]);
+    match input.layout {
+        Layout::Nhwc => {
+            for (row, out) in rows.zip(out.chunks_exact_mut(w * c)) {
+                for (dst, (i, p)) in out.iter_mut().zip(row.iter().enumerate()) {
                     *dst = table[i % c][*p as usize];
                 }
             }
-            Layout::Nchw if c == 3 => {
-                // One pass over the packed pixels, three planes written side by side.
-                let (r, rest) = out[y * w..].split_at_mut(h * w);
-                let (g, b) = rest.split_at_mut(h * w);
-                let planes = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
-                for (((r, g), b), p) in planes.zip(row.chunks_exact(3)) {
-                    *r = table[0][p[0] as usize];
-                    *g = table[1][p[1] as usize];
-                    *b = table[2][p[2] as usize];
+        }
+        Layout::Nchw if c == 3 => {
+            // One pass over the packed pixels, the three planes written side by side.
+            let (plane0, rest) = out.split_at_mut(h * w);
+            let (plane1, plane2) = rest.split_at_mut(h * w);
+            let planes = (plane0.chunks_exact_mut(w))
+                .zip(plane1.chunks_exact_mut(w))
+                .zip(plane2.chunks_exact_mut(w));
+            for (((out0, out1), out2), row) in planes.zip(rows) {
+                let pixels = out0.iter_mut().zip(out1.iter_mut()).zip(out2.iter_mut());
+                for (((v0, v1), v2), p) in pixels.zip(row.chunks_exact(3)) {
+                    *v0 = table[0][p[0] as usize];
+                    *v1 = table[1][p[1] as usize];
+                    *v2 = table[2][p[2] as usize];
                 }
             }
-            Layout::Nchw => {
+        }
+        Layout::Nchw => {
+            for (y, row) in rows.enumerate() {
                 for (ch, table) in table.iter().enumerate() {
                     let plane = &mut out[ch * h * w + y * w..ch * h * w + (y + 1) * w];
                     for (dst, p) in plane.iter_mut().zip(row.iter().skip(ch).step_by(c)) {
@@ -424,21 +430,14 @@ mod tests {
     }
 
     /// Pixels at the model's size (a whole frame, or a region of that size in a larger
-    /// frame) are normalised where they lie, unresampled: each value is its pixel's, in
-    /// either layout, and a 1-channel model reads a grey frame the same way.
+    /// frame) are normalised where they lie, in every resize mode (none resamples them): each
+    /// value is its pixel's, in either layout, for RGB and for a 1-channel model's grey.
     #[test]
     fn pixels_at_the_models_size_are_normalised_where_they_lie() {
         let (w, h) = (7usize, 5usize);
         let pixel = |x: usize, y: usize, c: usize| ((x * 31 + y * 17 + c * 101) % 256) as u8;
-        let options = PreprocessOptions::default();
-        let (mean, std) = options.per_channel(3).unwrap();
-        let value = |p: u8, c: usize| (p as f32 * options.scale - mean[c]) / std[c];
         // The region of the 7x5 input at (3, 2) in a 12x9 frame, and the whole 7x5 frame.
         for (frame_w, frame_h, x0, y0) in [(12, 9, 3, 2), (w, h, 0, 0)] {
-            let rgb: Vec<u8> = (0..frame_h * frame_w * 3)
-                .map(|i| pixel((i / 3) % frame_w, i / 3 / frame_w, i % 3))
-                .collect();
-            let frame = FrameView::rgb(frame_w as u32, frame_h as u32, &rgb);
             let crop = match (x0, y0) {
                 (0, 0) => Crop::Whole,
                 _ => Crop::Region(Rect {
@@ -448,28 +447,54 @@ mod tests {
                     h: h as i32,
                 }),
             };
-            for layout in [Layout::Nchw, Layout::Nhwc] {
-                let input = InputSpec {
-                    layout,
-                    channels: 3,
-                    height: h,
-                    width: w,
+            for channels in [3, 1] {
+                let packed: Vec<u8> = (0..frame_h * frame_w * channels)
+                    .map(|i| {
+                        let (at, c) = (i / channels, i % channels);
+                        pixel(at % frame_w, at / frame_w, c)
+                    })
+                    .collect();
+                let format = match channels {
+                    3 => PixelFormat::Rgb,
+                    _ => PixelFormat::Gray8,
                 };
-                let mut pre = Preprocessor::new(options.clone(), input).unwrap();
-                let mut got = vec![f32::NAN; input.frame_len()];
-                pre.run(&frame, &[crop], &mut got).unwrap();
-                for (y, x, c) in
-                    (0..h).flat_map(|y| (0..w).flat_map(move |x| (0..3).map(move |c| (y, x, c))))
-                {
-                    let at = match layout {
-                        Layout::Nchw => (c * h + y) * w + x,
-                        Layout::Nhwc => (y * w + x) * 3 + c,
+                let frame =
+                    FrameView::packed_frame(format, frame_w as u32, frame_h as u32, &packed);
+                for resize in [
+                    ResizeMode::Stretch,
+                    ResizeMode::Letterbox,
+                    ResizeMode::CenterCrop,
+                ] {
+                    let options = PreprocessOptions {
+                        resize,
+                        ..Default::default()
                     };
-                    let want = value(pixel(x + x0, y + y0, c), c);
-                    assert_eq!(
-                        got[at], want,
-                        "{layout:?} {crop:?}: x {x} y {y} channel {c}"
-                    );
+                    let (mean, std) = options.per_channel(channels).unwrap();
+                    let value = |p: u8, c: usize| (p as f32 * options.scale - mean[c]) / std[c];
+                    for layout in [Layout::Nchw, Layout::Nhwc] {
+                        let input = InputSpec {
+                            layout,
+                            channels,
+                            height: h,
+                            width: w,
+                        };
+                        let mut pre = Preprocessor::new(options.clone(), input).unwrap();
+                        let mut got = vec![f32::NAN; input.frame_len()];
+                        pre.run(&frame, &[crop], &mut got).unwrap();
+                        for (y, x, c) in (0..h).flat_map(|y| {
+                            (0..w).flat_map(move |x| (0..channels).map(move |c| (y, x, c)))
+                        }) {
+                            let at = match layout {
+                                Layout::Nchw => (c * h + y) * w + x,
+                                Layout::Nhwc => (y * w + x) * channels + c,
+                            };
+                            let want = value(pixel(x + x0, y + y0, c), c);
+                            assert_eq!(
+                                got[at], want,
+                                "{format:?} {resize:?} {layout:?} {crop:?}: x {x} y {y} channel {c}"
+                            );
+                        }
+                    }
                 }
             }
         }

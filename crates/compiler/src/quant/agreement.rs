@@ -13,6 +13,13 @@ pub struct Agreement {
     /// The largest difference of any class's probability (softmax of the scores, or the
     /// scores themselves where they are probabilities already).
     pub max_probability_error: f32,
+    /// The largest logit error of a frame: the root-mean-square difference of the centred
+    /// log-probabilities over that of the reference's. The centred log-probabilities are the
+    /// logits less their mean, wherever no probability underflows, so this measures how far
+    /// the logits moved against their own spread. A probability moves with its logits as
+    /// p(1 − p), so that random weights, which leave classes near ties, turn the same
+    /// logit error into probability errors that vary from frame to frame.
+    pub max_logit_error: f32,
 }
 
 impl Agreement {
@@ -33,6 +40,7 @@ impl Agreement {
                 .map(|d| if d.is_nan() { f32::INFINITY } else { d })
                 .fold(0.0f32, f32::max);
             self.max_probability_error = self.max_probability_error.max(error);
+            self.max_logit_error = self.max_logit_error.max(logit_error(&r, &q));
         }
     }
 
@@ -67,6 +75,33 @@ fn top1(scores: &[f32]) -> usize {
     (0..scores.len())
         .max_by(|&a, &b| value(a).total_cmp(&value(b)))
         .unwrap_or(0)
+}
+
+/// `quantized`'s centred log-probabilities' root-mean-square difference from `reference`'s,
+/// over that of `reference`'s; a NaN, or any difference from a reference of equal
+/// probabilities, counts as infinite.
+fn logit_error(reference: &[f32], quantized: &[f32]) -> f32 {
+    let centred = |p: &[f32]| {
+        // `max` would take a NaN for the bound: it must stay NaN.
+        let logs: Vec<f64> = (p.iter())
+            .map(|&v| match v.is_nan() {
+                true => f64::NAN,
+                false => f64::from(v.max(f32::MIN_POSITIVE)).ln(),
+            })
+            .collect();
+        let mean = logs.iter().sum::<f64>() / logs.len() as f64;
+        logs.into_iter().map(move |v| v - mean)
+    };
+    let (diff, norm) = centred(quantized)
+        .zip(centred(reference))
+        .fold((0.0, 0.0), |(d, n), (q, r)| {
+            (d + (q - r) * (q - r), n + r * r)
+        });
+    match (diff / norm).sqrt() as f32 {
+        e if e.is_nan() && diff == 0.0 => 0.0,
+        e if e.is_nan() => f32::INFINITY,
+        e => e,
+    }
 }
 
 /// The scores as probabilities: themselves where they already are (between 0 and 1,

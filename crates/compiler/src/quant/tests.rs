@@ -413,7 +413,7 @@ fn the_table_reads_back_what_it_wrote_and_names_what_is_wrong() {
 }
 
 #[test]
-fn agreement_counts_top1_and_the_largest_probability_error() {
+fn agreement_counts_top1_and_the_largest_probability_and_logit_errors() {
     let mut a = Agreement::default();
     // Probabilities as they are; logits through softmax; a NaN frame disagrees.
     a.add(&[0.7, 0.3], &[0.6, 0.4], 2);
@@ -422,9 +422,21 @@ fn agreement_counts_top1_and_the_largest_probability_error() {
     assert_eq!((a.frames, a.same_top1), (3, 2));
     assert!((a.top1() - 2.0 / 3.0).abs() < 1e-12);
     assert_eq!(a.max_probability_error, f32::INFINITY);
+    assert_eq!(a.max_logit_error, f32::INFINITY);
     let mut b = Agreement::default();
     b.add(&[0.7, 0.3], &[0.6, 0.4], 2);
     assert!((b.max_probability_error - 0.1).abs() < 1e-6, "{b}");
+    // Centred logits ±0.424 against ±0.203: off by 0.221, 52 % of the reference's.
+    let want = ((0.7f64 / 0.3).ln() - (0.6f64 / 0.4).ln()) / (0.7f64 / 0.3).ln();
+    assert!((f64::from(b.max_logit_error) - want).abs() < 1e-5, "{b:?}");
+    // Logits moved by a constant are the same logits; any move from a tie is infinite.
+    let mut c = Agreement::default();
+    c.add(&[1.0, 2.0, 4.0], &[11.0, 12.0, 14.0], 3);
+    assert!(c.max_logit_error < 1e-5, "{c:?}");
+    c.add(&[0.5, 0.5], &[0.5, 0.5], 2);
+    assert!(c.max_logit_error < 1e-5, "{c:?}");
+    c.add(&[0.5, 0.5], &[0.6, 0.4], 2);
+    assert_eq!(c.max_logit_error, f32::INFINITY);
     assert!(
         b.to_string()
             .starts_with("top-1 agreement 100.00 % (1 of 1 frames)")

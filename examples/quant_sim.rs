@@ -27,13 +27,15 @@ fn main() -> Result<(), String> {
         .collect();
     let reference: serde_json::Value =
         serde_json::from_slice(&read("ref.json")?).map_err(|e| format!("{name}.ref.json: {e}"))?;
-    let want: Vec<f32> = (reference["output"].as_array().into_iter().flatten())
-        .flat_map(|row| row.as_array().into_iter().flatten())
-        .map(|v| v.as_f64().map(|v| v as f32))
-        .collect::<Option<_>>()
-        .ok_or(format!(
-            "{name}.ref.json: an output that is not rows of numbers"
-        ))?;
+    let bad = || format!("{name}.ref.json: an output that is not rows of numbers");
+    let rows = reference["output"].as_array().ok_or_else(bad)?;
+    let want: Vec<Vec<f32>> = (rows.iter())
+        .map(|row| {
+            (row.as_array().ok_or_else(bad)?.iter())
+                .map(|v| v.as_f64().map(|v| v as f32).ok_or_else(bad))
+                .collect()
+        })
+        .collect::<Result<_, _>>()?;
 
     let path = file("onnx");
     let mut calibration =
@@ -41,6 +43,18 @@ fn main() -> Result<(), String> {
     let frame_len = calibration.frame_len();
     for frame in input.chunks_exact(frame_len) {
         calibration.add_input(frame).map_err(|e| e.to_string())?;
+    }
+    let classes = want.first().map_or(0, Vec::len);
+    if classes == 0
+        || want.len() != input.len() / frame_len
+        || want.iter().any(|r| r.len() != classes)
+    {
+        return Err(format!(
+            "{name}.ref.json: {} rows, where {name}.input.bin holds {} frames, or rows of \
+             different lengths",
+            want.len(),
+            input.len() / frame_len
+        ));
     }
     let table = calibration.table();
     let model = OnnxModel::load(&path).map_err(|e| e.to_string())?;
@@ -52,16 +66,15 @@ fn main() -> Result<(), String> {
         let got: Vec<f32> = (input.chunks_exact(frame_len))
             .flat_map(|frame| sim::run(&plan, &weights, frame))
             .collect();
-        if got.len() != want.len() {
+        if got.len() != want.len() * classes {
             return Err(format!(
                 "{name}: {} scores from the simulator, {} in {name}.ref.json",
                 got.len(),
-                want.len()
+                want.len() * classes
             ));
         }
-        let classes = got.len() / (input.len() / frame_len).max(1);
         let mut agreement = Agreement::default();
-        agreement.add(&want, &got, classes);
+        agreement.add(&want.concat(), &got, classes);
         println!(
             "{name} {format}, {} layers in 8 bits, {} kept: {agreement}, logit error {:.4}",
             done.nodes.len(),

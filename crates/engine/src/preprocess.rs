@@ -7,8 +7,9 @@
 //! behind `videoconvert`, reading every raw format with its strides and colorimetry). The
 //! crop, resize and letterbox border use fast_image_resize (antialiased bilinear, as PIL and
 //! torchvision resize for training, and as the GPU kernels do), except for pixels already at
-//! the model's size, which are read where they lie; then the per-channel normalisation `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table
-//! per channel, writes the model's layout.
+//! the model's size, which are read where they lie; then the per-channel normalisation
+//! `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table per channel, writes the
+//! model's layout.
 
 use std::any::Any;
 

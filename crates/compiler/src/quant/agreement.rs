@@ -2,8 +2,8 @@
 //! How far a quantized engine's answers are from the unquantized one's on the same frames:
 //! the build's accuracy guard.
 
-/// The top-1 agreement and the largest probability error of quantized scores against
-/// reference scores for the same frames.
+/// The top-1 agreement, the largest probability error and the largest logit error of
+/// quantized scores against reference scores for the same frames.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Agreement {
     /// Frames compared.
@@ -16,9 +16,10 @@ pub struct Agreement {
     /// The largest logit error of a frame: the root-mean-square difference of the centred
     /// log-probabilities over that of the reference's. The centred log-probabilities are the
     /// logits less their mean, wherever no probability underflows, so this measures how far
-    /// the logits moved against their own spread. A probability moves with its logits as
+    /// the logits moved against their own spread. A probability moves with its own logit as
     /// p(1 − p), so that random weights, which leave classes near ties, turn the same
-    /// logit error into probability errors that vary from frame to frame.
+    /// logit error into probability errors that vary from frame to frame. A NaN, or any
+    /// move from a reference of equal scores, counts as infinite.
     pub max_logit_error: f32,
 }
 
@@ -33,7 +34,12 @@ impl Agreement {
         {
             self.frames += 1;
             self.same_top1 += usize::from(top1(r) == top1(q));
-            let (r, q) = (probabilities(r), probabilities(q));
+            // Both sides as the reference is: an engine's probabilities that sum to 1 a
+            // little less closely are not to be read as logits.
+            let (r, q) = match is_distribution(r) {
+                true => (r.to_vec(), q.to_vec()),
+                false => (softmax(r), softmax(q)),
+            };
             // A NaN counts as the largest error.
             let error = (r.iter().zip(&q))
                 .map(|(a, b)| (a - b).abs())
@@ -97,20 +103,24 @@ fn logit_error(reference: &[f32], quantized: &[f32]) -> f32 {
         .fold((0.0, 0.0), |(d, n), (q, r)| {
             (d + (q - r) * (q - r), n + r * r)
         });
+    // Equal scores centre to what the mean's rounding leaves, about 1e-15 each.
+    let tie = norm <= 1e-24 * reference.len() as f64;
     match (diff / norm).sqrt() as f32 {
-        e if e.is_nan() && diff == 0.0 => 0.0,
-        e if e.is_nan() => f32::INFINITY,
+        e if e.is_nan() || tie => match diff <= 1e-24 * reference.len() as f64 {
+            true => 0.0,
+            false => f32::INFINITY,
+        },
         e => e,
     }
 }
 
-/// The scores as probabilities: themselves where they already are (between 0 and 1,
-/// summing to 1), else their softmax.
-fn probabilities(scores: &[f32]) -> Vec<f32> {
+/// Whether `scores` are probabilities already: between 0 and 1, summing to 1.
+fn is_distribution(scores: &[f32]) -> bool {
     let sum: f32 = scores.iter().sum();
-    if scores.iter().all(|s| (0.0..=1.0).contains(s)) && (sum - 1.0).abs() < 1e-3 {
-        return scores.to_vec();
-    }
+    scores.iter().all(|s| (0.0..=1.0).contains(s)) && (sum - 1.0).abs() < 1e-3
+}
+
+fn softmax(scores: &[f32]) -> Vec<f32> {
     let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exp: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
     let total: f32 = exp.iter().sum();

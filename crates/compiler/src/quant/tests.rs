@@ -435,8 +435,20 @@ fn agreement_counts_top1_and_the_largest_probability_and_logit_errors() {
     assert!(c.max_logit_error < 1e-5, "{c:?}");
     c.add(&[0.5, 0.5], &[0.5, 0.5], 2);
     assert!(c.max_logit_error < 1e-5, "{c:?}");
+    let tie = [0.1; 10];
+    c.add(&tie, &tie, 10);
+    assert!(c.max_logit_error < 1e-5, "{c:?}");
     c.add(&[0.5, 0.5], &[0.6, 0.4], 2);
     assert_eq!(c.max_logit_error, f32::INFINITY);
+    let mut d = Agreement::default();
+    let mut moved = tie;
+    (moved[0], moved[1]) = (0.11, 0.09);
+    d.add(&tie, &moved, 10);
+    assert_eq!(d.max_logit_error, f32::INFINITY);
+    // Probabilities that sum to 1 less closely than the reference are still probabilities.
+    let mut e = Agreement::default();
+    e.add(&[0.7, 0.3], &[0.6, 0.405], 2);
+    assert!(e.max_probability_error < 0.11, "{e:?}");
     assert!(
         b.to_string()
             .starts_with("top-1 agreement 100.00 % (1 of 1 frames)")

@@ -153,11 +153,17 @@ enum Shape {
     /// Grouped, of 1 to 24 channels a group (unfolded below 8, read where they lie from 8),
     /// on images of enough pixels for several blocks of them (`conv_groups`).
     Grouped,
+    /// Depthwise, of 1 to 40 channels, on images wide enough for several tiles of pixels
+    /// along a row, the tiles at the row's ends reaching into the padding.
+    Depthwise,
+    /// One group of 1 to 4 input channels (a first layer on RGB or grey frames) and 1 to
+    /// 40 output channels, on images wide enough for several tiles of pixels along a row.
+    FewChannels,
 }
 
 /// A random convolution of the kind `shape`.
 fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String) {
-    let depthwise = shape == Shape::Small && rng.below(2) == 0;
+    let depthwise = shape == Shape::Depthwise || (shape == Shape::Small && rng.below(2) == 0);
     let group = match shape {
         _ if depthwise => 1 + rng.below(40),
         Shape::Small => [1, 1, 2, 3, 4, 8][rng.below(6)],
@@ -173,6 +179,8 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
             group * (1 + rng.below(24)),
         ),
         Shape::Wide => ([32, 40, 64, 300][rng.below(4)], 1 + rng.below(40)),
+        Shape::Depthwise => unreachable!("depthwise above"),
+        Shape::FewChannels => (1 + rng.below(4), 1 + rng.below(40)),
         Shape::Winograd => (
             [32, 40, 64, 96][rng.below(4)],
             [32, 40, 48, 64][rng.below(4)],
@@ -180,14 +188,22 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
     };
     let (kernel, strides, dilations, sizes) = match shape {
         Shape::Winograd => ([3, 3], [1, 1], [1, 1], 10..19),
+        // Mostly the kernels that the AVX-512 rows take in tiles (3 or 5 columns,
+        // undilated along the row), at times one they do not.
+        Shape::Depthwise => (
+            [[3, 3], [5, 5], [3, 5], [5, 3], [7, 7]][rng.below(5)],
+            [1 + rng.below(2), 1 + rng.below(2)],
+            [1 + rng.below(2), 1 + usize::from(rng.below(4) == 0)],
+            8..41,
+        ),
         _ => (
             [[1, 1], [3, 3], [5, 5], [1, 3], [7, 7]][rng.below(5)],
             [1 + rng.below(2), 1 + rng.below(2)],
             [1 + rng.below(2), 1 + rng.below(2)],
-            if shape == Shape::Grouped {
-                32..65
-            } else {
-                3..12
+            match shape {
+                Shape::Grouped => 32..65,
+                Shape::FewChannels => 8..41,
+                _ => 3..12,
             },
         ),
     };
@@ -263,6 +279,22 @@ fn random_conv_plan(seed: u64, shape: Shape) -> (Plan, Weights, Vec<f32>, String
 fn convolutions_agree_with_the_plain_run() {
     for seed in 0..300 {
         let (plan, weights, input, what) = random_conv_plan(seed, Shape::Small);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+#[test]
+fn depthwise_convolutions_of_wide_images_agree_with_the_plain_run() {
+    for seed in 0..80 {
+        let (plan, weights, input, what) = random_conv_plan(seed, Shape::Depthwise);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+#[test]
+fn convolutions_of_few_input_channels_agree_with_the_plain_run() {
+    for seed in 0..80 {
+        let (plan, weights, input, what) = random_conv_plan(seed, Shape::FewChannels);
         agree(plan, &weights, &input, &what);
     }
 }

@@ -85,6 +85,14 @@ impl Panels {
         }
     }
 
+    /// The panel of columns from `col` (a multiple of 16), `k` rows of `width` values, and
+    /// its width (16, or 8 for a last panel of 8 columns or fewer).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(super) fn panel(&self, col: usize) -> (*const f32, usize) {
+        let width = spans(self.n, col..self.n).next().map_or(0, |(_, w)| w);
+        (self.data.as_slice()[self.k * col..].as_ptr(), width)
+    }
+
     /// `diag(scale) · w` into `into`: row `i` of the matrix times `scale[i]`.
     pub fn scale_rows(&self, scale: &[f32], into: &mut Panels) {
         into.k = self.k;

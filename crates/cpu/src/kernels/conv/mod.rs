@@ -20,6 +20,8 @@ pub(super) use unfold::{Taps, ZEROS, conv_gemm, conv_groups};
 
 use std::sync::Arc;
 
+#[cfg(target_arch = "x86_64")]
+use super::x86_64::few_channels;
 use super::{Buffers, CpuStep, Packed, Scratch, Threads, winograd};
 use trtclassify_compiler::plan::{ConvStep, Loc, Step};
 
@@ -64,7 +66,16 @@ impl CpuStep for ConvStep {
         match packed {
             Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
             Packed::Groups(w) => conv_groups(buf, c, w, col, threads),
-            Packed::Panels(w, _) => conv_gemm(buf, c, w, col, threads),
+            Packed::Panels(w, _) => {
+                #[cfg(target_arch = "x86_64")]
+                if threads.avx512 && few_channels::fits(c) {
+                    // SAFETY: the CPU has AVX-512F (`Threads::new`); `w` is the step's.
+                    return threads.for_each(c.n * c.oh, |row| unsafe {
+                        few_channels::few_channels_row_avx512(buf, c, w, row)
+                    });
+                }
+                conv_gemm(buf, c, w, col, threads)
+            }
             Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
             _ => unreachable!("a convolution's weight packs"),
         }

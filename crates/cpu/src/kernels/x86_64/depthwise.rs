@@ -44,8 +44,14 @@ pub(in crate::kernels) unsafe fn depthwise_row_avx512(
 ) {
     // SAFETY: the caller's.
     unsafe {
-        DepthwiseRow::new(buf, c, cols, w, row)
-            .run(|row, cb, ox, p, cols| row.pixels_avx512(cb, ox, p, cols))
+        let row = DepthwiseRow::new(buf, c, cols, w, row);
+        match (c.kernel[1], c.strides[1], c.dilations[1]) {
+            (3, 1, 1) => row.tiles_avx512::<3, 1>(),
+            (3, 2, 1) => row.tiles_avx512::<3, 2>(),
+            (5, 1, 1) => row.tiles_avx512::<5, 1>(),
+            (5, 2, 1) => row.tiles_avx512::<5, 2>(),
+            _ => row.run(|row, cb, ox, p, cols| row.pixels_avx512(cb, ox, p, cols)),
+        }
     }
 }
 
@@ -143,6 +149,14 @@ impl<'a> DepthwiseRow<'a> {
             }
             ox += same;
         }
+        self.activate_rest();
+    }
+
+    /// The activation that the registers did not apply (all but ReLU and clipping), over
+    /// the row's outputs.
+    #[inline(always)]
+    fn activate_rest(&self) {
+        let (ch, ow) = (self.c.k, self.c.ow);
         if self.clamp.is_none() {
             // SAFETY: the row's outputs, written above.
             activate_with::<true>(self.c.act, unsafe {
@@ -232,6 +246,142 @@ impl<'a> DepthwiseRow<'a> {
                 self.x.add(((self.n * c.h + iy) * c.w + ix) * c.k + cb),
                 self.w.add((r * c.kernel[1] + col) * c.k + cb),
             )
+        }
+    }
+
+    /// The row in tiles of up to 8 neighbouring output pixels × 16 channels (fewer at the
+    /// row's end and in the last block), for kernels `KW` columns wide at stride `S`,
+    /// undilated along the row: each tile's sums in registers over all its taps, each input
+    /// pixel of a kernel row loaded once for every sum it is a tap of, the kernel row's
+    /// weights in registers. The taps that fall outside the input are skipped tile by
+    /// tile, so the pixels at the row's ends share a tile with their neighbours: `run`
+    /// gives each of them a tile of its own, one chain of additions whose latency, not the
+    /// arithmetic, bound the small layers (576 channels at 7×7, 5×5: 4 of 7 pixels alone).
+    ///
+    /// # Safety
+    /// As `depthwise_row_avx512`; `KW` and `S` are the step's.
+    #[inline(always)]
+    unsafe fn tiles_avx512<const KW: usize, const S: usize>(&self) {
+        let (ch, ow) = (self.c.k, self.c.ow);
+        // Tiles of even sizes (14 pixels: 7 and 7, not 8 and 6): the smallest tile's
+        // chains of additions bound its time.
+        let tiles = ow.div_ceil(8);
+        let mut ox = 0;
+        for t in 0..tiles {
+            let p = (ow - ox) / (tiles - t);
+            // Whether all the tile's taps are inside the input along the row.
+            let ix0 = (ox * S) as isize - self.c.pads[1] as isize;
+            let inside = ix0 >= 0 && ix0 + ((p - 1) * S + KW) as isize <= self.c.w as isize;
+            let mut cb = 0;
+            while cb < ch {
+                // SAFETY: the caller's.
+                unsafe {
+                    if inside {
+                        self.tile_of::<KW, S, true>(p, cb, ox)
+                    } else {
+                        self.tile_of::<KW, S, false>(p, cb, ox)
+                    }
+                }
+                cb += 16;
+            }
+            ox += p;
+        }
+        self.activate_rest();
+    }
+
+    /// `tile_16` for `p` pixels (1 to 8).
+    ///
+    /// # Safety
+    /// As `tile_16`.
+    #[inline(always)]
+    unsafe fn tile_of<const KW: usize, const S: usize, const INSIDE: bool>(
+        &self,
+        p: usize,
+        cb: usize,
+        ox: usize,
+    ) {
+        // SAFETY: the caller's.
+        unsafe {
+            match p {
+                8 => self.tile_16::<8, KW, S, INSIDE>(cb, ox),
+                7 => self.tile_16::<7, KW, S, INSIDE>(cb, ox),
+                6 => self.tile_16::<6, KW, S, INSIDE>(cb, ox),
+                5 => self.tile_16::<5, KW, S, INSIDE>(cb, ox),
+                4 => self.tile_16::<4, KW, S, INSIDE>(cb, ox),
+                3 => self.tile_16::<3, KW, S, INSIDE>(cb, ox),
+                2 => self.tile_16::<2, KW, S, INSIDE>(cb, ox),
+                _ => self.tile_16::<1, KW, S, INSIDE>(cb, ox),
+            }
+        }
+    }
+
+    /// One tile of `tiles_avx512`: output pixels `ox..ox + P`, channels `cb..cb + 16`, all
+    /// their taps inside the input along the row if `INSIDE`.
+    ///
+    /// # Safety
+    /// As `tiles_avx512`.
+    #[inline(always)]
+    unsafe fn tile_16<const P: usize, const KW: usize, const S: usize, const INSIDE: bool>(
+        &self,
+        cb: usize,
+        ox: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let c = self.c;
+        let ch = c.k;
+        let mask = ((1u32 << (ch - cb).min(16)) - 1) as __mmask16;
+        // The input column of the tile's first tap.
+        let ix0 = (ox * S) as isize - c.pads[1] as isize;
+        // SAFETY: the caller's; every load and store is masked to the channels that exist,
+        // the taps to those inside the input. Indexed loops of constant lengths, unrolled,
+        // the sums in registers.
+        #[allow(clippy::needless_range_loop)]
+        unsafe {
+            let bias = _mm512_maskz_loadu_ps(mask, self.bias.add(cb));
+            let mut acc = [bias; P];
+            if let Some(z) = self.residual {
+                for p in 0..P {
+                    let z = _mm512_maskz_loadu_ps(mask, z.add((ox + p) * ch + cb));
+                    acc[p] = _mm512_add_ps(acc[p], z);
+                }
+            }
+            for r in self.rows.clone() {
+                let iy = self.oy * c.strides[0] + r * c.dilations[0] - c.pads[0];
+                // The input row at column 0 and channel `cb` (the columns before it are
+                // never read), the kernel row's weights.
+                let xs = self.x.add((self.n * c.h + iy) * c.w * ch + cb);
+                let ws = self.w.add(r * KW * ch + cb);
+                // The kernel's columns one by one, not in a loop: LLVM left the loop of 5
+                // of them rolled, and the sums on the stack (5×5 kernels took twice as
+                // long).
+                let column = |acc: &mut [__m512; P], t: usize| {
+                    column_taps::<P, S, INSIDE>(
+                        acc,
+                        xs,
+                        ws.add(t * ch),
+                        ix0 + t as isize,
+                        c.w,
+                        ch,
+                        mask,
+                    )
+                };
+                column(&mut acc, 0);
+                column(&mut acc, 1);
+                column(&mut acc, 2);
+                if KW == 5 {
+                    column(&mut acc, 3);
+                    column(&mut acc, 4);
+                }
+            }
+            if let Some((lo, hi)) = self.clamp {
+                let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+                for p in 0..P {
+                    acc[p] = _mm512_min_ps(_mm512_max_ps(acc[p], lo), hi);
+                }
+            }
+            for p in 0..P {
+                _mm512_mask_storeu_ps(self.y.add((ox + p) * ch + cb), mask, acc[p]);
+            }
         }
     }
 
@@ -499,6 +649,41 @@ impl DepthwiseRow<'_> {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Adds to each of the `P` sums of a tile of `tiles_avx512` its tap of one kernel column:
+/// pixel `p`'s input at column `ix + p·S` of the input row `xs` (pixels `ch` floats apart),
+/// times the column's weights at `ws`; a tap outside the row (`0..w`), only where not
+/// `INSIDE`, loads nothing (masked lanes do not fault) and adds 0.
+///
+/// # Safety
+/// The CPU has AVX-512F; the taps inside the row and the weights are readable.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn column_taps<const P: usize, const S: usize, const INSIDE: bool>(
+    acc: &mut [std::arch::x86_64::__m512; P],
+    xs: *const f32,
+    ws: *const f32,
+    ix: isize,
+    w: usize,
+    ch: usize,
+    mask: std::arch::x86_64::__mmask16,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's.
+    unsafe {
+        let wv = _mm512_maskz_loadu_ps(mask, ws);
+        for (p, acc) in acc.iter_mut().enumerate() {
+            let ix = ix + (p * S) as isize;
+            let m = if INSIDE || (0..w as isize).contains(&ix) {
+                mask
+            } else {
+                0
+            };
+            let x = _mm512_maskz_loadu_ps(m, xs.wrapping_offset(ix * ch as isize));
+            *acc = _mm512_fmadd_ps(x, wv, *acc);
         }
     }
 }

@@ -5,5 +5,6 @@
 //! has lies in one place.
 
 pub(super) mod depthwise;
+pub(super) mod few_channels;
 pub(super) mod panels;
 mod rows_avx512;

@@ -180,7 +180,15 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
         ),
         Shape::Wide => ([32, 40, 64, 300][rng.below(4)], 1 + rng.below(40)),
         Shape::Depthwise => unreachable!("depthwise above"),
-        Shape::FewChannels => (1 + rng.below(4), 1 + rng.below(40)),
+        // Output channels of one register a pixel or two, and either side of their ends
+        // (the second panel 8 wide up to 24), as often as any others.
+        Shape::FewChannels => (
+            1 + rng.below(4),
+            match rng.below(2) {
+                0 => [8, 9, 16, 17, 24, 25, 32, 33][rng.below(8)],
+                _ => 1 + rng.below(40),
+            },
+        ),
         Shape::Winograd => (
             [32, 40, 64, 96][rng.below(4)],
             [32, 40, 48, 64][rng.below(4)],
@@ -207,7 +215,9 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
             },
         ),
     };
-    let pads = [rng.below(3), rng.below(3)];
+    // Depthwise tiles also meet pixels whose taps along a row all fall in the padding.
+    let most_pad = if shape == Shape::Depthwise { 4 } else { 3 };
+    let pads = [rng.below(most_pad), rng.below(most_pad)];
     let mut size = || sizes.start + rng.below(sizes.len());
     let (h, w) = (size(), size());
     let n = 1 + rng.below(2);
@@ -293,9 +303,21 @@ fn depthwise_convolutions_of_wide_images_agree_with_the_plain_run() {
 
 #[test]
 fn convolutions_of_few_input_channels_agree_with_the_plain_run() {
+    let mut outputs = std::collections::BTreeSet::new();
     for seed in 0..80 {
         let (plan, weights, input, what) = random_conv_plan(seed, Shape::FewChannels);
+        outputs.extend(plan.steps.iter().filter_map(|step| match step {
+            Step::Conv(c) => Some(c.k),
+            _ => None,
+        }));
         agree(plan, &weights, &input, &what);
+    }
+    // One register a pixel and two, a second panel of 8 and of 16, and more than two.
+    for k in [16, 17, 24, 32, 33] {
+        assert!(
+            outputs.contains(&k),
+            "no convolution of {k} output channels"
+        );
     }
 }
 

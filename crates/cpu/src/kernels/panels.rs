@@ -89,6 +89,11 @@ impl Panels {
     /// its width (16, or 8 for a last panel of 8 columns or fewer).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(super) fn panel(&self, col: usize) -> (*const f32, usize) {
+        debug_assert!(
+            col.is_multiple_of(WIDTH) && col < self.n,
+            "column {col} of {}",
+            self.n
+        );
         let width = spans(self.n, col..self.n).next().map_or(0, |(_, w)| w);
         (self.data.as_slice()[self.k * col..].as_ptr(), width)
     }
@@ -253,7 +258,7 @@ pub(super) fn run<const FMA: bool, const AVX512: bool>(
 /// layer as 8 tiles of 6 and one of 1 took 8.7 tiles' time, against 8.2 as 4 tiles of 6
 /// and 5 of 5. A convolution's taps in blocks of k: each block after the first reads and
 /// writes the output once more, and a short one does little between.
-fn even_parts(total: usize, most: usize) -> impl Iterator<Item = usize> {
+pub(super) fn even_parts(total: usize, most: usize) -> impl Iterator<Item = usize> {
     let parts = total.div_ceil(most);
     (0..parts).map(move |t| total / parts + usize::from(t < total % parts))
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Convolutions: depthwise ones as loops along the NHWC channels, the others as a matrix
-//! product of their taps (read where they lie, or unfolded: im2col), with their weights
-//! packed once for each.
+//! product of their taps (read where they lie, or unfolded: im2col) or, with AVX-512, those
+//! of up to 4 input and 32 output channels (first layers) straight from the NHWC input
+//! (`x86_64::few_channels`, chosen in `run`), with their weights packed once for each.
 //!
 //! Here: which kind a convolution is. `pack` rearranges the weights for the kernel of each
 //! kind, `depthwise` chooses the depthwise rows (and holds their plain loops), `unfold` runs

@@ -11,7 +11,8 @@ use crate::kernels::product::{Product, Weights};
 use crate::kernels::{Buffers, Threads};
 use trtclassify_compiler::plan::ConvStep;
 
-/// A convolution of one group (not depthwise: `depthwise` takes those), as a product of
+/// A convolution of one group (not depthwise: `depthwise` takes those; nor, with AVX-512, one
+/// of few channels: `x86_64::few_channels`), as a product of
 /// the input's patches and the packed weights, with bias, residual and activation: the
 /// patches read where they lie (`Taps`), or unfolded first (im2col, NHWC patches in `col`)
 /// where neither a tap nor a kernel row is a run worth finding (`Taps::of`).

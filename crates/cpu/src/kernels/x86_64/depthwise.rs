@@ -5,7 +5,8 @@
 
 use std::ops::Range;
 
-use crate::kernels::{Buffers, activate_with, clamp_of};
+use crate::kernels::panels::even_parts;
+use crate::kernels::{Buffers, activate, clamp_of};
 use trtclassify_compiler::plan::ConvStep;
 
 /// The kernel positions along `axis` (0: rows, 1: columns) that land inside the input for
@@ -23,8 +24,10 @@ pub(in crate::kernels) fn taps_inside(c: &ConvStep, axis: usize, o: usize) -> Ra
     first..end
 }
 
-/// One output row of a depthwise convolution in SIMD registers: up to 8 neighbouring output
-/// pixels whose taps fall alike (all of them, inside the image) at once, for each block of
+/// One output row of a depthwise convolution in SIMD registers: with AVX-512, kernels of 3 or
+/// 5 columns undilated along the row in tiles of up to 8 pixels whatever their taps
+/// (`tiles_avx512`); the others (and AVX2's) in runs of up to 8 neighbouring output pixels
+/// whose taps fall alike (all of them, inside the image) at once, for each block of
 /// channels (16 with AVX-512, 8 to 32 with AVX2), each pixel's and block's sums in a register
 /// over all the taps (8 chains of additions instead of one, whose latency bound a pixel at a
 /// time) and stored once; the clamp of ReLU or clipping on the registers, other activations
@@ -153,13 +156,15 @@ impl<'a> DepthwiseRow<'a> {
     }
 
     /// The activation that the registers did not apply (all but ReLU and clipping), over
-    /// the row's outputs.
+    /// the row's outputs: `activate`, compiled with FMA, not `activate_with`, whose
+    /// `mul_add`s, compiled without it here, were calls to `fmaf` (EfficientNet-B0's SiLU
+    /// depthwise layers took 8× as long).
     #[inline(always)]
     fn activate_rest(&self) {
         let (ch, ow) = (self.c.k, self.c.ow);
         if self.clamp.is_none() {
             // SAFETY: the row's outputs, written above.
-            activate_with::<true>(self.c.act, unsafe {
+            activate(self.c.act, unsafe {
                 std::slice::from_raw_parts_mut(self.y, ow * ch)
             });
         }
@@ -249,26 +254,24 @@ impl<'a> DepthwiseRow<'a> {
         }
     }
 
-    /// The row in tiles of up to 8 neighbouring output pixels × 16 channels (fewer at the
-    /// row's end and in the last block), for kernels `KW` columns wide at stride `S`,
-    /// undilated along the row: each tile's sums in registers over all its taps, each input
-    /// pixel of a kernel row loaded once for every sum it is a tap of, the kernel row's
-    /// weights in registers. The taps that fall outside the input are skipped tile by
-    /// tile, so the pixels at the row's ends share a tile with their neighbours: `run`
-    /// gives each of them a tile of its own, one chain of additions whose latency, not the
-    /// arithmetic, bound the small layers (576 channels at 7×7, 5×5: 4 of 7 pixels alone).
+    /// The row in tiles of up to 8 neighbouring output pixels (of near-equal sizes) × 16
+    /// channels (fewer in the last block), for kernels `KW` columns wide at stride `S`,
+    /// undilated along the row: each tile's sums in registers over all its taps, a kernel
+    /// column's weights loaded once for the tile's pixels. In the tiles that reach into
+    /// the padding, each tap outside the input is a masked load of nothing (no branch), so
+    /// the pixels at the row's ends share a tile with their neighbours: `run` gives each of
+    /// them a run of its own, one chain of additions whose latency, not the arithmetic,
+    /// bound the small layers (576 channels at 7×7, 5×5: 4 of 7 pixels alone).
     ///
     /// # Safety
     /// As `depthwise_row_avx512`; `KW` and `S` are the step's.
     #[inline(always)]
     unsafe fn tiles_avx512<const KW: usize, const S: usize>(&self) {
         let (ch, ow) = (self.c.k, self.c.ow);
-        // Tiles of even sizes (14 pixels: 7 and 7, not 8 and 6): the smallest tile's
+        // Tiles of near-equal sizes (14 pixels: 7 and 7, not 8 and 6): the smallest tile's
         // chains of additions bound its time.
-        let tiles = ow.div_ceil(8);
         let mut ox = 0;
-        for t in 0..tiles {
-            let p = (ow - ox) / (tiles - t);
+        for p in even_parts(ow, 8) {
             // Whether all the tile's taps are inside the input along the row.
             let ix0 = (ox * S) as isize - self.c.pads[1] as isize;
             let inside = ix0 >= 0 && ix0 + ((p - 1) * S + KW) as isize <= self.c.w as isize;
@@ -327,6 +330,7 @@ impl<'a> DepthwiseRow<'a> {
         ox: usize,
     ) {
         use std::arch::x86_64::*;
+        const { assert!(KW == 3 || KW == 5, "the columns below are 3 or 5") };
         let c = self.c;
         let ch = c.k;
         let mask = ((1u32 << (ch - cb).min(16)) - 1) as __mmask16;
@@ -353,24 +357,27 @@ impl<'a> DepthwiseRow<'a> {
                 let ws = self.w.add(r * KW * ch + cb);
                 // The kernel's columns one by one, not in a loop: LLVM left the loop of 5
                 // of them rolled, and the sums on the stack (5×5 kernels took twice as
-                // long).
-                let column = |acc: &mut [__m512; P], t: usize| {
-                    column_taps::<P, S, INSIDE>(
-                        acc,
-                        xs,
-                        ws.add(t * ch),
-                        ix0 + t as isize,
-                        c.w,
-                        ch,
-                        mask,
-                    )
-                };
-                column(&mut acc, 0);
-                column(&mut acc, 1);
-                column(&mut acc, 2);
+                // long). A macro, not a closure, whose intrinsics would lack the row's
+                // target features (`TapSums`).
+                macro_rules! column {
+                    ($t:literal) => {
+                        column_taps::<P, S, INSIDE>(
+                            &mut acc,
+                            xs,
+                            ws.add($t * ch),
+                            ix0 + $t,
+                            c.w,
+                            ch,
+                            mask,
+                        )
+                    };
+                }
+                column!(0);
+                column!(1);
+                column!(2);
                 if KW == 5 {
-                    column(&mut acc, 3);
-                    column(&mut acc, 4);
+                    column!(3);
+                    column!(4);
                 }
             }
             if let Some((lo, hi)) = self.clamp {

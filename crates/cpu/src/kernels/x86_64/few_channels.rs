@@ -10,8 +10,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::depthwise::taps_inside;
-use crate::kernels::panels::Panels;
-use crate::kernels::{Buffers, activate_with, clamp_of};
+use crate::kernels::panels::{Panels, even_parts};
+use crate::kernels::{Buffers, activate, clamp_of};
 use trtclassify_compiler::plan::ConvStep;
 
 /// Whether `few_channels_row_avx512` takes `c`: one group of up to 4 input channels, up to
@@ -32,6 +32,7 @@ pub(in crate::kernels) unsafe fn few_channels_row_avx512(
     panels: &Panels,
     row: usize,
 ) {
+    debug_assert!(fits(c));
     let (oh, ow) = (c.oh, c.ow);
     let (n, oy) = (row / oh, row % oh);
     let o = (n * oh + oy) * ow * c.k;
@@ -46,6 +47,8 @@ pub(in crate::kernels) unsafe fn few_channels_row_avx512(
             rows: taps_inside(c, 0, oy),
             x: buf.at(c.x),
             w: [first, if c.k > 16 { panels.panel(16).0 } else { first }],
+            w_masks: [width, if c.k > 16 { panels.panel(16).1 } else { 0 }]
+                .map(|width| ((1u32 << width) - 1) as __mmask16),
             width: [width, if c.k > 16 { panels.panel(16).1 } else { 0 }],
             y: buf.at_mut(c.y).add(o),
             bias: buf.at(c.bias),
@@ -53,11 +56,9 @@ pub(in crate::kernels) unsafe fn few_channels_row_avx512(
             clamp: clamp_of(c.act),
         }
     };
-    // Tiles of even sizes, as the depthwise rows' (`tiles_avx512`).
-    let tiles = ow.div_ceil(8);
+    // Tiles of near-equal sizes, as the depthwise rows' (`tiles_avx512`).
     let mut ox = 0;
-    for t in 0..tiles {
-        let p = (ow - ox) / (tiles - t);
+    for p in even_parts(ow, 8) {
         let ix0 = (ox * c.strides[1]) as isize - c.pads[1] as isize;
         let reach = ((p - 1) * c.strides[1] + (c.kernel[1] - 1) * c.dilations[1]) as isize;
         let inside = ix0 >= 0 && ix0 + reach < c.w as isize;
@@ -74,7 +75,7 @@ pub(in crate::kernels) unsafe fn few_channels_row_avx512(
     }
     if row.clamp.is_none() {
         // SAFETY: the row's outputs, written above.
-        activate_with::<true>(c.act, unsafe {
+        activate(c.act, unsafe {
             std::slice::from_raw_parts_mut(row.y, ow * c.k)
         });
     }
@@ -92,6 +93,8 @@ struct Row<'a> {
     /// last panel of 8 channels or fewer).
     w: [*const f32; 2],
     width: [usize; 2],
+    /// Their loads' masks: the panels' widths.
+    w_masks: [__mmask16; 2],
     /// The row's first output.
     y: *mut f32,
     bias: *const f32,
@@ -162,8 +165,10 @@ impl Row<'_> {
                         let i = (r * c.kernel[1] + s) * ch + ci;
                         let mut w = [_mm512_setzero_ps(); B];
                         for b in 0..B {
-                            let m = ((1u32 << self.width[b]) - 1) as __mmask16;
-                            w[b] = _mm512_maskz_loadu_ps(m, self.w[b].add(i * self.width[b]));
+                            w[b] = _mm512_maskz_loadu_ps(
+                                self.w_masks[b],
+                                self.w[b].add(i * self.width[b]),
+                            );
                         }
                         for p in 0..P {
                             let ix = ix + (p * c.strides[1]) as isize;

@@ -104,11 +104,20 @@ type Build = Box<dyn Fn() -> Result<Box<dyn Engine>, EngineError> + Send + Sync>
 
 type StreamId = u64;
 
+/// A frame in GPU memory (its buffer), kept from its push until the engine can no longer
+/// read it: its batch's scores are handed out, or the engine has forgotten it. The GPU reads
+/// such a frame when it gets to the frame's preprocessing, after the push returns; a frame
+/// may leave before that (its stream gave up on it, flushed, or stopped), and without this
+/// its decoder could reuse or free the memory under the read.
+pub type KeptFrame = Arc<dyn std::any::Any + Send + Sync>;
+
 /// A frame's place in the engine's batch: whose it is, and of which epoch.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Ticket {
     stream: StreamId,
     epoch: u64,
+    /// Kept until the ticket is dropped; see `KeptFrame`.
+    _frame: Option<KeptFrame>,
 }
 
 /// A stream's scores, kept apart from the engine's lock.
@@ -647,8 +656,7 @@ impl Inner {
         );
         self.fault = Some((error, Instant::now() + rebuild_pause(self.failures)));
         if let Some(engine) = self.engine.take() {
-            // A failed engine may fail its drop too; that is no reason to unwind.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(engine)));
+            forget(engine);
         }
     }
 
@@ -780,10 +788,22 @@ impl Inner {
                 .is_some_and(|s| s.mailbox().epoch == t.epoch)
         });
         if !wanted && !self.queued.is_empty() {
-            self.queued.clear();
+            // The engine first, then the tickets: their frames are released once it is done
+            // reading them.
             self.discard(counters);
+            self.queued.clear();
         }
     }
+}
+
+/// Drops `engine` after it has forgotten its frames (the CUDA engine waits there until the
+/// GPU no longer reads them), so that their tickets may release them next. A failed engine
+/// may fail its discard or drop too; that is no reason to unwind.
+fn forget(mut engine: Box<dyn Engine>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        engine.discard();
+        drop(engine);
+    }));
 }
 
 /// Whether a rebuilt engine runs the model its streams were told of.
@@ -869,24 +889,26 @@ impl Stream {
         self.batch_size
     }
 
-    /// Pushes `crops` of a frame in system memory; see `push_with`.
+    /// Pushes `crops` of a frame in system memory (read within the push); see `push_with`.
     pub fn push(
         &self,
         frame: &FrameView,
         crops: &[Crop],
         until: Option<Instant>,
     ) -> Result<Pushed, Arc<EngineError>> {
-        self.push_with(crops.len(), until, |engine| engine.push(frame, crops))
+        self.push_with(crops.len(), until, None, |engine| engine.push(frame, crops))
     }
 
-    /// Pushes `crops` of a frame in GPU memory; see `push_with`.
+    /// Pushes `crops` of a frame in GPU memory, which the engine reads after the push: `kept`
+    /// (its buffer) is held until it no longer can (see `KeptFrame`); see `push_with`.
     pub fn push_device(
         &self,
         frame: &DevicePlanes,
         crops: &[Crop],
         until: Option<Instant>,
+        kept: KeptFrame,
     ) -> Result<Pushed, Arc<EngineError>> {
-        self.push_with(crops.len(), until, |engine| {
+        self.push_with(crops.len(), until, Some(kept), |engine| {
             engine.push_device(frame, crops)
         })
     }
@@ -903,6 +925,7 @@ impl Stream {
         &self,
         items: usize,
         until: Option<Instant>,
+        kept: Option<KeptFrame>,
         push: impl FnOnce(&mut dyn Engine) -> Result<(), EngineError>,
     ) -> Result<Pushed, Arc<EngineError>> {
         if items == 0 {
@@ -934,6 +957,7 @@ impl Stream {
             Ticket {
                 stream: self.id,
                 epoch,
+                _frame: kept,
             },
             items,
         ));
@@ -1004,12 +1028,16 @@ impl Drop for Stream {
             .streams
             .store(inner.streams.len(), Ordering::Relaxed);
         if inner.streams.is_empty() {
-            // The last stream takes the engine with it, outside the lock.
-            inner.queued.clear();
+            // The last stream takes the engine with it, outside the lock, and releases the
+            // frames in it once the engine is done reading them.
+            let queued = std::mem::take(&mut inner.queued);
             inner.fault = None;
             let engine = inner.engine.take();
             drop(inner);
-            drop(engine);
+            if let Some(engine) = engine {
+                forget(engine);
+            }
+            drop(queued);
             return_freed_memory();
         } else {
             inner.discard_unwanted(counters);
@@ -1554,6 +1582,10 @@ mod tests {
         running: std::collections::VecDeque<Vec<f32>>,
         finished: Vec<f32>,
         runs: usize,
+        /// The frames in GPU memory a test pushed, and how many of them were still kept
+        /// when the engine last forgot its frames.
+        frames: Vec<std::sync::Weak<u8>>,
+        kept_at_discard: Option<usize>,
     }
 
     impl Flying {
@@ -1566,6 +1598,16 @@ mod tests {
         }
     }
 
+    impl Flying {
+        fn take(&mut self, value: f32) {
+            self.gathering.push(value);
+            if self.gathering.len() == 2 {
+                let batch = std::mem::take(&mut self.gathering);
+                self.flights.lock().unwrap().running.push_back(batch);
+            }
+        }
+    }
+
     impl Engine for Flying {
         fn info(&self) -> &ModelInfo {
             &self.info
@@ -1574,11 +1616,12 @@ mod tests {
             unreachable!()
         }
         fn push(&mut self, frame: &FrameView, _: &[Crop]) -> Result<(), EngineError> {
-            self.gathering.push(f32::from(frame.planes[0][0]));
-            if self.gathering.len() == 2 {
-                let batch = std::mem::take(&mut self.gathering);
-                self.flights.lock().unwrap().running.push_back(batch);
-            }
+            self.take(f32::from(frame.planes[0][0]));
+            Ok(())
+        }
+        /// A frame "in GPU memory" is its first plane's address.
+        fn push_device(&mut self, frame: &DevicePlanes, _: &[Crop]) -> Result<(), EngineError> {
+            self.take(frame.ptrs[0] as f32);
             Ok(())
         }
         fn run_pushed(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -1608,6 +1651,12 @@ mod tests {
             let mut flights = self.flights.lock().unwrap();
             flights.running.clear();
             flights.finished.clear();
+            let kept = flights
+                .frames
+                .iter()
+                .filter(|f| f.strong_count() > 0)
+                .count();
+            flights.kept_at_discard = Some(kept);
         }
         fn pending(&self) -> usize {
             let flights = self.flights.lock().unwrap();
@@ -1617,37 +1666,113 @@ mod tests {
         }
     }
 
+    /// Builds of `Flying` engines (batches of 2, in flight) that share `flights` and `signal`.
+    fn flying(
+        flights: &Arc<Mutex<Flights>>,
+        signal: &Arc<Mutex<Option<BatchDone>>>,
+    ) -> impl Fn() -> Result<Box<dyn Engine>, EngineError> + Send + Sync + 'static {
+        let (flights, signal) = (flights.clone(), signal.clone());
+        move || {
+            let mut info = fake(&Arc::new(Script::default()))()?.info().clone();
+            (info.model_batch, info.batches_in_flight) = (2, 3);
+            info.reads_device_frames = true;
+            Ok(Box::new(Flying {
+                info,
+                gathering: Vec::new(),
+                flights: flights.clone(),
+                signal: signal.clone(),
+            }))
+        }
+    }
+
+    /// Lands the oldest batch in flight, as the GPU finishing it.
+    fn land(flights: &Mutex<Flights>) {
+        let mut flights = flights.lock().unwrap();
+        let landed = flights.running.pop_front().expect("a batch in flight");
+        flights.finished.extend(landed);
+    }
+
+    /// Pushes a frame "in GPU memory" whose value is `value`; the returned reference tells
+    /// whether the instance still keeps it.
+    fn push_device(stream: &Stream, flights: &Mutex<Flights>, value: u8) -> std::sync::Weak<u8> {
+        let frame = Arc::new(value);
+        let watched = Arc::downgrade(&frame);
+        flights.lock().unwrap().frames.push(watched.clone());
+        let planes = DevicePlanes {
+            format: FrameView::packed_frame(PixelFormat::Gray8, 1, 1, &[0]).format,
+            ptrs: vec![u64::from(value)],
+            strides: vec![1],
+            context: 0,
+        };
+        stream
+            .push_device(&planes, &[Crop::Whole], None, frame)
+            .unwrap();
+        watched
+    }
+
+    #[test]
+    fn frames_in_gpu_memory_are_kept_while_the_engine_may_read_them() {
+        let flights = Arc::new(Mutex::new(Flights::default()));
+        let signal: Arc<Mutex<Option<BatchDone>>> = Default::default();
+        let k = key("kept", 2);
+        let (a, _) = join(k.clone(), counter().0, flying(&flights, &signal)).unwrap();
+        let (b, _) = join(k, counter().0, never()).unwrap();
+        let alive = |f: &std::sync::Weak<u8>| f.strong_count() > 0;
+
+        // Given up while its batch is in flight: kept until the batch has landed.
+        let one = push_device(&a, &flights, 1);
+        let two = push_device(&b, &flights, 2);
+        a.abandon(1);
+        assert!(alive(&one) && alive(&two), "the batch in flight reads both");
+        land(&flights);
+        push(&b, 3).unwrap();
+        assert!(!alive(&one) && !alive(&two), "released with their scores");
+        assert_eq!(values(b.take_scores()), [2.0]);
+        assert!(a.take_scores().is_empty(), "a gave its frame up");
+
+        // Its stream flushed: kept until the engine has forgotten it, which it does once no
+        // stream wants what it holds.
+        let four = push_device(&b, &flights, 4);
+        assert_eq!(flights.lock().unwrap().running.len(), 1);
+        b.flush();
+        assert!(!alive(&four));
+        assert_eq!(
+            flights.lock().unwrap().kept_at_discard,
+            Some(1),
+            "the engine forgot frame 4 before it was released"
+        );
+
+        // Its stream left while its batch flies: kept for the batch.
+        let five = push_device(&a, &flights, 5);
+        let six = push_device(&b, &flights, 6);
+        drop(b);
+        assert!(alive(&five) && alive(&six), "a still wants frame 5");
+        land(&flights);
+        a.run_now(None);
+        assert!(!alive(&five) && !alive(&six));
+        assert_eq!(values(a.take_scores()), [5.0]);
+
+        // The last stream left: the engine forgets the frames before they are released.
+        let seven = push_device(&a, &flights, 7);
+        drop(a);
+        assert!(!alive(&seven));
+        assert_eq!(flights.lock().unwrap().kept_at_discard, Some(1));
+    }
+
     #[test]
     fn batches_that_finish_in_flight_reach_their_streams_without_a_run() {
         let flights = Arc::new(Mutex::new(Flights::default()));
         let signal: Arc<Mutex<Option<BatchDone>>> = Default::default();
-        let build = {
-            let (flights, signal) = (flights.clone(), signal.clone());
-            move || -> Result<Box<dyn Engine>, EngineError> {
-                let mut info = fake(&Arc::new(Script::default()))()?.info().clone();
-                (info.model_batch, info.batches_in_flight) = (2, 3);
-                Ok(Box::new(Flying {
-                    info,
-                    gathering: Vec::new(),
-                    flights: flights.clone(),
-                    signal: signal.clone(),
-                }))
-            }
-        };
         let (wake_a, woken_a) = counter();
         let k = key("in-flight", 2);
-        let (a, _) = join(k.clone(), wake_a, build).unwrap();
+        let (a, _) = join(k.clone(), wake_a, flying(&flights, &signal)).unwrap();
         let (b, _) = join(k, counter().0, never()).unwrap();
         push(&a, 1).unwrap();
         push(&b, 2).unwrap();
         push(&a, 3).unwrap();
         assert!(a.take_scores().is_empty(), "the batch is in flight");
         // The GPU finishes it: the collector hands it out, with no push and no run.
-        {
-            let mut flights = flights.lock().unwrap();
-            let landed = flights.running.pop_front().unwrap();
-            flights.finished.extend(landed);
-        }
+        land(&flights);
         let signal = signal
             .lock()
             .unwrap()
@@ -1669,11 +1794,7 @@ mod tests {
         // A batch finished before a push is handed out by that push, with the pushing
         // stream's own scores in its mailbox.
         push(&b, 4).unwrap();
-        {
-            let mut flights = flights.lock().unwrap();
-            let landed = flights.running.pop_front().unwrap();
-            flights.finished.extend(landed);
-        }
+        land(&flights);
         push(&b, 5).unwrap();
         assert_eq!(values(a.take_scores()), [3.0]);
         assert_eq!(values(b.take_scores()), [4.0]);

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use gst::glib;
@@ -1222,7 +1222,9 @@ impl TrtClassify {
                 .map_err(|e| unreadable(&format!("a buffer in CUDA memory cannot be read: {e}")))?;
             self.follow_frames(&frame);
             let planes = frame.planes().map_err(|e| unreadable(&e))?;
-            state.stream.push_device(&planes, crops, until)
+            state
+                .stream
+                .push_device(&planes, crops, until, Arc::new(buffer.clone()))
         } else {
             let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
                 .map_err(|_| unreadable("a buffer does not match its caps"))?;

@@ -42,8 +42,6 @@ pub struct CudaEngine {
     ran: super::Ran,
     finished: usize,
     took: Duration,
-    /// Called by the GPU driver when a launched batch has finished (`on_batch_done`).
-    done_signal: Option<runtime::DoneSignal>,
     /// The most batches that run while the next gathers (`in_flight`).
     in_flight: usize,
     /// Whether frames from another CUDA context were seen (and said so once).
@@ -320,7 +318,6 @@ impl CudaEngine {
             ran: Default::default(),
             finished: 0,
             took: Duration::ZERO,
-            done_signal: None,
             in_flight: in_flight(options.batch_size),
             foreign_frames: false,
         })
@@ -657,7 +654,7 @@ impl CudaEngine {
             self.collect(true)?;
         }
         let n = std::mem::take(&mut self.pushed);
-        if let Err(e) = self.runtime.launch_staged(n, self.done_signal.as_ref()) {
+        if let Err(e) = self.runtime.launch_staged(n) {
             return self.lose_all(inference(e));
         }
         self.launched.push_back((n, Instant::now()));
@@ -855,8 +852,9 @@ impl Engine for CudaEngine {
     }
 
     fn on_batch_done(&mut self, signal: runtime::DoneSignal) -> bool {
-        self.done_signal = Some(signal);
-        self.in_flight > 0
+        // A runtime that cannot wait for its batches (a failed context) fails its next
+        // launch as well; until then its scores are collected at each push.
+        self.in_flight > 0 && self.runtime.set_done_signal(signal).is_ok()
     }
 
     fn discard(&mut self) {

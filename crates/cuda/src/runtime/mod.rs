@@ -76,10 +76,11 @@ pub const IN_FLIGHT: usize = 2;
 /// signal (it may not call CUDA, and the stream waits for it).
 pub type DoneSignal = Arc<dyn Fn() + Send + Sync>;
 
-/// `cuLaunchHostFunc`'s callback: calls the boxed signal once and drops it.
+/// `cuLaunchHostFunc`'s callback: calls the runtime's signal.
 unsafe extern "C" fn signal_done(data: *mut std::ffi::c_void) {
-    // SAFETY: `data` is the box `launch_staged` leaked for this one call.
-    let signal = unsafe { Box::from_raw(data.cast::<DoneSignal>()) };
+    // SAFETY: `data` is the runtime's boxed signal, which it frees only once its stream has
+    // nothing left to run (`set_done_signal`, `Drop`).
+    let signal = unsafe { &*data.cast::<DoneSignal>() };
     // Unwinding out of the driver's thread would abort; a panicking signal only loses its
     // wake-up (the scores are still collected at the next push or run).
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&**signal));
@@ -178,12 +179,16 @@ pub struct Runtime {
     peer: Option<(CudaSlice<u8>, usize)>,
     /// The GPU preprocessing queued for its launch.
     pre: staging::PreQueue,
+    /// Called by the driver after each launched batch (`set_done_signal`). One box for the
+    /// runtime's life, not one a launch: the driver does not call a host function queued
+    /// behind an error in the context, so a box it was to free would leak.
+    done_signal: Option<Box<DoneSignal>>,
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        // Batches in flight still write the page-locked output and call their signals: both
-        // must be done before the buffers go.
+        // Batches in flight still write the page-locked output and call the done signal:
+        // both must be done before the buffers and the signal go.
         let _ = self.stream.synchronize();
     }
 }
@@ -361,6 +366,7 @@ impl Runtime {
             raw_used: 0,
             peer: None,
             pre: Default::default(),
+            done_signal: None,
         };
         let tune = plans.iter().any(|p| {
             p.steps
@@ -458,10 +464,22 @@ impl Runtime {
         Ok(&host_out[out])
     }
 
+    /// Has the driver call `signal` each time a batch launched by `launch_staged` has its
+    /// scores; waits for the batches in flight first, which may still call the signal it
+    /// replaces.
+    pub fn set_done_signal(&mut self, signal: DoneSignal) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(Error::driver("inference"))?;
+        self.done_signal = Some(Box::new(signal));
+        Ok(())
+    }
+
     /// Launches the first `n` staged frames through the smallest plan that holds them and
-    /// returns at once; `collect` gives their scores, and `done` (where given) is called once
-    /// they are there. Fails where `IN_FLIGHT` batches are launched and not collected.
-    pub fn launch_staged(&mut self, n: usize, done_signal: Option<&DoneSignal>) -> Result<()> {
+    /// returns at once; `collect` gives their scores, and the done signal (where set) is
+    /// called once they are there. Fails where `IN_FLIGHT` batches are launched and not
+    /// collected.
+    pub fn launch_staged(&mut self, n: usize) -> Result<()> {
         if self.in_flight.len() >= IN_FLIGHT {
             return Err(Error::Plan("too many batches in flight"));
         }
@@ -488,21 +506,18 @@ impl Runtime {
         done.record(&self.stream)
             .map_err(Error::driver("event record"))?;
         self.in_flight.push_back(Launched { n, out, done });
-        if let Some(signal) = done_signal {
-            let data = Box::into_raw(Box::new(signal.clone()));
-            // SAFETY: the callback takes back the box it is given, once; it calls no CUDA.
-            let launched = unsafe {
+        if let Some(signal) = &self.done_signal {
+            let data: *const DoneSignal = &**signal;
+            // SAFETY: the callback only reads the signal, which outlives the stream's work
+            // (see `done_signal`), and calls no CUDA.
+            unsafe {
                 cudarc::driver::result::stream::launch_host_function(
                     self.stream.cu_stream(),
                     signal_done,
-                    data.cast(),
+                    data.cast_mut().cast(),
                 )
-            };
-            if let Err(e) = launched {
-                // SAFETY: not launched, so the callback will not take it.
-                drop(unsafe { Box::from_raw(data) });
-                return Err(Error::driver("host callback launch")(e));
             }
+            .map_err(Error::driver("host callback launch"))?;
         }
         Ok(())
     }

@@ -627,6 +627,8 @@ impl Inner {
         match rebuilt {
             Ok(mut engine) => {
                 if let Some(signal) = &self.batch_done {
+                    // Where it does not take it (a failed context), its scores are handed out
+                    // at each push and run instead.
                     engine.on_batch_done(signal.clone());
                 }
                 gst::info!(CAT, "engine built again after a failure: {error}");
@@ -656,7 +658,7 @@ impl Inner {
         );
         self.fault = Some((error, Instant::now() + rebuild_pause(self.failures)));
         if let Some(engine) = self.engine.take() {
-            forget(engine);
+            discard_and_drop(engine);
         }
     }
 
@@ -758,11 +760,20 @@ impl Inner {
     fn deliver(&self, scored: impl IntoIterator<Item = (Ticket, Scores)>, caller: StreamId) {
         let mut woken = Vec::new();
         for (ticket, scores) in scored {
-            let Some(slot) = self.streams.get(&ticket.stream) else {
+            // Scores mean the GPU has read the frame: released before they are handed out,
+            // so that the buffer is its element's alone again when the frame leaves (else
+            // attaching the results would copy it).
+            let Ticket {
+                stream,
+                epoch,
+                _frame: frame,
+            } = ticket;
+            drop(frame);
+            let Some(slot) = self.streams.get(&stream) else {
                 continue;
             };
             let mut mailbox = slot.mailbox();
-            if mailbox.epoch != ticket.epoch {
+            if mailbox.epoch != epoch {
                 continue;
             }
             if mailbox.skip > 0 {
@@ -770,8 +781,8 @@ impl Inner {
                 continue;
             }
             mailbox.scores.push(scores);
-            if ticket.stream != caller && !woken.contains(&ticket.stream) {
-                woken.push(ticket.stream);
+            if stream != caller && !woken.contains(&stream) {
+                woken.push(stream);
             }
         }
         for id in woken {
@@ -798,12 +809,11 @@ impl Inner {
 
 /// Drops `engine` after it has forgotten its frames (the CUDA engine waits there until the
 /// GPU no longer reads them), so that their tickets may release them next. A failed engine
-/// may fail its discard or drop too; that is no reason to unwind.
-fn forget(mut engine: Box<dyn Engine>) {
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        engine.discard();
-        drop(engine);
-    }));
+/// may fail its discard or drop too; that is no reason to unwind (nor, from a discard, to
+/// drop the engine while unwinding, where a panic in its drop would abort).
+fn discard_and_drop(mut engine: Box<dyn Engine>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.discard()));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(engine)));
 }
 
 /// Whether a rebuilt engine runs the model its streams were told of.
@@ -1035,7 +1045,7 @@ impl Drop for Stream {
             let engine = inner.engine.take();
             drop(inner);
             if let Some(engine) = engine {
-                forget(engine);
+                discard_and_drop(engine);
             }
             drop(queued);
             return_freed_memory();
@@ -1586,6 +1596,8 @@ mod tests {
         /// when the engine last forgot its frames.
         frames: Vec<std::sync::Weak<u8>>,
         kept_at_discard: Option<usize>,
+        /// The next `take_ready` fails, as a batch whose GPU work failed.
+        fail: bool,
     }
 
     impl Flying {
@@ -1596,9 +1608,7 @@ mod tests {
                 .map(|v| vec![v])
                 .collect()
         }
-    }
 
-    impl Flying {
         fn take(&mut self, value: f32) {
             self.gathering.push(value);
             if self.gathering.len() == 2 {
@@ -1635,6 +1645,9 @@ mod tests {
             Ok(self.land())
         }
         fn take_ready(&mut self) -> Result<crate::engine::Ready, EngineError> {
+            if std::mem::take(&mut self.flights.lock().unwrap().fail) {
+                return Err(EngineError::Inference("the GPU fell off the bus".into()));
+            }
             let scores = self.land();
             Ok(crate::engine::Ready {
                 batches: scores.len() / 2,
@@ -1737,7 +1750,7 @@ mod tests {
         b.flush();
         assert!(!alive(&four));
         assert_eq!(
-            flights.lock().unwrap().kept_at_discard,
+            flights.lock().unwrap().kept_at_discard.take(),
             Some(1),
             "the engine forgot frame 4 before it was released"
         );
@@ -1751,6 +1764,14 @@ mod tests {
         a.run_now(None);
         assert!(!alive(&five) && !alive(&six));
         assert_eq!(values(a.take_scores()), [5.0]);
+
+        // A batch failed: the failed engine forgets the frames before they are released.
+        let eight = push_device(&a, &flights, 8);
+        flights.lock().unwrap().fail = true;
+        push(&a, 9).unwrap();
+        assert!(!alive(&eight));
+        assert_eq!(flights.lock().unwrap().kept_at_discard.take(), Some(1));
+        assert_eq!(a.take_scores().iter().filter(|s| s.is_err()).count(), 2);
 
         // The last stream left: the engine forgets the frames before they are released.
         let seven = push_device(&a, &flights, 7);

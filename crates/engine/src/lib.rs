@@ -319,7 +319,8 @@ pub trait Engine: Send {
         false
     }
 
-    /// Forgets the frames pushed since the last `run_pushed` (a flush dropped them).
+    /// Forgets the frames pushed since the last `run_pushed` (a flush dropped them). Once it
+    /// returns, nothing reads a frame pushed with `push_device` any more: it may be released.
     fn discard(&mut self);
 
     /// How many items pushed since the last `run_pushed`, `take_ready` or `discard` the

@@ -79,7 +79,8 @@ pub type DoneSignal = Arc<dyn Fn() + Send + Sync>;
 /// `cuLaunchHostFunc`'s callback: calls the runtime's signal.
 unsafe extern "C" fn signal_done(data: *mut std::ffi::c_void) {
     // SAFETY: `data` is the runtime's boxed signal, which it frees only once its stream has
-    // nothing left to run (`set_done_signal`, `Drop`).
+    // nothing left to run (`set_done_signal`, `Drop`), or where waiting for the stream
+    // failed: an error in the context, behind which the driver calls no host function.
     let signal = unsafe { &*data.cast::<DoneSignal>() };
     // Unwinding out of the driver's thread would abort; a panicking signal only loses its
     // wake-up (the scores are still collected at the next push or run).

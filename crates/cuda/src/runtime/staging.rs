@@ -149,8 +149,24 @@ impl Runtime {
     /// asynchronously (queued: see the module's doc). A frame of our own context is read
     /// where it is; one of another context is first copied into ours on the GPU. The caller
     /// keeps the frame's memory untouched until the batch's scores are collected (or the
-    /// batches in flight forgotten).
+    /// batches in flight forgotten); after an error, the GPU no longer reads it.
     pub fn stage_device_frame(
+        &mut self,
+        slot: usize,
+        pre: &Pre,
+        src: u64,
+        context: usize,
+    ) -> Result<()> {
+        let staged = self.queue_device_frame(slot, pre, src, context);
+        if staged.is_err() {
+            // The caller releases a frame it could not stage, whose other crops, staged
+            // before this one, work already queued may still read. A refusal is rare: wait.
+            let _ = self.stream.synchronize();
+        }
+        staged
+    }
+
+    fn queue_device_frame(
         &mut self,
         slot: usize,
         pre: &Pre,

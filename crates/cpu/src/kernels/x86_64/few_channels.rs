@@ -36,9 +36,16 @@ pub(in crate::kernels) unsafe fn few_channels_row_avx512(
     let (oh, ow) = (c.oh, c.ow);
     let (n, oy) = (row / oh, row % oh);
     let o = (n * oh + oy) * ow * c.k;
-    let (first, width) = panels.panel(0);
-    // SAFETY: the caller's: checked spans; the second panel exists where there are more
-    // than 16 output channels.
+    // The second panel exists where there are more than 16 output channels; otherwise no
+    // tile reads it.
+    let first = panels.panel(0);
+    let second = if c.k > 16 {
+        panels.panel(16)
+    } else {
+        (first.0, 0)
+    };
+    let width = [first.1, second.1];
+    // SAFETY: the caller's: checked spans.
     let row = unsafe {
         Row {
             c,
@@ -46,10 +53,9 @@ pub(in crate::kernels) unsafe fn few_channels_row_avx512(
             oy,
             rows: taps_inside(c, 0, oy),
             x: buf.at(c.x),
-            w: [first, if c.k > 16 { panels.panel(16).0 } else { first }],
-            w_masks: [width, if c.k > 16 { panels.panel(16).1 } else { 0 }]
-                .map(|width| ((1u32 << width) - 1) as __mmask16),
-            width: [width, if c.k > 16 { panels.panel(16).1 } else { 0 }],
+            w: [first.0, second.0],
+            w_masks: width.map(|width| ((1u32 << width) - 1) as __mmask16),
+            width,
             y: buf.at_mut(c.y).add(o),
             bias: buf.at(c.bias),
             residual: c.residual.map(|z| buf.at(z).add(o)),

@@ -63,9 +63,10 @@ fn the_kernels_take_their_ids_and_sizes_from_the_rust_side() {
     assert!(!source.contains("p.format == 0"), "frame layouts by name");
 }
 
-/// The kernels `cu` defines (`extern "C" __global__ void [__launch_bounds__(n)] name(`),
-/// those pasted together in a macro (`#define ATTENTION(DK, DV)`, `attention_##DK##_##DV(`)
-/// once for each line that expands it (`ATTENTION(16, 32)`).
+/// The kernels `cu` defines (`extern "C" __global__ void [__launch_bounds__(n[, m])] name(`),
+/// those pasted together in a macro (`#define ATTENTION(DK, DV, WARPS, MIN_BLOCKS)`,
+/// `attention_##DK##_##DV##_##WARPS##w(`) once for each line that expands it
+/// (`ATTENTION(16, 32, 4, 1)`).
 fn kernels_defined(cu: &str) -> Vec<String> {
     let mut kernels = Vec::new();
     for (at, _) in cu.match_indices("__global__ void ") {
@@ -77,6 +78,8 @@ fn kernels_defined(cu: &str) -> Vec<String> {
             Some(rest) => rest.split_once(") ").expect("launch bounds").1,
             None => rest,
         };
+        // A macro's kernel may name itself on the next line (after a `\`).
+        let rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
         let name = rest.split_once('(').expect("a kernel's parameters").0;
         if !name.contains("##") {
             kernels.push(name.to_string());
@@ -181,11 +184,15 @@ fn kernels_compile_with_nvrtc() {
             }
         }
         // Fused attention is fp16's only; its tensor-core kernels hold mma.sync from sm_80 on.
-        let attention = [".entry attention_rows(", ".entry attention_64_64("];
+        let attention = [
+            ".entry attention_rows(",
+            ".entry attention_64_64_4w(",
+            ".entry attention_64_64_8w(",
+        ];
         let mma = ptx.contains("mma.sync.aligned.m16n8k16");
         assert_eq!(
             attention.map(|a| ptx.contains(a)),
-            [dtype == DType::F16; 2],
+            [dtype == DType::F16; 3],
             "{dtype:?}"
         );
         assert_eq!(

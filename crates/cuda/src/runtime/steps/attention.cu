@@ -6,9 +6,10 @@
 // over rows of keys. The scores stay in registers, in f32, with a running maximum and sum
 // per row (the online softmax of FlashAttention), so they are never written to memory; the
 // operands are read through their strides, so the heads need not be copied out of the
-// projections first. On tensor cores (mma.sync, sm_80 and newer): a block takes 64 queries,
-// a warp 16 of them, against tiles of 64 keys held in shared memory. `attention_rows` is the
-// same computation without tensor cores, a warp per query, for older GPUs.
+// projections first. On tensor cores (mma.sync, sm_80 and newer): a warp takes 16 queries,
+// a block 4 or 8 warps (attention.rs chooses), against tiles of 64 keys held in shared
+// memory. `attention_rows` is the same computation without tensor cores, a warp per query,
+// for older GPUs.
 struct Attn {
     int batch[3];
     int queries, keys, dk, dv;
@@ -21,7 +22,6 @@ struct Attn {
 };
 static_assert(sizeof(Attn) == 200, "struct Attn no longer matches AttnParams (abi.rs)");
 
-#define ATTN_ROWS 64
 #define ATTN_KEYS 64
 #define LOG2E 1.4426950408889634f
 #define NEG_INF __int_as_float(0xff800000)
@@ -121,88 +121,77 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
 #endif
 }
 
-// The B fragment of m16n8k16 for 16 rows (k) × 8 columns (n) of a row-major matrix in
-// shared memory, `row0` pointing at its first element: ldmatrix's transposing load, each
-// lane naming one of the 16 rows.
-__device__ __forceinline__ void ldmatrix_b_trans(unsigned &b0, unsigned &b1, const T *row0, int pitch) {
+// Two B fragments of m16n8k16 from shared memory, by one ldmatrix of four 8×8 matrices,
+// lane `l` naming row `l % 8` of matrix `l / 8` (`row0` points at the first's first element,
+// matrix `i` starts `i` × 8 columns on): for the keys (not transposed) the fragments of 8
+// keys × dimensions kk·16 … kk·16 + 31, for the values (transposed) 16 keys × dimensions
+// dn·8 … dn·8 + 15.
+__device__ __forceinline__ void ldmatrix_x4(unsigned b[4], const T *row0, int pitch, bool trans) {
 #if __CUDA_ARCH__ >= 800
-    const T *row = row0 + (threadIdx.x % 16) * pitch;
+    const int lane = threadIdx.x % 32;
+    const T *row = trans ? row0 + (lane % 16) * pitch + lane / 16 * 8
+                         : row0 + (lane % 8) * pitch + lane / 8 * 8;
     unsigned addr;
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                 : "=r"(b0), "=r"(b1)
-                 : "r"(addr));
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr));
 #endif
 }
 
-template <int DK, int DV>
-__device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v, const T *bias, T *y) {
-#if __CUDA_ARCH__ >= 800
-    // Tiles of keys and values, two of each where they fit in static shared memory (48 KB):
-    // one in use while the next arrives. The queries pass through the last key tile first.
-    constexpr int STAGES = DK + DV <= 128 ? 2 : 1;
-    __shared__ __align__(16) T ks[STAGES][ATTN_KEYS * (DK + 8)];
-    __shared__ __align__(16) T vs[STAGES][ATTN_KEYS * (DV + 8)];
-    static_assert(ATTN_ROWS == ATTN_KEYS, "the queries pass through a key tile");
-    const int m = blockIdx.x, q0 = blockIdx.y * ATTN_ROWS;
-    q += batch_offset(p, p.q, m);
-    k += batch_offset(p, p.k, m);
-    v += batch_offset(p, p.v, m);
-    y += batch_offset(p, p.y, m);
-    if (bias) bias += batch_offset(p, p.bias, m);
-    const bool vec = p.vec;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+// Two neighbouring values as the 32 bits of a fragment: one load where `aligned`.
+__device__ __forceinline__ unsigned ld_pair(const T *x, bool aligned) {
+    return aligned ? *(const unsigned *)x : (unsigned)x[0] | ((unsigned)x[1] << 16);
+}
 
-    const int tiles = (p.keys + ATTN_KEYS - 1) / ATTN_KEYS;
-    if (STAGES == 2) attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, 0, vec);
-    attn_rows_in<DK>(ks[STAGES - 1], q + q0 * p.q[3], p.q[3], p.queries - q0, vec);
-    __syncthreads();
-    // This warp's 16 queries as the A fragments of m16n8k16, kept for every tile.
-    unsigned qa[DK / 16][4];
-    const T *qw = ks[STAGES - 1] + warp * 16 * (DK + 8);
+// One tile of keys against a warp's 16 queries (`qa`): the scores, the running maximum `mx`
+// and sum `l` of rows g and g + 8, and the output `o` rescaled and added to. PLAIN: the tile
+// is whole (`valid` = 64 keys), has no bias and a positive scale, so the code is straight:
+// no masks, no group of keys skipped, the scores scaled as they are raised (one fused
+// multiply-add), so that the scores' instructions bound the loop as little as they can.
+// Otherwise the scores past the last key are masked, their products skipped (the last tile
+// of 197 keys has 5), and the bias added.
+template <int DK, int DV, bool PLAIN>
+__device__ __forceinline__ void attn_tile(const unsigned (&qa)[DK / 16][4], float (&o)[DV / 8][4],
+                                          float (&mx)[2], float (&l)[2], const T *kt, const T *vt,
+                                          const Attn &p, const T *bias, int t0, int valid, int row0,
+                                          float scale) {
+    const int lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    // Scores of 8 keys at a time.
+    float s[ATTN_KEYS / 8][4];
 #pragma unroll
-    for (int kk = 0; kk < DK / 16; ++kk) {
-        const T *r0 = qw + g * (DK + 8) + kk * 16 + tg * 2, *r1 = r0 + 8 * (DK + 8);
-        qa[kk][0] = *(const unsigned *)r0;
-        qa[kk][1] = *(const unsigned *)r1;
-        qa[kk][2] = *(const unsigned *)(r0 + 8);
-        qa[kk][3] = *(const unsigned *)(r1 + 8);
-    }
-    // Rows g and g + 8 of the warp's 16: running maximum (log2 units) and sum, and output.
-    float o[DV / 8][4];
+    for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        if (!PLAIN && nt * 8 >= valid) continue;
 #pragma unroll
-    for (int dn = 0; dn < DV / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-    float mx[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    const int row0 = q0 + warp * 16 + g;
-    const float scale = p.alpha * LOG2E;
-
-    for (int t = 0; t < tiles; ++t) {
-        const int t0 = t * ATTN_KEYS, stage = STAGES == 2 ? t & 1 : 0;
-        // Every warp is done with the stage about to be filled (tile t - 1, or the queries).
-        __syncthreads();
-        if (STAGES == 1) {
-            attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, t0, vec);
-            cp_async_wait<0>();
-        } else if (t + 1 < tiles) {
-            attn_tile_in<DK, DV>(ks[stage ^ 1], vs[stage ^ 1], k, v, p, t0 + ATTN_KEYS, vec);
-            cp_async_wait<1>();  // tile t is in, tile t + 1 may still be on its way
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const T *kt = ks[stage], *vt = vs[stage];
-
-        float s[ATTN_KEYS / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; ++kk) {
-                const T *kr = kt + (nt * 8 + g) * (DK + 8) + kk * 16 + tg * 2;
+        for (int kk = 0; kk < DK / 16; kk += 2) {
+            const T *kr = kt + nt * 8 * (DK + 8) + kk * 16;
+            if (kk + 1 < DK / 16) {
+                unsigned b[4];
+                ldmatrix_x4(b, kr, DK + 8, false);
+                mma_16816(s[nt], qa[kk], b[0], b[1]);
+                mma_16816(s[nt], qa[kk + 1], b[2], b[3]);
+            } else {
+                kr += g * (DK + 8) + tg * 2;
                 mma_16816(s[nt], qa[kk], *(const unsigned *)kr, *(const unsigned *)(kr + 8));
             }
         }
-        float tile_max[2] = {NEG_INF, NEG_INF};
+    }
+    float tile_max[2] = {NEG_INF, NEG_INF};
+    if (PLAIN) {
+#pragma unroll
+        for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
+            tile_max[0] = fmaxf(tile_max[0], fmaxf(s[nt][0], s[nt][1]));
+            tile_max[1] = fmaxf(tile_max[1], fmaxf(s[nt][2], s[nt][3]));
+        }
+        tile_max[0] *= scale;
+        tile_max[1] *= scale;
+    } else {
 #pragma unroll
         for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
 #pragma unroll
@@ -215,50 +204,124 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
                 tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
             }
         }
-        float base[2];
+    }
+    float base[2];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float t = tile_max[r];
-            t = fmaxf(t, __shfl_xor_sync(0xffffffff, t, 1));
-            t = fmaxf(t, __shfl_xor_sync(0xffffffff, t, 2));
-            float next = fmaxf(mx[r], t);
-            // A row with no finite score yet keeps weights of 0 rather than NaN.
-            base[r] = next == NEG_INF ? 0.f : next;
-            float correction = fast_exp2(mx[r] - base[r]);
-            mx[r] = next;
-            l[r] *= correction;
+    for (int r = 0; r < 2; ++r) {
+        float t = tile_max[r];
+        t = fmaxf(t, __shfl_xor_sync(0xffffffff, t, 1));
+        t = fmaxf(t, __shfl_xor_sync(0xffffffff, t, 2));
+        float next = fmaxf(mx[r], t);
+        // A row with no finite score yet keeps weights of 0 rather than NaN.
+        base[r] = next == NEG_INF ? 0.f : next;
+        float correction = fast_exp2(mx[r] - base[r]);
+        mx[r] = next;
+        l[r] *= correction;
 #pragma unroll
-            for (int dn = 0; dn < DV / 8; ++dn) {
-                o[dn][2 * r] *= correction;
-                o[dn][2 * r + 1] *= correction;
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = fast_exp2(s[nt][e] - base[e >> 1]);
-                l[e >> 1] += s[nt][e];
-            }
-        }
-        // The weights, in fp16, are the A fragments of the product with the values: the
-        // accumulators of two neighbouring 8-key tiles make one 16-key fragment.
-#pragma unroll
-        for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
-            unsigned pa[4] = {
-                pack_half2(s[2 * kk][0], s[2 * kk][1]),
-                pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]),
-            };
-#pragma unroll
-            for (int dn = 0; dn < DV / 8; ++dn) {
-                unsigned b0, b1;
-                ldmatrix_b_trans(b0, b1, vt + kk * 16 * (DV + 8) + dn * 8, DV + 8);
-                mma_16816(o[dn], pa, b0, b1);
-            }
+        for (int dn = 0; dn < DV / 8; ++dn) {
+            o[dn][2 * r] *= correction;
+            o[dn][2 * r + 1] *= correction;
         }
     }
+#pragma unroll
+    for (int nt = 0; nt < ATTN_KEYS / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[nt][e] = PLAIN ? fast_exp2(fmaf(s[nt][e], scale, -base[e >> 1]))
+                             : fast_exp2(s[nt][e] - base[e >> 1]);
+            l[e >> 1] += s[nt][e];
+        }
+    }
+    // The weights, in fp16, are the A fragments of the product with the values: the
+    // accumulators of two neighbouring 8-key tiles make one 16-key fragment.
+#pragma unroll
+    for (int kk = 0; kk < ATTN_KEYS / 16; ++kk) {
+        if (!PLAIN && kk * 16 >= valid) continue;
+        unsigned pa[4] = {
+            pack_half2(s[2 * kk][0], s[2 * kk][1]),
+            pack_half2(s[2 * kk][2], s[2 * kk][3]),
+            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+        };
+#pragma unroll
+        for (int dn = 0; dn < DV / 8; dn += 2) {
+            unsigned b[4];
+            ldmatrix_x4(b, vt + kk * 16 * (DV + 8) + dn * 8, DV + 8, true);
+            mma_16816(o[dn], pa, b[0], b[1]);
+            mma_16816(o[dn + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+template <int DK, int DV>
+__device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v, const T *bias, T *y) {
+#if __CUDA_ARCH__ >= 800
+    // Tiles of keys and values, two of each where they fit in static shared memory (48 KB):
+    // one in use while the next arrives.
+    constexpr int STAGES = DK + DV <= 128 ? 2 : 1;
+    __shared__ __align__(16) T ks[STAGES][ATTN_KEYS * (DK + 8)];
+    __shared__ __align__(16) T vs[STAGES][ATTN_KEYS * (DV + 8)];
+    // A warp takes 16 queries; the block as many warps as it has.
+    const int m = blockIdx.x, q0 = blockIdx.y * (blockDim.x / 32) * 16;
+    q += batch_offset(p, p.q, m);
+    k += batch_offset(p, p.k, m);
+    v += batch_offset(p, p.v, m);
+    y += batch_offset(p, p.y, m);
+    if (bias) bias += batch_offset(p, p.bias, m);
+    const bool vec = p.vec;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
+    const int tiles = (p.keys + ATTN_KEYS - 1) / ATTN_KEYS;
+    if (STAGES == 2) attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, 0, vec);
+
+    const int row0 = q0 + warp * 16 + g;
+    // The last block's last warps may have no query: they only help load the tiles.
+    const bool active = q0 + warp * 16 < p.queries;
+    // This warp's 16 queries as the A fragments of m16n8k16, read once from global memory
+    // (while the first tile arrives) and kept for every tile; zeros past the last query.
+    unsigned qa[DK / 16][4];
+    {
+        const bool in0 = row0 < p.queries, in1 = row0 + 8 < p.queries;
+        const T *r0 = q + (long long)min(row0, p.queries - 1) * p.q[3] + tg * 2;
+        const T *r1 = q + (long long)min(row0 + 8, p.queries - 1) * p.q[3] + tg * 2;
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; ++kk) {
+            qa[kk][0] = in0 ? ld_pair(r0 + kk * 16, vec) : 0u;
+            qa[kk][1] = in1 ? ld_pair(r1 + kk * 16, vec) : 0u;
+            qa[kk][2] = in0 ? ld_pair(r0 + kk * 16 + 8, vec) : 0u;
+            qa[kk][3] = in1 ? ld_pair(r1 + kk * 16 + 8, vec) : 0u;
+        }
+    }
+    // Rows g and g + 8 of the warp's 16: running maximum (log2 units) and sum, and output.
+    float o[DV / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < DV / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+    float mx[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const float scale = p.alpha * LOG2E;
+
+    for (int t = 0; t < tiles; ++t) {
+        const int t0 = t * ATTN_KEYS, stage = STAGES == 2 ? t & 1 : 0;
+        const int valid = min(ATTN_KEYS, p.keys - t0);
+        // Every warp is done with the stage about to be filled (that of tile t - 1).
+        if (t > 0) __syncthreads();
+        if (STAGES == 1) {
+            attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, t0, vec);
+            cp_async_wait<0>();
+        } else if (t + 1 < tiles) {
+            attn_tile_in<DK, DV>(ks[stage ^ 1], vs[stage ^ 1], k, v, p, t0 + ATTN_KEYS, vec);
+            cp_async_wait<1>();  // tile t is in, tile t + 1 may still be on its way
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (!active) continue;
+        // A whole tile without a bias (every tile but the last, in a ViT) runs as straight
+        // code: no mask, no group of keys to skip, its scores scaled as they are raised.
+        if (!bias && valid == ATTN_KEYS && scale > 0.f)
+            attn_tile<DK, DV, true>(qa, o, mx, l, ks[stage], vs[stage], p, bias, t0, valid, row0, scale);
+        else
+            attn_tile<DK, DV, false>(qa, o, mx, l, ks[stage], vs[stage], p, bias, t0, valid, row0, scale);
+    }
+    if (!active) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float sum = l[r];
@@ -267,32 +330,55 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
         int row = row0 + r * 8;
         if (row >= p.queries) continue;
         float inv = 1.f / sum;
-        T *out = y + row * p.y[3];
+        T *out = y + row * p.y[3] + tg * 2;
+        const bool aligned = ((unsigned long long)out & 3) == 0;
 #pragma unroll
         for (int dn = 0; dn < DV / 8; ++dn) {
-            out[dn * 8 + tg * 2] = st(o[dn][2 * r] * inv);
-            out[dn * 8 + tg * 2 + 1] = st(o[dn][2 * r + 1] * inv);
+            float a = o[dn][2 * r] * inv, b = o[dn][2 * r + 1] * inv;
+            if (aligned) {
+                *(unsigned *)(out + dn * 8) = pack_half2(a, b);
+            } else {
+                out[dn * 8] = st(a);
+                out[dn * 8 + 1] = st(b);
+            }
         }
     }
 #endif
 }
 
-#define ATTENTION(DK, DV)                                                                       \
-    extern "C" __global__ void __launch_bounds__(128) attention_##DK##_##DV(                   \
-        const Attn p, const T *q, const T *k, const T *v, const T *bias, T *y) {               \
+// Each pair of head dimensions twice: for blocks of 4 warps and of 8 (attention.rs chooses),
+// with the blocks an SM should hold at least (`MIN_BLOCKS`, the launch bounds' second),
+// which caps ptxas's registers: for ViT's heads of 64, 128 registers make room for 16 warps
+// an SM (ViT-B/16's attention at batch 64 on an H200: 76 µs, against 108 µs with the 135
+// that ptxas takes unbounded); for Swin's of 32 in windows of 49, 96 registers let 5 blocks
+// of 4 warps share an SM. Others are left to ptxas (heads of 128 would spill).
+#define ATTENTION(DK, DV, WARPS, MIN_BLOCKS)                                                    \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)                       \
+        attention_##DK##_##DV##_##WARPS##w(const Attn p, const T *q, const T *k, const T *v,   \
+                                           const T *bias, T *y) {                               \
         attention_body<DK, DV>(p, q, k, v, bias, y);                                            \
     }
 // `ATTENTION_HEAD_DIMS` in the compiler's plan/attention.rs: every pair with dk ≤ dv.
-ATTENTION(16, 16)
-ATTENTION(16, 32)
-ATTENTION(16, 64)
-ATTENTION(16, 128)
-ATTENTION(32, 32)
-ATTENTION(32, 64)
-ATTENTION(32, 128)
-ATTENTION(64, 64)
-ATTENTION(64, 128)
-ATTENTION(128, 128)
+ATTENTION(16, 16, 4, 1)
+ATTENTION(16, 16, 8, 1)
+ATTENTION(16, 32, 4, 1)
+ATTENTION(16, 32, 8, 1)
+ATTENTION(16, 64, 4, 1)
+ATTENTION(16, 64, 8, 1)
+ATTENTION(16, 128, 4, 1)
+ATTENTION(16, 128, 8, 1)
+ATTENTION(32, 32, 4, 5)
+ATTENTION(32, 32, 8, 2)
+ATTENTION(32, 64, 4, 1)
+ATTENTION(32, 64, 8, 1)
+ATTENTION(32, 128, 4, 1)
+ATTENTION(32, 128, 8, 1)
+ATTENTION(64, 64, 4, 4)
+ATTENTION(64, 64, 8, 2)
+ATTENTION(64, 128, 4, 1)
+ATTENTION(64, 128, 8, 1)
+ATTENTION(128, 128, 4, 1)
+ATTENTION(128, 128, 8, 1)
 
 // Without tensor cores: a warp per query (8 a block), a key per lane at a time; the lanes
 // then hold the value dimensions d, d + 32, ... (up to 128).

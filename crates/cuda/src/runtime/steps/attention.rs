@@ -22,25 +22,30 @@ pub(in crate::runtime) enum Attention {
     None,
     /// A GPU without mma.sync's fp16 m16n8k16 (before sm_80).
     Rows(CudaFunction),
-    /// Tensor-core kernels by (dk, dv).
-    TensorCores(Vec<((usize, usize), CudaFunction)>),
+    /// Tensor-core kernels by (dk, dv) and warps a block (`WARPS`).
+    TensorCores(Vec<((usize, usize, u32), CudaFunction)>),
 }
 
 impl Attention {
     /// The kernel a warp per query, for GPUs without tensor cores' fp16 products.
     const ROWS: &str = "attention_rows";
 
-    /// The head sizes (dk, dv) with a tensor-core kernel: attention.cu's `ATTENTION(dk, dv)`.
-    fn head_dims() -> impl Iterator<Item = (usize, usize)> {
+    /// The sizes of block, in warps of 16 queries, that the tensor-core kernels come in.
+    const WARPS: [u32; 2] = [4, 8];
+
+    /// The head sizes (dk, dv) and warps a block with a tensor-core kernel: attention.cu's
+    /// `ATTENTION(dk, dv, warps, min_blocks)`.
+    fn shapes() -> impl Iterator<Item = (usize, usize, u32)> {
         let dims = ATTENTION_HEAD_DIMS;
         dims.into_iter()
             .flat_map(move |dk| dims.into_iter().map(move |dv| (dk, dv)))
             .filter(|&(dk, dv)| attention_takes(dk, dv))
+            .flat_map(|(dk, dv)| Self::WARPS.map(|warps| (dk, dv, warps)))
     }
 
-    /// The tensor-core kernel for heads of `dk` and `dv` elements.
-    fn tensor_core_kernel((dk, dv): (usize, usize)) -> String {
-        format!("attention_{dk}_{dv}")
+    /// The tensor-core kernel for heads of `dk` and `dv` elements in blocks of `warps`.
+    fn tensor_core_kernel((dk, dv, warps): (usize, usize, u32)) -> String {
+        format!("attention_{dk}_{dv}_{warps}w")
     }
 
     /// Takes from `module` the kernels its type and GPU run: none in fp32 (attention.cu is
@@ -50,8 +55,8 @@ impl Attention {
             (DType::F32, _) => Attention::None,
             (DType::F16, false) => Attention::Rows(module.function(Self::ROWS)?),
             (DType::F16, true) => Attention::TensorCores(
-                Self::head_dims()
-                    .map(|dims| Ok((dims, module.function(&Self::tensor_core_kernel(dims))?)))
+                Self::shapes()
+                    .map(|shape| Ok((shape, module.function(&Self::tensor_core_kernel(shape))?)))
                     .collect::<Result<_>>()?,
             ),
         })
@@ -63,7 +68,7 @@ impl Attention {
         match dtype {
             DType::F32 => Vec::new(),
             DType::F16 => std::iter::once(Self::ROWS.to_string())
-                .chain(Self::head_dims().map(Self::tensor_core_kernel))
+                .chain(Self::shapes().map(Self::tensor_core_kernel))
                 .collect(),
         }
     }
@@ -114,12 +119,19 @@ impl Runtime {
         let matrices = a.batch.iter().product::<usize>() as u32;
         let (func, queries_per_block, threads) = match &self.kernels.attention {
             Attention::TensorCores(kernels) => {
+                // 8 warps a block share each tile of keys and values where the queries are
+                // many (a ViT's 197 at batch 64 on an H200: 76 µs against 79 with 4,
+                // `bench/gpu/attention.py`); 4 where fewer blocks would leave the GPU idle
+                // (batch 1) or idle warps would hold the block (Swin's windows of 49).
+                let wide = a.queries > 64
+                    && matrices as usize * a.queries.div_ceil(128) >= 2 * self.sm_count as usize;
+                let warps = if wide { 8 } else { 4 };
                 let func = kernels
                     .iter()
-                    .find(|(dims, _)| *dims == (a.dk, a.dv))
+                    .find(|(shape, _)| *shape == (a.dk, a.dv, warps))
                     .map(|(_, f)| f)
                     .ok_or(Error::Plan("attention heads without a kernel"))?;
-                (func, 64, 128)
+                (func, 16 * warps as usize, 32 * warps)
             }
             Attention::Rows(func) => (func, 8, 256),
             Attention::None => return Err(Error::Plan("fused attention in an fp32 engine")),

@@ -7,9 +7,11 @@ error, or 2e-3) and times both (medians of CUDA-event timings, same run).
 
 The kernel is compiled by NVRTC (-DHALF, as the engine does) from the repository's source, in
 blocks of 4 warps and of 8 (64 and 128 queries; the engine takes 8 where there are many rows:
-steps/attention.rs), or from other versions given as FILE[:ROWS_PER_BLOCK:THREADS].
+steps/attention.rs), or from other versions given as FILE[:WARPS] (16 queries a warp; 4
+by default), e.g. the kernel before a change:
+`git show COMMIT:crates/cuda/src/runtime/steps/attention.cu > /tmp/before.cu`.
 
-Usage (on the GPU host): python3 bench/gpu/attention.py [FILE[:ROWS:THREADS] ...]
+Usage (on the GPU host): python3 bench/gpu/attention.py [FILE[:WARPS] ...]
 """
 
 import ctypes
@@ -106,13 +108,13 @@ def check(status, what):
 class Kernel:
     """One version of attention.cu, compiled for this GPU and loaded into torch's context."""
 
-    def __init__(self, path, rows, threads):
-        self.label = f"{os.path.relpath(path, ROOT)} ({rows} rows, {threads} threads)"
-        self.rows, self.threads = rows, threads
+    def __init__(self, path, warps):
+        self.label = f"{os.path.relpath(path, ROOT)} ({warps} warps a block)"
+        self.warps = warps
+        self.rows, self.threads = 16 * warps, 32 * warps
         prelude = open(os.path.join(RUNTIME, "prelude.cu")).read()
         source = "#define HALF\n" + prelude + warp_reductions() + open(path).read()
         major, minor = torch.cuda.get_device_capability()
-        self.warps = threads // 32
         cubin, log = nvrtc_cubin(source, f"sm_{major}{minor}")
         self.cuda = ctypes.CDLL("libcuda.so.1")
         torch.zeros(1, device="cuda")  # torch's context, current on this thread
@@ -201,12 +203,11 @@ def timed(f, runs=30, calls=20):
 
 def main():
     here = os.path.join(RUNTIME, "steps", "attention.cu")
-    specs = sys.argv[1:] or [f"{here}:64:128", f"{here}:128:256"]
+    specs = sys.argv[1:] or [f"{here}:4", f"{here}:8"]
     kernels = []
     for spec in specs:
-        path, *geometry = spec.split(":")
-        rows, threads = (int(g) for g in geometry) if geometry else (64, 128)
-        kernels.append(Kernel(path, rows, threads))
+        path, _, warps = spec.partition(":")
+        kernels.append(Kernel(path, int(warps or 4)))
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}")
     for i, k in enumerate(kernels):
         print(f"  kernel {i}: {k.label}; {k.name.format(64, 64)}: {k.resources}")

@@ -179,7 +179,8 @@ impl StepKind for AttentionStep {
         check::sizes_and_types(self, t)
     }
 
-    /// One block per matrix and 64 queries: the matrices count in 31 bits (the grid's x).
+    /// One block per matrix and 64 or 128 queries: the matrices count in 31 bits (the
+    /// grid's x).
     fn sizes_fit(&self) -> bool {
         let int = |v: usize| i32::try_from(v).is_ok();
         let positive = |v: usize| v >= 1 && int(v);

@@ -121,11 +121,12 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
 #endif
 }
 
-// Two B fragments of m16n8k16 from shared memory, by one ldmatrix of four 8×8 matrices,
-// lane `l` naming row `l % 8` of matrix `l / 8` (`row0` points at the first's first element,
-// matrix `i` starts `i` × 8 columns on): for the keys (not transposed) the fragments of 8
-// keys × dimensions kk·16 … kk·16 + 31, for the values (transposed) 16 keys × dimensions
-// dn·8 … dn·8 + 15.
+// Two B fragments of m16n8k16 from shared memory, by one ldmatrix of four 8×8 matrices, each
+// lane naming one matrix row (`row0` points at the first matrix's first element). Keys (not
+// transposed): 8 keys × dimensions kk·16 … kk·16 + 31, matrix `i` `i` × 8 columns on, lane
+// `l` naming row `l % 8` of matrix `l / 8`. Values (transposed): 16 keys × dimensions
+// dn·8 … dn·8 + 15, matrices 1 and 3 8 rows down, 2 and 3 8 columns on, lane `l` naming
+// row `l % 16` of the columns `l / 16` × 8 on.
 __device__ __forceinline__ void ldmatrix_x4(unsigned b[4], const T *row0, int pitch, bool trans) {
 #if __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x % 32;

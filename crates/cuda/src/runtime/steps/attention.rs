@@ -81,8 +81,8 @@ impl GpuStep for AttentionStep {
 }
 
 impl Runtime {
-    /// Fused attention: a block per matrix and 64 queries on tensor cores, else a block per
-    /// matrix and 8 queries.
+    /// Fused attention: a block per matrix and 64 or 128 queries (4 or 8 warps) on tensor
+    /// cores, else a block per matrix and 8 queries.
     fn attention(&self, a: &AttentionStep) -> Result<()> {
         let (q, k, v, y) = (
             self.ptr(a.q.loc),

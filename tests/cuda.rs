@@ -897,6 +897,74 @@ fn engine_file_is_reused_and_damage_means_a_rebuild() {
     }
 }
 
+/// Bytes read by this thread so far (its `rchar`): the engine reads the model and the engine
+/// file on the thread that builds it, so other tests running meanwhile do not count.
+fn thread_read_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").expect("/proc/thread-self/io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|n| n.parse().ok())
+        .expect("rchar")
+}
+
+/// A start that finds its engine file knows the model by what was remembered of it (its
+/// digest, its input): it reads the engine file, not the model, until the model changes.
+#[test]
+fn a_cached_start_does_not_read_the_model() {
+    const TEST: &str = "a_cached_start_does_not_read_the_model";
+    if !gpu(TEST) {
+        return;
+    }
+    let Ok(exports) = std::env::var("TRTCLASSIFY_TORCHVISION_DIR") else {
+        skipped(&format!("{TEST}: TRTCLASSIFY_TORCHVISION_DIR is not set"));
+        return;
+    };
+    // ResNet-50: 98 MB of ONNX, an fp16 engine file of about half that.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("resnet50.onnx");
+    std::fs::copy(std::path::Path::new(&exports).join("resnet50.onnx"), &model)
+        .expect("resnet50.onnx among the exports");
+    let mut o = options(model.to_str().unwrap(), 2, Precision::Fp16);
+    o.engine_location = Some(dir.path().join("resnet50.engine"));
+    let built = CudaEngine::build(&o).expect("first build");
+    assert!(!built.info().engine_file.as_ref().unwrap().loaded);
+    drop(built);
+    let model_len = std::fs::metadata(&model).unwrap().len();
+    let engine_len = std::fs::metadata(o.engine_location.as_ref().unwrap())
+        .unwrap()
+        .len();
+    let start = |what: &str| {
+        let before = thread_read_bytes();
+        let engine = CudaEngine::build(&o).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let read = thread_read_bytes() - before;
+        assert!(
+            engine.info().engine_file.as_ref().unwrap().loaded,
+            "{what}: the engine file is not used"
+        );
+        println!("{what}: read {read} bytes (model {model_len}, engine file {engine_len})");
+        read
+    };
+    let read = start("cached start");
+    assert!(
+        read < engine_len + model_len / 4,
+        "a cached start read {read} bytes: the model ({model_len}) as well as the engine file ({engine_len})"
+    );
+    // The model touched: what was remembered of it no longer holds, so it is read (and
+    // hashed) again; its bytes are the same, and so is its engine.
+    std::fs::File::options()
+        .write(true)
+        .open(&model)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now())
+        .unwrap();
+    let read = start("the model touched");
+    assert!(
+        read >= engine_len + model_len,
+        "after the model changed, a start read {read} bytes: not the model ({model_len}) and the engine file ({engine_len})"
+    );
+    assert!(start("cached again") < engine_len + model_len / 4);
+}
+
 /// A smooth test picture (gradients, so that resamplers agree to a level or two) in `format`,
 /// converted from RGB by GStreamer.
 fn picture(

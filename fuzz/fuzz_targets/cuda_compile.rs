@@ -39,6 +39,7 @@ fuzz_target!(|data: &[u8]| {
             gpu: String::new(),
             compute_capability: (9, 0),
             cuda_driver: 0,
+            nvrtc: 0,
             cudnn: 0,
             cublaslt: 0,
             precision: DType::F32,
@@ -46,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
             input: (spec.height, spec.width),
         },
         num_classes: plans[0].output_len / plans[0].batch,
-        ptx: String::new(),
+        kernels: Vec::new(),
         weights: weights
             .data
             .iter()

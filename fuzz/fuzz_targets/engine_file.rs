@@ -21,7 +21,6 @@ use trtclassify_compiler::OnnxModel;
 use trtclassify_compiler::{self as compiler, plan::DType};
 use trtclassify_cuda::{self as cuda, engine_file};
 use libfuzzer_sys::fuzz_target;
-use sha2::{Digest, Sha256};
 
 struct Seed {
     file: engine_file::EngineFile,
@@ -52,6 +51,7 @@ fn seeds() -> &'static [Seed] {
                         gpu: "fuzz".into(),
                         compute_capability: (9, 0),
                         cuda_driver: 13000,
+                        nvrtc: 13000,
                         cudnn: 91400,
                         cublaslt: 130000,
                         precision: DType::F16,
@@ -59,7 +59,7 @@ fn seeds() -> &'static [Seed] {
                         input: (spec.height, spec.width),
                     },
                     num_classes: plans[0].output_len / plans[0].batch,
-                    ptx: "// PTX".into(),
+                    kernels: b"kernels".to_vec(),
                     weights: weights
                         .data
                         .iter()
@@ -117,7 +117,7 @@ fn file_with(seed: &Seed, header: &serde_json::Value) -> Vec<u8> {
     body.extend_from_slice(&(header.len() as u64).to_le_bytes());
     body.extend_from_slice(&header);
     body.extend_from_slice(&bytes[20 + old_len..bytes.len() - 32]);
-    let checksum = Sha256::digest(&body);
+    let checksum = engine_file::checksum(&body);
     body.extend_from_slice(&checksum);
     body
 }
@@ -149,7 +149,7 @@ fuzz_target!(|data: &[u8]| {
         let mut bytes = rest.to_vec();
         if bytes.len() >= 32 {
             let n = bytes.len() - 32;
-            let checksum = Sha256::digest(&bytes[..n]);
+            let checksum = engine_file::checksum(&bytes[..n]);
             bytes[n..].copy_from_slice(&checksum);
         }
         bytes

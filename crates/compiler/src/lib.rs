@@ -48,7 +48,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use onnx::{Dim, ModelError, OnnxModel, class_count};
+pub use onnx::{Dim, ModelError, ModelFacts, OnnxModel, class_count};
 
 /// The `log` target of the engines' lines (builds, engine files, fallbacks), from every
 /// crate of the engine. The plugin shows them in its `trtclassify-engine` debug category

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use tract_onnx::pb;
 use tract_onnx::prelude::tract_itertools::Itertools;
 
@@ -56,7 +58,7 @@ pub enum ModelError {
 }
 
 /// One axis of the input: a number, or a name when the model leaves it open.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Dim {
     /// A size the model fixes.
     Fixed(usize),
@@ -85,7 +87,7 @@ impl fmt::Display for Dim {
 }
 
 /// The image input of a classifier: batch, channel and spatial axes found from its shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageInput {
     /// The input's name in the graph.
     pub name: String,
@@ -99,6 +101,63 @@ pub struct ImageInput {
     pub height: Dim,
     /// Input width in pixels; dynamic when the model accepts any.
     pub width: Dim,
+}
+
+impl ImageInput {
+    /// The input with its spatial size settled: from the model, or from `input_size`
+    /// (height, width) for models that leave it open.
+    pub fn spec(&self, input_size: Option<(usize, usize)>) -> Result<InputSpec, String> {
+        let axis = |name: &str, dim: &Dim, forced: Option<usize>| {
+            let n = match (dim.fixed(), forced) {
+                (Some(n), None) | (None, Some(n)) => n,
+                (Some(n), Some(m)) if n == m => n,
+                (Some(n), Some(m)) => {
+                    return Err(format!(
+                        "input-{name} is {m} but the model's input `{}` fixes its {name} at {n}",
+                        self.name
+                    ));
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "the {name} of input `{}` is dynamic ({dim}); set input-width and input-height",
+                        self.name
+                    ));
+                }
+            };
+            if n > MAX_SIDE {
+                return Err(format!(
+                    "the {name} of input `{}` is {n}; at most {MAX_SIDE} is supported",
+                    self.name
+                ));
+            }
+            Ok(n)
+        };
+        Ok(InputSpec {
+            layout: self.layout,
+            channels: self.channels,
+            height: axis("height", &self.height, input_size.map(|s| s.0))?,
+            width: axis("width", &self.width, input_size.map(|s| s.1))?,
+        })
+    }
+}
+
+/// What the engines need of a model besides its graph and weights, for a start that finds
+/// its engine built: small enough to remember beside the model's digest, so that such a
+/// start need not read the model (hundreds of megabytes) at all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelFacts {
+    /// The one image input.
+    pub input: ImageInput,
+    /// The operator producing the output (`OnnxModel::output_op`).
+    pub output_op: Option<String>,
+}
+
+impl ModelFacts {
+    /// Whether the model's own last operator makes probabilities (Softmax, Sigmoid), so that
+    /// `softmax=auto` leaves its scores alone.
+    pub fn outputs_probabilities(&self) -> bool {
+        matches!(self.output_op.as_deref(), Some("Softmax" | "Sigmoid"))
+    }
 }
 
 /// A parsed ONNX file that passed the classifier checks.
@@ -216,38 +275,15 @@ impl OnnxModel {
     /// The model input with its spatial size settled: from the model, or from `input_size`
     /// (height, width) for models that leave it open.
     pub fn input_spec(&self, input_size: Option<(usize, usize)>) -> Result<InputSpec, String> {
-        let input = &self.input;
-        let axis = |name: &str, dim: &Dim, forced: Option<usize>| {
-            let n = match (dim.fixed(), forced) {
-                (Some(n), None) | (None, Some(n)) => n,
-                (Some(n), Some(m)) if n == m => n,
-                (Some(n), Some(m)) => {
-                    return Err(format!(
-                        "input-{name} is {m} but the model's input `{}` fixes its {name} at {n}",
-                        input.name
-                    ));
-                }
-                (None, None) => {
-                    return Err(format!(
-                        "the {name} of input `{}` is dynamic ({dim}); set input-width and input-height",
-                        input.name
-                    ));
-                }
-            };
-            if n > MAX_SIDE {
-                return Err(format!(
-                    "the {name} of input `{}` is {n}; at most {MAX_SIDE} is supported",
-                    input.name
-                ));
-            }
-            Ok(n)
-        };
-        Ok(InputSpec {
-            layout: input.layout,
-            channels: input.channels,
-            height: axis("height", &input.height, input_size.map(|s| s.0))?,
-            width: axis("width", &input.width, input_size.map(|s| s.1))?,
-        })
+        self.input.spec(input_size)
+    }
+
+    /// What a start needs of the model besides its weights (`ModelFacts`).
+    pub fn facts(&self) -> ModelFacts {
+        ModelFacts {
+            input: self.input.clone(),
+            output_op: self.output_op.clone(),
+        }
     }
 
     /// The folder the model's relative paths (external weights) start from.
@@ -267,7 +303,7 @@ impl OnnxModel {
     /// Whether the model's own last operator makes probabilities (Softmax, Sigmoid), so that
     /// `softmax=auto` leaves its scores alone.
     pub fn outputs_probabilities(&self) -> bool {
-        matches!(self.output_op.as_deref(), Some("Softmax" | "Sigmoid"))
+        self.facts().outputs_probabilities()
     }
 
     /// Operators of the graph, each once, in the order they first appear.

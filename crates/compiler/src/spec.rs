@@ -27,7 +27,7 @@ pub enum ChannelOrder {
 }
 
 /// Memory layout of the model's image input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Layout {
     /// Planar: `[batch, channels, height, width]`.
     Nchw,

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cache::{self, CHUNK, Place};
+use super::checksum;
 use trtclassify_compiler::check;
 use trtclassify_compiler::plan::{DType, Plan, scale_weights, weight_type};
 
@@ -29,7 +30,7 @@ pub enum Error {
     /// The file is there but cannot be read.
     #[error("cannot read it: {0}")]
     Unreadable(std::io::Error),
-    /// Another user owns the file: its PTX would run as ours.
+    /// Another user owns the file: its kernels would run as ours.
     #[error("owned by user {owner}, not by this process's user {me}: not trusted")]
     NotOwned {
         /// The file owner's uid.
@@ -71,9 +72,21 @@ pub enum Error {
     /// The key differs from this setup's: each difference, as `Key::differences` says it.
     #[error("built for another setup ({})", .0.join("; "))]
     OtherSetup(Vec<String>),
-    /// The header's weight sizes do not add up to the file's length.
-    #[error("the weights do not add up to the file's length")]
+    /// The header's kernel and weight sizes do not add up to the file's length.
+    #[error("the kernels and weights do not add up to the file's length")]
     WeightsLength,
+    /// A set of kernels that is not an ELF file whose tables lie within it: the driver reads
+    /// them with no length to go by.
+    #[error("its kernels are not a whole CUBIN: {0}")]
+    Kernels(&'static str),
+    /// Not one set of kernels, plus one for the nodes kept in f32 where there are some.
+    #[error("{found} sets of kernels, not {want}")]
+    KernelSets {
+        /// The sets the header lists.
+        found: usize,
+        /// The sets its engine runs.
+        want: usize,
+    },
     /// Plans for other batch sizes than the key's.
     #[error("plans for batch sizes {found:?}, not {key:?}")]
     BatchSizes {
@@ -122,8 +135,7 @@ pub enum Error {
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 9;
-const CHECKSUM_LEN: usize = 32;
+pub const FORMAT_VERSION: u32 = 10;
 /// The magic and the format version: what tells a file's format.
 pub const FORMAT_PREFIX: usize = MAGIC.len() + 4;
 /// The magic, the format version and the header's length.
@@ -136,17 +148,19 @@ pub struct Key {
     pub format: u32,
     /// The version of the plugin that built it.
     pub plugin_version: String,
-    /// SHA-256 of the kernel source the file's PTX was compiled from: the plan calls these
+    /// SHA-256 of the kernel source the file's kernels were compiled from: the plan calls these
     /// kernels by name and argument layout, so other kernels mean a rebuild.
     pub kernels_sha256: String,
     /// SHA-256 of the ONNX file and of any external weight files it names.
     pub onnx_sha256: String,
     /// The GPU's name: algorithms are tuned for it.
     pub gpu: String,
-    /// The GPU's compute capability (major, minor): the PTX is compiled for it.
+    /// The GPU's compute capability (major, minor): the kernels are compiled for it.
     pub compute_capability: (i32, i32),
     /// The CUDA driver's version.
     pub cuda_driver: i32,
+    /// The version of NVRTC, whose machine code the kernels are.
+    pub nvrtc: i32,
     /// cuDNN's version: its algorithms are tuned for it.
     pub cudnn: usize,
     /// cuBLASLt's version.
@@ -227,8 +241,8 @@ pub struct EngineFile {
     pub key: Key,
     /// Scores per frame.
     pub num_classes: usize,
-    /// The kernels, compiled for the key's GPU and precision.
-    pub ptx: String,
+    /// The kernels, compiled for the key's GPU and precision (`runtime::Compiled::cubin`).
+    pub kernels: Vec<u8>,
     /// One plan per batch size of the key, tuned.
     pub plans: Vec<Plan>,
     /// In the plans' type, ready to upload.
@@ -250,8 +264,10 @@ pub struct KeptF32 {
     pub because: Vec<String>,
     /// The nodes computed in f32 (by `Plan::origins`): those and the nodes reading them.
     pub nodes: Vec<String>,
-    /// The kernels compiled for f32, which their steps run.
-    pub ptx: String,
+    /// The kernels compiled for f32, which their steps run: stored after the header, beside
+    /// the engine's own.
+    #[serde(skip)]
+    pub kernels: Vec<u8>,
     /// Whether each weight is stored in f32 (read by a node kept in f32), not fp16.
     pub weights: Vec<bool>,
 }
@@ -274,7 +290,9 @@ fn plans_dtype(key: &Key, fp32_because: &Option<String>) -> DType {
 struct Header {
     key: Key,
     num_classes: usize,
-    ptx: String,
+    /// The kernels' length, then the f32 kernels' where some nodes are kept in f32: they
+    /// follow the header, before the weights.
+    kernel_sizes: Vec<usize>,
     plans: Vec<Plan>,
     weight_sizes: Vec<usize>,
     fp32_because: Option<String>,
@@ -331,11 +349,12 @@ fn hex(bytes: &[u8]) -> String {
 /// Loads the engine at `path` if its key is `key` and its plans fit frames of `frame_len`
 /// values. `Ok(None)`: there is no file. `Err`: the file is there but unusable, and why.
 ///
-/// An engine file holds GPU code (PTX) and the plan that drives it, so it is trusted like a
-/// program: only a file owned by this user and writable by no one else is used (see
-/// `trusted`); its checksum proves it intact, and every step of its plans is checked to stay
-/// within the buffers it names (`check_plans`) so that a file written by a buggy build cannot
-/// make a kernel touch memory outside them.
+/// An engine file holds GPU code (machine code for its GPU) and the plan that drives it, so
+/// it is trusted like a program: only a file owned by this user and writable by no one else
+/// is used (see `trusted`); its checksum proves it intact, its kernels are checked to be a
+/// whole ELF file (`check_cubin`), and every step of its plans is checked to stay within the
+/// buffers it names (`check_plans`) so that a file written by a buggy build cannot make a
+/// kernel touch memory outside them.
 ///
 /// The file is opened without following a symbolic link (`Error::Symlink`), and a file that
 /// loads gets its modification time updated: the cache's cleanup removes what goes unused.
@@ -359,7 +378,7 @@ pub fn load(path: &Path, key: &Key, frame_len: usize) -> Result<Option<EngineFil
     Ok(Some(engine))
 }
 
-/// Refuses a file that another user owns or could have written: its PTX would run as ours.
+/// Refuses a file that another user owns or could have written: its kernels would run as ours.
 #[cfg(unix)]
 pub(crate) fn trusted(meta: &std::fs::Metadata) -> Result<(), Error> {
     use std::os::unix::fs::MetadataExt;
@@ -390,6 +409,12 @@ pub fn from_bytes(bytes: &[u8], key: &Key, frame_len: usize) -> Result<EngineFil
     read_engine(bytes, bytes.len() as u64, key, frame_len)
 }
 
+/// The checksum that a file whose content (all it holds before the checksum) is `content`
+/// ends with: for tests and fuzzers that make files by hand.
+pub fn checksum(content: &[u8]) -> [u8; 32] {
+    checksum::of_parts(&[content])
+}
+
 /// The format version of a file whose first bytes are `prefix`; `None` for no engine file.
 pub fn format_of(prefix: &[u8; FORMAT_PREFIX]) -> Option<u32> {
     let (magic, format) = prefix.split_at(MAGIC.len());
@@ -398,8 +423,9 @@ pub fn format_of(prefix: &[u8; FORMAT_PREFIX]) -> Option<u32> {
 }
 
 /// Reads an engine file of `len` bytes from `input`, each weight into a buffer of its own,
-/// hashing as it goes. Every size the file states is checked against `len` before anything
-/// of that size is allocated, so a hostile header cannot ask for more than the file holds.
+/// then checks the checksum on them there (`checksum::of_parts`). Every size the file states
+/// is checked against `len` before anything of that size is allocated, so a hostile header
+/// cannot ask for more than the file holds.
 ///
 /// The errors are those of a check of the whole file's checksum first: what the body says
 /// is only believed (and reported) once the checksum proves it the writer's, so that a
@@ -410,57 +436,65 @@ fn read_engine(
     key: &Key,
     frame_len: usize,
 ) -> Result<EngineFile, Error> {
-    let mut magic = [0u8; MAGIC.len()];
+    let mut fixed = [0u8; FIXED];
+    let (magic, rest) = fixed.split_at_mut(MAGIC.len());
     if len < magic.len() as u64 {
         return Err(Error::NotAnEngineFile);
     }
-    input.read_exact(&mut magic).map_err(read_error)?;
-    if &magic != MAGIC {
+    input.read_exact(magic).map_err(read_error)?;
+    if magic != MAGIC {
         return Err(Error::NotAnEngineFile);
     }
-    if len < (FIXED + CHECKSUM_LEN) as u64 {
+    if len < (FIXED + checksum::LEN) as u64 {
         return Err(Error::Truncated(len as usize));
     }
-    let (mut format, mut header_len) = ([0u8; 4], [0u8; 8]);
-    input.read_exact(&mut format).map_err(read_error)?;
-    input.read_exact(&mut header_len).map_err(read_error)?;
-    let format = u32::from_le_bytes(format);
+    input.read_exact(rest).map_err(read_error)?;
+    let (format, header_len) = rest.split_at(4);
+    let format = u32::from_le_bytes(format.try_into().expect("4 bytes"));
     if format != FORMAT_VERSION {
         return Err(Error::Format(format));
     }
-    let mut hasher = Sha256::new();
-    hasher.update(magic);
-    hasher.update(format.to_le_bytes());
-    hasher.update(header_len);
-    let header_len = u64::from_le_bytes(header_len);
-    let body_len = len - (FIXED + CHECKSUM_LEN) as u64;
-    let mut body = Hashing {
-        input: (&mut input).take(body_len),
-        hasher,
-    };
-    let read = match read_body(&mut body, body_len, header_len, key) {
+    let header_len = u64::from_le_bytes(header_len.try_into().expect("8 bytes"));
+    let body_len = len - (FIXED + checksum::LEN) as u64;
+    let mut body = (&mut input).take(body_len);
+    let mut header = Vec::new();
+    let read = match read_header(&mut body, body_len, header_len, key, &mut header) {
         Err(e @ (Error::Unreadable(_) | Error::Checksum)) => return Err(e),
-        read => read,
+        Err(e) => Err(e),
+        Ok(parsed) => Ok(read_blobs(&mut body, parsed)?),
     };
-    if read.is_err() {
+    let sum = match &read {
+        Ok(b) => {
+            let parts = [&fixed[..], &header].into_iter();
+            let blobs = b.kernels.iter().chain(&b.weights).map(Vec::as_slice);
+            checksum::of_parts(&parts.chain(blobs).collect::<Vec<_>>())
+        }
         // Whatever the body says is the checksum's to confirm: hash the rest first.
-        let mut buf = vec![0u8; CHUNK];
-        while body.read(&mut buf).map_err(read_error)? > 0 {}
-    }
-    let Hashing {
-        input: rest,
-        hasher,
-    } = body;
-    if rest.limit() != 0 {
+        Err(_) => sum_with_rest(&[&fixed, &header], &mut body)?,
+    };
+    if body.limit() != 0 {
         // The file ended before its length: it shrank while it was read.
         return Err(Error::Checksum);
     }
-    let mut checksum = [0u8; CHECKSUM_LEN];
-    input.read_exact(&mut checksum).map_err(read_error)?;
-    if hasher.finalize().as_slice() != checksum {
+    let mut stored = [0u8; checksum::LEN];
+    input.read_exact(&mut stored).map_err(read_error)?;
+    if sum != stored {
         return Err(Error::Checksum);
     }
-    let (mut header, weights) = read?;
+    let Body {
+        mut header,
+        kernels,
+        weights,
+    } = read?;
+    for set in &kernels {
+        check_cubin(set)?;
+    }
+    // One set for the engine, then one for the nodes kept in f32 (`read_header`).
+    let mut kernels = kernels.into_iter();
+    let main = kernels.next().unwrap_or_default();
+    if let Some(k) = &mut header.kept_f32 {
+        k.kernels = kernels.next().unwrap_or_default();
+    }
     check_plans(
         &mut header.plans,
         &weights,
@@ -473,7 +507,7 @@ fn read_engine(
     Ok(EngineFile {
         key: header.key,
         num_classes: header.num_classes,
-        ptx: header.ptx,
+        kernels: main,
         plans: header.plans,
         weights,
         fp32_because: header.fp32_because,
@@ -482,40 +516,106 @@ fn read_engine(
     })
 }
 
-/// The header and weights of an engine file's body of `body_len` bytes.
-fn read_body(
+/// The checksum of the content that begins with `read` and goes on with what is left of
+/// `rest`, hashed as it is read.
+fn sum_with_rest(read: &[&[u8]], rest: &mut impl Read) -> Result<[u8; checksum::LEN], Error> {
+    let mut sum = checksum::Streaming::new();
+    for part in read {
+        sum.update(part);
+    }
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match rest.read(&mut buf).map_err(read_error)? {
+            0 => return Ok(sum.finalize()),
+            n => sum.update(&buf[..n]),
+        }
+    }
+}
+
+/// Checks that `cubin` is a 64-bit little-endian ELF file whose program and section header
+/// tables lie within it: the driver takes its tables' places from its header.
+fn check_cubin(cubin: &[u8]) -> Result<(), Error> {
+    const HEADER: usize = 64;
+    if cubin.len() < HEADER || !cubin.starts_with(b"\x7fELF") {
+        return Err(Error::Kernels("no ELF header"));
+    }
+    if cubin[4] != 2 || cubin[5] != 1 {
+        return Err(Error::Kernels("not a 64-bit little-endian ELF file"));
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(cubin[at..at + 8].try_into().expect("8 bytes"));
+    let u16_at = |at: usize| u64::from(u16::from_le_bytes([cubin[at], cubin[at + 1]]));
+    // (offset, entry size, count) of the program headers, then of the section headers.
+    for (offset, size, count) in [(0x20, 0x36, 0x38), (0x28, 0x3a, 0x3c)] {
+        let end = u16_at(size)
+            .checked_mul(u16_at(count))
+            .and_then(|len| len.checked_add(u64_at(offset)));
+        if end.is_none_or(|end| end > cubin.len() as u64) {
+            return Err(Error::Kernels("a table past its end"));
+        }
+    }
+    Ok(())
+}
+
+/// An engine file's body: the header, then the kernels and weights it lists.
+struct Body {
+    header: Header,
+    kernels: Vec<Vec<u8>>,
+    weights: Vec<Vec<u8>>,
+}
+
+/// The header of an engine file's body of `body_len` bytes, read into `bytes`, for `key`,
+/// with sizes that add up to the body's.
+fn read_header(
     body: &mut impl Read,
     body_len: u64,
     header_len: u64,
     key: &Key,
-) -> Result<(Header, Vec<Vec<u8>>), Error> {
+    bytes: &mut Vec<u8>,
+) -> Result<Header, Error> {
     if header_len > body_len {
         return Err(Error::HeaderPastEnd);
     }
-    let mut header = vec![0u8; header_len as usize];
-    body.read_exact(&mut header).map_err(read_error)?;
-    let header: Header = serde_json::from_slice(&header).map_err(Error::Header)?;
+    bytes.resize(header_len as usize, 0);
+    body.read_exact(bytes).map_err(read_error)?;
+    let header: Header = serde_json::from_slice(bytes).map_err(Error::Header)?;
     let diffs = header.key.differences(key);
     if !diffs.is_empty() {
         return Err(Error::OtherSetup(diffs));
     }
-    let total = header
-        .weight_sizes
-        .iter()
+    let want = 1 + usize::from(header.kept_f32.is_some());
+    if header.kernel_sizes.len() != want {
+        return Err(Error::KernelSets {
+            found: header.kernel_sizes.len(),
+            want,
+        });
+    }
+    let total = (header.kernel_sizes.iter())
+        .chain(&header.weight_sizes)
         .try_fold(0u64, |sum, &n| sum.checked_add(n as u64));
     if total != Some(body_len - header_len) {
         return Err(Error::WeightsLength);
     }
-    let mut weights = Vec::with_capacity(header.weight_sizes.len());
-    for &n in &header.weight_sizes {
-        let mut weight = vec![0u8; n];
-        // A chunk at a time, so that the hasher reads each while it is in the CPU's cache.
-        for chunk in weight.chunks_mut(CHUNK) {
-            body.read_exact(chunk).map_err(read_error)?;
+    Ok(header)
+}
+
+/// The kernels and weights that `header` lists, each read into a buffer of its own.
+fn read_blobs(body: &mut impl Read, header: Header) -> Result<Body, Error> {
+    let mut read = |sizes: &[usize]| {
+        let mut blobs = Vec::with_capacity(sizes.len());
+        for &n in sizes {
+            let mut blob = vec![0u8; n];
+            body.read_exact(&mut blob).map_err(read_error)?;
+            blobs.push(blob);
         }
-        weights.push(weight);
-    }
-    Ok((header, weights))
+        Ok::<_, Error>(blobs)
+    };
+    let kernels = read(&header.kernel_sizes)?;
+    let weights = read(&header.weight_sizes)?;
+    Ok(Body {
+        header,
+        kernels,
+        weights,
+    })
 }
 
 /// A read that fails: a file that ends early is damaged (it shrank while it was read).
@@ -523,20 +623,6 @@ fn read_error(e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::UnexpectedEof => Error::Checksum,
         _ => Error::Unreadable(e),
-    }
-}
-
-/// Hashes what it reads.
-struct Hashing<R> {
-    input: R,
-    hasher: Sha256,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.input.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
     }
 }
 
@@ -603,16 +689,14 @@ pub fn save(path: &Path, engine: &EngineFile, place: Place) -> Result<(), Error>
             source,
         })?;
     }
+    let fixed = fixed_fields(&header);
+    let parts: Vec<&[u8]> = parts(engine, &fixed, &header).collect();
+    let sum = checksum::of_parts(&parts);
     cache::replace(path, place.file_mode(), |out| {
-        let mut hasher = Sha256::new();
-        let fixed = fixed_fields(&header);
-        for part in parts(engine, &fixed, &header) {
-            for chunk in part.chunks(CHUNK) {
-                hasher.update(chunk);
-                out.write_all(chunk)?;
-            }
+        for part in &parts {
+            out.write_all(part)?;
         }
-        out.write_all(&hasher.finalize())
+        out.write_all(&sum)
     })
     .map_err(|source| Error::Write {
         path: path.to_owned(),
@@ -627,12 +711,12 @@ pub fn to_bytes(engine: &EngineFile) -> Result<Vec<u8>, Error> {
     let len = parts(engine, &fixed, &header)
         .map(<[u8]>::len)
         .sum::<usize>();
-    let mut bytes = Vec::with_capacity(len + CHECKSUM_LEN);
+    let mut bytes = Vec::with_capacity(len + checksum::LEN);
     for part in parts(engine, &fixed, &header) {
         bytes.extend_from_slice(part);
     }
-    let checksum = Sha256::digest(&bytes);
-    bytes.extend_from_slice(&checksum);
+    let sum = checksum::of_parts(&[&bytes]);
+    bytes.extend_from_slice(&sum);
     Ok(bytes)
 }
 
@@ -640,7 +724,7 @@ fn header_json(engine: &EngineFile) -> Result<Vec<u8>, Error> {
     let header = Header {
         key: engine.key.clone(),
         num_classes: engine.num_classes,
-        ptx: engine.ptx.clone(),
+        kernel_sizes: kernel_sets(engine).map(<[u8]>::len).collect(),
         plans: engine.plans.clone(),
         weight_sizes: engine.weights.iter().map(Vec::len).collect(),
         fp32_because: engine.fp32_because.clone(),
@@ -661,7 +745,8 @@ fn fixed_fields(header: &[u8]) -> [u8; FIXED] {
     fixed
 }
 
-/// What the checksum covers, in order: the fixed fields, the header, the weights.
+/// What the checksum covers, in order: the fixed fields, the header, the kernels, the
+/// weights.
 fn parts<'a>(
     engine: &'a EngineFile,
     fixed: &'a [u8; FIXED],
@@ -669,7 +754,14 @@ fn parts<'a>(
 ) -> impl Iterator<Item = &'a [u8]> {
     [&fixed[..], header]
         .into_iter()
+        .chain(kernel_sets(engine))
         .chain(engine.weights.iter().map(Vec::as_slice))
+}
+
+/// The engine's kernels, then those of the nodes it keeps in f32.
+fn kernel_sets(engine: &EngineFile) -> impl Iterator<Item = &[u8]> {
+    std::iter::once(engine.kernels.as_slice())
+        .chain(engine.kept_f32.as_ref().map(|k| &k.kernels[..]))
 }
 
 #[cfg(test)]
@@ -687,6 +779,7 @@ pub(crate) mod tests {
             gpu: "NVIDIA H200".into(),
             compute_capability: (9, 0),
             cuda_driver: 13000,
+            nvrtc: 13000,
             cudnn: 91400,
             cublaslt: 130000,
             precision: DType::F16,
@@ -698,6 +791,14 @@ pub(crate) mod tests {
 
     /// Values of one frame of the fixture's model: 3 × 2 × 2.
     pub(crate) const FRAME: usize = 12;
+
+    /// The smallest file `check_cubin` takes: an ELF header with no tables, then `tag`.
+    pub(crate) fn cubin(tag: &[u8]) -> Vec<u8> {
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf.extend_from_slice(tag);
+        elf
+    }
 
     pub(crate) fn engine() -> EngineFile {
         let step = Step::Ew(EwStep {
@@ -721,7 +822,7 @@ pub(crate) mod tests {
         EngineFile {
             key: key(),
             num_classes: 4,
-            ptx: ".version 8.0".into(),
+            kernels: cubin(b"kernels"),
             plans: vec![Plan {
                 batch: 1,
                 dtype: DType::F16,
@@ -753,7 +854,7 @@ pub(crate) mod tests {
         let want = engine();
         assert_eq!(loaded.plans, want.plans);
         assert_eq!(loaded.weights, want.weights);
-        assert_eq!((loaded.num_classes, loaded.ptx), (4, want.ptx));
+        assert_eq!((loaded.num_classes, loaded.kernels), (4, want.kernels));
         assert!(
             load(&path.with_extension("other"), &key(), FRAME)
                 .unwrap()
@@ -775,7 +876,7 @@ pub(crate) mod tests {
         );
         assert!(err.contains("batch_sizes"), "{err}");
         assert!(!err.contains("cudnn"), "{err}");
-        // Another plugin build with other kernels: the PTX in the file is not theirs.
+        // Another plugin build with other kernels: the kernels in the file are not theirs.
         let mut here = key();
         here.kernels_sha256 = "ef".repeat(32);
         let err = load(&path, &here, FRAME).err().unwrap().to_string();
@@ -982,7 +1083,7 @@ pub(crate) mod tests {
         let header = Header {
             key: key(),
             num_classes: e.num_classes,
-            ptx: e.ptx.clone(),
+            kernel_sizes: vec![e.kernels.len()],
             plans: e.plans.clone(),
             weight_sizes: vec![usize::MAX, 15],
             fp32_because: None,
@@ -996,8 +1097,8 @@ pub(crate) mod tests {
         body.extend_from_slice(&(header.len() as u64).to_le_bytes());
         body.extend_from_slice(&header);
         body.extend_from_slice(&[0; 14]);
-        let checksum = Sha256::digest(&body);
-        body.extend_from_slice(&checksum);
+        let sum = checksum::of_parts(&[&body]);
+        body.extend_from_slice(&sum);
         let err = from_bytes(&body, &key(), FRAME).err().unwrap().to_string();
         assert!(err.contains("do not add up"), "{err}");
     }
@@ -1076,7 +1177,7 @@ pub(crate) mod tests {
                 let e = EngineFile {
                     key: k.clone(),
                     num_classes: plans[0].output_len,
-                    ptx: String::new(),
+                    kernels: cubin(b""),
                     plans,
                     weights: weights
                         .data
@@ -1128,7 +1229,7 @@ pub(crate) mod tests {
         let file = |kept_f32: Option<KeptF32>, half_everywhere: bool| EngineFile {
             key: k.clone(),
             num_classes: plans[0].output_len,
-            ptx: String::new(),
+            kernels: cubin(b"fp16 kernels"),
             plans: plans.clone(),
             weights: (0..weights.data.len())
                 .map(|i| match half_everywhere {
@@ -1143,7 +1244,7 @@ pub(crate) mod tests {
         let kept_f32 = KeptF32 {
             because: vec!["node `conv_0` reaches 6e5".into()],
             nodes: plans[0].wide_nodes(),
-            ptx: String::new(),
+            kernels: cubin(b"f32 kernels"),
             weights: weights.wide.clone(),
         };
         assert_eq!(kept_f32.nodes, ["conv_0", "conv_1"]);
@@ -1156,7 +1257,9 @@ pub(crate) mod tests {
         let loaded = load_back(&file(Some(kept_f32.clone()), false))
             .unwrap()
             .expect("loads");
+        // Each set of kernels comes back as its own.
         assert_eq!(loaded.kept_f32.as_ref(), Some(&kept_f32));
+        assert_eq!(loaded.kernels, cubin(b"fp16 kernels"));
         assert_eq!(loaded.plans, plans);
         let err = load_back(&file(None, false))
             .err()
@@ -1222,8 +1325,8 @@ pub(crate) mod tests {
         body.extend_from_slice(&header_len.to_le_bytes());
         body.extend_from_slice(header);
         body.extend_from_slice(tail);
-        let checksum = Sha256::digest(&body);
-        body.extend_from_slice(&checksum);
+        let sum = checksum::of_parts(&[&body]);
+        body.extend_from_slice(&sum);
         body
     }
 
@@ -1234,7 +1337,7 @@ pub(crate) mod tests {
             serde_json::to_vec(&Header {
                 key: key(),
                 num_classes: e.num_classes,
-                ptx: e.ptx.clone(),
+                kernel_sizes: vec![e.kernels.len()],
                 plans: e.plans.clone(),
                 weight_sizes,
                 fp32_because: None,
@@ -1258,6 +1361,54 @@ pub(crate) mod tests {
         file[last] ^= 1;
         let err = from_bytes(&file, &key(), FRAME).err().unwrap().to_string();
         assert!(err.contains("checksum does not match"), "{err}");
+    }
+
+    #[test]
+    fn kernels_that_are_not_a_whole_cubin_are_refused() {
+        let refused = |kernels: Vec<u8>| {
+            let e = EngineFile {
+                kernels,
+                ..engine()
+            };
+            let err = from_bytes(&to_bytes(&e).unwrap(), &key(), FRAME).err();
+            err.expect("refused").to_string()
+        };
+        let err = refused(Vec::new());
+        assert!(err.contains("not a whole CUBIN: no ELF header"), "{err}");
+        let err = refused(b".version 8.0\n.target sm_90".to_vec());
+        assert!(err.contains("no ELF header"), "{err}");
+        let mut elf32 = cubin(b"");
+        elf32[4] = 1;
+        assert!(refused(elf32).contains("64-bit little-endian"));
+        // Section headers said to lie past the end: the driver would read beyond the blob.
+        let mut past = cubin(b"");
+        past[0x28..0x30].copy_from_slice(&40u64.to_le_bytes());
+        past[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        past[0x3c..0x3e].copy_from_slice(&1u16.to_le_bytes());
+        assert!(refused(past).contains("a table past its end"));
+        // A header that lists no kernels, or a set too many.
+        for kernel_sizes in [vec![], vec![64, 0]] {
+            let e = engine();
+            let header = serde_json::to_vec(&Header {
+                key: key(),
+                num_classes: e.num_classes,
+                kernel_sizes,
+                plans: e.plans.clone(),
+                weight_sizes: e.weights.iter().map(Vec::len).collect(),
+                fp32_because: None,
+                kept_f32: None,
+                quant_check: None,
+            })
+            .unwrap();
+            let tail: Vec<u8> = [e.kernels.clone()]
+                .into_iter()
+                .chain(e.weights)
+                .flatten()
+                .collect();
+            let file = signed(&header, header.len() as u64, &tail);
+            let err = from_bytes(&file, &key(), FRAME).err().unwrap().to_string();
+            assert!(err.contains("sets of kernels, not 1"), "{err}");
+        }
     }
 
     #[test]

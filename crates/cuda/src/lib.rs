@@ -12,6 +12,7 @@
 
 mod abi;
 pub mod cache;
+mod checksum;
 pub mod digests;
 pub mod engine_file;
 mod error;

@@ -159,12 +159,13 @@ fn kernels_compile_with_nvrtc() {
         .into_iter()
         .flat_map(|d| archs.map(|a| (d, a)))
     {
-        let ptx = runtime::compile(dtype, arch).unwrap_or_else(|e| {
+        let compiled = runtime::compile(dtype, arch).unwrap_or_else(|e| {
             panic!(
                 "NVRTC {major}.{minor}, {dtype:?}, sm_{}{}: {e}",
                 arch.0, arch.1
             )
         });
+        let ptx = &compiled.ptx;
         // TRTCLASSIFY_DUMP_KERNELS=DIR keeps the source and each PTX, to compare a change
         // to the kernels' files that should not change what they compile to.
         if let Some(dir) = std::env::var_os("TRTCLASSIFY_DUMP_KERNELS") {
@@ -172,14 +173,30 @@ fn kernels_compile_with_nvrtc() {
             std::fs::create_dir_all(dir).expect("dump folder");
             std::fs::write(dir.join("kernels.cu"), runtime::source()).expect("source written");
             let name = format!("{dtype:?}-sm_{}{}.ptx", arch.0, arch.1);
-            std::fs::write(dir.join(name), &ptx).expect("PTX written");
+            std::fs::write(dir.join(name), ptx).expect("PTX written");
         }
-        // Every kernel a context of this type loads, as each family's set names it.
+        // Every kernel a context of this type loads, as each family's set names it: in the
+        // PTX, and as a symbol of the machine code the engine keeps (an ELF file, whose
+        // string table holds each name followed by a NUL).
+        assert!(
+            compiled.cubin.starts_with(b"\x7fELF"),
+            "{dtype:?}: not a CUBIN"
+        );
+        // A string table may keep a name as the tail of a longer one (`.text.NAME`).
+        let strings: Vec<&[u8]> = compiled.cubin.split(|&b| b == 0).collect();
+        let symbol = |name: &str| {
+            let dotted = format!(".{name}");
+            (strings.iter()).any(|s| *s == name.as_bytes() || s.ends_with(dotted.as_bytes()))
+        };
         for (file, _, names) in runtime::kernel_families(dtype) {
             for kernel in names {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),
-                    "{kernel} ({file}) missing, {dtype:?}"
+                    "{kernel} ({file}) missing from the PTX, {dtype:?}"
+                );
+                assert!(
+                    symbol(&kernel),
+                    "{kernel} ({file}) missing from the CUBIN, {dtype:?}"
                 );
             }
         }

@@ -49,8 +49,8 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
-    /// Fails with `Unavailable` before reading the model where the CUDA libraries are missing,
-    /// so that `backend=auto` costs nothing on machines without a GPU.
+    /// Fails with `Unavailable` before reading the model where the CUDA libraries are missing
+    /// or no GPU opens, so that `backend=auto` costs nothing on machines without a GPU.
     pub fn build(options: &EngineOptions) -> Result<Self, EngineError> {
         if let Some(reason) = unavailable_reason() {
             return Err(EngineError::Unavailable {
@@ -58,32 +58,28 @@ impl CudaEngine {
                 reason,
             });
         }
-        let model = OnnxModel::load(&options.model)?;
-        Self::from_model(&model, options)
-    }
-
-    /// Builds the engine of an already loaded `model`, from its engine file where one fits.
-    pub(crate) fn from_model(
-        model: &OnnxModel,
-        options: &EngineOptions,
-    ) -> Result<Self, EngineError> {
-        let fail = |reason: String| EngineError::Build {
-            path: model.path.clone(),
-            reason,
-        };
-        let unsupported = import::unsupported_ops(model);
-        if !unsupported.is_empty() {
-            return Err(EngineError::UnsupportedOps {
-                path: model.path.clone(),
-                backend: "cuda",
-                ops: unsupported,
-            });
-        }
-        let spec = model.input_spec(options.input_size).map_err(fail)?;
         let gpu = runtime::open_gpu(options.gpu_id).map_err(|e| EngineError::Unavailable {
             backend: "cuda",
             reason: e.to_string(),
         })?;
+        let fail = |reason: String| EngineError::Build {
+            path: options.model.clone(),
+            reason,
+        };
+        // A model unchanged since an engine was built from it is known by what was
+        // remembered of it (its digest, the facts of its graph): the model itself, hundreds
+        // of megabytes, is read only where the engine is built.
+        let (digest, facts, loaded) = match digests::remembered_model(&options.model) {
+            Some((digest, facts)) => (digest, facts, None),
+            None => {
+                let model = load_model(&options.model)?;
+                let facts = model.facts();
+                let digest = digests::model_digest(&model.path, &model.external_files(), &facts)
+                    .map_err(|e| fail(e.to_string()))?;
+                (digest, facts, Some(model))
+            }
+        };
+        let spec = facts.input.spec(options.input_size).map_err(fail)?;
         let dtype = match options.precision {
             Precision::Fp16 | Precision::Int8 | Precision::Fp8 => DType::F16,
             Precision::Fp32 => DType::F32,
@@ -95,15 +91,15 @@ impl CudaEngine {
             format: engine_file::FORMAT_VERSION,
             plugin_version: env!("CARGO_PKG_VERSION").into(),
             kernels_sha256: engine_file::sha256_hex(runtime::source()),
-            onnx_sha256: digests::model_digest(&model.path, &model.external_files())
-                .map_err(|e| fail(e.to_string()))?,
+            onnx_sha256: digest,
             gpu: gpu.name.clone(),
             compute_capability: gpu.arch,
             cuda_driver: versions.driver,
+            nvrtc: versions.nvrtc,
             cudnn: versions.cudnn,
             cublaslt: versions.cublaslt,
             precision: dtype,
-            batch_sizes: batch_sizes(options.batch_size, model.input.batch.fixed()),
+            batch_sizes: batch_sizes(options.batch_size, facts.input.batch.fixed()),
             input: (spec.height, spec.width),
             quantized: quant.as_ref().map(|q| q.key.clone()),
         };
@@ -111,13 +107,13 @@ impl CudaEngine {
         let (path, place) = match &options.engine_location {
             Some(path) => (path.clone(), cache::Place::Elsewhere),
             None => (
-                cache::dir().join(key.file_name(&model.path)),
+                cache::dir().join(key.file_name(&options.model)),
                 cache::Place::Cache,
             ),
         };
         let mut progress = |msg: &str| {
             log::info!(target: crate::LOG_TARGET, "{}: {msg} ({:.1?})",
-                model.path.display(),
+                options.model.display(),
                 started.elapsed()
             );
             options.progress.report(msg);
@@ -128,12 +124,12 @@ impl CudaEngine {
         let open = |file: &mut EngineFile, built: bool, progress: &mut dyn FnMut(&str)| {
             let plans = std::mem::take(&mut file.plans);
             let wide = file.kept_f32.as_ref().map(|k| runtime::Wide {
-                ptx: &k.ptx,
+                cubin: &k.kernels,
                 weights: &k.weights,
             });
             runtime::Runtime::new(
                 &gpu,
-                &file.ptx,
+                &file.kernels,
                 file.dtype(),
                 &file.weights,
                 plans,
@@ -144,6 +140,22 @@ impl CudaEngine {
             .map_err(|e| fail(e.to_string()))
         };
         let build = |progress: &mut dyn FnMut(&str)| {
+            let model = match loaded {
+                Some(model) => model,
+                None => {
+                    let model = load_model(&options.model)?;
+                    // The key holds the digest remembered for the files as they were before
+                    // this read: they must still be those, with the same facts.
+                    let now = digests::remembered_model(&options.model);
+                    if now != Some((key.onnx_sha256.clone(), model.facts())) {
+                        return Err(fail(
+                            "the model changed while it was read; start again".into(),
+                        ));
+                    }
+                    model
+                }
+            };
+            let model = &model;
             let mut file =
                 build_engine(model, &gpu, key.clone(), dtype, spec, &[], quant, progress)
                     .map_err(fail)?;
@@ -257,7 +269,7 @@ impl CudaEngine {
         };
         let num_classes = file.num_classes;
         log::info!(target: crate::LOG_TARGET, "{}: cuda engine ready in {:.1?} on {} (sm_{}{}, {versions}), {:?}",
-            model.path.display(),
+            options.model.display(),
             started.elapsed(),
             gpu.name,
             gpu.arch.0,
@@ -270,7 +282,7 @@ impl CudaEngine {
             input: spec,
             num_classes,
             model_batch: runtime.max_batch(),
-            outputs_probabilities: model.outputs_probabilities(),
+            outputs_probabilities: facts.outputs_probabilities(),
             backend: Backend::Cuda,
             precision: match (&file.key.quantized, &file.quant_check, file.dtype()) {
                 (Some(q), Some(c), _) if !c.fell_back && q.format == QuantFormat::Int8 => {
@@ -519,19 +531,19 @@ fn build_engine(
             fell_back: false,
         });
     }
-    let ptx = runtime::compile(dtype, gpu.arch).map_err(|e| e.to_string())?;
+    let kernels = runtime::compile(dtype, gpu.arch).map_err(|e| e.to_string())?;
     let kept_f32 = match plans.iter().any(|p| p.wide_len > 0) {
         true => Some(engine_file::KeptF32 {
             because: Vec::new(),
             nodes: plans[0].wide_nodes(),
-            ptx: runtime::compile(DType::F32, gpu.arch).map_err(|e| e.to_string())?,
+            kernels: (runtime::compile(DType::F32, gpu.arch).map_err(|e| e.to_string())?).cubin,
             weights: weights.wide.clone(),
         }),
         false => None,
     };
     Ok(EngineFile {
         num_classes: plans[0].output_len / plans[0].batch,
-        ptx,
+        kernels: kernels.cubin,
         weights: (0..weights.data.len())
             .map(|i| runtime::to_bytes(&weights.data[i], weights.dtype(i, dtype)))
             .collect(),
@@ -868,6 +880,20 @@ impl Engine for CudaEngine {
     fn pending(&self) -> usize {
         self.ran.len() + self.launched.iter().map(|l| l.0).sum::<usize>() + self.pushed
     }
+}
+
+/// Reads `path`, and checks that this backend runs every operator of it.
+fn load_model(path: &std::path::Path) -> Result<OnnxModel, EngineError> {
+    let model = OnnxModel::load(path)?;
+    let unsupported = import::unsupported_ops(&model);
+    if !unsupported.is_empty() {
+        return Err(EngineError::UnsupportedOps {
+            path: model.path.clone(),
+            backend: "cuda",
+            ops: unsupported,
+        });
+    }
+    Ok(model)
 }
 
 #[cfg(test)]

@@ -76,6 +76,9 @@ pub fn open_gpu(ordinal: u32) -> Result<Gpu> {
 #[derive(Debug, Clone, Copy)]
 pub struct Versions {
     pub driver: i32,
+    /// NVRTC's, as major * 1000 + minor * 10 (the driver's style): the kernels are its
+    /// machine code.
+    pub nvrtc: i32,
     pub cudnn: usize,
     pub cublaslt: usize,
 }
@@ -84,8 +87,8 @@ impl std::fmt::Display for Versions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CUDA driver {}, cuDNN {}, cuBLASLt {}",
-            self.driver, self.cudnn, self.cublaslt
+            "CUDA driver {}, NVRTC {}, cuDNN {}, cuBLASLt {}",
+            self.driver, self.nvrtc, self.cudnn, self.cublaslt
         )
     }
 }
@@ -95,8 +98,12 @@ pub fn library_versions() -> Versions {
     let mut driver = 0;
     // SAFETY: writes one int.
     unsafe { drv::cuDriverGetVersion(&mut driver) };
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     Versions {
         driver,
+        nvrtc: major * 1000 + minor * 10,
         cudnn: cudarc::cudnn::result::get_version(),
         // SAFETY: no arguments.
         cublaslt: unsafe { lt::cublasLtGetVersion() },

@@ -4,10 +4,11 @@
 //! into the context as one set per family (each defined beside its launches, with
 //! `kernel_set!`); and the launch shapes the kernels expect.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
+use cudarc::nvrtc::{self, CompileError};
 
 use super::staging::PreprocessKernels;
 use super::steps::{
@@ -40,19 +41,92 @@ pub fn source() -> &'static str {
     &SOURCE
 }
 
-/// Compiles the kernels for `dtype` and the compute capability `arch` (major, minor).
-pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<String> {
-    let mut options = vec![format!("--gpu-architecture=compute_{}{}", arch.0, arch.1)];
+/// The kernels compiled for one GPU.
+#[derive(Clone)]
+pub struct Compiled {
+    /// Machine code for the GPU's own architecture, which the driver loads as it is: from
+    /// PTX it would compile the whole set again at every start where its cache is empty or
+    /// off (a new container, a read-only home), 6-8 s on an H200.
+    pub cubin: Vec<u8>,
+    /// The PTX NVRTC made on the way (for the tests, which look for each kernel in it).
+    pub ptx: String,
+}
+
+/// The kernels for `dtype` and the compute capability `arch` (major, minor), compiled once a
+/// process: engines built together, or rebuilt with some nodes in f32, share them.
+pub fn compile(dtype: DType, arch: (i32, i32)) -> Result<Compiled> {
+    type Done = Vec<((DType, (i32, i32)), Compiled)>;
+    static COMPILED: Mutex<Done> = Mutex::new(Vec::new());
+    // Held while compiling: a second engine of the same setup waits for the first's.
+    let mut done = COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, c)) = done.iter().find(|(k, _)| *k == (dtype, arch)) {
+        return Ok(c.clone());
+    }
+    let compiled = nvrtc_compile(dtype, arch)?;
+    done.push(((dtype, arch), compiled.clone()));
+    Ok(compiled)
+}
+
+/// One NVRTC compilation of the kernels for `dtype`, to machine code for `arch`.
+fn nvrtc_compile(dtype: DType, arch: (i32, i32)) -> Result<Compiled> {
+    let mut options = vec![format!("--gpu-architecture=sm_{}{}", arch.0, arch.1)];
     if dtype == DType::F16 {
         options.push("-DHALF".into());
     }
-    let opts = cudarc::nvrtc::CompileOptions {
-        options,
-        ..Default::default()
+    let failed = |nvrtc| {
+        Error::Nvrtc(CompileError::CompileError {
+            nvrtc,
+            options: options.clone(),
+            log: std::ffi::CString::default(),
+        })
     };
-    cudarc::nvrtc::compile_ptx_with_opts(source(), opts)
-        .map(|ptx| ptx.to_src())
-        .map_err(Error::Nvrtc)
+    let source = std::ffi::CString::new(source()).expect("the kernels' source has no NUL");
+    let prog = nvrtc::result::create_program(&source, None)
+        .map_err(|e| Error::Nvrtc(CompileError::CreationError(e)))?;
+    // SAFETY: `prog` is live until the `destroy_program` below, which every path reaches.
+    unsafe {
+        let compiled = match nvrtc::result::compile_program(prog, &options) {
+            Ok(()) => take_output(prog).map_err(failed),
+            Err(nvrtc) => Err(Error::Nvrtc(CompileError::CompileError {
+                nvrtc,
+                options: options.clone(),
+                log: nvrtc::result::get_program_log(prog)
+                    .map(|log| std::ffi::CStr::from_ptr(log.as_ptr()).to_owned())
+                    .unwrap_or_default(),
+            })),
+        };
+        let _ = nvrtc::result::destroy_program(prog);
+        compiled
+    }
+}
+
+/// The CUBIN and PTX of a compiled program.
+///
+/// # Safety
+/// `prog` is a live program, compiled for a real architecture (`sm_XY`).
+unsafe fn take_output(
+    prog: nvrtc::sys::nvrtcProgram,
+) -> std::result::Result<Compiled, nvrtc::result::NvrtcError> {
+    // SAFETY: the caller's; each buffer is as long as NVRTC says its output is.
+    unsafe {
+        let ptx = nvrtc::result::get_ptx(prog)?;
+        let mut len = 0usize;
+        nvrtc::sys::nvrtcGetCUBINSize(prog, &mut len).result()?;
+        if len == 0 {
+            // No machine code: the architecture given was a virtual one.
+            return Err(nvrtc::result::NvrtcError(
+                nvrtc::sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION,
+            ));
+        }
+        let mut cubin = vec![0u8; len];
+        nvrtc::sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result()?;
+        Ok(Compiled {
+            cubin,
+            ptx: std::ffi::CStr::from_ptr(ptx.as_ptr())
+                .to_string_lossy()
+                .into_owned(),
+        })
+    }
 }
 
 /// The kernels, loaded: each family's set, defined beside its launches (`steps/<family>.rs`,
@@ -70,10 +144,10 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the compiled kernels `ptx` into `ctx`.
-    pub(super) fn load(ctx: &Arc<CudaContext>, ptx: &str, dtype: DType) -> Result<Self> {
+    /// Loads the compiled kernels `cubin` (`Compiled::cubin`) into `ctx`.
+    pub(super) fn load(ctx: &Arc<CudaContext>, cubin: &[u8], dtype: DType) -> Result<Self> {
         let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .load_module(nvrtc::Ptx::from_binary(cubin.to_vec()))
             .map_err(Error::driver("module load"))?;
         let major = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)

@@ -41,7 +41,7 @@ pub use device::{library_versions, missing_libraries};
 use kernels::Kernels;
 #[cfg(test)]
 pub(crate) use kernels::kernel_families;
-pub use kernels::{compile, source};
+pub use kernels::{Compiled, compile, source};
 use steps::EightBit;
 use trtclassify_compiler::plan::{
     DType, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights, weight_type,
@@ -51,8 +51,8 @@ use trtclassify_compiler::plan::{
 /// The part of a mixed-precision engine kept in f32: its kernels (the kernels compiled for
 /// f32) and whether each weight is f32.
 pub struct Wide<'a> {
-    /// PTX of the f32 kernels.
-    pub ptx: &'a str,
+    /// The f32 kernels (`Compiled::cubin`).
+    pub cubin: &'a [u8],
     /// Parallel to the weights: true where a weight was uploaded in f32.
     pub weights: &'a [bool],
 }
@@ -206,7 +206,7 @@ impl Runtime {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
-        ptx: &str,
+        cubin: &[u8],
         dtype: DType,
         weights: &[Vec<u8>],
         plans: Vec<Plan>,
@@ -223,17 +223,24 @@ impl Runtime {
             .collect();
         check_eight_bit(&eight_bit, gpu)?;
         let _setup = device::setup_lock(gpu.ctx.ordinal());
+        // Where a start's time goes, in the debug log (GST_DEBUG=trtclassify-engine:5).
+        let started = std::time::Instant::now();
+        let phase = |what: &str| {
+            let at = started.elapsed();
+            log::debug!(target: trtclassify_compiler::LOG_TARGET, "runtime: {what} ({at:.1?})");
+        };
         let ctx = gpu.ctx.clone();
         // One stream, one user: cudarc's cross-stream event tracking is not needed, and
         // its events would end up in the captured graphs.
         // SAFETY: no other stream touches these buffers.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(Error::driver("stream"))?;
-        let kernels = Kernels::load(&ctx, ptx, dtype)?;
+        let kernels = Kernels::load(&ctx, cubin, dtype)?;
         let wide_kernels = match &wide {
-            Some(w) => Some(Kernels::load(&ctx, w.ptx, DType::F32)?),
+            Some(w) => Some(Kernels::load(&ctx, w.cubin, DType::F32)?),
             None => None,
         };
+        phase("kernels loaded");
         let wide_weights = wide.as_ref().map_or(&[][..], |w| w.weights);
         let mut weight_types: Vec<DType> = (0..weights.len())
             .map(|i| weight_type(wide_weights, i, dtype))
@@ -319,9 +326,11 @@ impl Runtime {
         let lt_workspace = stream
             .alloc_zeros::<u8>(32 << 20)
             .map_err(Error::driver("workspace allocation"))?;
+        phase("weights uploaded, buffers allocated");
         // Owned from here on: an error below destroys them.
         let cudnn = cudnn::Handle::new(&stream)?;
         let cublaslt = cublaslt::Handle::new()?;
+        phase("cuDNN and cuBLASLt handles made");
         let ctx_for_pinned = ctx.clone();
         let mut rt = Runtime {
             plans: Vec::new(),
@@ -386,6 +395,7 @@ impl Runtime {
             if tune {
                 progress(&format!("tuned batch size {batch}"));
             }
+            phase(&format!("batch size {batch} prepared"));
         }
         // Keep only the workspace the chosen algorithms need.
         let needed = rt
@@ -406,6 +416,7 @@ impl Runtime {
         }
         for i in 0..rt.plans.len() {
             rt.capture(i)?;
+            phase(&format!("batch size {} captured", rt.plans[i].plan.batch));
         }
         Ok(rt)
     }

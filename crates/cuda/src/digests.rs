@@ -231,13 +231,19 @@ mod tests {
         fs::set_permissions(memo, fs::Permissions::from_mode(0o600)).unwrap();
     }
 
-    #[test]
-    fn a_digest_is_remembered_until_a_file_changes() {
+    /// A folder holding a model, its external weights and a cache folder (not made yet).
+    fn model_with_weights() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("cache");
         let (model, weights) = (dir.path().join("m.onnx"), dir.path().join("m.weights"));
         fs::write(&model, b"model one").unwrap();
         fs::write(&weights, b"weights one").unwrap();
+        (dir, cache, model, weights)
+    }
+
+    #[test]
+    fn a_digest_is_remembered_until_a_file_changes() {
+        let (dir, cache, model, weights) = model_with_weights();
         let files = [weights.clone()];
         let real = engine_file::model_digest(&model, &files).unwrap();
         assert_eq!(
@@ -280,11 +286,7 @@ mod tests {
 
     #[test]
     fn a_model_is_known_without_reading_it_until_a_file_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cache");
-        let (model, weights) = (dir.path().join("m.onnx"), dir.path().join("m.weights"));
-        fs::write(&model, b"model one").unwrap();
-        fs::write(&weights, b"weights one").unwrap();
+        let (dir, cache, model, weights) = model_with_weights();
         let files = [weights.clone()];
         assert!(remembered_model_in(&cache, &model).is_none(), "never seen");
         let digest = model_digest_in(&cache, &model, &files, &facts("Softmax")).unwrap();

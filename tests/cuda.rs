@@ -897,6 +897,45 @@ fn engine_file_is_reused_and_damage_means_a_rebuild() {
     }
 }
 
+/// Each product's cuBLASLt algorithm is chosen by timing at build, and the engine file keeps
+/// the choice: a load runs the same algorithms, with the same scores.
+#[test]
+fn products_are_tuned_at_build_and_loads_keep_the_choice() {
+    use trtclassify_compiler::plan::{GemmStep, Step};
+    if !gpu("products_are_tuned_at_build_and_loads_keep_the_choice") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(&common::model("cnn.onnx"), 4, Precision::Fp16);
+    o.engine_location = Some(dir.path().join("cnn.engine"));
+    let algos = |engine: &CudaEngine| -> Vec<Vec<Option<[u64; 8]>>> {
+        (engine.runtime().plans())
+            .map(|plan| {
+                (plan.steps.iter())
+                    .filter_map(|s| match s {
+                        Step::Gemm(GemmStep { algo, .. }) => Some(*algo),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let (input, frames) = reference_frames("cnn_reference.json");
+    let mut built = CudaEngine::build(&o).expect("build");
+    let tuned = algos(&built);
+    let products: usize = tuned.iter().map(Vec::len).sum();
+    assert!(products > 0, "cnn.onnx has products");
+    assert!(
+        tuned.iter().flatten().all(Option::is_some),
+        "an untuned product: {tuned:?}"
+    );
+    let want = built.infer(&input, frames).expect("inference");
+    drop(built);
+    let mut loaded = CudaEngine::build(&o).expect("load");
+    assert_eq!(algos(&loaded), tuned, "the loaded engine's algorithms");
+    assert_eq!(loaded.infer(&input, frames).expect("inference"), want);
+}
+
 /// Bytes read by this thread so far (its `rchar`): the engine reads the model and the engine
 /// file on the thread that builds it, so other tests running meanwhile do not count.
 fn thread_read_bytes() -> u64 {

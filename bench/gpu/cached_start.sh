@@ -5,9 +5,11 @@
 #
 #   bench/gpu/cached_start.sh [MODEL.onnx...]        default: /tmp/tv/{resnet50,vit_b_16}.onnx
 #
-# ROUNDS (default 5) timed starts per model. BEFORE=OTHER_BINARY alternates each round with
-# another build of trtclassify-engine (an earlier commit's), each with engine files and an
-# engine cache (its remembered model digests) of its own, in a folder of this run. Prints
+# ROUNDS (default 5) timed starts per model; LEVEL=5 logs where each start's time goes
+# (`GST_DEBUG=trtclassify-engine:5`, in the logs under $GPU_OUT/cached-start).
+# BEFORE=OTHER_BINARY alternates each round with another build of trtclassify-engine (an
+# earlier commit's), each with engine files and an engine cache (its remembered model
+# digests) of its own, in a folder of this run. Prints
 # each binary's median for each model, and the engine's own log lines of its last start
 # (`loaded engine file` and `ready`, from the start of the engine's build: the model digest and
 # the engine file read and checked; then the runtime).
@@ -29,7 +31,7 @@ for round in $(seq 0 "${ROUNDS:-5}"); do
             name=$(basename "$m" .onnx)
             log=$out/$b-$name-$round.log
             s=$(date +%s%N)
-            XDG_CACHE_HOME=$out/cache-$b GST_DEBUG=trtclassify-engine:4 GST_DEBUG_NO_COLOR=1 \
+            XDG_CACHE_HOME=$out/cache-$b GST_DEBUG=trtclassify-engine:${LEVEL:-4} GST_DEBUG_NO_COLOR=1 \
                 "${bins[$b]}" build "$m" \
                 --batch-size 64 --engine "$out/$b-$name.engine" >"$log" 2>&1 ||
                 echo "${bins[$b]} build $m failed: $log" >&2

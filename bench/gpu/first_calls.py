@@ -3,9 +3,13 @@
 against the next ones: what the first plan of a cached start waits for (docs/benchmarks.md,
 "where a cached start goes"). On the GPU host, ctypes on its own libraries:
 
-    python3 bench/gpu/first_calls.py
+    python3 bench/gpu/first_calls.py          first, second and third calls on one handle,
+                                              then one on a second handle
+    python3 bench/gpu/first_calls.py ahead    first calls made on another thread with
+                                              handles of its own (the engine's warm-up),
+                                              then the main thread's first calls on its own
 """
-import ctypes, glob, time
+import ctypes, glob, sys, threading, time
 cu = ctypes.CDLL("libcuda.so.1")
 cu.cuInit(0)
 dev = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(dev), 0)
@@ -13,8 +17,17 @@ ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu
 def ms(t): return f"{(time.time() - t) * 1e3:.1f} ms"
 out = []
 lt = ctypes.CDLL(sorted(glob.glob('/usr/local/cuda/lib64/libcublasLt.so*'))[0])
-h = ctypes.c_void_p(); t = time.time(); lt.cublasLtCreate(ctypes.byref(h)); out.append("cublasLtCreate " + ms(t))
-def heuristic(m, n, k):
+dnn = ctypes.CDLL(sorted(glob.glob('/usr/lib/x86_64-linux-gnu/libcudnn.so*') + glob.glob('/usr/local/cuda/lib64/libcudnn.so*'))[0])
+
+def lt_handle():
+    h = ctypes.c_void_p(); t = time.time(); lt.cublasLtCreate(ctypes.byref(h))
+    return h, ms(t)
+
+def dnn_handle():
+    h = ctypes.c_void_p(); t = time.time(); dnn.cudnnCreate(ctypes.byref(h))
+    return h, ms(t)
+
+def heuristic(h, m, n, k):
     desc = ctypes.c_void_p(); lt.cublasLtMatmulDescCreate(ctypes.byref(desc), 68, 0)
     lay = []
     for r, c in ((n, k), (k, m), (n, m)):
@@ -25,12 +38,8 @@ def heuristic(m, n, k):
     t = time.time()
     rc = lt.cublasLtMatmulAlgoGetHeuristic(h, desc, lay[0], lay[1], lay[2], lay[2], pref, 1, res, ctypes.byref(cnt))
     return f"heuristic {m}x{n}x{k}: {ms(t)} (rc {rc}, {cnt.value})"
-out.append("first " + heuristic(64, 1000, 2048))
-out.append("second " + heuristic(1, 1000, 2048))
-out.append("third " + heuristic(197, 2304, 768))
-dnn = ctypes.CDLL(sorted(glob.glob('/usr/lib/x86_64-linux-gnu/libcudnn.so*') + glob.glob('/usr/local/cuda/lib64/libcudnn.so*'))[0])
-hd = ctypes.c_void_p(); t = time.time(); dnn.cudnnCreate(ctypes.byref(hd)); out.append("cudnnCreate " + ms(t))
-def conv(n):
+
+def conv(hd, n):
     x = ctypes.c_void_p(); y = ctypes.c_void_p(); w = ctypes.c_void_p(); cd = ctypes.c_void_p()
     t = time.time()
     dnn.cudnnCreateTensorDescriptor(ctypes.byref(x)); dnn.cudnnCreateTensorDescriptor(ctypes.byref(y))
@@ -45,6 +54,29 @@ def conv(n):
     sz = ctypes.c_size_t(); t = time.time()
     rc = dnn.cudnnGetConvolutionForwardWorkspaceSize(hd, x, w, cd, y, 1, ctypes.byref(sz))
     return f"conv n={n}: {a}, workspace size {ms(t)} (rc {rc})"
-out.append("first " + conv(1))
-out.append("second " + conv(2))
-print("; ".join(out))
+
+if "ahead" in sys.argv:
+    def warm():
+        cu.cuCtxSetCurrent(ctx)
+        h, _ = lt_handle()
+        out.append("thread's first " + heuristic(h, 64, 64, 64))
+        hd, _ = dnn_handle()
+        out.append("thread's first " + conv(hd, 1))
+    thread = threading.Thread(target=warm); thread.start(); thread.join()
+    h, _ = lt_handle()
+    out.append("then the main thread's first " + heuristic(h, 64, 1000, 2048))
+    hd, _ = dnn_handle()
+    out.append("then the main thread's first " + conv(hd, 2))
+else:
+    h, took = lt_handle(); out.append("cublasLtCreate " + took)
+    out.append("first " + heuristic(h, 64, 1000, 2048))
+    out.append("second " + heuristic(h, 1, 1000, 2048))
+    out.append("third " + heuristic(h, 197, 2304, 768))
+    h2, _ = lt_handle()
+    out.append("on a second handle " + heuristic(h2, 128, 512, 256))
+    hd, took = dnn_handle(); out.append("cudnnCreate " + took)
+    out.append("first " + conv(hd, 1))
+    out.append("second " + conv(hd, 2))
+    hd2, _ = dnn_handle()
+    out.append("on a second handle " + conv(hd2, 3))
+print("\n".join(out))

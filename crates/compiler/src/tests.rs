@@ -1417,6 +1417,17 @@ fn plans_keep_the_engine_file_format() {
                     serde_json::to_value(Step::Conv(c)).unwrap(),
                 );
             }
+            // A product as tuning leaves it, with cuBLASLt's algorithm.
+            if let Some(Step::Gemm(g)) = plan.steps.iter().find(|s| matches!(s, Step::Gemm(_))) {
+                let g = GemmStep {
+                    algo: Some([1, 2, 3, 4, 5, 6, 7, u64::MAX]),
+                    ..g.clone()
+                };
+                keep(
+                    "Gemm tuned".into(),
+                    serde_json::to_value(Step::Gemm(g)).unwrap(),
+                );
+            }
             plan.steps.truncate(1);
             plan.origins.truncate(1);
             keep(

@@ -298,6 +298,7 @@ mod tests {
             y: Loc::Arena(pixels * k),
             y_batch: 0,
             quant: None,
+            algo: None,
         })
     }
 

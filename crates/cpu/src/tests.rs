@@ -624,6 +624,7 @@ fn products_agree_with_the_plain_run() {
             y: Loc::Output(0),
             y_batch,
             quant: None,
+            algo: None,
         });
         let in_place = residual && seed % 2 == 1;
         let what = format!(
@@ -736,6 +737,7 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
             y,
             y_batch: 0,
             quant: None,
+            algo: None,
         });
         let silu = Step::Ew(EwStep {
             op: None,

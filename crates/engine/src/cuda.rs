@@ -62,6 +62,9 @@ impl CudaEngine {
             backend: "cuda",
             reason: e.to_string(),
         })?;
+        // cuBLASLt's and cuDNN's first calls, slow, made while the engine file or the model
+        // is read.
+        runtime::warm_libraries(&gpu);
         let fail = |reason: String| EngineError::Build {
             path: options.model.clone(),
             reason,

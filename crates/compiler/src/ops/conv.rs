@@ -427,6 +427,7 @@ impl Lowering<'_> {
                     y: y.loc,
                     y_batch: y.len(),
                     quant: None,
+                    algo: None,
                 }),
                 &reads,
             );

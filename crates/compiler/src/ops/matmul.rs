@@ -424,6 +424,7 @@ impl Lowering<'_> {
                 y: y.loc,
                 y_batch: y.len(),
                 quant: None,
+                algo: None,
             }),
             &reads,
         );
@@ -473,6 +474,7 @@ impl Lowering<'_> {
                 y: y.loc,
                 y_batch: m * n,
                 quant: None,
+                algo: None,
             }),
             &[a.loc, b.loc, y.loc],
         );
@@ -571,6 +573,7 @@ impl Lowering<'_> {
                 y: out.loc,
                 y_batch,
                 quant: None,
+                algo: None,
             }),
             &[x.loc, out.loc],
         );

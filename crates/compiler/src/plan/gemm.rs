@@ -57,6 +57,12 @@ pub struct GemmStep {
     /// `[batch, n]` scales. Absent from engine files of unquantized plans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quant: Option<Quant>,
+    /// The algorithm the GPU runs it with, chosen by timing at build: cuBLASLt's
+    /// `cublasLtMatmulAlgo_t` as its 8 words, which cuBLASLt documents as stored and used
+    /// again with the same library version (an engine file is keyed to it). `None` until
+    /// tuned, and on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algo: Option<[u64; 8]>,
 }
 
 impl StepKind for GemmStep {
@@ -193,6 +199,7 @@ impl crate::sim::Simulate for GemmStep {
             y_batch,
             w_transposed,
             quant,
+            algo: _,
         } = *self;
         let (w_row, w_col) = if w_transposed { (1, k) } else { (n, 1) };
         // What the kernel reads: the operands as they are, or rounded to 8 bits.

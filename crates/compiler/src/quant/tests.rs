@@ -149,6 +149,7 @@ fn a_quantized_product_rounds_its_input_and_each_columns_weights() {
             y: Loc::Output(0),
             y_batch: 2,
             quant: None,
+            algo: None,
         })],
         origins: vec!["fc".into()],
     };

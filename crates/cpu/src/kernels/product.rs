@@ -254,6 +254,8 @@ impl CpuStep for GemmStep {
             w_transposed,
             // `PlanRunner::from_plans` refuses quantized plans.
             quant: _,
+            // cuBLASLt's algorithm: the GPU's.
+            algo: _,
         } = self;
         let mut unscaled = *x;
         let act = match packed {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Each plan captured as a CUDA graph, so that a batch is one launch.
 
-use cudarc::driver::sys as drv;
+use cudarc::driver::{CudaGraph, sys as drv};
 
 use super::Runtime;
 use crate::error::{Error, Result};
@@ -14,20 +14,27 @@ impl Runtime {
     ///
     /// Engines set up together take turns (`device::setup_lock`), but a thread of the same
     /// context can still invalidate a capture (an engine dropped elsewhere frees its
-    /// memory, an upstream decoder sharing our context synchronises it); such a capture is
-    /// tried again a few times.
+    /// memory, an upstream decoder sharing our context synchronises it).
     pub(super) fn capture(&mut self, i: usize) -> Result<()> {
         self.enqueue(i)?;
         self.stream
             .synchronize()
             .map_err(Error::driver("warm-up run"))?;
+        let graph = self.record(|| self.enqueue(i))?;
+        graph.upload().map_err(Error::driver("graph upload"))?;
+        self.plans[i].graph = Some(graph);
+        Ok(())
+    }
+
+    /// What `enqueue` enqueues, captured as a graph. A capture that another thread of the
+    /// context invalidated is tried again a few times.
+    pub(super) fn record(&self, enqueue: impl Fn() -> Result<()>) -> Result<CudaGraph> {
         let mut tries = 1;
         loop {
-            match self.capture_once(i) {
+            match self.record_once(&enqueue) {
                 Err(e) if e.is_capture_invalidated() && tries < CAPTURE_TRIES => {
-                    log::debug!(target: trtclassify_compiler::LOG_TARGET, "the capture of batch size {} was invalidated by another thread ({tries} of {CAPTURE_TRIES})",
-                        self.plans[i].plan.batch
-                    );
+                    log::debug!(target: trtclassify_compiler::LOG_TARGET,
+                        "a capture was invalidated by another thread ({tries} of {CAPTURE_TRIES})");
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(10 * tries as u64));
                 }
@@ -36,11 +43,11 @@ impl Runtime {
         }
     }
 
-    fn capture_once(&mut self, i: usize) -> Result<()> {
+    fn record_once(&self, enqueue: &impl Fn() -> Result<()>) -> Result<CudaGraph> {
         self.stream
             .begin_capture(drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(Error::driver("stream capture"))?;
-        let enqueued = self.enqueue(i);
+        let enqueued = enqueue();
         let graph = self
             .stream
             .end_capture(drv::CUgraphInstantiate_flags(0))
@@ -54,9 +61,6 @@ impl Runtime {
                 graph?
             }
         };
-        let graph = graph.ok_or(Error::Plan("the captured graph is empty"))?;
-        graph.upload().map_err(Error::driver("graph upload"))?;
-        self.plans[i].graph = Some(graph);
-        Ok(())
+        graph.ok_or(Error::Plan("the captured graph is empty"))
     }
 }

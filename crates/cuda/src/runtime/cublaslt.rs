@@ -17,6 +17,10 @@ use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{DType, QuantFormat};
 
+/// The most algorithms asked of cuBLASLt's heuristic for a product: its first is not always
+/// the fastest on the GPU (the build times them), and later ones rarely are.
+pub(super) const CANDIDATES: usize = 8;
+
 /// A cuBLASLt handle.
 pub(super) struct Handle(lt::cublasLtHandle_t);
 
@@ -120,6 +124,9 @@ pub(super) struct GemmDescs {
     pub(super) b: MatrixLayout,
     pub(super) c: MatrixLayout,
     pub(super) algo: lt::cublasLtMatmulAlgo_t,
+    /// cuBLASLt's candidates for the product, its heuristic's first first, which the build
+    /// times (`Runtime::tune_gemm`); only the stored one where a plan names it.
+    candidates: Vec<lt::cublasLtMatmulAlgo_t>,
     /// The activation left for an element-wise pass after the product: GELU where no
     /// algorithm of cuBLASLt takes it in the epilogue for this shape.
     pub(super) act_after: Act,
@@ -142,6 +149,7 @@ pub(super) struct ScaledEpilogue {
 /// The shape of a plan's matrix product: `batch` products y[rows, n] = x[rows, k] · w[k, n],
 /// `x` and `y` matrices `x_batch` and `y_batch` elements apart (`x_batch` 0: one `x` for
 /// all), `w` stored as `[n, k]` where `w_transposed`, `y` in f32 where `y_f32` (the scores).
+#[derive(Debug)]
 pub(super) struct GemmShape {
     pub(super) batch: usize,
     pub(super) rows: usize,
@@ -165,10 +173,12 @@ impl GemmDescs {
         bias: Option<u64>,
         act: Act,
         workspace: usize,
+        stored: Option<[u64; 8]>,
     ) -> Result<Self> {
-        match Self::with_epilogue(handle, dtype, shape, bias, act, workspace) {
+        match Self::with_epilogue(handle, dtype, shape, bias, act, workspace, stored) {
             Err(Error::NoGemmAlgorithm { .. }) if act == Act::Gelu => {
-                let descs = Self::with_epilogue(handle, dtype, shape, bias, Act::None, workspace)?;
+                let descs =
+                    Self::with_epilogue(handle, dtype, shape, bias, Act::None, workspace, stored)?;
                 Ok(GemmDescs {
                     act_after: Act::Gelu,
                     ..descs
@@ -185,6 +195,7 @@ impl GemmDescs {
         bias: Option<u64>,
         act: Act,
         workspace: usize,
+        stored: Option<[u64; 8]>,
     ) -> Result<Self> {
         let GemmShape {
             batch,
@@ -230,7 +241,7 @@ impl GemmDescs {
         if w_transposed {
             set_transpose_a(&desc)?;
         }
-        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n])
+        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], stored)
     }
 
     /// The descriptors of `d[rows, n] = x[rows, k] · w[n, k]ᵀ` with 8-bit operands in
@@ -267,7 +278,7 @@ impl GemmDescs {
         let b = MatrixLayout::new(operand, k, rows, k)?;
         let c = MatrixLayout::new(sums, n, rows, n)?;
         set_transpose_a(&desc)?;
-        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n])
+        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], None)
     }
 
     /// The descriptors of `y[rows, n] = act(x[rows, k] · w[n, k]ᵀ · scale + bias + z)` with
@@ -316,7 +327,7 @@ impl GemmDescs {
             &epilogue.ones,
             "scales",
         )?;
-        match Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n]) {
+        match Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], None) {
             Ok(descs) => Ok(Some(GemmDescs {
                 scaled: true,
                 ..descs
@@ -326,17 +337,62 @@ impl GemmDescs {
         }
     }
 
-    /// The descriptors with the algorithm cuBLASLt's heuristic picks for them within
-    /// `workspace` bytes.
+    /// The descriptors with the algorithm `stored` (`algo_words` of an earlier choice), where
+    /// cuBLASLt confirms that it runs them within `workspace` bytes; otherwise with
+    /// cuBLASLt's candidate algorithms for them, its heuristic's first chosen.
     fn with_algo(
         handle: &Handle,
         desc: MatmulDesc,
         [a, b, c]: [MatrixLayout; 3],
         workspace: usize,
         [rows, k, n]: [usize; 3],
+        stored: Option<[u64; 8]>,
     ) -> Result<Self> {
-        // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors.
-        let algo = unsafe {
+        if let Some(data) = stored {
+            let algo = lt::cublasLtMatmulAlgo_t { data };
+            let mut result: lt::cublasLtMatmulHeuristicResult_t =
+                // SAFETY: a plain C struct for cuBLASLt to fill.
+                unsafe { std::mem::zeroed() };
+            // SAFETY: live descriptors; `algo` and `result` are read and written as
+            // cuBLASLt documents.
+            let status = unsafe {
+                lt::cublasLtMatmulAlgoCheck(
+                    handle.raw(),
+                    desc.0,
+                    a.0,
+                    b.0,
+                    c.0,
+                    c.0,
+                    &algo,
+                    &mut result,
+                )
+            };
+            let runs = status == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                && result.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                && result.workspaceSize <= workspace;
+            if runs {
+                return Ok(GemmDescs {
+                    desc,
+                    a,
+                    b,
+                    c,
+                    algo,
+                    candidates: vec![algo],
+                    act_after: Act::None,
+                    scaled: false,
+                });
+            }
+            log::debug!(target: trtclassify_compiler::LOG_TARGET,
+                "the stored cuBLASLt algorithm of a {rows}x{k} · {k}x{n} product does not run here ({status:?}, {:?}): the heuristic's first runs",
+                result.state);
+        }
+        let mut results: [lt::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+            // SAFETY: a plain C struct for cuBLASLt to fill.
+            unsafe { std::mem::zeroed() };
+        let mut returned = 0;
+        // SAFETY: attributes of the types cuBLASLt documents for them, on live descriptors;
+        // `results` holds as many entries as asked for.
+        let found = unsafe {
             let pref = ltr::create_matmul_pref()
                 .map(MatmulPref)
                 .map_err(Error::cublas("preference"))?;
@@ -347,20 +403,63 @@ impl GemmDescs {
                 std::mem::size_of::<usize>(),
             )
             .map_err(Error::cublas("preference"))?;
-            ltr::get_matmul_algo_heuristic(handle.raw(), desc.0, a.0, b.0, c.0, c.0, pref.0)
-                .map_err(|source| Error::NoGemmAlgorithm { rows, k, n, source })?
-                .algo
+            lt::cublasLtMatmulAlgoGetHeuristic(
+                handle.raw(),
+                desc.0,
+                a.0,
+                b.0,
+                c.0,
+                c.0,
+                pref.0,
+                CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut returned,
+            )
+            .result()
             // `pref` is destroyed here, as soon as the search is done.
         };
+        let no_algorithm = |source| Error::NoGemmAlgorithm { rows, k, n, source };
+        found.map_err(no_algorithm)?;
+        let candidates: Vec<lt::cublasLtMatmulAlgo_t> = (results.iter())
+            .take(returned.max(0) as usize)
+            .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|r| r.algo)
+            .collect();
+        let algo = *(candidates.first()).ok_or_else(|| {
+            no_algorithm(cudarc::cublaslt::result::CublasError(
+                lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+            ))
+        })?;
         Ok(GemmDescs {
             desc,
             a,
             b,
             c,
             algo,
+            candidates,
             act_after: Act::None,
             scaled: false,
         })
+    }
+
+    /// How many algorithms cuBLASLt offers for the product.
+    pub(super) fn candidates(&self) -> usize {
+        self.candidates.len()
+    }
+
+    /// The algorithm chosen, as the words of cuBLASLt's `cublasLtMatmulAlgo_t`: cuBLASLt
+    /// documents that it can be stored and used again with the same library version, which
+    /// the engine file is keyed to.
+    pub(super) fn algo_words(&self) -> [u64; 8] {
+        self.algo.data
+    }
+
+    /// Runs the product with cuBLASLt's candidate `rank` (0 the heuristic's first; the
+    /// algorithm unchanged where it offers fewer).
+    pub(super) fn choose(&mut self, rank: usize) {
+        if let Some(&algo) = self.candidates.get(rank) {
+            self.algo = algo;
+        }
     }
 }
 

@@ -39,16 +39,21 @@ pub(super) struct Handle(dnn::cudnnHandle_t);
 impl Handle {
     /// A handle that enqueues on `stream`.
     pub(super) fn new(stream: &CudaStream) -> Result<Self> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: writes the new handle, owned by `Handle` from here on.
-        check(unsafe { dnn::cudnnCreate(&mut raw) }, "handle")?;
-        let handle = Handle(raw);
+        let handle = Self::unbound()?;
         // SAFETY: a live handle and stream; the stream outlives the runtime's use of it.
         check(
             unsafe { dnn::cudnnSetStream(handle.0, stream.cu_stream() as dnn::cudaStream_t) },
             "stream",
         )?;
         Ok(handle)
+    }
+
+    /// A handle on the context's default stream: for queries, which enqueue nothing.
+    pub(super) fn unbound() -> Result<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes the new handle, owned by `Handle` from here on.
+        check(unsafe { dnn::cudnnCreate(&mut raw) }, "handle")?;
+        Ok(Handle(raw))
     }
 
     /// The handle, for calls on it.

@@ -26,6 +26,7 @@ mod staging;
 mod steps;
 mod timing;
 mod tuning;
+mod warmup;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -46,6 +47,7 @@ use steps::EightBit;
 use trtclassify_compiler::plan::{
     DType, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights, weight_type,
 };
+pub use warmup::warm_libraries;
 
 /// What a step needs prepared before it runs: its library descriptors.
 /// The part of a mixed-precision engine kept in f32: its kernels (the kernels compiled for
@@ -388,6 +390,9 @@ impl Runtime {
                 .alloc_zeros::<u8>(MAX_WORKSPACE)
                 .map_err(Error::driver("tuning workspace allocation"))?;
         }
+        // Preparing calls into cuBLASLt and cuDNN, and tuning captures graphs: the first
+        // calls made ahead must be done.
+        warmup::wait();
         for plan in plans {
             let batch = plan.batch;
             let prepared = rt.prepare(plan, time_eight_bit)?;

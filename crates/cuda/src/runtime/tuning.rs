@@ -13,7 +13,7 @@ use super::steps::EightBit;
 use super::{BatchPlan, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{ConvStep, GemmStep, Loc, Plan, QuantFormat, Step, Tuned};
+use trtclassify_compiler::plan::{ConvStep, Loc, Plan, QuantFormat, Step, Tuned};
 
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
 /// A step timed alone finds its input in the GPU's cache; in ResNet-50 at batch 64 the
@@ -21,8 +21,16 @@ use trtclassify_compiler::plan::{ConvStep, GemmStep, Loc, Plan, QuantFormat, Ste
 /// engine (28,000 against 31,200 images/s on an H200), so 8 bits must win clearly.
 const EIGHT_BIT_MARGIN: f32 = 1.1;
 
+/// The algorithm chosen for each shape of product a plan holds (`GemmDescs::algo_words`).
+type Tunings = std::collections::HashMap<String, [u64; 8]>;
+
+/// Runs of a step in the graph that times it: enough that a small step's time is not lost
+/// in the replay's own start.
+const TIMED_RUNS: usize = 5;
+
 impl Runtime {
-    /// The descriptors of every step of `plan`; convolutions without an algorithm are tuned.
+    /// The descriptors of every step of `plan`; convolutions and products without an
+    /// algorithm are tuned.
     ///
     /// Where `time_eight_bit` (a fresh build), each 8-bit step is timed as it is and in the
     /// plan's type, and runs in 8 bits only where that is faster by `EIGHT_BIT_MARGIN`: on
@@ -35,6 +43,7 @@ impl Runtime {
     pub(super) fn prepare(&mut self, mut plan: Plan, time_eight_bit: bool) -> Result<BatchPlan> {
         let mut prepared = Vec::with_capacity(plan.steps.len());
         let mut unquantized = Vec::new();
+        let mut tuned = Tunings::new();
         for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
             let eight_bit = match step {
                 Step::Gemm(g) => EightBit::of_gemm(g),
@@ -42,7 +51,7 @@ impl Runtime {
                 _ => None,
             };
             let Some(e) = eight_bit else {
-                prepared.push(self.prepare_step(step)?);
+                prepared.push(self.prepare_step(step, &mut tuned)?);
                 continue;
             };
             let quantized = self.prepare_eight_bit(&e)?;
@@ -56,7 +65,7 @@ impl Runtime {
                 Step::Conv(c) => c.quant = None,
                 _ => unreachable!("8-bit steps are products and convolutions"),
             }
-            let plain_prepared = self.prepare_step(&mut plain)?;
+            let plain_prepared = self.prepare_step(&mut plain, &mut tuned)?;
             let eight_bit_ms = self.time(|| self.step(step, &quantized))?;
             let plain_ms = self.time(|| self.step(&plain, &plain_prepared))?;
             if plain_ms < eight_bit_ms * EIGHT_BIT_MARGIN {
@@ -82,9 +91,9 @@ impl Runtime {
         })
     }
 
-    /// The descriptors of `step` in the plan's type; a convolution without an algorithm is
-    /// tuned.
-    fn prepare_step(&mut self, step: &mut Step) -> Result<Prepared> {
+    /// The descriptors of `step` in the plan's type; a convolution or product without an
+    /// algorithm is tuned (a product as one of the same shape in `tuned` was, if any).
+    fn prepare_step(&mut self, step: &mut Step, tuned: &mut Tunings) -> Result<Prepared> {
         Ok(match step {
             Step::Conv(c) => {
                 let descs = ConvDescs::new(c, self.writes(c.y).1)?;
@@ -93,38 +102,50 @@ impl Runtime {
                 }
                 Prepared::Conv(Box::new(descs))
             }
-            Step::Gemm(GemmStep {
-                batch,
-                rows,
-                n,
-                k,
-                x_batch,
-                bias,
-                act,
-                w_transposed,
-                y,
-                y_batch,
-                ..
-            }) => {
+            Step::Gemm(g) => {
                 let shape = GemmShape {
-                    batch: *batch,
-                    rows: *rows,
-                    n: *n,
-                    k: *k,
-                    x_batch: *x_batch,
-                    y_batch: *y_batch,
-                    w_transposed: *w_transposed,
-                    y_f32: matches!(y, Loc::Output(_)),
+                    batch: g.batch,
+                    rows: g.rows,
+                    n: g.n,
+                    k: g.k,
+                    x_batch: g.x_batch,
+                    y_batch: g.y_batch,
+                    w_transposed: g.w_transposed,
+                    y_f32: matches!(g.y, Loc::Output(_)),
                 };
-                let bias = bias.map(|b| self.ptr(b));
-                Prepared::Gemm(Box::new(GemmDescs::new(
+                let dtype = self.writes(g.y).1;
+                let bias = g.bias.map(|b| self.ptr(b));
+                let workspace = self.lt_workspace.len();
+                // Products of one shape and epilogue, as the blocks of a network repeat them,
+                // are timed once.
+                let key = format!(
+                    "{shape:?} {dtype:?} {:?} bias {} residual {}",
+                    g.act,
+                    g.bias.is_some(),
+                    g.residual.is_some()
+                );
+                let stored = g.algo.or_else(|| tuned.get(&key).copied());
+                let descs = GemmDescs::new(
                     &self.cublaslt,
-                    self.writes(*y).1,
+                    dtype,
                     &shape,
                     bias,
-                    *act,
-                    self.lt_workspace.len(),
-                )?))
+                    g.act,
+                    workspace,
+                    stored,
+                )?;
+                if stored.is_some() {
+                    g.algo = stored;
+                    return Ok(Prepared::Gemm(Box::new(descs)));
+                }
+                let candidates = descs.candidates();
+                let mut prepared = Prepared::Gemm(Box::new(descs));
+                let algo = self.tune_gemm(step, &mut prepared, candidates)?;
+                tuned.insert(key, algo);
+                if let Step::Gemm(g) = step {
+                    g.algo = Some(algo);
+                }
+                prepared
             }
             _ => Prepared::None,
         })
@@ -158,6 +179,57 @@ impl Runtime {
             None => GemmDescs::eight_bit(&self.cublaslt, format, shape, workspace)?,
         };
         Ok(Prepared::EightBit(Box::new(descs), weights))
+    }
+
+    /// Times cuBLASLt's `candidates` for the product `step` (`prepared` its descriptors) as
+    /// it will run, and leaves the fastest chosen: returned as the words the plan stores. A
+    /// candidate that fails to run is passed over; the error is returned where none runs.
+    fn tune_gemm(
+        &self,
+        step: &Step,
+        prepared: &mut Prepared,
+        candidates: usize,
+    ) -> Result<[u64; 8]> {
+        let choose = |prepared: &mut Prepared, rank: usize| {
+            if let Prepared::Gemm(d) = prepared {
+                d.choose(rank);
+            }
+        };
+        let mut best: Option<(f32, usize)> = None;
+        let mut first_ms = None;
+        let mut failed = None;
+        for rank in 0..candidates {
+            choose(prepared, rank);
+            match self.time(|| self.step(step, prepared)) {
+                Ok(ms) => {
+                    first_ms.get_or_insert(ms);
+                    if best.is_none_or(|(fastest, _)| ms < fastest) {
+                        best = Some((ms, rank));
+                    }
+                }
+                Err(e) => {
+                    log::debug!(target: trtclassify_compiler::LOG_TARGET,
+                        "cuBLASLt's algorithm of rank {rank} for {} does not run: {e}", step.describe());
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        let (ms, rank) = match (best, failed) {
+            (Some(best), _) => best,
+            (None, Some(e)) => return Err(e),
+            (None, None) => return Err(Error::Plan("a product without candidate algorithms")),
+        };
+        choose(prepared, rank);
+        let Prepared::Gemm(d) = prepared else {
+            unreachable!("a product's descriptors")
+        };
+        if rank > 0 {
+            log::debug!(target: trtclassify_compiler::LOG_TARGET,
+                "{}: cuBLASLt's algorithm of rank {rank} of {candidates}, {:.1} µs against its first's {:.1}",
+                step.describe(), ms * 1e3 / TIMED_RUNS as f32,
+                first_ms.unwrap_or(ms) * 1e3 / TIMED_RUNS as f32);
+        }
+        Ok(d.algo_words())
     }
 
     /// Times cuDNN's algorithms for `c` on its real shapes and keeps the fastest that fits
@@ -262,31 +334,34 @@ impl Runtime {
         }))
     }
 
-    /// GPU milliseconds of five runs of the convolution `c` as `tuned` says, after one to
-    /// warm up.
+    /// GPU milliseconds of `TIMED_RUNS` runs of the convolution `c` as `tuned` says.
     fn time_conv(&self, c: &ConvStep, d: &ConvDescs, tuned: &Tuned) -> Result<f32> {
         self.time(|| self.conv(c, d, tuned))
     }
 
-    /// GPU milliseconds of five runs of what `enqueue` enqueues, after one to warm up.
+    /// GPU milliseconds of `TIMED_RUNS` runs of what `enqueue` enqueues, as the engine runs
+    /// them: after one run to warm up (which also says whether it runs at all), the runs
+    /// are captured as a CUDA graph, and the median of three replays is taken. Launched one
+    /// by one instead, a small step times the host's work to issue it: cuDNN's fused call
+    /// takes longer to issue than a batch-1 convolution takes to run, which had the tuning
+    /// pick a convolution and a bias kernel where the fused call is faster in the graph.
     fn time(&self, enqueue: impl Fn() -> Result<()>) -> Result<f32> {
-        let timing = Some(drv::CUevent_flags::CU_EVENT_DEFAULT);
         let ran = enqueue();
         self.stream
             .synchronize()
             .map_err(Error::driver("synchronize"))?;
         ran?;
-        let start = self
-            .stream
-            .record_event(timing)
-            .map_err(Error::driver("event"))?;
-        for _ in 0..5 {
-            enqueue()?;
+        let graph = self.record(|| (0..TIMED_RUNS).try_for_each(|_| enqueue()))?;
+        graph.launch().map_err(Error::driver("timed graph"))?;
+        let timing = Some(drv::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut replays = Vec::with_capacity(3);
+        for _ in 0..3 {
+            let start = (self.stream.record_event(timing)).map_err(Error::driver("event"))?;
+            graph.launch().map_err(Error::driver("timed graph"))?;
+            let end = (self.stream.record_event(timing)).map_err(Error::driver("event"))?;
+            replays.push(start.elapsed_ms(&end).map_err(Error::driver("event"))?);
         }
-        let end = self
-            .stream
-            .record_event(timing)
-            .map_err(Error::driver("event"))?;
-        start.elapsed_ms(&end).map_err(Error::driver("event"))
+        replays.sort_by(f32::total_cmp);
+        Ok(replays[1])
     }
 }

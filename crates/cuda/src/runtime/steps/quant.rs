@@ -282,6 +282,7 @@ mod tests {
                     offset: 0,
                 },
             }),
+            algo: None,
         };
         EightBit::of_gemm(&g).expect("quantized")
     }

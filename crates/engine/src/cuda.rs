@@ -63,8 +63,8 @@ impl CudaEngine {
             reason: e.to_string(),
         })?;
         // cuBLASLt's and cuDNN's first calls, slow, made while the engine file or the model
-        // is read.
-        runtime::warm_libraries(&gpu);
+        // is read; waited for before this returns.
+        let _warmup = runtime::warm_libraries(&gpu);
         let fail = |reason: String| EngineError::Build {
             path: options.model.clone(),
             reason,

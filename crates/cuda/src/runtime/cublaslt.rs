@@ -127,6 +127,8 @@ pub(super) struct GemmDescs {
     /// cuBLASLt's candidates for the product, its heuristic's first first, which the build
     /// times (`Runtime::tune_gemm`); only the stored one where a plan names it.
     candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+    /// Whether `algo` is the stored one the descriptors were made with (`with_algo`).
+    stored: bool,
     /// The activation left for an element-wise pass after the product: GELU where no
     /// algorithm of cuBLASLt takes it in the epilogue for this shape.
     pub(super) act_after: Act,
@@ -378,12 +380,13 @@ impl GemmDescs {
                     c,
                     algo,
                     candidates: vec![algo],
+                    stored: true,
                     act_after: Act::None,
                     scaled: false,
                 });
             }
             log::debug!(target: trtclassify_compiler::LOG_TARGET,
-                "the stored cuBLASLt algorithm of a {rows}x{k} · {k}x{n} product does not run here ({status:?}, {:?}): the heuristic's first runs",
+                "cuBLASLt does not take the stored algorithm for these descriptors of a {rows}x{k} · {k}x{n} product ({status:?}, {:?}): its heuristic's candidates instead",
                 result.state);
         }
         let mut results: [lt::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
@@ -437,9 +440,15 @@ impl GemmDescs {
             c,
             algo,
             candidates,
+            stored: false,
             act_after: Act::None,
             scaled: false,
         })
+    }
+
+    /// Whether the product runs the stored algorithm it was made with.
+    pub(super) fn runs_stored(&self) -> bool {
+        self.stored
     }
 
     /// How many algorithms cuBLASLt offers for the product.

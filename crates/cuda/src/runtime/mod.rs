@@ -47,7 +47,7 @@ use steps::EightBit;
 use trtclassify_compiler::plan::{
     DType, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights, weight_type,
 };
-pub use warmup::warm_libraries;
+pub use warmup::{Warmup, warm_libraries};
 
 /// What a step needs prepared before it runs: its library descriptors.
 /// The part of a mixed-precision engine kept in f32: its kernels (the kernels compiled for
@@ -380,12 +380,11 @@ impl Runtime {
             pre: Default::default(),
             done_signal: None,
         };
-        let tune = plans.iter().any(|p| {
-            p.steps
-                .iter()
-                .any(|s| matches!(s, Step::Conv(c) if c.algo.is_none()))
-        });
-        if tune {
+        let untuned = |f: fn(&Step) -> bool| plans.iter().any(|p| p.steps.iter().any(f));
+        let tune_convs = untuned(|s| matches!(s, Step::Conv(c) if c.algo.is_none()));
+        let tune = tune_convs
+            || untuned(|s| matches!(s, Step::Gemm(g) if g.algo.is_none() && g.quant.is_none()));
+        if tune_convs {
             rt.workspace = stream
                 .alloc_zeros::<u8>(MAX_WORKSPACE)
                 .map_err(Error::driver("tuning workspace allocation"))?;

@@ -18,7 +18,8 @@ use trtclassify_compiler::plan::{ConvStep, Loc, Plan, QuantFormat, Step, Tuned};
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
 /// A step timed alone finds its input in the GPU's cache; in ResNet-50 at batch 64 the
 /// engine whose 8 layers had timed faster in FP8 than in fp16 ran slower than the fp16
-/// engine (28,000 against 31,200 images/s on an H200), so 8 bits must win clearly.
+/// engine (28,000 against 31,200 images/s on an H200), so 8 bits must win clearly. (That was
+/// measured when steps were timed by direct launches, not in graphs as now.)
 const EIGHT_BIT_MARGIN: f32 = 1.1;
 
 /// The algorithm chosen for each shape of product a plan holds (`GemmDescs::algo_words`).
@@ -134,8 +135,11 @@ impl Runtime {
                     workspace,
                     stored,
                 )?;
-                if stored.is_some() {
-                    g.algo = stored;
+                // A loaded plan's algorithm that cuBLASLt refuses here (logged) is replaced
+                // by its heuristic's first: loads do not time. A build times the product
+                // where the choice for its shape is refused for these descriptors.
+                if descs.runs_stored() || g.algo.is_some() {
+                    g.algo = Some(descs.algo_words());
                     return Ok(Prepared::Gemm(Box::new(descs)));
                 }
                 let candidates = descs.candidates();

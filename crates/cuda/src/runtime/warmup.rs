@@ -7,7 +7,8 @@
 //! the GPU opens (`warm_libraries`), they overlap what comes before the first plan is
 //! prepared: the engine file's read, the kernels' load and the weights' upload on a cached
 //! start, the model's import on a build. `Runtime::new` waits for them before it prepares the
-//! plans, so that nothing else runs in the context while it captures graphs.
+//! plans, so that nothing else runs in the context while it captures graphs, and the engine's
+//! build before it returns (`Warmup`).
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
@@ -27,13 +28,25 @@ type FirstCall = fn() -> Result<()>;
 static RUNNING: Mutex<Option<usize>> = Mutex::new(None);
 static DONE: Condvar = Condvar::new();
 
+/// Waits, as it is dropped, for the calls `warm_libraries` started: whatever becomes of the
+/// engine's build, no thread is left inside a library's set-up (a process that exits on a
+/// build's error could otherwise tear CUDA down under it).
+#[must_use = "dropped, it waits for the first calls"]
+pub struct Warmup(());
+
+impl Drop for Warmup {
+    fn drop(&mut self) {
+        wait();
+    }
+}
+
 /// Starts the first calls into cuBLASLt and into cuDNN, each on a thread of its own, once
 /// per process. A failure there is only logged: the engine's own calls then meet it and say
 /// what it is.
-pub fn warm_libraries(gpu: &Gpu) {
+pub fn warm_libraries(gpu: &Gpu) -> Warmup {
     let mut running = RUNNING.lock().unwrap_or_else(PoisonError::into_inner);
     if running.is_some() {
-        return;
+        return Warmup(());
     }
     let calls: [(&str, FirstCall); 2] = [("cuBLASLt", first_product), ("cuDNN", first_convolution)];
     let mut started = 0;
@@ -57,6 +70,7 @@ pub fn warm_libraries(gpu: &Gpu) {
     }
     // The threads count themselves out under this lock, so only after this.
     *running = Some(started);
+    Warmup(())
 }
 
 /// Waits for the calls `warm_libraries` started, if any.

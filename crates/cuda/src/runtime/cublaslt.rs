@@ -373,17 +373,7 @@ impl GemmDescs {
                 && result.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS
                 && result.workspaceSize <= workspace;
             if runs {
-                return Ok(GemmDescs {
-                    desc,
-                    a,
-                    b,
-                    c,
-                    algo,
-                    candidates: vec![algo],
-                    stored: true,
-                    act_after: Act::None,
-                    scaled: false,
-                });
+                return Ok(Self::with_candidates(desc, [a, b, c], vec![algo], true));
             }
             log::debug!(target: trtclassify_compiler::LOG_TARGET,
                 "cuBLASLt does not take the stored algorithm for these descriptors of a {rows}x{k} · {k}x{n} product ({status:?}, {:?}): its heuristic's candidates instead",
@@ -428,22 +418,33 @@ impl GemmDescs {
             .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
             .map(|r| r.algo)
             .collect();
-        let algo = *(candidates.first()).ok_or_else(|| {
-            no_algorithm(cudarc::cublaslt::result::CublasError(
+        if candidates.is_empty() {
+            return Err(no_algorithm(cudarc::cublaslt::result::CublasError(
                 lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
-            ))
-        })?;
-        Ok(GemmDescs {
+            )));
+        }
+        Ok(Self::with_candidates(desc, [a, b, c], candidates, false))
+    }
+
+    /// The descriptors running the first of `candidates` (not empty), `stored` where that is
+    /// the stored algorithm they were asked for.
+    fn with_candidates(
+        desc: MatmulDesc,
+        [a, b, c]: [MatrixLayout; 3],
+        candidates: Vec<lt::cublasLtMatmulAlgo_t>,
+        stored: bool,
+    ) -> Self {
+        GemmDescs {
             desc,
             a,
             b,
             c,
-            algo,
+            algo: candidates[0],
             candidates,
-            stored: false,
+            stored,
             act_after: Act::None,
             scaled: false,
-        })
+        }
     }
 
     /// Whether the product runs the stored algorithm it was made with.

@@ -898,21 +898,22 @@ fn engine_file_is_reused_and_damage_means_a_rebuild() {
 }
 
 /// Each product's cuBLASLt algorithm is chosen by timing at build, and the engine file keeps
-/// the choice: a load runs the same algorithms, with the same scores.
+/// the choice: a load runs the same algorithms, with the same scores. The same for the 8-bit
+/// products of int8 and FP8 engines (the digits classifier, every quantized layer in 8 bits).
 #[test]
 fn products_are_tuned_at_build_and_loads_keep_the_choice() {
-    use trtclassify_compiler::plan::{GemmStep, Step};
+    use trtclassify_compiler::plan::{ConvStep, GemmStep, Step};
     if !gpu("products_are_tuned_at_build_and_loads_keep_the_choice") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut o = options(&common::model("cnn.onnx"), 4, Precision::Fp16);
-    o.engine_location = Some(dir.path().join("cnn.engine"));
+    // Each product's algorithm, and each 8-bit convolution's (its product's).
     let algos = |engine: &CudaEngine| -> Vec<Vec<Option<[u64; 8]>>> {
         (engine.runtime().plans())
             .map(|plan| {
                 (plan.steps.iter())
                     .filter_map(|s| match s {
+                        Step::Gemm(GemmStep { quant: Some(q), .. })
+                        | Step::Conv(ConvStep { quant: Some(q), .. }) => Some(q.algo),
                         Step::Gemm(GemmStep { algo, .. }) => Some(*algo),
                         _ => None,
                     })
@@ -920,20 +921,59 @@ fn products_are_tuned_at_build_and_loads_keep_the_choice() {
             })
             .collect()
     };
-    let (input, frames) = reference_frames("cnn_reference.json");
-    let mut built = CudaEngine::build(&o).expect("build");
-    let tuned = algos(&built);
-    let products: usize = tuned.iter().map(Vec::len).sum();
-    assert!(products > 0, "cnn.onnx has products");
-    assert!(
-        tuned.iter().flatten().all(Option::is_some),
-        "an untuned product: {tuned:?}"
-    );
-    let want = built.infer(&input, frames).expect("inference");
-    drop(built);
-    let mut loaded = CudaEngine::build(&o).expect("load");
-    assert_eq!(algos(&loaded), tuned, "the loaded engine's algorithms");
-    assert_eq!(loaded.infer(&input, frames).expect("inference"), want);
+    let arch = cuda::runtime::open_gpu(0).expect("a GPU").arch;
+    let digits = common::model("digits/digits.onnx");
+    let cases = [
+        ("cnn.onnx", Precision::Fp16, common::model("cnn.onnx")),
+        ("digits int8", Precision::Int8, digits.clone()),
+        ("digits fp8", Precision::Fp8, digits),
+    ];
+    for (name, precision, model) in cases {
+        if precision == Precision::Fp8 && arch < (8, 9) {
+            skipped(&format!("{name}: sm_{}{} has no FP8", arch.0, arch.1));
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(&model, 4, precision);
+        o.engine_location = Some(dir.path().join("engine"));
+        if precision != Precision::Fp16 {
+            o.calibration = Some(common::model("digits/digits_calibration.txt").into());
+            o.strict_precision = true;
+        }
+        let mut built = CudaEngine::build(&o).expect("build");
+        let tuned = algos(&built);
+        let products: usize = tuned.iter().map(Vec::len).sum();
+        assert!(products > 0, "{name} has products");
+        assert!(
+            tuned.iter().flatten().all(Option::is_some),
+            "{name}: an untuned product: {tuned:?}"
+        );
+        let scores = |engine: &mut CudaEngine| match precision {
+            Precision::Fp16 => {
+                let (input, frames) = reference_frames("cnn_reference.json");
+                engine.infer(&input, frames).expect("inference")
+            }
+            _ => {
+                let digits = trtclassify_compiler::testing::digits_heldout();
+                engine
+                    .classify(&digits.views())
+                    .expect("the digits classify")
+            }
+        };
+        let want = scores(&mut built);
+        drop(built);
+        let mut loaded = CudaEngine::build(&o).expect("load");
+        assert_eq!(
+            algos(&loaded),
+            tuned,
+            "{name}: the loaded engine's algorithms"
+        );
+        assert_eq!(
+            scores(&mut loaded),
+            want,
+            "{name}: the loaded engine's scores"
+        );
+    }
 }
 
 /// Bytes read by this thread so far (its `rchar`): the engine reads the model and the engine

@@ -1425,7 +1425,25 @@ fn plans_keep_the_engine_file_format() {
                 };
                 keep(
                     "Gemm tuned".into(),
-                    serde_json::to_value(Step::Gemm(g)).unwrap(),
+                    serde_json::to_value(Step::Gemm(g.clone())).unwrap(),
+                );
+                // Quantized, with its 8-bit product's algorithm.
+                let q = GemmStep {
+                    algo: None,
+                    quant: Some(super::plan::Quant {
+                        format: super::plan::QuantFormat::Fp8,
+                        x_scale: 0.5,
+                        w_scales: Loc::Weight {
+                            index: 9,
+                            offset: 0,
+                        },
+                        algo: Some([8, 7, 6, 5, 4, 3, 2, 1]),
+                    }),
+                    ..g
+                };
+                keep(
+                    "Gemm quantized, tuned".into(),
+                    serde_json::to_value(Step::Gemm(q)).unwrap(),
                 );
             }
             plan.steps.truncate(1);

@@ -134,6 +134,10 @@ pub struct Quant {
     /// One f32 scale per output channel (a product's `n` columns, per product where it runs
     /// several; a convolution's `k` filters), a constant that stays f32 on the device.
     pub w_scales: Loc,
+    /// The algorithm the GPU runs its 8-bit product with, chosen by timing at build, as
+    /// `GemmStep::algo` holds a product's. `None` until tuned, and on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algo: Option<[u64; 8]>,
 }
 
 #[cfg(test)]

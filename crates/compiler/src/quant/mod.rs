@@ -125,6 +125,7 @@ pub fn quantize(
             format,
             x_scale: format.scale(range.range(format)),
             w_scales: weight_scales(weights, &channels(step), format),
+            algo: None,
         });
         match step {
             Step::Gemm(g) => g.quant = quant,

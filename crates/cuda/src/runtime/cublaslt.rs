@@ -250,11 +250,13 @@ impl GemmDescs {
     /// `format` (`w` stored `[n, k]`, as cuBLASLt's 8-bit kernels want A transposed) and
     /// `d` the sums: int32 for int8 (cuBLASLt's integer products; their scalars are int32),
     /// f32 for FP8. No epilogue: the sums are scaled back per channel after (quant.cu).
+    /// `stored` as in `with_algo`.
     pub(super) fn eight_bit(
         handle: &Handle,
         format: QuantFormat,
         [rows, k, n]: [usize; 3],
         workspace: usize,
+        stored: Option<[u64; 8]>,
     ) -> Result<Self> {
         use lt::cudaDataType_t as T;
         let (compute, scalar, operand, sums) = match format {
@@ -280,7 +282,7 @@ impl GemmDescs {
         let b = MatrixLayout::new(operand, k, rows, k)?;
         let c = MatrixLayout::new(sums, n, rows, n)?;
         set_transpose_a(&desc)?;
-        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], None)
+        Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], stored)
     }
 
     /// The descriptors of `y[rows, n] = act(x[rows, k] · w[n, k]ᵀ · scale + bias + z)` with
@@ -290,11 +292,13 @@ impl GemmDescs {
     /// vector of A; B's is `rows` ones, as cuBLASLt takes outer-vector scales on both
     /// operands or neither. `None` where this cuBLASLt has no such algorithm (before CUDA
     /// 12.9, or an activation its epilogue lacks): the step then runs as `eight_bit` does.
+    /// `stored` as in `with_algo`.
     pub(super) fn scaled_fp8(
         handle: &Handle,
         [rows, k, n]: [usize; 3],
         epilogue: &ScaledEpilogue,
         workspace: usize,
+        stored: Option<[u64; 8]>,
     ) -> Result<Option<Self>> {
         use lt::cudaDataType_t as T;
         if !matches!(epilogue.act, Act::None | Act::Relu | Act::Gelu) {
@@ -329,7 +333,7 @@ impl GemmDescs {
             &epilogue.ones,
             "scales",
         )?;
-        match Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], None) {
+        match Self::with_algo(handle, desc, [a, b, c], workspace, [rows, k, n], stored) {
             Ok(descs) => Ok(Some(GemmDescs {
                 scaled: true,
                 ..descs

@@ -55,7 +55,7 @@ impl Runtime {
                 prepared.push(self.prepare_step(step, &mut tuned)?);
                 continue;
             };
-            let quantized = self.prepare_eight_bit(&e)?;
+            let quantized = self.prepare_eight_bit(step, &e, &mut tuned)?;
             if !time_eight_bit {
                 prepared.push(quantized);
                 continue;
@@ -155,9 +155,16 @@ impl Runtime {
         })
     }
 
-    /// The product's descriptors of the 8-bit step `e`, and where its rounded weights are:
-    /// FP8 with the scales in cuBLASLt's epilogue where it has them, else the sums.
-    fn prepare_eight_bit(&self, e: &EightBit) -> Result<Prepared> {
+    /// The product's descriptors of the 8-bit step `e` (`step`), and where its rounded
+    /// weights are: FP8 with the scales in cuBLASLt's epilogue where it has them, else the
+    /// sums. Without a stored algorithm the product's candidates are timed as the step runs,
+    /// once per shape and epilogue (`tuned`), and the choice is stored in the step's `Quant`.
+    fn prepare_eight_bit(
+        &self,
+        step: &mut Step,
+        e: &EightBit,
+        tuned: &mut Tunings,
+    ) -> Result<Prepared> {
         let format = e.quant.format;
         let weights = (self.eight_bit_weights.iter())
             .find(|(key, _)| *key == (e.w, format))
@@ -165,6 +172,13 @@ impl Runtime {
             .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
         let shape = [e.rows, e.summed(), e.n];
         let workspace = self.lt_workspace.len();
+        let key = format!(
+            "{format} {shape:?} {:?} bias {} residual {}",
+            e.act,
+            e.bias.is_some(),
+            e.residual.is_some()
+        );
+        let stored = e.quant.algo.or_else(|| tuned.get(&key).copied());
         let scaled = match format {
             QuantFormat::Fp8 => {
                 let epilogue = ScaledEpilogue {
@@ -174,20 +188,34 @@ impl Runtime {
                     act: e.act,
                     out: self.writes(e.y).1,
                 };
-                GemmDescs::scaled_fp8(&self.cublaslt, shape, &epilogue, workspace)?
+                GemmDescs::scaled_fp8(&self.cublaslt, shape, &epilogue, workspace, stored)?
             }
             QuantFormat::Int8 => None,
         };
         let descs = match scaled {
             Some(descs) => descs,
-            None => GemmDescs::eight_bit(&self.cublaslt, format, shape, workspace)?,
+            None => GemmDescs::eight_bit(&self.cublaslt, format, shape, workspace, stored)?,
         };
-        Ok(Prepared::EightBit(Box::new(descs), weights))
+        // As for a product in the plan's type (`prepare_step`): loads do not time.
+        let loaded = descs.runs_stored() || e.quant.algo.is_some();
+        let (candidates, chosen) = (descs.candidates(), descs.algo_words());
+        let mut prepared = Prepared::EightBit(Box::new(descs), weights);
+        let algo = match loaded {
+            true => chosen,
+            false => {
+                let algo = self.tune_gemm(step, &mut prepared, candidates)?;
+                tuned.insert(key, algo);
+                algo
+            }
+        };
+        set_eight_bit_algo(step, algo);
+        Ok(prepared)
     }
 
-    /// Times cuBLASLt's `candidates` for the product `step` (`prepared` its descriptors) as
-    /// it will run, and leaves the fastest chosen: returned as the words the plan stores. A
-    /// candidate that fails to run is passed over; the error is returned where none runs.
+    /// Times cuBLASLt's `candidates` for the product `step` (`prepared` its descriptors, in
+    /// the plan's type or in 8 bits) as it will run, and leaves the fastest chosen: returned
+    /// as the words the plan stores. A candidate that fails to run is passed over; the error
+    /// is returned where none runs.
     fn tune_gemm(
         &self,
         step: &Step,
@@ -195,7 +223,7 @@ impl Runtime {
         candidates: usize,
     ) -> Result<[u64; 8]> {
         let choose = |prepared: &mut Prepared, rank: usize| {
-            if let Prepared::Gemm(d) = prepared {
+            if let Prepared::Gemm(d) | Prepared::EightBit(d, _) = prepared {
                 d.choose(rank);
             }
         };
@@ -224,7 +252,7 @@ impl Runtime {
             (None, None) => return Err(Error::Plan("a product without candidate algorithms")),
         };
         choose(prepared, rank);
-        let Prepared::Gemm(d) = prepared else {
+        let (Prepared::Gemm(d) | Prepared::EightBit(d, _)) = prepared else {
             unreachable!("a product's descriptors")
         };
         if rank > 0 {
@@ -367,5 +395,17 @@ impl Runtime {
         }
         replays.sort_by(f32::total_cmp);
         Ok(replays[1])
+    }
+}
+
+/// Stores `algo` as the 8-bit product's algorithm of `step`, a quantized step.
+fn set_eight_bit_algo(step: &mut Step, algo: [u64; 8]) {
+    let quant = match step {
+        Step::Gemm(g) => g.quant.as_mut(),
+        Step::Conv(c) => c.quant.as_mut(),
+        _ => None,
+    };
+    if let Some(q) = quant {
+        q.algo = Some(algo);
     }
 }

@@ -57,7 +57,7 @@ pub(in crate::runtime) struct EightBit {
     pub(in crate::runtime) w: Loc,
     transposed: bool,
     pub(in crate::runtime) bias: Option<Loc>,
-    residual: Option<Loc>,
+    pub(in crate::runtime) residual: Option<Loc>,
     pub(in crate::runtime) y: Loc,
 }
 
@@ -281,6 +281,7 @@ mod tests {
                     index: 1,
                     offset: 0,
                 },
+                algo: None,
             }),
             algo: None,
         };

@@ -117,14 +117,13 @@ impl Runtime {
                 let dtype = self.writes(g.y).1;
                 let bias = g.bias.map(|b| self.ptr(b));
                 let workspace = self.lt_workspace.len();
-                // Products of one shape and epilogue, as the blocks of a network repeat them,
-                // are timed once.
-                let key = format!(
-                    "{shape:?} {dtype:?} {:?} bias {} residual {}",
+                let key = memo_key(
+                    (&shape, dtype),
                     g.act,
                     g.bias.is_some(),
-                    g.residual.is_some()
+                    g.residual.is_some(),
                 );
+                let loaded = g.algo.is_some();
                 let stored = g.algo.or_else(|| tuned.get(&key).copied());
                 let descs = GemmDescs::new(
                     &self.cublaslt,
@@ -135,17 +134,8 @@ impl Runtime {
                     workspace,
                     stored,
                 )?;
-                // A loaded plan's algorithm that cuBLASLt refuses here (logged) is replaced
-                // by its heuristic's first: loads do not time. A build times the product
-                // where the choice for its shape is refused for these descriptors.
-                if descs.runs_stored() || g.algo.is_some() {
-                    g.algo = Some(descs.algo_words());
-                    return Ok(Prepared::Gemm(Box::new(descs)));
-                }
-                let candidates = descs.candidates();
                 let mut prepared = Prepared::Gemm(Box::new(descs));
-                let algo = self.tune_gemm(step, &mut prepared, candidates)?;
-                tuned.insert(key, algo);
+                let algo = self.product_algo(step, &mut prepared, loaded, key, tuned)?;
                 if let Step::Gemm(g) = step {
                     g.algo = Some(algo);
                 }
@@ -157,8 +147,8 @@ impl Runtime {
 
     /// The product's descriptors of the 8-bit step `e` (`step`), and where its rounded
     /// weights are: FP8 with the scales in cuBLASLt's epilogue where it has them, else the
-    /// sums. Without a stored algorithm the product's candidates are timed as the step runs,
-    /// once per shape and epilogue (`tuned`), and the choice is stored in the step's `Quant`.
+    /// sums. Its product's algorithm is chosen as a product's in the plan's type is
+    /// (`product_algo`) and stored in the step's `Quant`.
     fn prepare_eight_bit(
         &self,
         step: &mut Step,
@@ -172,11 +162,11 @@ impl Runtime {
             .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
         let shape = [e.rows, e.summed(), e.n];
         let workspace = self.lt_workspace.len();
-        let key = format!(
-            "{format} {shape:?} {:?} bias {} residual {}",
+        let key = memo_key(
+            (format, shape),
             e.act,
             e.bias.is_some(),
-            e.residual.is_some()
+            e.residual.is_some(),
         );
         let stored = e.quant.algo.or_else(|| tuned.get(&key).copied());
         let scaled = match format {
@@ -196,20 +186,37 @@ impl Runtime {
             Some(descs) => descs,
             None => GemmDescs::eight_bit(&self.cublaslt, format, shape, workspace, stored)?,
         };
-        // As for a product in the plan's type (`prepare_step`): loads do not time.
-        let loaded = descs.runs_stored() || e.quant.algo.is_some();
-        let (candidates, chosen) = (descs.candidates(), descs.algo_words());
         let mut prepared = Prepared::EightBit(Box::new(descs), weights);
-        let algo = match loaded {
-            true => chosen,
-            false => {
-                let algo = self.tune_gemm(step, &mut prepared, candidates)?;
-                tuned.insert(key, algo);
-                algo
-            }
-        };
+        let loaded = e.quant.algo.is_some();
+        let algo = self.product_algo(step, &mut prepared, loaded, key, tuned)?;
         set_eight_bit_algo(step, algo);
         Ok(prepared)
+    }
+
+    /// The algorithm of the product `step`, whose descriptors (`prepared`) were made with its
+    /// stored or memoised choice, if any: that choice where cuBLASLt takes it. A loaded
+    /// plan's algorithm that cuBLASLt refuses here (logged) is replaced by its heuristic's
+    /// first (`loaded`: loads do not time); a build times the candidates where the choice
+    /// for its shape is refused, or where there is none yet, and memoises the fastest under
+    /// `key`.
+    fn product_algo(
+        &self,
+        step: &Step,
+        prepared: &mut Prepared,
+        loaded: bool,
+        key: String,
+        tuned: &mut Tunings,
+    ) -> Result<[u64; 8]> {
+        let (Prepared::Gemm(d) | Prepared::EightBit(d, _)) = &*prepared else {
+            unreachable!("a product's descriptors")
+        };
+        if loaded || d.runs_stored() {
+            return Ok(d.algo_words());
+        }
+        let candidates = d.candidates();
+        let algo = self.tune_gemm(step, prepared, candidates)?;
+        tuned.insert(key, algo);
+        Ok(algo)
     }
 
     /// Times cuBLASLt's `candidates` for the product `step` (`prepared` its descriptors, in
@@ -396,6 +403,12 @@ impl Runtime {
         replays.sort_by(f32::total_cmp);
         Ok(replays[1])
     }
+}
+
+/// The key under which a plan's products of one shape and epilogue share their tuning
+/// (`Tunings`): the blocks of a network repeat them, and each is timed once.
+fn memo_key(shape: impl std::fmt::Debug, act: Act, bias: bool, residual: bool) -> String {
+    format!("{shape:?} {act:?} bias {bias} residual {residual}")
 }
 
 /// Stores `algo` as the 8-bit product's algorithm of `step`, a quantized step.

@@ -45,7 +45,8 @@ pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
 use steps::EightBit;
 use trtclassify_compiler::plan::{
-    DType, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights, weight_type,
+    ConvStep, DType, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights,
+    weight_type,
 };
 pub use warmup::{Warmup, warm_libraries};
 
@@ -382,8 +383,7 @@ impl Runtime {
         };
         let untuned = |f: fn(&Step) -> bool| plans.iter().any(|p| p.steps.iter().any(f));
         let tune_convs = untuned(|s| matches!(s, Step::Conv(c) if c.algo.is_none()));
-        let tune = tune_convs
-            || untuned(|s| matches!(s, Step::Gemm(g) if g.algo.is_none() && g.quant.is_none()));
+        let tune = tune_convs || untuned(untuned_product);
         if tune_convs {
             rt.workspace = stream
                 .alloc_zeros::<u8>(MAX_WORKSPACE)
@@ -641,6 +641,17 @@ impl Runtime {
     /// The most frames one call runs.
     pub fn max_batch(&self) -> usize {
         self.plans.iter().map(|p| p.plan.batch).max().unwrap_or(1)
+    }
+}
+
+/// Whether `s` is a product whose cuBLASLt algorithm is not chosen yet: in the plan's type,
+/// or in 8 bits (a quantized convolution's product included).
+fn untuned_product(s: &Step) -> bool {
+    match s {
+        Step::Gemm(GemmStep { quant: Some(q), .. })
+        | Step::Conv(ConvStep { quant: Some(q), .. }) => q.algo.is_none(),
+        Step::Gemm(g) => g.algo.is_none(),
+        _ => false,
     }
 }
 

@@ -138,11 +138,23 @@ pub struct EwParams {
     pub so: [i64; MAX_RANK],
     pub sa: [i64; MAX_RANK],
     pub sb: [i64; MAX_RANK],
+    /// What the threads take one at a time: `chunk` elements of the last dimension, `parts`
+    /// of them a row (`items` in all), so that a thread works out a row's offsets once for
+    /// several elements.
+    pub items: i64,
+    pub chunk: i32,
+    pub parts: i32,
+    /// 1 where `items` and every offset into the operands fit in an `int`: the kernels then
+    /// index in 32 bits.
+    pub narrow: i32,
+    /// `divider` of each dimension but the last, and of `parts` in the last's place.
+    pub div_mul: [u32; MAX_RANK],
+    pub div_shift: [u32; MAX_RANK],
 }
 // SAFETY: plain old data laid out as the kernels' `struct Ew` (asserted below).
 unsafe impl DeviceRepr for EwParams {}
 const _: () = assert!(
-    size_of::<EwParams>() == 200
+    size_of::<EwParams>() == 272
         && align_of::<EwParams>() == 8
         && offset_of!(EwParams, n) == 0
         && offset_of!(EwParams, rank) == 8
@@ -154,6 +166,12 @@ const _: () = assert!(
         && offset_of!(EwParams, so) == 56
         && offset_of!(EwParams, sa) == 104
         && offset_of!(EwParams, sb) == 152
+        && offset_of!(EwParams, items) == 200
+        && offset_of!(EwParams, chunk) == 208
+        && offset_of!(EwParams, parts) == 212
+        && offset_of!(EwParams, narrow) == 216
+        && offset_of!(EwParams, div_mul) == 220
+        && offset_of!(EwParams, div_shift) == 244
 );
 
 impl EwParams {
@@ -183,8 +201,53 @@ impl EwParams {
             p.sa[j] = a.strides[j];
             p.sb[j] = b.map_or(0, |b| b.strides[j]);
         }
-        p
+        p.chunked(1)
     }
+
+    /// The same step with `chunk` elements of the last dimension a thread (a row's whole
+    /// last dimension where it is shorter).
+    pub fn chunked(mut self, chunk: usize) -> Self {
+        if self.rank == 0 {
+            // A scalar: one row of one element.
+            self.rank = 1;
+            self.dims[0] = 1;
+        }
+        let rank = self.rank as usize;
+        let last = self.dims[rank - 1].max(1) as usize;
+        let chunk = chunk.clamp(1, last);
+        let parts = last.div_ceil(chunk);
+        self.chunk = chunk as i32;
+        self.parts = parts as i32;
+        self.items = self.n / last as i64 * parts as i64;
+        for d in 0..rank {
+            let by = if d + 1 == rank {
+                parts
+            } else {
+                self.dims[d].max(1) as usize
+            };
+            (self.div_mul[d], self.div_shift[d]) = divider(by as u32);
+        }
+        let reach = |strides: &[i64]| -> i64 {
+            (0..rank)
+                .map(|d| (i64::from(self.dims[d]) - 1).max(0) * strides[d].abs())
+                .sum()
+        };
+        let fits = |v: i64| v <= i64::from(i32::MAX);
+        self.narrow = i32::from(
+            fits(self.n) && fits(reach(&self.so)) && fits(reach(&self.sa)) && fits(reach(&self.sb)),
+        );
+        self
+    }
+}
+
+/// The multiplier and shift that divide a 31-bit `n` by `d` without a division instruction:
+/// `(umulhi(n, mul) + n) >> shift == n / d` (Granlund and Montgomery, as PyTorch's
+/// `IntDivider`); the element-wise kernels' `fast_div`.
+pub fn divider(d: u32) -> (u32, u32) {
+    let d = u64::from(d.max(1));
+    let shift = (0..32).find(|&s| (1u64 << s) >= d).unwrap_or(32);
+    let mul = ((1u64 << 32) * ((1u64 << shift) - d)) / d + 1;
+    (mul as u32, shift)
 }
 
 /// The fused attention kernels' parameters: attention.cu's `struct Attn`.

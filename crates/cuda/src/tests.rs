@@ -231,3 +231,81 @@ fn skipped(why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
 }
+
+/// The element-wise kernels divide by a dimension with `fast_div` on `abi::divider`'s
+/// multiplier and shift: exact for every 31-bit numerator.
+#[test]
+fn the_kernels_fast_division_is_exact() {
+    let fast_div = |n: u32, (mul, shift): (u32, u32)| {
+        let high = ((u64::from(n) * u64::from(mul)) >> 32) as u32;
+        (high + n) >> shift
+    };
+    let mut divisors: Vec<u32> = (1..=1025).collect();
+    divisors.extend([
+        3 * 50176,
+        50176,
+        197,
+        12_544,
+        1 << 20,
+        (1 << 30) + 1,
+        i32::MAX as u32,
+    ]);
+    let mut n = 0x2545_f491u32;
+    for &d in &divisors {
+        let div = abi::divider(d);
+        let edges = [
+            0,
+            1,
+            d - 1,
+            d,
+            d + 1,
+            2 * d - 1,
+            i32::MAX as u32 - 1,
+            i32::MAX as u32,
+        ];
+        for m in edges.into_iter().chain((0..300).map(|_| {
+            // xorshift: numerators spread over the whole 31-bit range.
+            n ^= n << 13;
+            n ^= n >> 17;
+            n ^= n << 5;
+            n >> 1
+        })) {
+            let m = m.min(i32::MAX as u32);
+            assert_eq!(fast_div(m, div), m / d, "{m} / {d}");
+        }
+    }
+}
+
+/// A step's chunks: a short last dimension is one chunk a row, and 32-bit indexing only
+/// where every offset fits.
+#[test]
+fn element_wise_chunks_cover_each_row_once() {
+    use trtclassify_compiler::ir::Act;
+    use trtclassify_compiler::plan::{Loc, Strided};
+    let strided = |strides: Vec<i64>| Strided {
+        loc: Loc::Arena(0),
+        strides,
+    };
+    // The input conversion: NCHW f32 to NHWC, [64, 224·224, 3].
+    let dims = [64, 50176, 3];
+    let nhwc = strided(vec![150_528, 3, 1]);
+    let nchw = strided(vec![150_528, 1, 50176]);
+    let p = abi::EwParams::new(None, Act::None, DType::F16, &dims, &nhwc, &nchw, None);
+    let p = p.chunked(4);
+    assert_eq!((p.chunk, p.parts, p.items, p.narrow), (3, 1, 64 * 50176, 1));
+    // 16-byte chunks of a row of 768 halves.
+    let rows = strided(vec![768, 1]);
+    let p = abi::EwParams::new(None, Act::None, DType::F16, &[100, 768], &rows, &rows, None);
+    let p = p.chunked(8);
+    assert_eq!((p.chunk, p.parts, p.items), (8, 96, 9600));
+    // A ragged last chunk: 10 = 4 + 4 + 2.
+    let p = abi::EwParams::new(None, Act::None, DType::F16, &[5, 10], &rows, &rows, None);
+    assert_eq!(p.chunked(4).parts, 3);
+    // Offsets past 2^31 elements: 64-bit indexing.
+    let far = strided(vec![1 << 31, 1]);
+    let p = abi::EwParams::new(None, Act::None, DType::F16, &[2, 8], &far, &rows, None);
+    assert_eq!(p.chunked(4).narrow, 0);
+    // A scalar: one element.
+    let p = abi::EwParams::new(None, Act::None, DType::F16, &[], &rows, &rows, None);
+    assert_eq!((p.items, p.chunk, p.rank), (1, 1, 1));
+}

@@ -13,64 +13,98 @@ struct Ew {
     long long so[MAX_RANK];
     long long sa[MAX_RANK];
     long long sb[MAX_RANK];
+    // A thread takes `chunk` elements of the last dimension at a time, `parts` chunks a row,
+    // `items` in all: a row's offsets are worked out once for the chunk's elements.
+    long long items;
+    int chunk, parts;
+    // 1 where `items` and every offset fit in an int (the host checked): 32-bit indexing.
+    int narrow;
+    // abi.rs's `divider` of each dimension but the last, and of `parts` in the last's place.
+    unsigned div_mul[MAX_RANK];
+    unsigned div_shift[MAX_RANK];
 };
 // The size that abi.rs's `EwParams` asserts too, with the offsets this layout gives its
 // fields (NVRTC has no offsetof): a field changed on one side only stops a build.
-static_assert(sizeof(Ew) == 200, "struct Ew no longer matches EwParams (abi.rs)");
+static_assert(sizeof(Ew) == 272, "struct Ew no longer matches EwParams (abi.rs)");
 
-// The offsets in out, a and b of element `i` of `dims`. 32-bit division where the index fits:
-// 64-bit division costs several times as much, and this runs once per element.
-__device__ __forceinline__ void ew_offsets(const Ew &p, long long i, long long &oo,
-                                           long long &oa, long long &ob) {
-    oo = oa = ob = 0;
-    if (p.n <= 0x7fffffffLL) {
-        int rest = (int)i;
-        for (int d = p.rank - 1; d >= 0; --d) {
-            int c = rest % p.dims[d];
-            rest /= p.dims[d];
-            oo += c * p.so[d];
-            oa += c * p.sa[d];
-            ob += c * p.sb[d];
+// n / d for n < 2^31, with the multiplier and shift of d from abi.rs's `divider`: a
+// multiply-high and a shift where a division instruction sequence costs about twenty.
+__device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned shift) {
+    return (__umulhi(n, mul) + n) >> shift;
+}
+
+// One chunk: its first element's offsets in out, a and b, the operands' strides along the
+// last dimension, and how many elements it has (fewer at the end of a row).
+template <typename I> struct Chunk {
+    I o, a, b;
+    I so, sa, sb;
+    int len;
+};
+
+// Chunk `j`. The loop is unrolled over MAX_RANK so that every field is read at a fixed
+// offset; in 32 bits (I = int, p.narrow) without division instructions.
+template <typename I> __device__ __forceinline__ Chunk<I> ew_chunk(const Ew &p, I j) {
+    Chunk<I> c = {0, 0, 0, 0, 0, 0, 0};
+    const int r = p.rank - 1;
+    I rest = j;
+#pragma unroll
+    for (int d = MAX_RANK - 1; d >= 0; --d) {
+        if (d > r) continue;
+        const I by = d == r ? p.parts : p.dims[d];
+        const I q = sizeof(I) == 4 ? (I)fast_div((unsigned)rest, p.div_mul[d], p.div_shift[d])
+                                   : rest / by;
+        I at = rest - q * by;
+        rest = q;
+        if (d == r) {
+            at *= p.chunk;
+            c.len = min(p.chunk, p.dims[d] - (int)at);
+            c.so = (I)p.so[d];
+            c.sa = (I)p.sa[d];
+            c.sb = (I)p.sb[d];
         }
-        return;
+        c.o += at * (I)p.so[d];
+        c.a += at * (I)p.sa[d];
+        c.b += at * (I)p.sb[d];
     }
-    long long rest = i;
-    for (int d = p.rank - 1; d >= 0; --d) {
-        long long c = rest % p.dims[d];
-        rest /= p.dims[d];
-        oo += c * p.so[d];
-        oa += c * p.sa[d];
-        ob += c * p.sb[d];
+    return c;
+}
+
+template <typename I, typename O, typename A>
+__device__ __forceinline__ void ew_chunks(const Ew &p, O *out, const A *a, const T *b,
+                                          float (*lda)(A), O (*sto)(float)) {
+    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < p.items;
+         j += (long long)gridDim.x * blockDim.x) {
+        const Chunk<I> c = ew_chunk<I>(p, (I)j);
+        for (int k = 0; k < c.len; ++k) {
+            float v = lda(a[c.a + k * c.sa]);
+            if (p.op >= 0) v = binop(p.op, v, ld(b[c.b + k * c.sb]));
+            out[c.o + k * c.so] = sto(act(p.act, v, p.p0, p.p1));
+        }
     }
 }
 
 template <typename O, typename A>
 __device__ __forceinline__ void ew_body(const Ew &p, O *out, const A *a, const T *b,
                                         float (*lda)(A), O (*sto)(float)) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < p.n;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long oo, oa, ob;
-        ew_offsets(p, i, oo, oa, ob);
-        float v = lda(a[oa]);
-        if (p.op >= 0) v = binop(p.op, v, ld(b[ob]));
-        out[oo] = sto(act(p.act, v, p.p0, p.p1));
-    }
+    if (p.narrow)
+        ew_chunks<int, O, A>(p, out, a, b, lda, sto);
+    else
+        ew_chunks<long long, O, A>(p, out, a, b, lda, sto);
 }
 
-// `ew` with 16-byte loads and stores, VEC consecutive elements of the last dimension per
-// thread. The host checked that the last dimension is a multiple of VEC, contiguous and
-// 16-byte aligned in out and a, and in b unless b is constant along it.
-extern "C" __global__ void ew_vec(const Ew p, T *out, const T *a, const T *b) {
-    const bool bvec = p.op >= 0 && p.sb[p.rank - 1] != 0;
-    const long long nv = p.n / VEC;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < nv;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long oo, oa, ob;
-        ew_offsets(p, i * VEC, oo, oa, ob);
-        const Vec16 va = *reinterpret_cast<const Vec16 *>(a + oa);
+// `ew` with 16-byte loads and stores: chunks of VEC elements (the host set p.chunk = VEC).
+// The host checked that the last dimension is a multiple of VEC, contiguous and 16-byte
+// aligned in out and a, and in b unless b is constant along it.
+template <typename I>
+__device__ __forceinline__ void ew_vec_chunks(const Ew &p, T *out, const T *a, const T *b) {
+    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < p.items;
+         j += (long long)gridDim.x * blockDim.x) {
+        const Chunk<I> c = ew_chunk<I>(p, (I)j);
+        const bool bvec = p.op >= 0 && c.sb != 0;
+        const Vec16 va = *reinterpret_cast<const Vec16 *>(a + c.a);
         Vec16 vb = {0, 0, 0, 0};
-        if (bvec) vb = *reinterpret_cast<const Vec16 *>(b + ob);
-        const float bs = p.op >= 0 && !bvec ? ld(b[ob]) : 0.f;
+        if (bvec) vb = *reinterpret_cast<const Vec16 *>(b + c.b);
+        const float bs = p.op >= 0 && !bvec ? ld(b[c.b]) : 0.f;
         const T *ea = reinterpret_cast<const T *>(&va);
         const T *eb = reinterpret_cast<const T *>(&vb);
         Vec16 vo;
@@ -81,8 +115,15 @@ extern "C" __global__ void ew_vec(const Ew p, T *out, const T *a, const T *b) {
             if (p.op >= 0) v = binop(p.op, v, bvec ? ld(eb[k]) : bs);
             eo[k] = st(act(p.act, v, p.p0, p.p1));
         }
-        *reinterpret_cast<Vec16 *>(out + oo) = vo;
+        *reinterpret_cast<Vec16 *>(out + c.o) = vo;
     }
+}
+
+extern "C" __global__ void ew_vec(const Ew p, T *out, const T *a, const T *b) {
+    if (p.narrow)
+        ew_vec_chunks<int>(p, out, a, b);
+    else
+        ew_vec_chunks<long long>(p, out, a, b);
 }
 
 __device__ float ld_f32(float v) { return v; }

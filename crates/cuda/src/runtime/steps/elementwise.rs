@@ -24,6 +24,10 @@ kernel_set! {
     }
 }
 
+/// Elements of the last dimension a thread of the scalar kernels takes at a time: a short
+/// last dimension (an image's 3 channels) whole, so its row's offsets are worked out once.
+const SCALAR_CHUNK: usize = 4;
+
 impl GpuStep for EwStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
         let dtype = match self.cast {
@@ -70,16 +74,17 @@ impl Runtime {
                 &[(&out.strides, o), (&a.strides, x)],
                 b.map(|b| (&b.strides[..], y)),
             );
-        let (func, threads) = match cast {
-            Cast::None | Cast::Wide if vectorised => (&k.ew.ew_vec, p.n as usize / vec),
-            Cast::None | Cast::Wide => (&k.ew.ew, p.n as usize),
-            Cast::FromF32 => (&self.kernels.ew.ew_from_f32, p.n as usize),
-            Cast::ToF32 => (&self.kernels.ew.ew_to_f32, p.n as usize),
-            Cast::F32 => (&self.kernels.ew.ew_f32, p.n as usize),
+        let func = match cast {
+            Cast::None | Cast::Wide if vectorised => &k.ew.ew_vec,
+            Cast::None | Cast::Wide => &k.ew.ew,
+            Cast::FromF32 => &self.kernels.ew.ew_from_f32,
+            Cast::ToF32 => &self.kernels.ew.ew_to_f32,
+            Cast::F32 => &self.kernels.ew.ew_f32,
         };
+        let p = p.chunked(if vectorised { vec } else { SCALAR_CHUNK });
         let mut l = self.stream.launch_builder(func);
-        l.arg(p).arg(&o).arg(&x).arg(&y);
-        launch(l, self.launch_cfg(threads))
+        l.arg(&p).arg(&o).arg(&x).arg(&y);
+        launch(l, self.launch_cfg(p.items as usize))
     }
 
     /// Sets `len` elements at `loc` to zero.

@@ -240,6 +240,73 @@ impl EwParams {
     }
 }
 
+/// The 8-bit steps' patches: quant.cu's `struct Patches`, for `quantize_patches`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PatchParams {
+    /// Output pixels: rows of patches.
+    pub rows: i64,
+    pub h: i32,
+    pub w: i32,
+    pub c: i32,
+    pub oh: i32,
+    pub ow: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub ph: i32,
+    pub pw: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub scale: f32,
+    pub fp8: i32,
+    /// 1 where every index and offset fits in an `int`: 32-bit indexing.
+    pub narrow: i32,
+    /// 1 where the input's 8 channels of a thread are 16 aligned bytes (fp16): one load.
+    pub vec: i32,
+    /// `divider` of a row's groups of 8 channels (`kh·kw·c/8`), of `c/8`, `kw`, `ow`, `oh`.
+    pub div_mul: [u32; 5],
+    pub div_shift: [u32; 5],
+}
+// SAFETY: plain old data laid out as the kernels' `struct Patches` (asserted below).
+unsafe impl DeviceRepr for PatchParams {}
+const _: () = assert!(
+    size_of::<PatchParams>() == 120
+        && align_of::<PatchParams>() == 8
+        && offset_of!(PatchParams, h) == 8
+        && offset_of!(PatchParams, dw) == 56
+        && offset_of!(PatchParams, scale) == 60
+        && offset_of!(PatchParams, narrow) == 68
+        && offset_of!(PatchParams, vec) == 72
+        && offset_of!(PatchParams, div_mul) == 76
+        && offset_of!(PatchParams, div_shift) == 96
+);
+
+impl PatchParams {
+    /// Fills in the dividers and `narrow` from the sizes; `images` is the batch, `aligned`
+    /// whether the input starts on 16 bytes, in fp16.
+    pub fn with_dividers(mut self, images: usize, aligned_fp16: bool) -> Self {
+        let groups = (self.c / 8).max(1) as u32;
+        let per_row = (self.kh * self.kw).max(1) as u32 * groups;
+        let by = [
+            per_row,
+            groups,
+            self.kw as u32,
+            self.ow as u32,
+            self.oh as u32,
+        ];
+        for (j, d) in by.into_iter().enumerate() {
+            (self.div_mul[j], self.div_shift[j]) = divider(d);
+        }
+        let fits = |v: i64| v <= i64::from(i32::MAX);
+        let input = images as i64 * i64::from(self.h) * i64::from(self.w) * i64::from(self.c);
+        self.narrow = i32::from(fits(self.rows * i64::from(per_row)) && fits(input));
+        self.vec = i32::from(aligned_fp16);
+        self
+    }
+}
+
 /// The multiplier and shift that divide a 31-bit `n` by `d` without a division instruction:
 /// `(umulhi(n, mul) + n) >> shift == n / d` (Granlund and Montgomery, as PyTorch's
 /// `IntDivider`); the element-wise kernels' `fast_div`.

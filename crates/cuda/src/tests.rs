@@ -309,3 +309,33 @@ fn element_wise_chunks_cover_each_row_once() {
     let p = abi::EwParams::new(None, Act::None, DType::F16, &[], &rows, &rows, None);
     assert_eq!((p.items, p.chunk, p.rank), (1, 1, 1));
 }
+
+/// An 8-bit convolution's patches: dividers for each index the kernel splits, and 32-bit
+/// indexing only where the patches and the input fit.
+#[test]
+fn patch_indexing_is_narrow_where_it_fits() {
+    // ResNet-50's 3×3 convolutions of 256 channels at 14×14, batch 64: 9·32 groups a row.
+    let conv = abi::PatchParams {
+        rows: 64 * 196,
+        h: 14,
+        w: 14,
+        c: 256,
+        oh: 14,
+        ow: 14,
+        kh: 3,
+        kw: 3,
+        ..Default::default()
+    };
+    let p = conv.with_dividers(64, true);
+    assert_eq!(
+        p.div_mul[0..5],
+        [288, 32, 3, 14, 14].map(|d| abi::divider(d).0)
+    );
+    assert_eq!((p.narrow, p.vec), (1, 1));
+    // 2^31 groups of patches: 64-bit indexing.
+    let wide = abi::PatchParams {
+        rows: 1 << 28,
+        ..conv
+    };
+    assert_eq!(wide.with_dividers(1 << 22, false).narrow, 0);
+}

@@ -22,3 +22,8 @@ struct alignas(16) Vec16 {
 };
 #define VEC (16 / (int)sizeof(T))
 
+// n / d for n < 2^31, with the multiplier and shift of d from abi.rs's `divider`: a
+// multiply-high and a shift where a division instruction sequence costs about twenty.
+__device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned shift) {
+    return (__umulhi(n, mul) + n) >> shift;
+}

@@ -27,12 +27,6 @@ struct Ew {
 // fields (NVRTC has no offsetof): a field changed on one side only stops a build.
 static_assert(sizeof(Ew) == 272, "struct Ew no longer matches EwParams (abi.rs)");
 
-// n / d for n < 2^31, with the multiplier and shift of d from abi.rs's `divider`: a
-// multiply-high and a shift where a division instruction sequence costs about twenty.
-__device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned shift) {
-    return (__umulhi(n, mul) + n) >> shift;
-}
-
 // One chunk: its first element's offsets in out, a and b, the operands' strides along the
 // last dimension, and how many elements it has (fewer at the end of a row).
 template <typename I> struct Chunk {

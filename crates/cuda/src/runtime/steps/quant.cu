@@ -25,30 +25,64 @@ __device__ __forceinline__ unsigned int round_fp8(float v) {
 // to 8 bits (0 in the padding), in the weights' KRSC order. A product is the 1×1 case over
 // one image of 1×rows pixels. 8 channels a thread: the host checked that c is a multiple of
 // 16, so rows of patches and their 8-byte groups are aligned.
-extern "C" __global__ void quantize_patches(const T *x, unsigned char *patches, long long rows,
-                                            int h, int w, int c, int oh, int ow, int kh, int kw,
-                                            int ph, int pw, int sh, int sw, int dh, int dw,
-                                            float scale, int fp8) {
-    const int groups = c / 8;
-    const long long per_row = (long long)kh * kw * groups;
-    const long long total = rows * per_row;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long p = i / per_row;
-        const int tap = (int)(i - p * per_row);
-        const int g = tap % groups, s = (tap / groups) % kw, r = tap / groups / kw;
-        const int ox = (int)(p % ow), oy = (int)((p / ow) % oh);
-        const long long img = p / ow / oh;
-        const int iy = oy * sh - ph + r * dh, ix = ox * sw - pw + s * dw;
+struct Patches {
+    long long rows;
+    int h, w, c, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw;
+    float scale;
+    int fp8;
+    int narrow;  // 1 where every index and offset fits in an int (the host checked)
+    int vec;     // 1 where a thread's 8 channels are 16 aligned bytes
+    // abi.rs's `divider` of: a row's groups of 8 channels, c / 8, kw, ow, oh.
+    unsigned div_mul[5];
+    unsigned div_shift[5];
+};
+static_assert(sizeof(Patches) == 120, "struct Patches no longer matches PatchParams (abi.rs)");
+
+// n / by: with the `which`th divider in 32 bits, by division in 64.
+template <typename I>
+__device__ __forceinline__ I patch_div(const Patches &p, I n, int which, I by) {
+    return sizeof(I) == 4 ? (I)fast_div((unsigned)n, p.div_mul[which], p.div_shift[which])
+                          : n / by;
+}
+
+template <typename I>
+__device__ __forceinline__ void patches_body(const Patches &p, const T *x,
+                                             unsigned char *patches) {
+    const int groups = p.c / 8;
+    const I per_row = (I)p.kh * p.kw * groups;
+    const long long total = p.rows * (long long)per_row;
+    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < total;
+         j += (long long)gridDim.x * blockDim.x) {
+        const I i = (I)j;
+        const I row = patch_div<I>(p, i, 0, per_row);
+        // A tap's index is below kh·kw·c/8, always 32 bits.
+        const int tap = (int)(i - row * per_row);
+        const int rs = (int)fast_div(tap, p.div_mul[1], p.div_shift[1]);
+        const int g = tap - rs * groups;
+        const int r = (int)fast_div(rs, p.div_mul[2], p.div_shift[2]);
+        const int s = rs - r * p.kw;
+        const I pix = patch_div<I>(p, row, 3, (I)p.ow);
+        const int ox = (int)(row - pix * p.ow);
+        const I img = patch_div<I>(p, pix, 4, (I)p.oh);
+        const int oy = (int)(pix - img * p.oh);
+        const int iy = oy * p.sh - p.ph + r * p.dh, ix = ox * p.sw - p.pw + s * p.dw;
         unsigned int lo = 0, hi = 0;
         // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
-        if (iy >= 0 && iy < h && ix >= 0 && ix < w && scale > 0.f) {
-            const T *src = x + ((img * h + iy) * w + ix) * (long long)c + g * 8;
+        if (iy >= 0 && iy < p.h && ix >= 0 && ix < p.w && p.scale > 0.f) {
+            const T *src = x + ((img * p.h + iy) * p.w + ix) * (I)p.c + g * 8;
+            Vec16 raw[sizeof(T) / 2];  // 8 values: 16 bytes in fp16, 32 in fp32
+            T *v8 = reinterpret_cast<T *>(raw);
+            if (p.vec) {
+                raw[0] = *reinterpret_cast<const Vec16 *>(src);  // fp16 only (the host)
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v8[k] = src[k];
+            }
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 // Divided, not multiplied by the inverse: the same rounding as `fake`.
-                const float v = ld(src[k]) / scale;
-                const unsigned int b = fp8 ? round_fp8(v) : round_int8(v);
+                const float v = ld(v8[k]) / p.scale;
+                const unsigned int b = p.fp8 ? round_fp8(v) : round_int8(v);
                 if (k < 4) lo |= b << (8 * k);
                 else hi |= b << (8 * (k - 4));
             }
@@ -57,16 +91,27 @@ extern "C" __global__ void quantize_patches(const T *x, unsigned char *patches, 
     }
 }
 
+extern "C" __global__ void quantize_patches(const Patches p, const T *x, unsigned char *patches) {
+    if (p.narrow)
+        patches_body<int>(p, x, patches);
+    else
+        patches_body<long long>(p, x, patches);
+}
+
 // y[p, j] = act(sums[p, j] · scale · w_scales[j] + bias[j] + z[p, j]) over `len` values in
 // rows of n: an 8-bit product's sums scaled back (`scale`: the input's scale times the
 // product's alpha), then its bias, residual and activation.
+// `n_mul` and `n_shift`: abi.rs's `divider` of n, used where len fits in 31 bits.
 template <typename S>
 __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_scales,
                                            const T *bias, const T *z, long long len, int n,
-                                           float scale, int act_id, float p0, float p1) {
+                                           unsigned n_mul, unsigned n_shift, float scale,
+                                           int act_id, float p0, float p1) {
+    const bool narrow = len <= 0x7fffffffLL;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < len;
          i += (long long)gridDim.x * blockDim.x) {
-        const int j = (int)(i % n);
+        const int j = narrow ? (int)i - (int)fast_div((unsigned)i, n_mul, n_shift) * n
+                             : (int)(i % n);
         float v = (float)sums[i] * (scale * w_scales[j]);
         if (bias) v += ld(bias[j]);
         if (z) v += ld(z[i]);
@@ -77,13 +122,15 @@ __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_s
 // `dequantize` of int8 products' exact int32 sums.
 extern "C" __global__ void dequantize_int32(const int *sums, T *y, const float *w_scales,
                                             const T *bias, const T *z, long long len, int n,
-                                            float scale, int act_id, float p0, float p1) {
-    dequantize(sums, y, w_scales, bias, z, len, n, scale, act_id, p0, p1);
+                                            unsigned n_mul, unsigned n_shift, float scale,
+                                            int act_id, float p0, float p1) {
+    dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1);
 }
 
 // `dequantize` of FP8 products' f32 sums.
 extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *w_scales,
                                           const T *bias, const T *z, long long len, int n,
-                                          float scale, int act_id, float p0, float p1) {
-    dequantize(sums, y, w_scales, bias, z, len, n, scale, act_id, p0, p1);
+                                          unsigned n_mul, unsigned n_shift, float scale,
+                                          int act_id, float p0, float p1) {
+    dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1);
 }

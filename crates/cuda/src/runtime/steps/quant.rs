@@ -17,7 +17,7 @@ use super::super::Runtime;
 use super::super::cublaslt::GemmDescs;
 use super::super::kernels::kernel_set;
 use super::launch;
-use crate::abi::act_params;
+use crate::abi::{PatchParams, act_params, divider};
 use crate::error::Result;
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{ConvStep, DType, GemmStep, Loc, Quant, QuantFormat};
@@ -196,19 +196,29 @@ impl Runtime {
         let [ph, pw] = e.pads.map(i);
         let [sh, sw] = e.strides.map(i);
         let [dh, dw] = e.dilations.map(i);
-        let rows = e.rows as i64;
-        let fp8 = i32::from(e.quant.format == QuantFormat::Fp8);
+        let p = PatchParams {
+            rows: e.rows as i64,
+            h,
+            w: w_in,
+            c,
+            oh,
+            ow,
+            kh,
+            kw,
+            ph,
+            pw,
+            sh,
+            sw,
+            dh,
+            dw,
+            scale: e.quant.x_scale,
+            fp8: i32::from(e.quant.format == QuantFormat::Fp8),
+            ..Default::default()
+        };
+        let images = e.rows / (e.out[0] * e.out[1]).max(1);
+        let p = p.with_dividers(images, dtype == DType::F16 && x.is_multiple_of(16));
         let mut b = self.stream.launch_builder(&quant.patches);
-        b.arg(&x).arg(&patches).arg(&rows);
-        b.arg(&h)
-            .arg(&w_in)
-            .arg(&c)
-            .arg(&oh)
-            .arg(&ow)
-            .arg(&kh)
-            .arg(&kw);
-        b.arg(&ph).arg(&pw).arg(&sh).arg(&sw).arg(&dh).arg(&dw);
-        b.arg(&e.quant.x_scale).arg(&fp8);
+        b.arg(&p).arg(&x).arg(&patches);
         launch(b, self.launch_cfg(e.patch_bytes() / 8))?;
 
         if g.scaled {
@@ -242,10 +252,12 @@ impl Runtime {
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
         let (len, n) = ((e.rows * e.n) as i64, e.n as i32);
+        let (n_mul, n_shift) = divider(e.n as u32);
         let scale = e.alpha * e.quant.x_scale;
         let mut b = self.stream.launch_builder(func);
         b.arg(&sums).arg(&y).arg(&w_scales).arg(&bias).arg(&z);
-        b.arg(&len).arg(&n).arg(&scale).arg(&id).arg(&p0).arg(&p1);
+        b.arg(&len).arg(&n).arg(&n_mul).arg(&n_shift);
+        b.arg(&scale).arg(&id).arg(&p0).arg(&p1);
         launch(b, self.launch_cfg(e.rows * e.n))
     }
 }

@@ -144,8 +144,8 @@ pub struct EwParams {
     pub items: i64,
     pub chunk: i32,
     pub parts: i32,
-    /// 1 where `items` and every offset into the operands fit in an `int`: the kernels then
-    /// index in 32 bits.
+    /// 1 where `n` (so every index) and every offset into the operands fit in an `int`: the
+    /// kernels then index in 32 bits.
     pub narrow: i32,
     /// `divider` of each dimension but the last, and of `parts` in the last's place.
     pub div_mul: [u32; MAX_RANK],

@@ -17,7 +17,7 @@ struct Ew {
     // `items` in all: a row's offsets are worked out once for the chunk's elements.
     long long items;
     int chunk, parts;
-    // 1 where `items` and every offset fit in an int (the host checked): 32-bit indexing.
+    // 1 where n (so every index) and every offset fit in an int (the host checked): 32 bits.
     int narrow;
     // abi.rs's `divider` of each dimension but the last, and of `parts` in the last's place.
     unsigned div_mul[MAX_RANK];

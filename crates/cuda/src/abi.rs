@@ -201,11 +201,11 @@ impl EwParams {
             p.sa[j] = a.strides[j];
             p.sb[j] = b.map_or(0, |b| b.strides[j]);
         }
-        p.chunked(1)
+        p
     }
 
     /// The same step with `chunk` elements of the last dimension a thread (a row's whole
-    /// last dimension where it is shorter).
+    /// last dimension where it is shorter): what a launch needs beside `new`'s fields.
     pub fn chunked(mut self, chunk: usize) -> Self {
         if self.rank == 0 {
             // A scalar: one row of one element.
@@ -232,9 +232,11 @@ impl EwParams {
                 .map(|d| (i64::from(self.dims[d]) - 1).max(0) * strides[d].abs())
                 .sum()
         };
-        let fits = |v: i64| v <= i64::from(i32::MAX);
         self.narrow = i32::from(
-            fits(self.n) && fits(reach(&self.so)) && fits(reach(&self.sa)) && fits(reach(&self.sb)),
+            fits_int(self.n)
+                && fits_int(reach(&self.so))
+                && fits_int(reach(&self.sa))
+                && fits_int(reach(&self.sb)),
         );
         self
     }
@@ -284,9 +286,9 @@ const _: () = assert!(
 );
 
 impl PatchParams {
-    /// Fills in the dividers and `narrow` from the sizes; `images` is the batch, `aligned`
-    /// whether the input starts on 16 bytes, in fp16.
-    pub fn with_dividers(mut self, images: usize, aligned_fp16: bool) -> Self {
+    /// Fills in the dividers and `narrow` from the sizes; `aligned_fp16`: whether the input
+    /// is fp16 and starts on 16 bytes.
+    pub fn with_dividers(mut self, aligned_fp16: bool) -> Self {
         let groups = (self.c / 8).max(1) as u32;
         let per_row = (self.kh * self.kw).max(1) as u32 * groups;
         let by = [
@@ -299,12 +301,17 @@ impl PatchParams {
         for (j, d) in by.into_iter().enumerate() {
             (self.div_mul[j], self.div_shift[j]) = divider(d);
         }
-        let fits = |v: i64| v <= i64::from(i32::MAX);
-        let input = images as i64 * i64::from(self.h) * i64::from(self.w) * i64::from(self.c);
-        self.narrow = i32::from(fits(self.rows * i64::from(per_row)) && fits(input));
+        let images = self.rows / (i64::from(self.oh) * i64::from(self.ow)).max(1);
+        let input = images * i64::from(self.h) * i64::from(self.w) * i64::from(self.c);
+        self.narrow = i32::from(fits_int(self.rows * i64::from(per_row)) && fits_int(input));
         self.vec = i32::from(aligned_fp16);
         self
     }
+}
+
+/// Whether `v` fits in the kernels' `int`.
+fn fits_int(v: i64) -> bool {
+    v <= i64::from(i32::MAX)
 }
 
 /// The multiplier and shift that divide a 31-bit `n` by `d` without a division instruction:

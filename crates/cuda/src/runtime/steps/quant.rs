@@ -215,8 +215,7 @@ impl Runtime {
             fp8: i32::from(e.quant.format == QuantFormat::Fp8),
             ..Default::default()
         };
-        let images = e.rows / (e.out[0] * e.out[1]).max(1);
-        let p = p.with_dividers(images, dtype == DType::F16 && x.is_multiple_of(16));
+        let p = p.with_dividers(dtype == DType::F16 && x.is_multiple_of(16));
         let mut b = self.stream.launch_builder(&quant.patches);
         b.arg(&p).arg(&x).arg(&patches);
         launch(b, self.launch_cfg(e.patch_bytes() / 8))?;

@@ -371,7 +371,9 @@ impl ObjectImpl for TrtClassify {
                             mean-batch-fill (0 to 1), batch-time (ns), streams (sharing the \
                             engine), engine-rebuilds, engine-failures, model-updates, model, \
                             backend, precision, engine (built, loaded or shared), \
-                            engine-ready-time (ns), engine-file")
+                            engine-ready-time (ns), engine-file, batches-in-flight (full \
+                            batches the engine may hold unanswered while the next gathers; \
+                            a flush drops their frames)")
                     .read_only()
                     .build(),
             ]

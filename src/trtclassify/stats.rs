@@ -47,6 +47,8 @@ struct EngineSummary {
     origin: &'static str,
     ready_in: Duration,
     engine_file: Option<String>,
+    /// Full batches it may hold unanswered while the next gathers (a GPU's, a server's).
+    batches_in_flight: usize,
 }
 
 impl Stats {
@@ -108,6 +110,7 @@ impl Stats {
                 .engine_file
                 .as_ref()
                 .map(|f| f.path.display().to_string()),
+            batches_in_flight: info.batches_in_flight.max(1),
         });
         self.instance = Some(stream.instance());
     }
@@ -172,6 +175,7 @@ impl Stats {
             }
             s.set("engine", e.origin);
             s.set("engine-ready-time", ns(e.ready_in));
+            s.set("batches-in-flight", e.batches_in_flight as u32);
             if let Some(file) = &e.engine_file {
                 s.set("engine-file", file);
             }

@@ -173,9 +173,10 @@ pub(super) fn run<const FMA: bool, const AVX512: bool>(
     let (mut table, mut scratch) = (Vec::new(), Vec::new());
     for r0 in (0..p.rows).step_by(MC) {
         let r1 = (r0 + MC).min(p.rows);
-        if let Some(taps) = p.taps {
-            taps.find(p.x, r0..r1, &mut table, &mut scratch);
-        }
+        let (runs, offset) = match p.taps {
+            Some(taps) => taps.runs(p.x, r0..r1, &mut table, &mut scratch),
+            None => (std::ptr::null(), 0),
+        };
         for c0 in (cols.start..cols.end).step_by(NC) {
             let c1 = (c0 + NC).min(cols.end);
             for block in &blocks {
@@ -188,10 +189,10 @@ pub(super) fn run<const FMA: bool, const AVX512: bool>(
                         len: ks.len(),
                     },
                     Some(taps) => Lhs::Taps {
-                        table: table.as_ptr().wrapping_add(block.tap),
+                        table: runs.wrapping_add(block.tap),
                         taps: taps.count(),
                         segments: block.segments,
-                        offset: block.offset,
+                        offset: offset + block.offset,
                         len: ks.len() / block.segments,
                     },
                 };

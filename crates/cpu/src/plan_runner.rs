@@ -145,10 +145,13 @@ impl PlanRunner {
             .collect();
         kernels::fuse_activations(&plan.steps, &mut packed);
         kernels::fuse_scales(&plan.steps, &mut packed);
+        let joined = kernels::write_into_concats(&plan.steps, &mut packed);
         // The tail is a gain, not a need: a batch plan that fails its checks goes unused.
         let tail = together.and_then(|mut together| {
             check_plan(&mut together, &weight, DType::F32, frame_len, num_classes).ok()?;
-            let fused = |i: usize| matches!(packed[i], Packed::Skip | Packed::ScaledInput { .. });
+            let fused = |i: usize| {
+                joined[i] || matches!(packed[i], Packed::Skip | Packed::ScaledInput { .. })
+            };
             let mut tail = Tail::find(&plan, &together, fused, tail_at)?;
             check_plan(&mut tail.plan, &weight, DType::F32, frame_len, num_classes).ok()?;
             let packed = tail_packing(&plan, &packed, &tail, &weights);
@@ -216,11 +219,22 @@ impl PlanRunner {
         self.packed.iter().filter(scaled).count()
     }
 
+    /// The products and convolutions that write into a concatenation themselves
+    /// (`kernels::write_into_concats`).
+    #[cfg(test)]
+    pub fn concat_inputs_in_place(&self) -> usize {
+        let into = |p: &&Packed| matches!(p, Packed::Into(..));
+        self.packed.iter().filter(into).count()
+    }
+
     /// The convolutions computed by Winograd's F(2×2, 3×3) (`kernels::winograd`).
     #[cfg(test)]
     pub fn winograd_convolutions(&self) -> usize {
-        let winograd = |p: &&Packed| matches!(p, Packed::Winograd(_));
-        self.packed.iter().filter(winograd).count()
+        let winograd = |p: &Packed| match p {
+            Packed::Into(inner, _) => matches!(**inner, Packed::Winograd(_)),
+            p => matches!(p, Packed::Winograd(_)),
+        };
+        self.packed.iter().filter(|p| winograd(p)).count()
     }
 
     /// The scores of the `n` frames of `input`, one after the other.

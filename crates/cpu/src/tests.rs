@@ -777,6 +777,162 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
     }
 }
 
+#[test]
+fn products_write_into_their_concatenation_where_nothing_else_reads_their_output() {
+    for seed in 0..24 {
+        let mut rng = Rng(seed);
+        // The second branch's convolution by Winograd's transform for some seeds.
+        let winograd = seed / 4 % 2 == 1;
+        let (h, w, c) = match winograd {
+            true => (8 + rng.below(4), 8 + rng.below(4), 16 * (1 + rng.below(2))),
+            false => (3 + rng.below(6), 4 + rng.below(6), 1 + rng.below(24)),
+        };
+        let (k1, k2) = match winograd {
+            true => (1 + rng.below(40), 32),
+            false => (1 + rng.below(40), 2 * (1 + rng.below(20))),
+        };
+        let (pixels, wide) = (h * w, k1 + k2);
+        // The first branch's output read again after its copy; the concatenation placed over
+        // the second branch's input, whose last reader is that branch (as the arena may
+        // place it); the second branch adding a residual.
+        let (read_again, over_input, residual) = (seed % 4 == 1, seed % 4 == 2, seed % 4 == 3);
+        let group = if winograd { 1 } else { 1 + rng.below(2) };
+        let (t1, t2, x) = (0, pixels * k1, pixels * wide);
+        let concat = if over_input { x } else { x + pixels * 2 * c };
+        // Branch 1: a 1×1 convolution as the lowering gives it, NHWC pixels times the
+        // weights, its activation a step of its own (which the product takes over).
+        let product = Step::Gemm(GemmStep {
+            batch: 1,
+            alpha: 1.0,
+            rows: pixels,
+            n: k1,
+            k: c,
+            x: Loc::Input(0),
+            x_batch: 0,
+            w: Loc::Weight {
+                index: 0,
+                offset: 0,
+            },
+            w_transposed: false,
+            bias: Some(Loc::Weight {
+                index: 1,
+                offset: 0,
+            }),
+            residual: None,
+            act: Act::None,
+            y: Loc::Arena(t1),
+            y_batch: 0,
+            quant: None,
+            algo: None,
+        });
+        let relu = Step::Ew(EwStep {
+            op: None,
+            act: Act::Relu,
+            cast: Cast::None,
+            dims: vec![pixels * k1],
+            out: all(Loc::Arena(t1)),
+            a: all(Loc::Arena(t1)),
+            b: None,
+        });
+        // Branch 2: a padded 3×3 convolution (grouped for some seeds) of the input's copy.
+        let conv = Step::Conv(ConvStep {
+            n: 1,
+            c: 2 * c,
+            h,
+            w,
+            k: k2,
+            oh: h,
+            ow: w,
+            kernel: [3, 3],
+            pads: [1, 1],
+            strides: [1, 1],
+            dilations: [1, 1],
+            group,
+            act: Act::Relu,
+            x: Loc::Arena(x),
+            weight: Loc::Weight {
+                index: 2,
+                offset: 0,
+            },
+            bias: Loc::Weight {
+                index: 3,
+                offset: 0,
+            },
+            residual: residual.then_some(Loc::Input(0)),
+            y: Loc::Arena(t2),
+            algo: None,
+            quant: None,
+        });
+        let into_concat = |from: usize, len: usize, at: usize| {
+            Step::Ew(EwStep {
+                op: None,
+                act: Act::None,
+                cast: Cast::None,
+                dims: vec![pixels, len],
+                out: Strided {
+                    loc: Loc::Arena(concat + at),
+                    strides: vec![wide as i64, 1],
+                },
+                a: Strided {
+                    loc: Loc::Arena(from),
+                    strides: vec![len as i64, 1],
+                },
+                b: None,
+            })
+        };
+        // The residual, where there is one, is the input's first `pixels × k2` values.
+        let input = rng.values(pixels * c.max(k2) * 2);
+        let weights = vec![
+            rng.values(c * k1),
+            rng.values(k1),
+            rng.values(k2 * 9 * 2 * c / group),
+            rng.values(k2),
+        ];
+        let out_len = pixels * wide + if read_again { pixels * k1 } else { 0 };
+        let (mut plan, weights) = one_step(
+            copy(Loc::Input(0), Loc::Arena(x), pixels * 2 * c),
+            input.len(),
+            out_len,
+            weights,
+        );
+        plan.arena_len = (concat + pixels * wide).max(x + pixels * 2 * c);
+        plan.steps.extend([
+            product,
+            relu,
+            conv,
+            into_concat(t1, k1, 0),
+            into_concat(t2, k2, k1),
+            copy(Loc::Arena(concat), Loc::Output(0), pixels * wide),
+        ]);
+        if read_again {
+            plan.steps.push(copy(
+                Loc::Arena(t1),
+                Loc::Output(pixels * wide),
+                pixels * k1,
+            ));
+        }
+        plan.origins = vec!["step".into(); plan.steps.len()];
+        let runner = PlanRunner::from_plan(plan.clone(), weights.data.clone(), input.len(), 1)
+            .expect("plan");
+        let what = format!(
+            "seed {seed}: {h}x{w}x{c} -> {k1} + {k2} (group {group}), read again: \
+             {read_again}, over the input: {over_input}, a residual: {residual}"
+        );
+        assert_eq!(
+            runner.winograd_convolutions(),
+            usize::from(winograd),
+            "{what}"
+        );
+        let in_place = match seed % 4 {
+            0 => 2,
+            1 | 3 => 1,
+            _ => 0,
+        };
+        assert_eq!(runner.concat_inputs_in_place(), in_place, "{what}");
+        agree(plan, &weights, &input, &what);
+    }
+}
+
 /// The small CNN committed in `models/`.
 fn committed_cnn() -> trtclassify_compiler::OnnxModel {
     trtclassify_compiler::OnnxModel::load(&trtclassify_compiler::testing::models().join("cnn.onnx"))

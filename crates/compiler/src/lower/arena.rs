@@ -3,7 +3,8 @@
 //! alive at different times share memory. The buffers of nodes kept in f32 in an fp16 plan
 //! have an arena of their own.
 
-use crate::plan::{GemmStep, Loc, Step};
+use crate::ir::Act;
+use crate::plan::{Cast, EwStep, GemmStep, Loc, Step};
 
 /// Buffers start at multiples of this many elements (256 bytes in fp16), as cuDNN and
 /// cuBLASLt prefer.
@@ -58,6 +59,48 @@ pub(crate) fn over_residuals(steps: &[Step], storages: &[Storage]) -> Vec<Option
         }
     }
     shared
+}
+
+/// Makes each concatenation's buffer alive from the first product or convolution whose
+/// output only a copy into it reads: the CPU runner writes such a product's output straight
+/// into its place in the concatenation (`write_into_concats` in `trtclassify-cpu`), which
+/// it can only where nothing alive in between shares that place. Placed from the copies
+/// on, the concatenation took the place of the buffers its branches read (SqueezeNet's
+/// squeeze layer), and no fire module could. Only for the CPU runner's plans.
+pub(crate) fn early_concats(steps: &[Step], storages: &mut [Storage]) {
+    for (i, step) in steps.iter().enumerate() {
+        let Step::Ew(EwStep {
+            op: None,
+            act: Act::None,
+            cast: Cast::None,
+            out,
+            a,
+            b: None,
+            ..
+        }) = step
+        else {
+            continue;
+        };
+        let (
+            Loc::Temp {
+                id: from,
+                offset: 0,
+            },
+            Loc::Temp { id: to, .. },
+        ) = (a.loc, out.loc)
+        else {
+            continue;
+        };
+        let first = storages[from].first;
+        let written = match &steps[first] {
+            Step::Conv(c) => c.y,
+            Step::Gemm(g) => g.y,
+            _ => continue,
+        };
+        if from != to && storages[from].last == i && written == a.loc {
+            storages[to].first = storages[to].first.min(first);
+        }
+    }
 }
 
 /// Places every buffer in its arena: largest first, at the lowest offset free during its

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 use super::CompileError;
 use super::ir::{Act, Graph, Node, Op, Tensor, strides};
 use super::plan::{Cast, DType, EwStep, Loc, MAX_RANK, Plan, Step, Strided, Weights};
-use arena::{Storage, over_residuals, place, resolve};
+use arena::{Storage, early_concats, over_residuals, place, resolve};
 
 /// The memory order of NCHW axes in NHWC.
 pub(crate) const NHWC: [usize; 4] = [0, 2, 3, 1];
@@ -82,7 +82,8 @@ pub(crate) fn identity(rank: usize) -> Vec<usize> {
 /// Lowers `graph` for its batch size, the nodes named in `kept` in f32 (an fp16 plan's:
 /// `compile_mixed` keeps none in fp32 plans); the constants go to `weights`. With
 /// `in_place`, a product's output is written over the residual it reads for the last time
-/// (`arena::over_residuals`; the CPU runner's plans).
+/// (`arena::over_residuals`), and a concatenation is placed where its inputs' products can
+/// write into it (`arena::early_concats`): the CPU runner's plans.
 pub(super) fn lower(
     graph: &Graph,
     dtype: DType,
@@ -134,6 +135,9 @@ pub(super) fn lower(
         .map_err(CompileError::Model)?;
     origins.resize(l.steps.len(), graph.output.clone());
 
+    if in_place {
+        early_concats(&l.steps, &mut l.storages);
+    }
     let shared = match in_place {
         true => over_residuals(&l.steps, &l.storages),
         false => vec![None; l.storages.len()],

@@ -119,7 +119,28 @@ pub enum Packed {
     /// A product whose output the next step activates in place: done here, on data still
     /// in the cache, and that step skipped.
     Activated(Act),
+    /// A product or convolution packed as the inner packing says, whose output rows go
+    /// where a later copy would have put them (`concat_in_place`).
+    Into(Box<Packed>, Out),
     Skip,
+}
+
+/// Where a step writes its output's rows: `stride` values apart from `y`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Out {
+    pub y: Loc,
+    pub stride: usize,
+}
+
+impl Out {
+    /// The output `y` as the plan lays it out, rows of `n` values one after the other; or
+    /// where `packed` redirects it.
+    fn of(packed: &Packed, y: Loc, n: usize) -> (&Packed, Out) {
+        match packed {
+            Packed::Into(inner, out) => (inner, *out),
+            _ => (packed, Out { y, stride: n }),
+        }
+    }
 }
 
 impl Packed {
@@ -134,6 +155,7 @@ impl Packed {
                 Packed::Panels(panels.clone(), None)
             }
             Packed::Winograd(u) => Packed::Winograd(u.clone()),
+            Packed::Into(inner, _) => inner.shared(),
             Packed::None | Packed::Activated(_) | Packed::Skip => Packed::None,
         }
     }
@@ -258,6 +280,7 @@ wide! {
 // After `wide!`, which they use.
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+mod concat_in_place;
 mod conv;
 mod elementwise;
 mod panels;
@@ -273,6 +296,7 @@ mod x86_64;
 #[cfg(test)]
 pub(crate) use conv::group_block;
 
+pub use concat_in_place::write_into_concats;
 use panels::Panels;
 pub use product::fuse_activations;
 pub use scaled_input::fuse_scales;
@@ -312,6 +336,7 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
 /// The weight that `packed` holds a rearranged copy of, which `step` then does not read.
 pub fn packed_weight(step: &Step, packed: &Packed) -> Option<Loc> {
     match (step, packed) {
+        (_, Packed::Into(inner, _)) => packed_weight(step, inner),
         (
             Step::Conv(c),
             Packed::Depthwise(_) | Packed::Groups(_) | Packed::Panels(..) | Packed::Winograd(_),

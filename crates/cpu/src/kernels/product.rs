@@ -4,7 +4,7 @@
 //! fusion of a following activation into them.
 
 use super::panels::{self, Panels, run_panels};
-use super::{Buffers, CpuStep, Packed, Scratch, Threads, activate_with};
+use super::{Buffers, CpuStep, Out, Packed, Scratch, Threads, activate_with};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{Cast, EwStep, GemmStep, Step, covers_once};
 
@@ -258,6 +258,8 @@ impl CpuStep for GemmStep {
             algo: _,
         } = self;
         let mut unscaled = *x;
+        let (packed, out) = Out::of(packed, *y, *n);
+        debug_assert!(out.stride == *n || (*batch == 1 && residual.is_none()));
         let act = match packed {
             Packed::Activated(act)
             | Packed::Panels(_, Some(act))
@@ -278,7 +280,7 @@ impl CpuStep for GemmStep {
             }
             _ => None,
         };
-        let (x, w, y) = (buf.at(unscaled), buf.at(*w), buf.at_mut(*y));
+        let (x, w, y) = (buf.at(unscaled), buf.at(*w), buf.at_mut(out.y));
         for p in 0..*batch {
             // SAFETY: checked spans of `batch` matrices each.
             let product = unsafe {
@@ -298,7 +300,7 @@ impl CpuStep for GemmStep {
                         },
                     },
                     y: y.add(p * y_batch),
-                    y_stride: *n,
+                    y_stride: out.stride,
                     // Packed weights hold alpha.
                     alpha: if panels.is_some() { 1.0 } else { *alpha },
                     bias: bias.map(|b| buf.at(b).add(p * n)),

@@ -107,7 +107,7 @@ fn per_channel(dims: &[usize], out: &Strided, s: &Strided, channels: usize) -> b
 
 /// Whether any of `steps` reads some of `span` before a step writes all of it; a span
 /// outside the arena counts as read (the scores are the caller's).
-fn read_from(steps: &[Step], span: Span) -> bool {
+pub(super) fn read_from(steps: &[Step], span: Span) -> bool {
     let Some(target) = in_arena(&span) else {
         return true;
     };
@@ -138,7 +138,7 @@ fn overlap(a: &Span, b: &Span) -> bool {
 }
 
 /// The arena elements of `span`, absolutely.
-fn in_arena(span: &Span) -> Option<Range<i128>> {
+pub(super) fn in_arena(span: &Span) -> Option<Range<i128>> {
     match span.loc {
         Loc::Arena(o) => Some(o as i128 + span.start..o as i128 + span.end),
         _ => None,

@@ -21,7 +21,7 @@ use std::cell::RefCell;
 
 use super::panels::{Panels, run_panels};
 use super::product::{Product, Weights};
-use super::{Aligned, Buffers, Threads, activate, clamp_of};
+use super::{Aligned, Buffers, Out, Threads, activate, clamp_of};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::ConvStep;
 
@@ -83,8 +83,11 @@ thread_local! {
     static SCRATCH: RefCell<Aligned> = RefCell::new(Aligned::default());
 }
 
-/// The convolution `c` (bias, residual, activation and all) on the weights `u` (`pack`).
-pub(super) fn conv(buf: &Buffers, c: &ConvStep, u: &[Panels], threads: Threads) {
+/// The convolution `c` (bias, residual, activation and all) on the weights `u` (`pack`),
+/// its output's pixels at `out`.
+pub(super) fn conv(buf: &Buffers, c: &ConvStep, u: &[Panels], out: Out, threads: Threads) {
+    // A residual is the output's shape (`concat_in_place` redirects none).
+    debug_assert!(c.residual.is_none() || out.stride == c.k);
     let tiles = c.oh.div_ceil(2) * c.ow.div_ceil(2);
     // Blocks of tiles whose transformed input and products (16 × tiles × (c + k) values)
     // stay near 512 KB, in the L2 cache, but of at least 64 tiles: the products' weights
@@ -99,6 +102,7 @@ pub(super) fn conv(buf: &Buffers, c: &ConvStep, u: &[Panels], threads: Threads) 
             let start = b * per;
             let block = Block {
                 c,
+                out,
                 n,
                 tiles: start..(start + per).min(tiles),
             };
@@ -111,6 +115,7 @@ pub(super) fn conv(buf: &Buffers, c: &ConvStep, u: &[Panels], threads: Threads) 
 /// A run of tiles of image `n`, numbered along the rows of tiles.
 struct Block<'a> {
     c: &'a ConvStep,
+    out: Out,
     n: usize,
     tiles: std::ops::Range<usize>,
 }
@@ -177,7 +182,7 @@ impl Block<'_> {
     /// bias, residual and activation.
     fn transform_output(&self, buf: &Buffers, m: &[f32]) {
         let c = self.c;
-        let (y, bias) = (buf.at_mut(c.y), buf.at(c.bias));
+        let (y, bias) = (buf.at_mut(self.out.y), buf.at(c.bias));
         let residual = c.residual.map(|z| buf.at(z));
         let tw = c.ow.div_ceil(2);
         let clamp = match c.act {
@@ -190,7 +195,7 @@ impl Block<'_> {
             for (p, pixel) in pixels.iter_mut().enumerate() {
                 let (oy, ox) = (2 * ty + p / 2, 2 * tx + p % 2);
                 if oy < c.oh && ox < c.ow {
-                    *pixel = Some(((self.n * c.oh + oy) * c.ow + ox) * c.k);
+                    *pixel = Some(((self.n * c.oh + oy) * c.ow + ox) * self.out.stride);
                 }
             }
             let out = Outputs {
@@ -220,7 +225,8 @@ struct Outputs {
     y: *mut f32,
     bias: *const f32,
     residual: Option<*const f32>,
-    /// The offset of each of the tile's 2×2 outputs (row by row) inside the output.
+    /// The offset of each of the tile's 2×2 outputs (row by row) inside the output, and
+    /// inside the residual (the same where there is one).
     pixels: [Option<usize>; 4],
     /// The activation where it is a clamp (none: no clamp; else applied afterwards).
     clamp: Option<(f32, f32)>,

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 #[cfg(target_arch = "x86_64")]
 use super::x86_64::few_channels;
-use super::{Buffers, CpuStep, Packed, Scratch, Threads, winograd};
+use super::{Buffers, CpuStep, Out, Packed, Scratch, Threads, winograd};
 use trtclassify_compiler::plan::{ConvStep, Loc, Step};
 
 pub(super) fn is_depthwise(c: &ConvStep) -> bool {
@@ -47,6 +47,7 @@ impl CpuStep for ConvStep {
     ) {
         let c = self;
         let col = &mut scratch.col;
+        let (packed, out) = Out::of(packed, c.y, c.k);
         // Weights computed by the plan are packed on the fly, from a copy.
         let on_the_fly;
         let packed = match packed {
@@ -66,7 +67,7 @@ impl CpuStep for ConvStep {
         };
         match packed {
             Packed::Depthwise(w) => depthwise(buf, c, w.as_slice(), threads),
-            Packed::Groups(w) => conv_groups(buf, c, w, col, threads),
+            Packed::Groups(w) => conv_groups(buf, c, w, col, out, threads),
             Packed::Panels(w, _) => {
                 #[cfg(target_arch = "x86_64")]
                 if threads.avx512 && few_channels::fits(c) {
@@ -75,9 +76,9 @@ impl CpuStep for ConvStep {
                         few_channels::few_channels_row_avx512(buf, c, w, row)
                     });
                 }
-                conv_gemm(buf, c, w, col, threads)
+                conv_gemm(buf, c, w, col, out, threads)
             }
-            Packed::Winograd(u) => winograd::conv(buf, c, u, threads),
+            Packed::Winograd(u) => winograd::conv(buf, c, u, out, threads),
             _ => unreachable!("a convolution's weight packs"),
         }
     }

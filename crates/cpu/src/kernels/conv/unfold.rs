@@ -8,22 +8,24 @@ use std::ops::Range;
 use super::is_pointwise;
 use crate::kernels::panels::Panels;
 use crate::kernels::product::{Product, Weights};
-use crate::kernels::{Buffers, Threads};
+use crate::kernels::{Buffers, Out, Threads};
 use trtclassify_compiler::plan::ConvStep;
 
 /// A convolution of one group (not depthwise: `depthwise` takes those; nor, with AVX-512, one
 /// of few channels: `x86_64::few_channels`), as a product of
 /// the input's patches and the packed weights, with bias, residual and activation: the
 /// patches read where they lie (`Taps`), or unfolded first (im2col, NHWC patches in `col`)
-/// where neither a tap nor a kernel row is a run worth finding (`Taps::of`).
+/// where neither a tap nor a kernel row is a run worth finding (`Taps::of`). The output's
+/// rows (pixels) go to `out`, `out.stride` values apart.
 pub(in crate::kernels) fn conv_gemm(
     buf: &Buffers,
     c: &ConvStep,
     panels: &Panels,
     col: &mut Vec<f32>,
+    out: Out,
     threads: Threads,
 ) {
-    let (x, y) = (buf.at(c.x), buf.at_mut(c.y));
+    let (x, y) = (buf.at(c.x), buf.at_mut(out.y));
     let rows = c.kernel[0] * c.kernel[1] * c.c;
     let pixels = c.oh * c.ow;
     let pointwise = is_pointwise(c);
@@ -43,7 +45,9 @@ pub(in crate::kernels) fn conv_gemm(
     };
     for n in 0..c.n {
         // SAFETY: checked spans.
-        let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * c.k)) };
+        let (xb, yb) = unsafe { (x.add(n * c.h * c.w * c.c), y.add(n * pixels * out.stride)) };
+        // A residual is the output's shape (`concat_in_place` redirects none).
+        debug_assert!(c.residual.is_none() || out.stride == c.k);
         let residual = c
             .residual
             .map(|z| unsafe { buf.at(z).add(n * pixels * c.k) });
@@ -69,8 +73,8 @@ pub(in crate::kernels) fn conv_gemm(
                     x_stride: lhs_stride,
                     taps: taps.map(|t| t.skip_rows(start)),
                     w: Weights::Panels(panels),
-                    y: yb.add(start * c.k),
-                    y_stride: c.k,
+                    y: yb.add(start * out.stride),
+                    y_stride: out.stride,
                     alpha: 1.0,
                     bias: Some(buf.at(c.bias)),
                     residual: residual.map(|z| z.add(start * c.k)),
@@ -118,9 +122,11 @@ pub(in crate::kernels) fn conv_groups(
     c: &ConvStep,
     panels: &[Panels],
     col: &mut Vec<f32>,
+    out: Out,
     threads: Threads,
 ) {
     let (cg, kg) = (c.c / c.group, c.k / c.group);
+    debug_assert!(c.residual.is_none() || out.stride == c.k);
     let rows = c.kernel[0] * c.kernel[1] * cg;
     let pixels = c.oh * c.ow;
     let pointwise = is_pointwise(c);
@@ -161,6 +167,7 @@ pub(in crate::kernels) fn conv_groups(
             unsafe {
                 let xb = buf.at(c.x).add(n * c.h * c.w * c.c);
                 let at = (n * pixels + start) * c.k + g * kg;
+                let out_at = (n * pixels + start) * out.stride + g * kg;
                 let mut taps = taps.map(|t| t.skip_rows(start));
                 if let Some(block_taps) = shared.map(|t| t.skip_rows(start)) {
                     if found != Some((n, start)) {
@@ -188,8 +195,8 @@ pub(in crate::kernels) fn conv_groups(
                     x_stride: lhs_stride,
                     taps,
                     w: Weights::Panels(&panels[g]),
-                    y: buf.at_mut(c.y).add(at),
-                    y_stride: c.k,
+                    y: buf.at_mut(out.y).add(out_at),
+                    y_stride: out.stride,
                     alpha: 1.0,
                     bias: Some(buf.at(c.bias).add(g * kg)),
                     residual: c.residual.map(|z| buf.at(z).add(at)),

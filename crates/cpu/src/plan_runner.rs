@@ -484,6 +484,7 @@ fn tail_packing(
         .collect();
     kernels::fuse_activations(&tail.plan.steps, &mut tail_packed);
     kernels::fuse_scales(&tail.plan.steps, &mut tail_packed);
+    // Not `write_into_concats`: the tail's copies run (the late layers seldom concatenate).
     tail_packed
 }
 

@@ -62,7 +62,7 @@ pub(crate) fn over_residuals(steps: &[Step], storages: &[Storage]) -> Vec<Option
 }
 
 /// Makes each concatenation's buffer alive from the first product or convolution whose
-/// output only a copy into it reads: the CPU runner writes such a product's output straight
+/// output a copy into it reads for the last time: the CPU runner writes such a product's output straight
 /// into its place in the concatenation (`write_into_concats` in `trtclassify-cpu`), which
 /// it can only where nothing alive in between shares that place. Placed from the copies
 /// on, the concatenation took the place of the buffers its branches read (SqueezeNet's
@@ -91,10 +91,23 @@ pub(crate) fn early_concats(steps: &[Step], storages: &mut [Storage]) {
         else {
             continue;
         };
+        // The products the runner may redirect: of constant weights, adding no residual,
+        // not depthwise. (It checks the rest, and some of these it may still not redirect:
+        // their concatenation then lives a few steps longer than it needs.)
         let first = storages[from].first;
         let written = match &steps[first] {
-            Step::Conv(c) => c.y,
-            Step::Gemm(g) => g.y,
+            Step::Conv(c)
+                if c.residual.is_none()
+                    && c.group != c.c
+                    && matches!(c.weight, Loc::Weight { .. }) =>
+            {
+                c.y
+            }
+            Step::Gemm(g)
+                if g.batch == 1 && g.residual.is_none() && matches!(g.w, Loc::Weight { .. }) =>
+            {
+                g.y
+            }
             _ => continue,
         };
         if from != to && storages[from].last == i && written == a.loc {

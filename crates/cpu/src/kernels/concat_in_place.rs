@@ -4,8 +4,10 @@
 //! branches) writes its rows there, `stride` values apart, and the copy is skipped. The
 //! plan's copies took 8 % of SqueezeNet 1.1's time on one thread.
 //!
-//! The plan is the GPU's too, whose kernels write whole tensors; the CPU runner decides
-//! this for itself, as it fuses activations (`product::fuse_activations`).
+//! The GPU's kernels write whole tensors: the CPU runner decides this for itself, as it
+//! fuses activations (`product::fuse_activations`), on the CPU plans' placement of the
+//! concatenation (`early_concats` in the compiler's arena). A batched tail's steps copy
+//! (`tail_packing` does not redirect them): the late layers seldom concatenate.
 
 use std::ops::Range;
 
@@ -69,6 +71,9 @@ pub fn write_into_concats(steps: &[Step], packed: &mut [Packed]) -> Vec<bool> {
         // The product's activation, fused into it (`fuse_activations`), is the one step
         // between that may touch its output.
         let fused = |s: usize| s == j + 1 && activates(&packed[j]);
+        // A copy skipped already wrote nothing: its product writes instead, checked
+        // against the steps between it and that copy, this product among them if it lies
+        // there.
         let clear = (j + 1..i).filter(|&s| !fused(s) && !skipped[s]).all(|s| {
             let step = &steps[s];
             let reads = step.reads();

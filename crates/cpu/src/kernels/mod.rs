@@ -145,8 +145,8 @@ impl Out {
 
 impl Packed {
     /// The packing of the same weights for the same step of another plan (another batch),
-    /// sharing the values; without what `fuse_activations` and `fuse_scales` made of it,
-    /// for them to decide again there.
+    /// sharing the values; without what `fuse_activations`, `fuse_scales` and
+    /// `write_into_concats` made of it, for them to decide again there.
     pub fn shared(&self) -> Packed {
         match self {
             Packed::Depthwise(w) => Packed::Depthwise(w.clone()),

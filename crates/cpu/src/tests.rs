@@ -670,6 +670,35 @@ fn products_agree_with_the_plain_run() {
 /// the convolution's weights for the frame where nothing else reads the scaled values and
 /// the convolution's output does not overwrite the unscaled ones, and left as it is
 /// otherwise: the outputs are the plain run's either way.
+/// A 1×1 convolution as the lowering gives it: `rows` NHWC pixels of `c` channels at `x`
+/// times the `c × n` weights (weight 0, bias weight 1), into `y`, no activation.
+fn pointwise(rows: usize, c: usize, n: usize, x: Loc, y: Loc, residual: Option<Loc>) -> Step {
+    Step::Gemm(GemmStep {
+        batch: 1,
+        alpha: 1.0,
+        rows,
+        n,
+        k: c,
+        x,
+        x_batch: 0,
+        w: Loc::Weight {
+            index: 0,
+            offset: 0,
+        },
+        w_transposed: false,
+        bias: Some(Loc::Weight {
+            index: 1,
+            offset: 0,
+        }),
+        residual,
+        act: Act::None,
+        y,
+        y_batch: 0,
+        quant: None,
+        algo: None,
+    })
+}
+
 #[test]
 fn scales_before_a_pointwise_convolution_fold_into_it() {
     for seed in 0..12 {
@@ -715,30 +744,7 @@ fn scales_before_a_pointwise_convolution_fold_into_it() {
         });
         // The 1×1 convolution, as the lowering gives it: NHWC pixels times the weights,
         // and its activation a step of its own, which the product takes over.
-        let conv = Step::Gemm(GemmStep {
-            batch: 1,
-            alpha: 1.0,
-            rows: pixels,
-            n: k,
-            k: c,
-            x: scaled,
-            x_batch: 0,
-            w: Loc::Weight {
-                index: 0,
-                offset: 0,
-            },
-            w_transposed: false,
-            bias: Some(Loc::Weight {
-                index: 1,
-                offset: 0,
-            }),
-            residual: residual_scaled.then_some(scaled),
-            act: Act::None,
-            y,
-            y_batch: 0,
-            quant: None,
-            algo: None,
-        });
+        let conv = pointwise(pixels, c, k, scaled, y, residual_scaled.then_some(scaled));
         let silu = Step::Ew(EwStep {
             op: None,
             act: Act::Silu,
@@ -801,30 +807,7 @@ fn products_write_into_their_concatenation_where_nothing_else_reads_their_output
         let concat = if over_input { x } else { x + pixels * 2 * c };
         // Branch 1: a 1×1 convolution as the lowering gives it, NHWC pixels times the
         // weights, its activation a step of its own (which the product takes over).
-        let product = Step::Gemm(GemmStep {
-            batch: 1,
-            alpha: 1.0,
-            rows: pixels,
-            n: k1,
-            k: c,
-            x: Loc::Input(0),
-            x_batch: 0,
-            w: Loc::Weight {
-                index: 0,
-                offset: 0,
-            },
-            w_transposed: false,
-            bias: Some(Loc::Weight {
-                index: 1,
-                offset: 0,
-            }),
-            residual: None,
-            act: Act::None,
-            y: Loc::Arena(t1),
-            y_batch: 0,
-            quant: None,
-            algo: None,
-        });
+        let product = pointwise(pixels, c, k1, Loc::Input(0), Loc::Arena(t1), None);
         // A clamp, which the tile applies in registers, or an activation it applies in a
         // pass over the rows it wrote.
         let act = if seed % 3 == 0 { Act::Silu } else { Act::Relu };

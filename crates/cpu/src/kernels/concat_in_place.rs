@@ -45,6 +45,15 @@ impl Rows {
     }
 }
 
+/// Whether `step` reads any of the arena elements `span`.
+fn reads(step: &Step, span: &Range<i128>) -> bool {
+    let spans = step.reads();
+    spans
+        .iter()
+        .filter_map(in_arena)
+        .any(|r| overlaps(&r, span))
+}
+
 fn overlaps(a: &Range<i128>, b: &Range<i128>) -> bool {
     a.start < b.end && b.start < a.end
 }
@@ -76,13 +85,6 @@ pub fn write_into_concats(steps: &[Step], packed: &mut [Packed]) -> Vec<bool> {
         // there.
         let clear = (j + 1..i).filter(|&s| !fused(s) && !skipped[s]).all(|s| {
             let step = &steps[s];
-            let reads = step.reads();
-            let read = |span: &Range<i128>| {
-                reads
-                    .iter()
-                    .filter_map(in_arena)
-                    .any(|r| overlaps(&r, span))
-            };
             // What it writes: rows of a concatenation (another copy, or a product
             // redirected there), whose other columns it may write; else its span.
             let rows = into[s].or_else(|| copy_rows(step, &packed[s]).map(|(_, to)| to));
@@ -95,15 +97,11 @@ pub fn write_into_concats(steps: &[Step], packed: &mut [Packed]) -> Vec<bool> {
             };
             // The destination, now written at `j` instead of `i`, must not be read or
             // written between, nor the product's output, now not written at all.
-            !read(&from_span) && !read(&to.span()) && !writes_from && !writes_to
+            !reads(step, &from_span) && !reads(step, &to.span()) && !writes_from && !writes_to
         });
         // Nor may the product read it: the arena may have placed the concatenation over
         // the product's input, whose last reader it is.
-        let reads_to = steps[j]
-            .reads()
-            .iter()
-            .filter_map(in_arena)
-            .any(|r| overlaps(&r, &to.span()));
+        let reads_to = reads(&steps[j], &to.span());
         let span = Span {
             loc: Loc::Arena(from.base),
             start: 0,

@@ -37,6 +37,10 @@ else
 fi
 cargo build --release --example bench_cpu 2>&1 | tail -1
 out=$(mktemp)
+# The time the machine's host took from this one's cores (steal) while it ran: on a shared
+# virtual machine, a run with much of it is too noisy to compare.
+steal() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t }' /proc/stat; }
+read -r steal0 total0 < <(steal)
 # Interleaved in turns, so that a change in the machine's speed during the run (a shared
 # machine's other tenants) touches both sides alike; each figure is the median of the turns'
 # medians.
@@ -58,10 +62,13 @@ get() {
         awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+read -r steal1 total1 < <(steal)
+stolen=$(awk -v s=$((steal1 - steal0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.1f", t ? 100 * s / t : 0 }')
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo
 echo "Per-frame time, median of $rounds turns' medians of $per calls each side, fp32, random weights, 224x224; $(nproc) cores: $cpu"
-echo "element: 224x224 RGB videotestsrc ! trtclassify backend=cpu ! fakesink, less the source alone"
+echo "element: 224x224 RGB videotestsrc ! trtclassify backend=cpu ! fakesink, less the source alone (median time between batches)"
+echo "The host took ${stolen}% of the cores' time during the run (steal)"
 echo
 echo "| model | threads | batch | element | engine | onnxruntime | element / onnxruntime | engine / onnxruntime | largest score difference (top-1 same) |"
 echo "|---|---|---|---|---|---|---|---|---|"
@@ -77,7 +84,7 @@ for n in "${names[@]}"; do
 done
 echo
 echo "tract on ${names[0]}, 1 thread: $(get "tract_${names[0]}_t1_b1_ms") ms per frame at batch 1, $(get "tract_${names[0]}_t1_b8_ms") at batch 8"
-echo "Preprocessing an I420 frame to 224x224 float: 720p $(get preprocess_720p_ms) ms, 1080p $(get preprocess_1080p_ms) ms"
+echo "Preprocessing to 224x224 float: a 224x224 RGB frame (the element rows' input) $(get preprocess_224_rgb_ms) ms; an I420 frame 720p $(get preprocess_720p_ms) ms, 1080p $(get preprocess_1080p_ms) ms"
 echo
 echo "Whole element (videotestsrc I420 ! trtclassify ${names[0]} ! fakesink, all cores), frames/s:"
 echo

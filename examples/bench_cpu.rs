@@ -102,8 +102,8 @@ fn main() {
 }
 
 /// The element's time per frame on 224×224 RGB frames at `threads` and `batch`: the
-/// pipeline's, less that of the same source into `fakesink` alone, each timed from its
-/// first batch's output to its last (so not the first run's warm-up) over `frames` frames.
+/// pipeline's, less that of the same source into `fakesink` alone, each over `frames` frames
+/// after the first batch (the first run's warm-up).
 fn element_ms(model: &str, threads: usize, batch: usize, frames: usize) -> f64 {
     let source = format!(
         "videotestsrc num-buffers={} pattern=ball ! \
@@ -121,8 +121,11 @@ fn element_ms(model: &str, threads: usize, batch: usize, frames: usize) -> f64 {
     whole - alone
 }
 
-/// Milliseconds per buffer into the pipeline `description`'s `sink`, after its first `skip`.
-fn ms_per_frame(description: &str, skip: usize) -> f64 {
+/// Milliseconds per buffer into the pipeline `description`'s `sink` after its first `batch`
+/// buffers: the median of the intervals between batches over the batch size, as the engine's
+/// and onnxruntime's figures are medians of their calls (a mean would count the moments a
+/// shared machine's host takes the core, which a median of the others leaves out).
+fn ms_per_frame(description: &str, batch: usize) -> f64 {
     let pipeline = gst::parse::launch(description)
         .unwrap()
         .downcast::<gst::Pipeline>()
@@ -150,9 +153,14 @@ fn ms_per_frame(description: &str, skip: usize) -> f64 {
     }
     pipeline.set_state(gst::State::Null).unwrap();
     let seen = seen.lock().unwrap();
-    let timed = seen.get(skip.max(1) - 1..).filter(|t| t.len() > 1);
-    let timed = timed.unwrap_or_else(|| panic!("{description}: fewer than {} buffers", skip + 1));
-    (timed[timed.len() - 1] - timed[0]).as_secs_f64() * 1e3 / (timed.len() - 1) as f64
+    let timed = seen.get(batch - 1..).filter(|t| t.len() > batch);
+    let timed = timed.unwrap_or_else(|| panic!("{description}: fewer than {} buffers", 2 * batch));
+    // A batch's frames leave together: the time from one batch's leaving to the next's.
+    let batches = timed.iter().step_by(batch).collect::<Vec<_>>();
+    let intervals = batches
+        .windows(2)
+        .map(|w| (*w[1] - *w[0]).as_secs_f64() * 1e3);
+    median(intervals.collect()) / batch as f64
 }
 
 /// The scores of two frames of the benchmark's input pattern, one line each, for a check
@@ -223,9 +231,15 @@ fn print_profile(engine: &CpuEngine, input: &[f32]) {
 
 /// Preprocessing alone, then the whole element in a pipeline.
 fn bench_element(model: &str, runs: usize, tag: &str) {
-    // Preprocessing of a 1280x720 and a 1920x1080 I420 frame to 224x224 NCHW float.
-    for (width, height) in [(1280, 720), (1920, 1080)] {
-        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::I420, width, height)
+    // Preprocessing to 224x224 NCHW float: of a 224x224 RGB frame (the model set's element
+    // input: normalisation alone), and of a 1280x720 and a 1920x1080 I420 frame.
+    use gst_video::VideoFormat::{I420, Rgb};
+    for (format, width, height, name) in [
+        (Rgb, 224, 224, "224_rgb"),
+        (I420, 1280, 720, "720p"),
+        (I420, 1920, 1080, "1080p"),
+    ] {
+        let info = gst_video::VideoInfo::builder(format, width, height)
             .build()
             .unwrap();
         let buffer = gst::Buffer::from_mut_slice(vec![128u8; info.size()]);
@@ -244,7 +258,7 @@ fn bench_element(model: &str, runs: usize, tag: &str) {
         let times: Vec<f64> = (0..runs.max(50))
             .map(|_| time_ms(|| pre.run(&view, &[Crop::Whole], &mut out).unwrap()))
             .collect();
-        println!("preprocess_{height}p_ms {:.2}", median(times));
+        println!("preprocess_{name}_ms {:.3}", median(times));
     }
 
     // The whole element: I420 frames through trtclassify (all cores).

@@ -106,6 +106,37 @@ pub struct FrameFormat {
     pub colour: Colour,
 }
 
+impl FrameFormat {
+    /// Rows of the affine map from Y, U, V on the 8-bit scale (P010's samples read as
+    /// value / 256) to R, G, B in 0..255: `rgb[c] = m[4c..4c + 3] · (y, u, v, 1)`, from the
+    /// frame's colorimetry (matrix and range) as GStreamer's converter applies it. The CPU
+    /// and GPU preprocessing both convert with it.
+    pub fn yuv_to_rgb(&self) -> [f32; 12] {
+        let (kr, kb) = self.colour.kr_kb.unwrap_or(if self.height >= 720 {
+            (0.2126, 0.0722)
+        } else {
+            (0.299, 0.114)
+        });
+        let (kr, kb) = (kr as f32, kb as f32);
+        let kg = 1.0 - kr - kb;
+        // Y' = ys·(Y − y0), U' = cs·(U − 128), V' = cs·(V − 128).
+        let (ys, y0, cs) = if self.colour.full_range {
+            (1.0, 0.0, 1.0)
+        } else {
+            (255.0 / 219.0, 16.0, 255.0 / 224.0)
+        };
+        let rv = 2.0 * (1.0 - kr) * cs;
+        let bu = 2.0 * (1.0 - kb) * cs;
+        let gu = -2.0 * kb * (1.0 - kb) / kg * cs;
+        let gv = -2.0 * kr * (1.0 - kr) / kg * cs;
+        let row = |u: f32, v: f32| [ys, u, v, -ys * y0 - 128.0 * (u + v)];
+        let [r, g, b] = [row(0.0, rv), row(gu, gv), row(bu, 0.0)];
+        [
+            r[0], r[1], r[2], r[3], g[0], g[1], g[2], g[3], b[0], b[1], b[2], b[3],
+        ]
+    }
+}
+
 /// A source that packs a frame's pixels itself, for formats the engines do not convert (the
 /// plugin: GStreamer's own converter, which reads every raw format).
 pub trait PackedSource {
@@ -163,5 +194,39 @@ impl<'a> FrameView<'a> {
             strides: vec![(width as usize * bytes_per_pixel) as i32],
             packed: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rgb_of(m: &[f32; 12], yuv: [f32; 3]) -> [f32; 3] {
+        std::array::from_fn(|c| {
+            m[4 * c] * yuv[0] + m[4 * c + 1] * yuv[1] + m[4 * c + 2] * yuv[2] + m[4 * c + 3]
+        })
+    }
+
+    #[test]
+    fn bt709_limited_range_maps_black_white_and_red() {
+        let mut nv12 = FrameFormat {
+            format: PixelFormat::Nv12,
+            width: 1920,
+            height: 1080,
+            colour: Colour {
+                kr_kb: Some((0.2126, 0.0722)),
+                ..Default::default()
+            },
+        };
+        let m = nv12.yuv_to_rgb();
+        let near = |a: [f32; 3], b: [f32; 3]| a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1.0);
+        assert!(near(rgb_of(&m, [16.0, 128.0, 128.0]), [0.0; 3]));
+        assert!(near(rgb_of(&m, [235.0, 128.0, 128.0]), [255.0; 3]));
+        // BT.709 red in limited range: Y 63, Cb 102, Cr 240.
+        let red = rgb_of(&m, [63.0, 102.0, 240.0]);
+        assert!(near(red, [255.0, 0.0, 0.0]), "{red:?}");
+        // Without a matrix, 1080 lines are BT.709 too.
+        nv12.colour.kr_kb = None;
+        assert_eq!(nv12.yuv_to_rgb(), m);
     }
 }

@@ -109,7 +109,7 @@ impl FramePreprocess {
             p.pixel_stride = pixel_stride as i32;
             p.off = off.map(|o| o as i32);
         } else {
-            p.m = yuv_to_rgb(format);
+            p.m = format.yuv_to_rgb();
             p.cosited = [
                 i32::from(format.colour.h_cosited),
                 i32::from(format.colour.v_cosited),
@@ -132,44 +132,9 @@ impl FramePreprocess {
     }
 }
 
-/// Rows of the affine map from Y, U, V on the 8-bit scale (P010's samples are read as
-/// value / 256) to R, G, B in 0..255, from the frame's
-/// colorimetry (matrix and range), as GStreamer's converter applies it.
-fn yuv_to_rgb(format: &FrameFormat) -> [f32; 12] {
-    let (kr, kb) = format.colour.kr_kb.unwrap_or(if format.height >= 720 {
-        (0.2126, 0.0722)
-    } else {
-        (0.299, 0.114)
-    });
-    let (kr, kb) = (kr as f32, kb as f32);
-    let kg = 1.0 - kr - kb;
-    let full = format.colour.full_range;
-    // Y' = ys·(Y − y0), U' = cs·(U − 128), V' = cs·(V − 128).
-    let (ys, y0, cs) = if full {
-        (1.0, 0.0, 1.0)
-    } else {
-        (255.0 / 219.0, 16.0, 255.0 / 224.0)
-    };
-    let rv = 2.0 * (1.0 - kr) * cs;
-    let bu = 2.0 * (1.0 - kb) * cs;
-    let gu = -2.0 * kb * (1.0 - kb) / kg * cs;
-    let gv = -2.0 * kr * (1.0 - kr) / kg * cs;
-    let row = |u: f32, v: f32| [ys, u, v, -ys * y0 - 128.0 * (u + v)];
-    let [r, g, b] = [row(0.0, rv), row(gu, gv), row(bu, 0.0)];
-    [
-        r[0], r[1], r[2], r[3], g[0], g[1], g[2], g[3], b[0], b[1], b[2], b[3],
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rgb_of(m: &[f32; 12], yuv: [f32; 3]) -> [f32; 3] {
-        std::array::from_fn(|c| {
-            m[4 * c] * yuv[0] + m[4 * c + 1] * yuv[1] + m[4 * c + 2] * yuv[2] + m[4 * c + 3]
-        })
-    }
 
     fn frame(format: PixelFormat, width: u32, height: u32) -> FrameFormat {
         FrameFormat {
@@ -178,22 +143,6 @@ mod tests {
             height,
             colour: Default::default(),
         }
-    }
-
-    #[test]
-    fn bt709_limited_range_maps_black_white_and_red() {
-        let mut nv12 = frame(PixelFormat::Nv12, 1920, 1080);
-        nv12.colour.kr_kb = Some((0.2126, 0.0722));
-        let m = yuv_to_rgb(&nv12);
-        let near = |a: [f32; 3], b: [f32; 3]| a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1.0);
-        assert!(near(rgb_of(&m, [16.0, 128.0, 128.0]), [0.0; 3]));
-        assert!(near(rgb_of(&m, [235.0, 128.0, 128.0]), [255.0; 3]));
-        // BT.709 red in limited range: Y 63, Cb 102, Cr 240.
-        let red = rgb_of(&m, [63.0, 102.0, 240.0]);
-        assert!(near(red, [255.0, 0.0, 0.0]), "{red:?}");
-        // Without a matrix, 1080 lines are BT.709 too.
-        nv12.colour.kr_kb = None;
-        assert_eq!(yuv_to_rgb(&nv12), m);
     }
 
     #[test]

@@ -2,14 +2,17 @@
 //! CPU preprocessing: any supported video frame to the model's float input.
 //!
 //! Colour conversion: frames already packed in the model's channel order are read where they
-//! are; other packed RGB formats have their bytes picked; anything else goes through the
-//! frame's `PackedSource`, which in the plugin is GStreamer's own `GstVideoConverter` (the code
+//! are; other packed RGB formats have their bytes picked; NV12 and I420 are resized first and
+//! converted at the model's size (`yuv`); anything else goes through the frame's
+//! `PackedSource`, which in the plugin is GStreamer's own `GstVideoConverter` (the code
 //! behind `videoconvert`, reading every raw format with its strides and colorimetry). The
 //! crop, resize and letterbox border use fast_image_resize (antialiased bilinear, as PIL and
 //! torchvision resize for training, and as the GPU kernels do), except for pixels already at
 //! the model's size, which are read where they lie; then the per-channel normalisation
 //! `(pixel × scale − mean[c]) / std[c]`, through a 256-entry table per channel, writes the
 //! model's layout.
+
+mod yuv;
 
 use std::any::Any;
 
@@ -80,6 +83,8 @@ pub struct Preprocessor {
     resizer: fr::Resizer,
     /// The frame at the model's size, packed pixels in the model's channel order.
     resized: Vec<u8>,
+    /// A 4:2:0 frame's planes at the model's size, before their conversion.
+    yuv_planes: yuv::Resized,
     /// Letterbox borders get the mean colour, which normalises to zero: padding then looks
     /// like "no information" to the model rather than like black.
     border: Vec<u8>,
@@ -104,6 +109,7 @@ impl Preprocessor {
             packed: Vec::new(),
             resizer: fr::Resizer::new(),
             resized: vec![0; input.frame_len()],
+            yuv_planes: yuv::Resized::default(),
         })
     }
 
@@ -141,6 +147,11 @@ impl Preprocessor {
                 .get(..row * format.height as usize)
                 .ok_or_else(|| fail("a plane shorter than its rows".into()))?;
             return self.fit(pixels, format, crops, out);
+        }
+        if self.input.channels == 3
+            && let Some(yuv) = yuv::Yuv420::of(frame).map_err(fail)?
+        {
+            return self.fit_yuv(&yuv, format, crops, out);
         }
         if let Some(source) = &frame.packed {
             let mut cache = self.source_cache.take();
@@ -181,25 +192,7 @@ impl Preprocessor {
             .map_err(|e| fail(e.to_string()))?;
         let frame_len = self.input.frame_len();
         for (crop, out) in crops.iter().zip(out.chunks_exact_mut(frame_len)) {
-            let (src, dst) = crop_geometry(
-                (width, height),
-                *crop,
-                (self.input.width as i32, self.input.height as i32),
-                self.options.resize,
-            )
-            .ok_or_else(|| {
-                let Crop::Region(r) = *crop else {
-                    unreachable!("a whole frame has pixels")
-                };
-                PreprocessError::OutsideFrame {
-                    x: r.x,
-                    y: r.y,
-                    w: r.w,
-                    h: r.h,
-                    width,
-                    height,
-                }
-            })?;
+            let (src, dst) = self.place(format, *crop)?;
             let (input_w, input_h) = (self.input.width as i32, self.input.height as i32);
             if (src.w, src.h, dst.w, dst.h) == (input_w, input_h, input_w, input_h) {
                 // Pixels already at the model's size: no resampling, so none of its copy.
@@ -208,11 +201,7 @@ impl Preprocessor {
                 normalise(&pixels[start..], row, &self.input, &self.table, out);
                 continue;
             }
-            if dst.w as usize != self.input.width || dst.h as usize != self.input.height {
-                for (i, p) in self.resized.iter_mut().enumerate() {
-                    *p = self.border[i % self.border.len()];
-                }
-            }
+            self.fill_border(dst);
             let mut dst_image = fr::images::Image::from_slice_u8(
                 self.input.width as u32,
                 self.input.height as u32,
@@ -243,6 +232,71 @@ impl Preprocessor {
             );
         }
         Ok(())
+    }
+
+    /// Steps 1 and 2 together for an NV12 or I420 frame: each crop's planes resampled to
+    /// the model's size, then converted to RGB (see `yuv`); then normalisation and layout.
+    fn fit_yuv(
+        &mut self,
+        frame: &yuv::Yuv420,
+        format: FrameFormat,
+        crops: &[Crop],
+        out: &mut [f32],
+    ) -> Result<(), PreprocessError> {
+        let bgr = self.options.channel_order == ChannelOrder::Bgr;
+        let row = self.input.width * 3;
+        let frame_len = self.input.frame_len();
+        for (crop, out) in crops.iter().zip(out.chunks_exact_mut(frame_len)) {
+            let (src, dst) = self.place(format, *crop)?;
+            self.fill_border(dst);
+            let at = dst.y as usize * row + dst.x as usize * 3;
+            frame
+                .resize_to_rgb(
+                    src,
+                    (dst.w as u32, dst.h as u32),
+                    &mut self.yuv_planes,
+                    bgr,
+                    &mut self.resized[at..],
+                    row,
+                )
+                .map_err(|reason| PreprocessError::convert(format, reason))?;
+            normalise(&self.resized, row, &self.input, &self.table, out);
+        }
+        Ok(())
+    }
+
+    /// Where `crop` of a frame of `format` is read from and where it lands in the model
+    /// input; an error for a region outside the frame.
+    fn place(&self, format: FrameFormat, crop: Crop) -> Result<(Rect, Rect), PreprocessError> {
+        let (width, height) = (format.width, format.height);
+        crop_geometry(
+            (width, height),
+            crop,
+            (self.input.width as i32, self.input.height as i32),
+            self.options.resize,
+        )
+        .ok_or_else(|| {
+            let Crop::Region(r) = crop else {
+                unreachable!("a whole frame has pixels")
+            };
+            PreprocessError::OutsideFrame {
+                x: r.x,
+                y: r.y,
+                w: r.w,
+                h: r.h,
+                width,
+                height,
+            }
+        })
+    }
+
+    /// Letterbox borders around `dst` where it does not fill the model input.
+    fn fill_border(&mut self, dst: Rect) {
+        if dst.w as usize != self.input.width || dst.h as usize != self.input.height {
+            for (i, p) in self.resized.iter_mut().enumerate() {
+                *p = self.border[i % self.border.len()];
+            }
+        }
     }
 }
 
@@ -391,7 +445,7 @@ mod tests {
     }
 
     /// Packed RGB formats are converted by picking their bytes: each gives the RGB frame's
-    /// input; YUV without a converter is refused, naming the format.
+    /// input; P010 without a converter is refused, naming the format.
     #[test]
     fn packed_formats_convert_without_a_converter() {
         let (w, h) = (16u32, 8u32);
@@ -419,15 +473,15 @@ mod tests {
             pre.run(&frame, &[Crop::Whole], &mut got).unwrap();
             assert_eq!(got, want, "{format:?}");
         }
-        let nv12 = vec![128u8; (w * h * 3 / 2) as usize];
-        let mut frame = FrameView::packed_frame(PixelFormat::Nv12, w, h, &nv12);
-        frame.planes = vec![&nv12[..(w * h) as usize], &nv12[(w * h) as usize..]];
-        frame.strides = vec![w as i32, w as i32];
+        let p010 = vec![128u8; (w * h * 3) as usize];
+        let mut frame = FrameView::packed_frame(PixelFormat::P01010le, w, h, &p010);
+        frame.planes = vec![&p010[..(w * h * 2) as usize], &p010[(w * h * 2) as usize..]];
+        frame.strides = vec![w as i32 * 2, w as i32 * 2];
         let err = pre
             .run(&frame, &[Crop::Whole], &mut want)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("Nv12 16x8"), "{err}");
+        assert!(err.contains("P01010le 16x8"), "{err}");
     }
 
     /// Pixels at the model's size (a whole frame, or a region of that size in a larger
@@ -499,5 +553,351 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A 4:2:0 frame's planes (`width × height`, chroma at half size, rounded up).
+    struct Yuv {
+        width: u32,
+        height: u32,
+        y: Vec<u8>,
+        u: Vec<u8>,
+        v: Vec<u8>,
+    }
+
+    /// A plane of `f(x, y)` for each sample.
+    fn plane(width: u32, height: u32, f: &dyn Fn(u32, u32) -> u32) -> Vec<u8> {
+        (0..height)
+            .flat_map(|y| (0..width).map(move |x| (x, y)))
+            .map(|(x, y)| f(x, y).min(255) as u8)
+            .collect()
+    }
+
+    impl Yuv {
+        /// Ramps in all three planes, none leaving the RGB cube for frames up to 96×64
+        /// (where clipping before and after the resize would differ).
+        fn ramps(width: u32, height: u32) -> Self {
+            let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
+            Yuv {
+                width,
+                height,
+                y: plane(width, height, &|x, y| 60 + x + y / 2),
+                u: plane(cw, ch, &|x, _| 104 + x),
+                v: plane(cw, ch, &|_, y| 148 - y),
+            }
+        }
+
+        /// Flat grey luma under steep chroma ramps (3 levels a sample, U across and V down):
+        /// a quarter chroma sample's shift moves blue or red by 1.2 levels or more.
+        fn chroma_ramps(width: u32, height: u32) -> Self {
+            let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
+            Yuv {
+                width,
+                height,
+                y: plane(width, height, &|_, _| 126),
+                u: plane(cw, ch, &|x, _| 80 + 3 * x),
+                v: plane(cw, ch, &|_, y| 92 + 3 * y),
+            }
+        }
+
+        /// The planes laid out as `format` with `pad` bytes after each row.
+        fn planes(&self, format: PixelFormat, pad: usize) -> (Vec<Vec<u8>>, Vec<i32>) {
+            let padded = |plane: &[u8], row: usize| -> Vec<u8> {
+                plane
+                    .chunks_exact(row)
+                    .flat_map(|r| r.iter().copied().chain(std::iter::repeat_n(0xEE, pad)))
+                    .collect()
+            };
+            let (w, cw) = (self.width as usize, self.width.div_ceil(2) as usize);
+            let luma = padded(&self.y, w);
+            match format {
+                PixelFormat::Nv12 => {
+                    let uv: Vec<u8> = (self.u.iter().zip(&self.v))
+                        .flat_map(|(&u, &v)| [u, v])
+                        .collect();
+                    let strides = vec![(w + pad) as i32, (2 * cw + pad) as i32];
+                    (vec![luma, padded(&uv, 2 * cw)], strides)
+                }
+                _ => {
+                    let strides = vec![(w + pad) as i32, (cw + pad) as i32, (cw + pad) as i32];
+                    (
+                        vec![luma, padded(&self.u, cw), padded(&self.v, cw)],
+                        strides,
+                    )
+                }
+            }
+        }
+
+        /// The frame converted to packed RGB at its own size, as the preprocessing used to
+        /// before resizing: chroma interpolated linearly at each luma pixel (sited as
+        /// GStreamer's converter and the GPU kernel site it), each pixel converted with
+        /// `format`'s matrix.
+        fn to_rgb(&self, format: &FrameFormat) -> Vec<u8> {
+            let m = format.yuv_to_rgb();
+            let (cw, ch) = (
+                self.width.div_ceil(2) as i64,
+                self.height.div_ceil(2) as i64,
+            );
+            let pos = |v: u32, cosited: bool| {
+                if cosited {
+                    v as f32 * 0.5
+                } else {
+                    (v as f32 - 0.5) * 0.5
+                }
+            };
+            let chroma = |plane: &[u8], x: u32, y: u32| -> f32 {
+                let (cx, cy) = (
+                    pos(x, format.colour.h_cosited),
+                    pos(y, format.colour.v_cosited),
+                );
+                let (x0, y0) = (cx.floor(), cy.floor());
+                let (fx, fy) = (cx - x0, cy - y0);
+                let at = |i: i64, j: i64| {
+                    let (i, j) = (i.clamp(0, cw - 1), j.clamp(0, ch - 1));
+                    f32::from(plane[(j * cw + i) as usize])
+                };
+                let (x0, y0) = (x0 as i64, y0 as i64);
+                (1.0 - fy) * ((1.0 - fx) * at(x0, y0) + fx * at(x0 + 1, y0))
+                    + fy * ((1.0 - fx) * at(x0, y0 + 1) + fx * at(x0 + 1, y0 + 1))
+            };
+            let mut rgb = Vec::new();
+            for y in 0..self.height {
+                for x in 0..self.width {
+                    let yuv = [
+                        f32::from(self.y[(y * self.width + x) as usize]),
+                        chroma(&self.u, x, y),
+                        chroma(&self.v, x, y),
+                    ];
+                    for c in 0..3 {
+                        let v = m[4 * c] * yuv[0]
+                            + m[4 * c + 1] * yuv[1]
+                            + m[4 * c + 2] * yuv[2]
+                            + m[4 * c + 3];
+                        rgb.push(v.clamp(0.0, 255.0).round() as u8);
+                    }
+                }
+            }
+            rgb
+        }
+    }
+
+    /// How far the model input of `picture` (NV12 and I420, rows padded or not) lies from
+    /// that of the same picture converted to RGB first, in 8-bit levels: the largest and
+    /// mean distance, and each channel's mean offset inside the picture (the edge pixels'
+    /// filters read clamped chroma differently). Checks that the layouts agree.
+    fn off_from_rgb_first(
+        picture: &Yuv,
+        colour: crate::frame::Colour,
+        resize: ResizeMode,
+        crop: Crop,
+        what: &str,
+    ) -> (f32, f32, [f32; 3]) {
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 24,
+            width: 20,
+        };
+        let plane_len = 24 * 20;
+        let options = PreprocessOptions {
+            resize,
+            ..Default::default()
+        };
+        let level = 1.0 / 255.0 / 0.225;
+        let mut pre = Preprocessor::new(options, input).unwrap();
+        let (width, height) = (picture.width, picture.height);
+        let format = FrameFormat {
+            format: PixelFormat::Rgb,
+            width,
+            height,
+            colour,
+        };
+        let rgb = picture.to_rgb(&format);
+        let rgb_frame = FrameView {
+            format,
+            ..FrameView::rgb(width, height, &rgb)
+        };
+        let mut want = vec![f32::NAN; input.frame_len()];
+        pre.run(&rgb_frame, &[crop], &mut want).unwrap();
+        let mut inputs = Vec::new();
+        for (yuv_format, pad) in [
+            (PixelFormat::Nv12, 0),
+            (PixelFormat::I420, 0),
+            (PixelFormat::Nv12, 6),
+            (PixelFormat::I420, 3),
+        ] {
+            let (planes, strides) = picture.planes(yuv_format, pad);
+            let frame = FrameView {
+                format: FrameFormat {
+                    format: yuv_format,
+                    ..format
+                },
+                planes: planes.iter().map(Vec::as_slice).collect(),
+                strides,
+                packed: None,
+            };
+            let mut values = vec![f32::NAN; input.frame_len()];
+            pre.run(&frame, &[crop], &mut values).unwrap();
+            inputs.push(values);
+        }
+        // Interleaved or planar chroma, padded rows or not: the same values.
+        for (i, (format, pad)) in [("I420", 0), ("NV12", 6), ("I420", 3)].iter().enumerate() {
+            assert!(
+                inputs[i + 1] == inputs[0],
+                "{what}: {format} padded by {pad} differs from NV12"
+            );
+        }
+        let got = inputs.swap_remove(0);
+        let (_, dst) = crop_geometry((width, height), crop, (20, 24), resize).unwrap();
+        let (mut max, mut sum, mut bias, mut inside) = (0.0f32, 0.0, [0.0f32; 3], 0.0);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let off = (g - w) / level;
+            max = max.max(off.abs());
+            sum += off.abs();
+            let (c, y, x) = (i / plane_len, (i % plane_len / 20) as i32, (i % 20) as i32);
+            let (x0, y0) = (dst.x, dst.y);
+            if y > y0 && y < y0 + dst.h - 1 && x > x0 && x < x0 + dst.w - 1 {
+                bias[c] += off;
+                inside += f32::from(u8::from(c == 0));
+            }
+        }
+        (max, sum / got.len() as f32, bias.map(|b| b / inside))
+    }
+
+    /// NV12 and I420 frames, resized in YUV and converted at the model's size, give the
+    /// model input of the same frame converted to RGB first and then resized: within two
+    /// levels (rounding to 8 bits after each stage) and half a level on average, for every
+    /// siting, crop, resize mode and size, odd ones included; row padding and layout do not
+    /// matter.
+    #[test]
+    fn yuv_frames_resized_then_converted_match_converted_then_resized() {
+        let regions = [
+            Crop::Whole,
+            Crop::Region(Rect {
+                x: 7,
+                y: 3,
+                w: 13,
+                h: 11,
+            }),
+        ];
+        for (width, height) in [(96, 64), (33, 25), (20, 24)] {
+            let picture = Yuv::ramps(width, height);
+            for (h_cosited, v_cosited) in [(true, false), (false, false), (true, true)] {
+                let colour = crate::frame::Colour {
+                    h_cosited,
+                    v_cosited,
+                    ..Default::default()
+                };
+                for resize in [
+                    ResizeMode::Stretch,
+                    ResizeMode::Letterbox,
+                    ResizeMode::CenterCrop,
+                ] {
+                    for crop in regions {
+                        let what = format!(
+                            "{width}x{height} cosited {h_cosited}/{v_cosited} {resize:?} {crop:?}"
+                        );
+                        let (max, mean, _) =
+                            off_from_rgb_first(&picture, colour, resize, crop, &what);
+                        assert!(
+                            max <= 2.5 && mean <= 0.75,
+                            "{what}: off by {max:.2} levels at most, {mean:.2} on average"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The chroma lands where the frame's siting puts it, up to the frame's edges: on steep
+    /// chroma ramps the colours inside are those of the frame converted first, on average
+    /// to a third of a level (a quarter sample's shift would be 1.2 levels or more).
+    #[test]
+    fn yuv_chroma_is_resized_at_its_siting() {
+        for (width, height) in [(64, 48), (63, 47), (30, 20)] {
+            let picture = Yuv::chroma_ramps(width, height);
+            for (h_cosited, v_cosited) in
+                [(true, false), (false, false), (true, true), (false, true)]
+            {
+                let colour = crate::frame::Colour {
+                    h_cosited,
+                    v_cosited,
+                    ..Default::default()
+                };
+                let region = Crop::Region(Rect {
+                    x: 5,
+                    y: 3,
+                    w: 24,
+                    h: 16,
+                });
+                for crop in [Crop::Whole, region] {
+                    let what = format!("{width}x{height} cosited {h_cosited}/{v_cosited} {crop:?}");
+                    let (_, _, bias) =
+                        off_from_rgb_first(&picture, colour, ResizeMode::Stretch, crop, &what);
+                    assert!(
+                        bias.iter().all(|b| b.abs() <= 0.6),
+                        "{what}: inside, off by {bias:.2?} levels on average (R, G, B)"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A 4:2:0 frame whose planes do not hold their rows, whose stride is shorter than a
+    /// row, or whose NV12 chroma rows split a U, V pair, is an error naming the frame, not a
+    /// read past the plane.
+    #[test]
+    fn short_yuv_planes_are_errors() {
+        let picture = Yuv::ramps(16, 8);
+        let (planes, strides) = picture.planes(PixelFormat::I420, 0);
+        let input = InputSpec {
+            layout: Layout::Nchw,
+            channels: 3,
+            height: 4,
+            width: 4,
+        };
+        let mut pre = Preprocessor::new(PreprocessOptions::default(), input).unwrap();
+        let mut out = vec![0.0; input.frame_len()];
+        let format = FrameFormat {
+            format: PixelFormat::I420,
+            width: 16,
+            height: 8,
+            colour: Default::default(),
+        };
+        let short = FrameView {
+            format,
+            planes: vec![&planes[0], &planes[1][..10], &planes[2]],
+            strides: strides.clone(),
+            packed: None,
+        };
+        let err = pre.run(&short, &[Crop::Whole], &mut out).unwrap_err();
+        assert!(
+            err.to_string().contains("I420 16x8") && err.to_string().contains("shorter"),
+            "{err}"
+        );
+        let narrow = FrameView {
+            format,
+            planes: planes.iter().map(Vec::as_slice).collect(),
+            strides: vec![12, 8, 8],
+            packed: None,
+        };
+        let err = pre.run(&narrow, &[Crop::Whole], &mut out).unwrap_err();
+        assert!(err.to_string().contains("stride of 12 bytes"), "{err}");
+        // NV12's interleaved chroma rows must hold whole U, V pairs.
+        let (planes, _) = picture.planes(PixelFormat::Nv12, 1);
+        let odd = FrameView {
+            format: FrameFormat {
+                format: PixelFormat::Nv12,
+                ..format
+            },
+            planes: planes.iter().map(Vec::as_slice).collect(),
+            strides: vec![17, 17],
+            packed: None,
+        };
+        let err = pre.run(&odd, &[Crop::Whole], &mut out).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("stride of 17 bytes is not a whole number of 2-byte"),
+            "{err}"
+        );
     }
 }

@@ -323,7 +323,8 @@ mod tests {
     /// NV12 and I420 frames, resized in YUV and converted at the model's size, are as close
     /// to the RGB picture they were made of as when GStreamer's converter makes RGB of the
     /// whole frame first (the way before): within two 8-bit levels on average and no
-    /// farther than that way, at CCTV's frame sizes as at small ones, whole and in regions.
+    /// farther than that way (to a tenth of a level), at CCTV's frame sizes as at small ones,
+    /// whole and in regions.
     #[test]
     fn yuv_frames_are_as_close_to_the_picture_as_through_the_converter() {
         let input = InputSpec {

@@ -108,7 +108,7 @@ pub struct FrameFormat {
 
 impl FrameFormat {
     /// Rows of the affine map from Y, U, V on the 8-bit scale (P010's samples read as
-    /// value / 256) to R, G, B in 0..255: `rgb[c] = m[4c..4c + 3] · (y, u, v, 1)`, from the
+    /// value / 256) to R, G, B in 0..255: `rgb[c] = m[4c..4c + 4] · (y, u, v, 1)`, from the
     /// frame's colorimetry (matrix and range) as GStreamer's converter applies it. The CPU
     /// and GPU preprocessing both convert with it.
     pub fn yuv_to_rgb(&self) -> [f32; 12] {

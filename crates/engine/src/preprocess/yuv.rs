@@ -26,32 +26,44 @@ struct Raw<'a> {
 }
 
 impl<'a> Raw<'a> {
-    /// `data` with rows `stride` bytes apart, `rows` rows of `row` bytes.
-    fn new(data: &'a [u8], stride: i32, row: usize, rows: u32) -> Result<Self, String> {
+    /// `data` with rows `stride` bytes apart: `rows` rows of `width` samples of `sample`
+    /// bytes each, the last row's padding optional.
+    fn new(
+        data: &'a [u8],
+        stride: i32,
+        width: u32,
+        rows: u32,
+        sample: usize,
+    ) -> Result<Self, String> {
+        let row = width as usize * sample;
         if stride < 0 || (stride as usize) < row {
             return Err(format!(
                 "a plane's stride of {stride} bytes is shorter than its rows of {row}"
             ));
         }
         let stride = stride as usize;
-        if data.len() < stride * rows as usize {
+        if !stride.is_multiple_of(sample) {
             return Err(format!(
-                "a plane of {} bytes is shorter than its {rows} rows of {stride}",
+                "a plane's stride of {stride} bytes is not a whole number of {sample}-byte samples"
+            ));
+        }
+        let needed = stride * (rows as usize - 1) + row;
+        if data.len() < needed {
+            return Err(format!(
+                "a plane of {} bytes is shorter than its {rows} rows of {stride} bytes",
                 data.len()
             ));
         }
         Ok(Raw { data, stride })
     }
 
-    /// The plane as an image of `P` pixels, `size` of them visible.
+    /// Whether the plane holds `rows` whole strides, as the resizer reads it.
+    fn whole(&self, rows: u32) -> bool {
+        self.data.len() >= self.stride * rows as usize
+    }
+
+    /// The plane as an image of `P` pixels, `size` of them visible; it holds whole strides.
     fn image<P: InnerPixel>(self, (width, height): (u32, u32)) -> Result<Plane<'a, P>, String> {
-        if !self.stride.is_multiple_of(P::size()) {
-            return Err(format!(
-                "a plane's stride of {} bytes is not a whole number of {}-byte samples",
-                self.stride,
-                P::size()
-            ));
-        }
         let wide = (self.stride / P::size()) as u32;
         let base =
             TypedImageRef::from_buffer(wide, height, self.data).map_err(|e| e.to_string())?;
@@ -81,10 +93,12 @@ pub(super) struct Yuv420<'a> {
 pub(super) struct Resized {
     resizer: fr::Resizer,
     y: Vec<u8>,
-    u: Vec<u8>,
+    /// U, or NV12's U and V interleaved.
+    chroma: Vec<u8>,
+    /// I420's V.
     v: Vec<u8>,
-    /// A chroma plane with its last column and row repeated (see [`with_edges`]).
-    edged: Vec<u8>,
+    /// A plane copied where the resizer cannot read it where it lies (see [`readable`]).
+    copy: Vec<u8>,
 }
 
 impl<'a> Yuv420<'a> {
@@ -97,17 +111,25 @@ impl<'a> Yuv420<'a> {
             _ => return Ok(None),
         };
         let (width, height) = (format.width, format.height);
-        let (chroma_w, chroma_h) = (width.div_ceil(2) as usize, height.div_ceil(2));
-        let plane =
-            |i: usize, row: usize, rows: u32| match (frame.planes.get(i), frame.strides.get(i)) {
-                (Some(data), Some(&stride)) => Raw::new(data, stride, row, rows),
-                _ => Err(format!("a {:?} frame without its plane {i}", format.format)),
-            };
-        let luma = plane(0, width as usize, height)?;
+        if width == 0 || height == 0 {
+            return Err("a frame without pixels".into());
+        }
+        let (chroma_w, chroma_h) = (width.div_ceil(2), height.div_ceil(2));
+        let plane = |i: usize, width: u32, rows: u32, sample: usize| match (
+            frame.planes.get(i),
+            frame.strides.get(i),
+        ) {
+            (Some(data), Some(&stride)) => Raw::new(data, stride, width, rows, sample),
+            _ => Err(format!("the {:?} frame has no plane {i}", format.format)),
+        };
+        let luma = plane(0, width, height, 1)?;
         let chroma = if interleaved {
-            Chroma::Interleaved(plane(1, 2 * chroma_w, chroma_h)?)
+            Chroma::Interleaved(plane(1, chroma_w, chroma_h, 2)?)
         } else {
-            Chroma::Planar(plane(1, chroma_w, chroma_h)?, plane(2, chroma_w, chroma_h)?)
+            Chroma::Planar(
+                plane(1, chroma_w, chroma_h, 1)?,
+                plane(2, chroma_w, chroma_h, 1)?,
+            )
         };
         Ok(Some(Yuv420 {
             luma,
@@ -133,18 +155,13 @@ impl<'a> Yuv420<'a> {
         let Resized {
             resizer,
             y,
-            u,
+            chroma,
             v,
-            edged,
+            copy,
         } = scratch;
         let luma_crop = (src.x as f64, src.y as f64, src.w as f64, src.h as f64);
-        resize(
-            resizer,
-            &self.luma.image::<U8>(self.size)?,
-            luma_crop,
-            dst,
-            y,
-        )?;
+        let (plane, size) = readable::<U8>(self.luma, self.size, luma_crop, copy);
+        resize(resizer, &plane.image::<U8>(size)?, luma_crop, dst, y)?;
         let chroma_size = (self.size.0.div_ceil(2), self.size.1.div_ceil(2));
         let crop = chroma_crop(src, self.cosited);
         let matrix = FixedMatrix::new(&self.matrix, bgr);
@@ -152,9 +169,9 @@ impl<'a> Yuv420<'a> {
         let rows = y.chunks_exact(dst_w).zip(out.chunks_mut(out_stride));
         match self.chroma {
             Chroma::Interleaved(uv) => {
-                let (plane, size) = with_edges::<U8x2>(uv, chroma_size, crop, edged);
-                resize(resizer, &plane.image::<U8x2>(size)?, crop, dst, u)?;
-                for ((ys, out), uv) in rows.zip(u.chunks_exact(2 * dst_w)) {
+                let (plane, size) = readable::<U8x2>(uv, chroma_size, crop, copy);
+                resize(resizer, &plane.image::<U8x2>(size)?, crop, dst, chroma)?;
+                for ((ys, out), uv) in rows.zip(chroma.chunks_exact(2 * dst_w)) {
                     let pixels = ys
                         .iter()
                         .zip(uv.chunks_exact(2))
@@ -165,12 +182,12 @@ impl<'a> Yuv420<'a> {
                 }
             }
             Chroma::Planar(u_plane, v_plane) => {
-                let (plane, size) = with_edges::<U8>(u_plane, chroma_size, crop, edged);
-                resize(resizer, &plane.image::<U8>(size)?, crop, dst, u)?;
-                let (plane, size) = with_edges::<U8>(v_plane, chroma_size, crop, edged);
+                let (plane, size) = readable::<U8>(u_plane, chroma_size, crop, copy);
+                resize(resizer, &plane.image::<U8>(size)?, crop, dst, chroma)?;
+                let (plane, size) = readable::<U8>(v_plane, chroma_size, crop, copy);
                 resize(resizer, &plane.image::<U8>(size)?, crop, dst, v)?;
-                let chroma = u.chunks_exact(dst_w).zip(v.chunks_exact(dst_w));
-                for ((ys, out), (us, vs)) in rows.zip(chroma) {
+                let planes = chroma.chunks_exact(dst_w).zip(v.chunks_exact(dst_w));
+                for ((ys, out), (us, vs)) in rows.zip(planes) {
                     let pixels = ys.iter().zip(us).zip(vs).zip(out.chunks_exact_mut(3));
                     for (((&y, &u), &v), px) in pixels {
                         matrix.convert(y, u, v, px);
@@ -224,36 +241,37 @@ fn chroma_crop(src: Rect, (h_cosited, v_cosited): (bool, bool)) -> (f64, f64, f6
     )
 }
 
-/// The chroma plane `raw` of `size` as the resizer reads `crop` of it, with the size to read.
-/// A cosited crop reaching the frame's right or bottom edge ends a quarter sample past the
-/// plane, which the resizer refuses: then a copy in `edged` with the last column and row
-/// repeated (the sample beyond is the edge's, as the converter clamps it).
-fn with_edges<'p, P: InnerPixel>(
+/// The plane `raw` of `size` as the resizer can read `crop` of it, with the size to read:
+/// the plane where it lies, or a copy in `copy` without row padding. A cosited chroma crop
+/// reaching the frame's right or bottom edge ends a quarter sample past the plane, which the
+/// resizer refuses: the copy repeats the last column and row (the sample beyond is the
+/// edge's, as the converter clamps it). A plane whose last row stops at its pixels is
+/// copied too: the resizer reads whole strides.
+fn readable<'p, P: InnerPixel>(
     raw: Raw<'p>,
     (width, height): (u32, u32),
     (left, top, w, h): (f64, f64, f64, f64),
-    edged: &'p mut Vec<u8>,
+    copy: &'p mut Vec<u8>,
 ) -> (Raw<'p>, (u32, u32)) {
-    if left + w <= width as f64 && top + h <= height as f64 {
+    let past = left + w > width as f64 || top + h > height as f64;
+    if !past && raw.whole(height) {
         return (raw, (width, height));
     }
     let (px, row) = (P::size(), width as usize * P::size());
-    edged.clear();
+    let edge = if past { px } else { 0 };
+    copy.clear();
     for y in 0..height as usize {
         let line = &raw.data[y * raw.stride..y * raw.stride + row];
-        edged.extend_from_slice(line);
-        edged.extend_from_slice(&line[row - px..]);
+        copy.extend_from_slice(line);
+        copy.extend_from_slice(&line[row - edge..]);
     }
-    let last = edged.len() - row - px;
-    edged.extend_from_within(last..);
-    let stride = row + px;
-    (
-        Raw {
-            data: edged,
-            stride,
-        },
-        (width + 1, height + 1),
-    )
+    let stride = row + edge;
+    if past {
+        copy.extend_from_within(copy.len() - stride..);
+    }
+    let extra = u32::from(past);
+    let plane = Raw { data: copy, stride };
+    (plane, (width + extra, height + extra))
 }
 
 /// Resamples the `(left, top, width, height)` crop of `src` to `size` into `out` with

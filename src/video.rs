@@ -193,6 +193,50 @@ mod tests {
     // The CPU preprocessing of GStreamer frames: colour through GStreamer's converter, then
     // the engine's resize and normalisation.
 
+    /// An RGB frame of `width × height` with the pixel `pixel(x, y)` at each place.
+    fn drawn(
+        width: u32,
+        height: u32,
+        pixel: impl Fn(usize, usize) -> [u8; 3],
+    ) -> (gst::Buffer, gst_video::VideoInfo) {
+        gst::init().unwrap();
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, width, height)
+            .build()
+            .unwrap();
+        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
+        {
+            let mut f =
+                gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info).unwrap();
+            let stride = f.plane_stride()[0] as usize;
+            let data = f.plane_data_mut(0).unwrap();
+            for y in 0..height as usize {
+                for x in 0..width as usize {
+                    data[y * stride + x * 3..][..3].copy_from_slice(&pixel(x, y));
+                }
+            }
+        }
+        (buf, info)
+    }
+
+    /// A frame converted to `format` by GStreamer's converter, as `videoconvert` would.
+    fn convert(
+        buf: &gst::Buffer,
+        info: &gst_video::VideoInfo,
+        format: gst_video::VideoFormat,
+    ) -> (gst::Buffer, gst_video::VideoInfo) {
+        let out_info = gst_video::VideoInfo::builder(format, info.width(), info.height())
+            .build()
+            .unwrap();
+        let mut out = gst::Buffer::with_size(out_info.size()).unwrap();
+        let conv = gst_video::VideoConverter::new(info, &out_info, None).unwrap();
+        let src = gst_video::VideoFrameRef::from_buffer_ref_readable(buf, info).unwrap();
+        let mut dst =
+            gst_video::VideoFrameRef::from_buffer_ref_writable(out.make_mut(), &out_info).unwrap();
+        conv.frame_ref(&src, &mut dst);
+        drop(dst);
+        (out, out_info)
+    }
+
     /// A solid frame in `format` converted and normalised; returns the NCHW output.
     fn solid(
         format: gst_video::VideoFormat,
@@ -200,36 +244,9 @@ mod tests {
         options: PreprocessOptions,
         layout: Layout,
     ) -> Vec<f32> {
-        gst::init().unwrap();
         // Draw the colour in RGB, then let a converter produce the test format, as upstream would.
-        let rgb_info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, 64, 48)
-            .build()
-            .unwrap();
-        let mut rgb_buf = gst::Buffer::with_size(rgb_info.size()).unwrap();
-        {
-            let mut f =
-                gst_video::VideoFrameRef::from_buffer_ref_writable(rgb_buf.make_mut(), &rgb_info)
-                    .unwrap();
-            let stride = f.plane_stride()[0] as usize;
-            let data = f.plane_data_mut(0).unwrap();
-            for y in 0..48 {
-                for x in 0..64 {
-                    data[y * stride + x * 3..y * stride + x * 3 + 3].copy_from_slice(&rgb);
-                }
-            }
-        }
-        let info = gst_video::VideoInfo::builder(format, 64, 48)
-            .build()
-            .unwrap();
-        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
-        {
-            let conv = gst_video::VideoConverter::new(&rgb_info, &info, None).unwrap();
-            let src =
-                gst_video::VideoFrameRef::from_buffer_ref_readable(&rgb_buf, &rgb_info).unwrap();
-            let mut dst =
-                gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info).unwrap();
-            conv.frame_ref(&src, &mut dst);
-        }
+        let (rgb_buf, rgb_info) = drawn(64, 48, |_, _| rgb);
+        let (buf, info) = convert(&rgb_buf, &rgb_info, format);
         let input = InputSpec {
             layout,
             channels: 3,
@@ -285,38 +302,15 @@ mod tests {
         width: u32,
         height: u32,
     ) -> [(gst::Buffer, gst_video::VideoInfo); 2] {
-        gst::init().unwrap();
-        let rgb_info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, width, height)
-            .build()
-            .unwrap();
-        let mut rgb = gst::Buffer::with_size(rgb_info.size()).unwrap();
-        {
-            let mut f =
-                gst_video::VideoFrameRef::from_buffer_ref_writable(rgb.make_mut(), &rgb_info)
-                    .unwrap();
-            let stride = f.plane_stride()[0] as usize;
-            let data = f.plane_data_mut(0).unwrap();
-            let (w, h) = (width as usize, height as usize);
-            for y in 0..h {
-                for x in 0..w {
-                    let px = &mut data[y * stride + x * 3..][..3];
-                    px[0] = (x * 255 / w) as u8;
-                    px[1] = (y * 255 / h) as u8;
-                    px[2] = (255 - (x + y) * 255 / (w + h)) as u8;
-                }
-            }
-        }
-        let info = gst_video::VideoInfo::builder(format, width, height)
-            .build()
-            .unwrap();
-        let mut buf = gst::Buffer::with_size(info.size()).unwrap();
-        {
-            let conv = gst_video::VideoConverter::new(&rgb_info, &info, None).unwrap();
-            let src = gst_video::VideoFrameRef::from_buffer_ref_readable(&rgb, &rgb_info).unwrap();
-            let mut dst =
-                gst_video::VideoFrameRef::from_buffer_ref_writable(buf.make_mut(), &info).unwrap();
-            conv.frame_ref(&src, &mut dst);
-        }
+        let (w, h) = (width as usize, height as usize);
+        let (rgb, rgb_info) = drawn(width, height, |x, y| {
+            [
+                (x * 255 / w) as u8,
+                (y * 255 / h) as u8,
+                (255 - (x + y) * 255 / (w + h)) as u8,
+            ]
+        });
+        let (buf, info) = convert(&rgb, &rgb_info, format);
         [(buf, info), (rgb, rgb_info)]
     }
 
@@ -357,17 +351,7 @@ mod tests {
                 let rgb_frame =
                     gst_video::VideoFrameRef::from_buffer_ref_readable(&rgb, &rgb_info).unwrap();
                 // GStreamer's converter back to RGB, as the CPU path converted before.
-                let back_info = rgb_info.clone();
-                let mut back = gst::Buffer::with_size(back_info.size()).unwrap();
-                {
-                    let conv = gst_video::VideoConverter::new(&yuv_info, &back_info, None).unwrap();
-                    let mut dst = gst_video::VideoFrameRef::from_buffer_ref_writable(
-                        back.make_mut(),
-                        &back_info,
-                    )
-                    .unwrap();
-                    conv.frame_ref(&yuv_frame, &mut dst);
-                }
+                let (back, back_info) = convert(&yuv, &yuv_info, gst_video::VideoFormat::Rgb);
                 let back_frame =
                     gst_video::VideoFrameRef::from_buffer_ref_readable(&back, &back_info).unwrap();
                 for crop in [Crop::Whole, region] {

@@ -149,7 +149,7 @@ impl Preprocessor {
             return self.fit(pixels, format, crops, out);
         }
         if self.input.channels == 3
-            && let Some(yuv) = yuv::Yuv420::of(frame).map_err(fail)?
+            && let Some(yuv) = yuv::Yuv420::of(frame, wanted == PixelFormat::Bgr).map_err(fail)?
         {
             return self.fit_yuv(&yuv, format, crops, out);
         }
@@ -243,7 +243,6 @@ impl Preprocessor {
         crops: &[Crop],
         out: &mut [f32],
     ) -> Result<(), PreprocessError> {
-        let bgr = self.options.channel_order == ChannelOrder::Bgr;
         let row = self.input.width * 3;
         let frame_len = self.input.frame_len();
         for (crop, out) in crops.iter().zip(out.chunks_exact_mut(frame_len)) {
@@ -255,7 +254,6 @@ impl Preprocessor {
                     src,
                     (dst.w as u32, dst.h as u32),
                     &mut self.yuv_planes,
-                    bgr,
                     &mut self.resized[at..],
                     row,
                 )

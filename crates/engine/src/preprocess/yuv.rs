@@ -85,7 +85,7 @@ pub(super) struct Yuv420<'a> {
     chroma: Chroma<'a>,
     size: (u32, u32),
     cosited: (bool, bool),
-    matrix: [f32; 12],
+    matrix: FixedMatrix,
 }
 
 /// The resizer and the planes at the model's size, kept between frames.
@@ -102,8 +102,9 @@ pub(super) struct Resized {
 }
 
 impl<'a> Yuv420<'a> {
-    /// The planes of an NV12 or I420 `frame`; `None` for other formats.
-    pub(super) fn of(frame: &FrameView<'a>) -> Result<Option<Self>, String> {
+    /// The planes of an NV12 or I420 `frame`, to be converted to RGB (BGR if `bgr`); `None`
+    /// for other formats.
+    pub(super) fn of(frame: &FrameView<'a>, bgr: bool) -> Result<Option<Self>, String> {
         let format = frame.format;
         let interleaved = match format.format {
             PixelFormat::Nv12 => true,
@@ -136,18 +137,17 @@ impl<'a> Yuv420<'a> {
             chroma,
             size: (width, height),
             cosited: (format.colour.h_cosited, format.colour.v_cosited),
-            matrix: format.yuv_to_rgb(),
+            matrix: FixedMatrix::new(&format.yuv_to_rgb(), bgr),
         }))
     }
 
-    /// Resamples `src` of the frame to `dst_w × dst_h` and writes it as 8-bit RGB (BGR if
-    /// `bgr`) into `out`, rows `out_stride` bytes apart.
+    /// Resamples `src` of the frame to `dst_w × dst_h` and writes it as 8-bit RGB (or BGR)
+    /// into `out`, rows `out_stride` bytes apart.
     pub(super) fn resize_to_rgb(
         &self,
         src: Rect,
         (dst_w, dst_h): (u32, u32),
         scratch: &mut Resized,
-        bgr: bool,
         out: &mut [u8],
         out_stride: usize,
     ) -> Result<(), String> {
@@ -164,7 +164,7 @@ impl<'a> Yuv420<'a> {
         resize(resizer, &plane.image::<U8>(size)?, luma_crop, dst, y)?;
         let chroma_size = (self.size.0.div_ceil(2), self.size.1.div_ceil(2));
         let crop = chroma_crop(src, self.cosited);
-        let matrix = FixedMatrix::new(&self.matrix, bgr);
+        let matrix = &self.matrix;
         let dst_w = dst_w as usize;
         let rows = y.chunks_exact(dst_w).zip(out.chunks_mut(out_stride));
         match self.chroma {

@@ -662,6 +662,21 @@ impl Lowering<'_> {
                 perm,
             });
         }
+        // A feature map whose channels are regrouped (ShuffleNet's channel shuffle: split in
+        // two groups, transposed, merged back) is copied within each pixel, channels-last as
+        // the convolutions after it read it; copied to its logical layout, it would go to
+        // channels-first and be copied back to channels-last for every use.
+        if shape.len() == 4
+            && let Some(layout) = regrouped_layout(&x.shape, &x.perm, shape)
+            && reshaped_layout(&x.shape, &layout, shape).as_deref() == Some(&NHWC[..])
+        {
+            let x = self.require(&x, &layout)?;
+            return Ok(Val {
+                loc: x.loc,
+                shape: shape.to_vec(),
+                perm: NHWC.to_vec(),
+            });
+        }
         let x = self.require(&x, &identity(x.shape.len()))?;
         Ok(Val {
             loc: x.loc,
@@ -743,14 +758,12 @@ impl Lowering<'_> {
     }
 }
 
-/// The layout of a value laid out as `perm` seen with `to`, if there is one without moving
-/// anything: the axes of `from` and `to` fall into groups of equal size (a split or a merge),
-/// and each group of `from` must lie together in memory, in its logical order; its axes in
-/// `to` then take its place. Axes of size 1 go anywhere.
-fn reshaped_layout(from: &[usize], perm: &[usize], to: &[usize]) -> Option<Vec<usize>> {
+/// The axes of `from` and `to` (those not of size 1) in groups of equal size, a split or a
+/// merge each: the group of each axis of `from` (`usize::MAX` for axes of 1), and each
+/// group's axes of `to`. `None` where the sizes do not regroup.
+fn regroup(from: &[usize], to: &[usize]) -> Option<(Vec<usize>, Vec<Vec<usize>>)> {
     let old: Vec<usize> = (0..from.len()).filter(|&a| from[a] != 1).collect();
     let new: Vec<usize> = (0..to.len()).filter(|&a| to[a] != 1).collect();
-    // Groups of old and new axes with the same number of elements.
     let mut group_of_old = vec![usize::MAX; from.len()];
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let (mut i, mut j) = (0, 0);
@@ -775,17 +788,22 @@ fn reshaped_layout(from: &[usize], perm: &[usize], to: &[usize]) -> Option<Vec<u
         }
         groups.push(new_axes);
     }
+    Some((group_of_old, groups))
+}
+
+/// The layout of a value laid out as `perm` seen with `to`, if there is one without moving
+/// anything: the axes of `from` and `to` fall into groups of equal size (a split or a merge),
+/// and each group of `from` must lie together in memory, in its logical order; its axes in
+/// `to` then take its place. Axes of size 1 go anywhere.
+fn reshaped_layout(from: &[usize], perm: &[usize], to: &[usize]) -> Option<Vec<usize>> {
+    let (group_of_old, groups) = regroup(from, to)?;
     // In memory, each group's old axes one after the other, in logical order.
     let in_memory: Vec<usize> = perm.iter().copied().filter(|&a| from[a] != 1).collect();
     let mut out: Vec<usize> = (0..to.len()).filter(|&a| to[a] == 1).collect();
     let mut k = 0;
     while k < in_memory.len() {
         let g = group_of_old[in_memory[k]];
-        let members: Vec<usize> = old
-            .iter()
-            .copied()
-            .filter(|&a| group_of_old[a] == g)
-            .collect();
+        let members = members(&group_of_old, g);
         if in_memory.get(k..k + members.len())? != members.as_slice() {
             return None;
         }
@@ -795,9 +813,31 @@ fn reshaped_layout(from: &[usize], perm: &[usize], to: &[usize]) -> Option<Vec<u
     Some(out)
 }
 
+/// A layout for a value laid out as `perm` that `reshaped_layout` takes to `to`, as near
+/// to `perm` as one is: each group's axes together in their logical order, the groups in
+/// the order in which their first axis lies in memory. A copy into it moves each value
+/// little (within its pixel, for a feature map's channels regrouped).
+fn regrouped_layout(from: &[usize], perm: &[usize], to: &[usize]) -> Option<Vec<usize>> {
+    let (group_of_old, _) = regroup(from, to)?;
+    let mut out: Vec<usize> = (0..from.len()).filter(|&a| from[a] == 1).collect();
+    for &a in perm.iter().filter(|&&a| from[a] != 1) {
+        if !out.contains(&a) {
+            out.extend(members(&group_of_old, group_of_old[a]));
+        }
+    }
+    Some(out)
+}
+
+/// The axes of group `g`, in logical order.
+fn members(group_of_old: &[usize], g: usize) -> Vec<usize> {
+    (0..group_of_old.len())
+        .filter(|&a| group_of_old[a] == g)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::reshaped_layout;
+    use super::{regrouped_layout, reshaped_layout};
 
     #[test]
     fn reshapes_keep_layouts_where_the_groups_lie_together() {
@@ -829,5 +869,33 @@ mod tests {
         );
         assert_eq!(reshaped_layout(&[6, 4], &[1, 0], &[4, 6]), None);
         assert_eq!(reshaped_layout(&[6, 4], &[0, 1], &[4, 6]), Some(vec![0, 1]));
+    }
+
+    #[test]
+    fn regrouped_layouts_keep_the_groups_where_they_lie() {
+        // ShuffleNet's shuffle: [n, 2, 24, h, w] channels-last, transposed to [n, 24, 2, h, w]
+        // (memory: n, h, w, the 2, the 24), merged to [n, 48, h, w]: copied within each
+        // pixel, it is channels-last.
+        let (from, perm, to) = ([8, 24, 2, 7, 7], [0, 3, 4, 2, 1], [8, 48, 7, 7]);
+        assert_eq!(reshaped_layout(&from, &perm, &to), None);
+        let layout = regrouped_layout(&from, &perm, &to).unwrap();
+        assert_eq!(layout, [0, 3, 4, 1, 2]);
+        assert_eq!(reshaped_layout(&from, &layout, &to), Some(vec![0, 2, 3, 1]));
+        // One frame: its axis of 1 goes first, anywhere.
+        let layout = regrouped_layout(&[1, 24, 2, 7, 7], &perm, &[1, 48, 7, 7]).unwrap();
+        assert_eq!(layout, [0, 3, 4, 1, 2]);
+        // Heads merged back ([n, s, h, d] laid out as [n, h, s, d]): the group (h, d) lies
+        // where h does, so the copy is [n, h, d, s] and the merge is channels-first
+        // ([n, h·d, s]), not what the 4-D case of `reshape` takes.
+        assert_eq!(
+            regrouped_layout(&[2, 197, 12, 64], &[0, 2, 1, 3], &[2, 197, 768]),
+            Some(vec![0, 2, 3, 1])
+        );
+        // A merge of every axis: the logical order.
+        assert_eq!(
+            regrouped_layout(&[6, 4], &[1, 0], &[4, 6]),
+            Some(vec![0, 1])
+        );
+        assert_eq!(regrouped_layout(&[6, 4], &[0, 1], &[5, 5]), None);
     }
 }

@@ -75,13 +75,14 @@ pub(super) fn elementwise(
     // tensor's channels rather than its width).
     let mut order: Vec<usize> = (0..dims.len()).collect();
     order.sort_by_key(|&d| std::cmp::Reverse(out.strides[d].unsigned_abs()));
-    // Unless that line is short and `a` runs along memory over a long one (a transposition:
-    // lines of a few channels, or of a whole plane; `Planes` takes the model's input of 2 to
-    // 4 colours): then the long one, written strided.
+    // Unless that line is short and `a` runs along memory over a longer one (a transposition:
+    // lines of a few channels, or of a whole plane; ShuffleNet's channels of two groups
+    // interleaved; `Planes` takes the model's input of 2 to 4 colours): then the long one,
+    // written strided.
     if let Some(&inner) = order.last()
         && dims[inner] < 16
         && let Some(long) = (0..dims.len())
-            .filter(|&d| a.strides[d].abs() == 1 && dims[d] >= 64)
+            .filter(|&d| a.strides[d].abs() == 1 && dims[d] >= 16)
             .max_by_key(|&d| dims[d])
     {
         order.retain(|&d| d != long);

@@ -55,8 +55,8 @@ pub struct Carry {
 impl Tail {
     /// The tail of `batch`, the plan compiled for several frames from the model (and the
     /// passes) that `frame` was compiled from for one, both checked. `None` where none can be
-    /// cut out safely: plans whose steps differ (ShuffleNet's channel splits, read in place
-    /// for one frame and copied for several), steps that
+    /// cut out safely: plans whose steps differ (a channels-first split along the channels,
+    /// read in place for one frame and copied for several), steps that
     /// may hold a frame's values apart (attention, products of several matrices), or nowhere
     /// to cut between steps that `fused(i)` says were fused with the step before. `at`, for
     /// tests: the cut there, whatever the steps' sizes.

@@ -77,14 +77,18 @@ fn main() {
                     .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
                     .collect();
                 for _ in 0..3 {
-                    engine.infer(&input, batch).unwrap();
+                    engine.infer_in_runner_layout(&input, batch).unwrap();
                 }
                 if std::env::var_os("PROFILE").is_some() && batch == 1 {
                     eprintln!("{threads} thread(s):");
-                    print_profile(&engine, &input);
+                    print_profile(&mut engine, &input);
                 }
+                // Frames as the element's preprocessing writes them (channels-last for the
+                // plan), so that the figure is the model's alone.
                 let times: Vec<f64> = (0..runs)
-                    .map(|_| time_ms(|| drop(engine.infer(&input, batch).unwrap())))
+                    .map(|_| {
+                        time_ms(|| drop(engine.infer_in_runner_layout(&input, batch).unwrap()))
+                    })
                     .collect();
                 // Per frame: a batch's time over its frames.
                 let ms = median(times) / batch as f64;
@@ -193,7 +197,7 @@ fn print_scores(model: &str) {
 
 /// PROFILE=1: the steps that take the most time, summed by kind, to stderr; PROFILE=steps
 /// also each step, the median of 15 runs.
-fn print_profile(engine: &CpuEngine, input: &[f32]) {
+fn print_profile(engine: &mut CpuEngine, input: &[f32]) {
     let Some(steps) = engine.profile(input) else {
         return;
     };

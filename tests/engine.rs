@@ -199,6 +199,66 @@ fn pushed_frames_run_in_order_and_discard_forgets() {
     }
 }
 
+/// Frames pushed are preprocessed straight into the CPU plan's channels-last input; the
+/// same frames preprocessed in the model's NCHW layout and given to `infer` score the same,
+/// bit for bit, at the model's size and resized, one frame a call and in batches.
+#[test]
+fn pushed_frames_score_as_the_same_frames_given_in_the_model_layout() {
+    use gsttrtclassify::preprocess::Preprocessor;
+    common::init();
+    // Pixels that differ everywhere, in every channel: a layout mix-up changes the scores.
+    let frame_of = |width: u32, height: u32, seed: usize| {
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Rgb, width, height)
+            .build()
+            .unwrap();
+        let mut buffer = gst::Buffer::with_size(info.size()).unwrap();
+        {
+            let buffer = buffer.get_mut().unwrap();
+            let mut frame =
+                gst_video::VideoFrameRef::from_buffer_ref_writable(buffer, &info).unwrap();
+            for (i, v) in frame.plane_data_mut(0).unwrap().iter_mut().enumerate() {
+                *v = ((i * 7919 + seed * 104_729) % 251) as u8;
+            }
+        }
+        (buffer, info)
+    };
+    let frames: Vec<_> = (0..5)
+        .map(|i| match i % 2 {
+            0 => frame_of(32, 32, i),
+            _ => frame_of(48, 40, i),
+        })
+        .collect();
+    let views: Vec<_> = frames
+        .iter()
+        .map(|(b, info)| {
+            gst_video::VideoFrameRef::from_buffer_ref_readable(b.as_ref(), info).unwrap()
+        })
+        .collect();
+    let views: Vec<_> = views
+        .iter()
+        .map(|f| gsttrtclassify::video::view(f).unwrap())
+        .collect();
+    for (model, batch) in [("cnn.onnx", 1), ("cnn.onnx", 4), ("ops.onnx", 2)] {
+        let mut engine = CpuEngine::build(&options(model, batch)).unwrap();
+        let input = engine.info().input;
+        assert_eq!(input.layout, Layout::Nchw, "{model}");
+        let mut pre = Preprocessor::new(PreprocessOptions::default(), input).unwrap();
+        let mut planar = vec![0.0; views.len() * input.frame_len()];
+        for (view, out) in views.iter().zip(planar.chunks_exact_mut(input.frame_len())) {
+            pre.run(view, &[Crop::Whole], out).unwrap();
+        }
+        let want = engine.infer(&planar, views.len()).unwrap();
+        for view in &views {
+            engine.push(view, &[Crop::Whole]).unwrap();
+        }
+        let got = engine.run_pushed().unwrap();
+        assert_eq!(got.len(), views.len(), "{model}, batch {batch}");
+        assert_eq!(got, want, "{model}, batch {batch}");
+        // The frames differ, and so do their scores: the comparison can fail.
+        assert_ne!(got[0], got[1], "{model}");
+    }
+}
+
 #[test]
 fn layouts_are_recognised() {
     common::init();

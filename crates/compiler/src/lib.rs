@@ -158,6 +158,12 @@ fn compile_with(
     let mut weights = Weights::default();
     let mut plans = Vec::new();
     let initializers = import::initializers(model)?;
+    // Frames given channels-last for a channels-first model (the CPU engine's preprocessing
+    // writes them so) are read where they lie instead of copied into that layout.
+    let frames = match (model.input.layout, spec.layout) {
+        (spec::Layout::Nchw, spec::Layout::Nhwc) => lower::Frames::ChannelsLast,
+        _ => lower::Frames::AsModel,
+    };
     for &batch in batch_sizes {
         let mut graph = import::import_with(model, &initializers, batch, spec.height, spec.width)?;
         class_count(graph.shape(&graph.output), batch).map_err(CompileError::Model)?;
@@ -172,7 +178,14 @@ fn compile_with(
         if dtype == DType::F16 {
             passes::fuse_attention(&mut graph, &kept);
         }
-        plans.push(lower::lower(&graph, dtype, &kept, &mut weights, in_place)?);
+        plans.push(lower::lower_frames(
+            &graph,
+            dtype,
+            &kept,
+            &mut weights,
+            in_place,
+            frames,
+        )?);
     }
     Ok((plans, weights))
 }

@@ -1044,6 +1044,68 @@ fn frames_through_a_batched_tail_score_as_one_by_one() {
     assert!(cuts > 40, "only {cuts} cuts");
 }
 
+#[test]
+fn frames_given_channels_last_are_read_where_they_lie() {
+    // The committed CNN and the model of every operator PyTorch exports (both NCHW), five
+    // frames: the plan for frames given channels-last has no first copy, reads the input
+    // buffer itself, and scores as the plan for the model's layout does on the same frames
+    // laid out planar, bit for bit, frame by frame and through a batched tail on two threads.
+    use trtclassify_compiler::spec::Layout;
+    let root = trtclassify_compiler::testing::models();
+    for name in ["cnn.onnx", "ops.onnx"] {
+        let model = trtclassify_compiler::OnnxModel::load(&root.join(name)).expect("model loads");
+        let planar = model.input_spec(None).expect("input");
+        assert_eq!(planar.layout, Layout::Nchw, "{name}");
+        let last = trtclassify_compiler::spec::InputSpec {
+            layout: Layout::Nhwc,
+            ..planar
+        };
+        let (c, plane) = (planar.channels, planar.height * planar.width);
+        let frames = Rng(3).values(5 * planar.frame_len());
+        let mut pixels = vec![0.0; frames.len()];
+        for (src, dst) in frames
+            .chunks_exact(c * plane)
+            .zip(pixels.chunks_exact_mut(c * plane))
+        {
+            for p in 0..plane {
+                for ch in 0..c {
+                    dst[p * c + ch] = src[ch * plane + p];
+                }
+            }
+        }
+        let (want_plans, _) =
+            trtclassify_compiler::compile_for_cpu(&model, &[1], planar).expect("compiles");
+        let (plans, _) =
+            trtclassify_compiler::compile_for_cpu(&model, &[1], last).expect("compiles");
+        assert_eq!(
+            plans[0].steps.len() + 1,
+            want_plans[0].steps.len(),
+            "{name}: the input's copy left out"
+        );
+        assert!(
+            plans[0].steps[0]
+                .locs()
+                .iter()
+                .any(|l| matches!(l, Loc::Input(_))),
+            "{name}: the first step reads the frames"
+        );
+        for (threads, frames_at_once) in [(1, 1), (2, 5)] {
+            let want = PlanRunner::new(&model, planar, 1, frames_at_once, threads)
+                .expect("plan")
+                .run(&frames, 5);
+            let runner = PlanRunner::new(&model, last, 1, frames_at_once, threads).expect("plan");
+            assert_eq!(
+                runner.batched_tail().is_some(),
+                frames_at_once > threads,
+                "{name}"
+            );
+            let got = runner.run(&pixels, 5);
+            assert_eq!(got.len(), 5 * runner.num_classes(), "{name}");
+            assert_eq!(got, want, "{name}, {threads} thread(s)");
+        }
+    }
+}
+
 /// Calibration on the CPU's kernels finds what `sim` found for the committed digits table
 /// (`trtclassify-compiler`'s `calibration_makes_the_committed_digits_table`): the same
 /// ranges and errors, up to the order of the sums.

@@ -343,6 +343,15 @@ fn normalise(data: &[u8], stride: usize, input: &InputSpec, table: &[[f32; 256]]
     let out = &mut out[..c * h * w];
     let rows = (0..h).map(|y| &data[y * stride..y * stride + w * c]);
     match input.layout {
+        Layout::Nhwc if c == 3 => {
+            for (row, out) in rows.zip(out.chunks_exact_mut(w * c)) {
+                for (v, p) in out.chunks_exact_mut(3).zip(row.chunks_exact(3)) {
+                    v[0] = table[0][p[0] as usize];
+                    v[1] = table[1][p[1] as usize];
+                    v[2] = table[2][p[2] as usize];
+                }
+            }
+        }
         Layout::Nhwc => {
             for (row, out) in rows.zip(out.chunks_exact_mut(w * c)) {
                 for (dst, (i, p)) in out.iter_mut().zip(row.iter().enumerate()) {

@@ -8,7 +8,7 @@ mod tract;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::{Backend, Dim, Engine, EngineError, EngineOptions, ModelInfo, OnnxModel, Precision};
-use crate::preprocess::{Crop, Preprocessor};
+use crate::preprocess::{Crop, InputSpec, Layout, Preprocessor};
 use tract::TractRunner;
 use trtclassify_cpu::PlanRunner;
 pub use trtclassify_cpu::cores;
@@ -43,9 +43,17 @@ impl Runner {
 pub struct CpuEngine {
     info: ModelInfo,
     runner: Runner,
+    /// The frames as the runner takes them: the plan's, channels-last where the model's
+    /// input is channels-first (its convolutions' layout, which the preprocessing writes as
+    /// cheaply as the model's); tract's, as the model's.
+    runner_input: InputSpec,
     preprocessor: Preprocessor,
-    /// The frames pushed and not yet run, preprocessed; reused.
+    /// Room for a model batch of preprocessed frames, the first `pushed` of them pushed and
+    /// not yet run. Allocated once: the preprocessing writes every value of a frame.
     input: Vec<f32>,
+    pushed: usize,
+    /// Frames given to `infer` in the model's layout, in the runner's.
+    relaid: Vec<f32>,
     /// Scores of the pushed frames that have run.
     ran: super::Ran,
 }
@@ -83,7 +91,20 @@ impl CpuEngine {
             n => n.min(cores()),
         };
         let frames = options.batch_size.max(1);
-        let (runner, model_batch) = match plan_runner(model, input, fixed, frames, threads) {
+        let channels_last = match input.layout {
+            Layout::Nchw => InputSpec {
+                layout: Layout::Nhwc,
+                ..input
+            },
+            Layout::Nhwc => input,
+        };
+        let (runner, model_batch, runner_input) = match plan_runner(
+            model,
+            channels_last,
+            fixed,
+            frames,
+            threads,
+        ) {
             Ok(plan) => {
                 // Frames run one per plan run; as many at once as there are threads, so a
                 // full model batch keeps them all busy, and a single thread runs each frame
@@ -102,7 +123,7 @@ impl CpuEngine {
                             ", the last {steps} steps on {frames} frames of a thread at once"
                         ))
                 );
-                (Runner::Plan(plan), model_batch)
+                (Runner::Plan(plan), model_batch, channels_last)
             }
             Err(reason) => {
                 log::info!(target: crate::LOG_TARGET, "{}: the cpu engine runs it with tract, on one thread: {reason}",
@@ -114,12 +135,13 @@ impl CpuEngine {
                 // run one per call unless the model fixes a larger batch.
                 let model_batch = fixed.unwrap_or(1);
                 let tract = TractRunner::new(model, input, model_batch)?;
-                (Runner::Tract(tract), model_batch)
+                (Runner::Tract(tract), model_batch, input)
             }
         };
         let num_classes = runner.num_classes();
 
-        let preprocessor = Preprocessor::new(options.preprocess.clone(), input).map_err(fail)?;
+        let preprocessor =
+            Preprocessor::new(options.preprocess.clone(), runner_input).map_err(fail)?;
         let info = ModelInfo {
             input,
             num_classes,
@@ -146,31 +168,56 @@ impl CpuEngine {
         Ok(CpuEngine {
             info,
             runner,
+            runner_input,
             preprocessor,
-            input: Vec::new(),
+            input: vec![0.0; model_batch * input.frame_len()],
+            pushed: 0,
+            relaid: Vec::new(),
             ran: Default::default(),
         })
     }
 
-    /// The scores of the `n` frames of `input` (at most one model batch), one vector each.
-    fn score_frames(&self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        let scores = self.runner.run(input, n)?;
-        Ok(scores
-            .chunks(self.info.num_classes)
-            .map(<[f32]>::to_vec)
-            .collect())
+    /// The scores of the `n` frames of `input` (at most one model batch, in the runner's
+    /// layout), one vector each.
+    fn score_frames(
+        runner: &Runner,
+        num_classes: usize,
+        input: &[f32],
+        n: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let scores = runner.run(input, n)?;
+        Ok(scores.chunks(num_classes).map(<[f32]>::to_vec).collect())
     }
 }
 
 impl CpuEngine {
-    /// Each step's time over one frame, where the plan runs the model; for benchmarks.
-    pub fn profile(&self, input: &[f32]) -> Option<Vec<(String, std::time::Duration)>> {
-        match &self.runner {
-            Runner::Plan(plan) if input.len() == plan.batch() * self.info.input.frame_len() => {
-                Some(plan.profile(input))
-            }
-            _ => None,
+    /// Each step's time over one frame (given in the model's layout), where the plan runs
+    /// the model; for benchmarks.
+    pub fn profile(&mut self, input: &[f32]) -> Option<Vec<(String, std::time::Duration)>> {
+        let frame_len = self.info.input.frame_len();
+        let Runner::Plan(plan) = &self.runner else {
+            return None;
+        };
+        if input.len() != plan.batch() * frame_len {
+            return None;
         }
+        let input = relay(self.info.input, self.runner_input, input, &mut self.relaid);
+        Some(plan.profile(input))
+    }
+
+    /// `infer` for frames laid out as the runner takes them (channels-last for the plan of
+    /// a channels-first model), as pushed frames are run; for benchmarks of the engine's
+    /// time without the relaying of `infer`'s frames.
+    pub fn infer_in_runner_layout(
+        &mut self,
+        input: &[f32],
+        n: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
+        let (runner, classes) = (&self.runner, self.info.num_classes);
+        super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
+            Self::score_frames(runner, classes, chunk, frames)
+        })
     }
 
     /// How many of the plan's last steps run on several frames of a thread at once, and on
@@ -189,10 +236,11 @@ impl Engine for CpuEngine {
     }
 
     fn infer(&mut self, input: &[f32], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        let (frame_len, batch) = (self.info.input.frame_len(), self.info.model_batch);
-        super::infer_in_calls(input, n, frame_len, batch, |chunk, frames| {
-            self.score_frames(chunk, frames)
-        })
+        let mut relaid = std::mem::take(&mut self.relaid);
+        let frames = relay(self.info.input, self.runner_input, input, &mut relaid);
+        let scores = self.infer_in_runner_layout(frames, n);
+        self.relaid = relaid;
+        scores
     }
 
     fn push(&mut self, frame: &crate::frame::FrameView, crops: &[Crop]) -> Result<(), EngineError> {
@@ -201,16 +249,14 @@ impl Engine for CpuEngine {
         let mut crops = crops;
         while !crops.is_empty() {
             // As many crops as the model batch has room for; a full batch runs at once.
-            let n = self.input.len() / frame_len;
+            let n = self.pushed;
             let (now, rest) = crops.split_at(crops.len().min(batch - n));
-            self.input.resize((n + now.len()) * frame_len, 0.0);
-            if let Err(e) = self
-                .preprocessor
-                .run(frame, now, &mut self.input[n * frame_len..])
-            {
+            let room = &mut self.input[n * frame_len..(n + now.len()) * frame_len];
+            if let Err(e) = self.preprocessor.run(frame, now, room) {
                 self.keep_first(before);
                 return Err(e.into());
             }
+            self.pushed += now.len();
             if n + now.len() == batch {
                 self.score_pushed_frames()?;
             }
@@ -225,12 +271,12 @@ impl Engine for CpuEngine {
     }
 
     fn discard(&mut self) {
-        self.input.clear();
+        self.pushed = 0;
         self.ran.clear();
     }
 
     fn pending(&self) -> usize {
-        self.ran.len() + self.input.len() / self.info.input.frame_len()
+        self.ran.len() + self.pushed
     }
 }
 
@@ -241,22 +287,53 @@ impl CpuEngine {
         let ran = self.ran.len();
         if ran >= n {
             self.ran.truncate(n);
-            self.input.clear();
+            self.pushed = 0;
         } else {
-            self.input.truncate((n - ran) * self.info.input.frame_len());
+            self.pushed = n - ran;
         }
     }
 
     /// Runs the pushed frames waiting in `input` (at most one model batch) into `ran`.
     fn score_pushed_frames(&mut self) -> Result<(), EngineError> {
-        let n = self.input.len() / self.info.input.frame_len();
+        let n = std::mem::take(&mut self.pushed);
         if n == 0 {
             return Ok(());
         }
-        let scores = self.score_frames(&self.input, n);
-        self.input.clear();
+        let input = &self.input[..n * self.info.input.frame_len()];
+        let scores = Self::score_frames(&self.runner, self.info.num_classes, input, n);
         self.ran.keep(scores)
     }
+}
+
+/// Frames of `input` laid out as `from`, as `to` lays them out: `input` itself where the
+/// layouts are the same, else relaid into `relaid`.
+fn relay<'a>(
+    from: InputSpec,
+    to: InputSpec,
+    input: &'a [f32],
+    relaid: &'a mut Vec<f32>,
+) -> &'a [f32] {
+    if from.layout == to.layout {
+        return input;
+    }
+    let (c, plane) = (from.channels, from.height * from.width);
+    relaid.resize(input.len(), 0.0);
+    let planar = from.layout == Layout::Nchw;
+    for (src, dst) in input
+        .chunks_exact(c * plane)
+        .zip(relaid.chunks_exact_mut(c * plane))
+    {
+        for p in 0..plane {
+            for ch in 0..c {
+                let (nchw, nhwc) = (ch * plane + p, p * c + ch);
+                match planar {
+                    true => dst[nhwc] = src[nchw],
+                    false => dst[nchw] = src[nhwc],
+                }
+            }
+        }
+    }
+    relaid
 }
 
 /// The fast path for `model`, or why it does not take it. A panic in the importer (a bug) is

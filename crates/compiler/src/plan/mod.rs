@@ -62,7 +62,8 @@ pub enum Loc {
         /// The offset into that constant.
         offset: usize,
     },
-    /// The frames, f32, as the model's input layout.
+    /// The frames, f32, in the model's input layout, or channels-last where the CPU engine
+    /// gives a channels-first model's frames so (`lower::Frames`).
     Input(usize),
     /// The scores, f32.
     Output(usize),

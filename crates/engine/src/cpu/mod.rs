@@ -48,8 +48,9 @@ pub struct CpuEngine {
     /// cheaply as the model's); tract's, as the model's.
     runner_input: InputSpec,
     preprocessor: Preprocessor,
-    /// Room for a model batch of preprocessed frames, the first `pushed` of them pushed and
-    /// not yet run. Allocated once: the preprocessing writes every value of a frame.
+    /// Room for the preprocessed frames of a model batch, the first `pushed` of them pushed
+    /// and not yet run; the preprocessing writes every value of a frame, so that the room
+    /// is kept, not cleared, from one batch to the next.
     input: Vec<f32>,
     pushed: usize,
     /// Frames given to `infer` in the model's layout, in the runner's.
@@ -170,7 +171,7 @@ impl CpuEngine {
             runner,
             runner_input,
             preprocessor,
-            input: vec![0.0; model_batch * input.frame_len()],
+            input: Vec::new(),
             pushed: 0,
             relaid: Vec::new(),
             ran: Default::default(),
@@ -251,7 +252,12 @@ impl Engine for CpuEngine {
             // As many crops as the model batch has room for; a full batch runs at once.
             let n = self.pushed;
             let (now, rest) = crops.split_at(crops.len().min(batch - n));
-            let room = &mut self.input[n * frame_len..(n + now.len()) * frame_len];
+            // Grown as frames come (a fixed batch may be large), never zeroed again.
+            let end = (n + now.len()) * frame_len;
+            if self.input.len() < end {
+                self.input.resize(end, 0.0);
+            }
+            let room = &mut self.input[n * frame_len..end];
             if let Err(e) = self.preprocessor.run(frame, now, room) {
                 self.keep_first(before);
                 return Err(e.into());

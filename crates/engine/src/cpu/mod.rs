@@ -311,8 +311,9 @@ impl CpuEngine {
     }
 }
 
-/// Frames of `input` laid out as `from`, as `to` lays them out: `input` itself where the
-/// layouts are the same, else relaid into `relaid`.
+/// Frames of `input`, laid out as the model's input `from`, as the runner takes them (`to`):
+/// `input` itself where the layouts are the same, else (an NCHW model's plan, which takes
+/// them channels-last, the one way they differ) relaid into `relaid`.
 fn relay<'a>(
     from: InputSpec,
     to: InputSpec,
@@ -322,20 +323,16 @@ fn relay<'a>(
     if from.layout == to.layout {
         return input;
     }
+    debug_assert_eq!((from.layout, to.layout), (Layout::Nchw, Layout::Nhwc));
     let (c, plane) = (from.channels, from.height * from.width);
     relaid.resize(input.len(), 0.0);
-    let planar = from.layout == Layout::Nchw;
-    for (src, dst) in input
+    for (planes, pixels) in input
         .chunks_exact(c * plane)
         .zip(relaid.chunks_exact_mut(c * plane))
     {
-        for p in 0..plane {
-            for ch in 0..c {
-                let (nchw, nhwc) = (ch * plane + p, p * c + ch);
-                match planar {
-                    true => dst[nhwc] = src[nchw],
-                    false => dst[nchw] = src[nhwc],
-                }
+        for (p, pixel) in pixels.chunks_exact_mut(c).enumerate() {
+            for (ch, v) in pixel.iter_mut().enumerate() {
+                *v = planes[ch * plane + p];
             }
         }
     }

@@ -14,6 +14,9 @@
 # GStreamer -dev packages cannot (libgstreamer-plugins-base1.0-dev is not Multi-Arch: same):
 # installing them would remove the x86_64 ones. So only their pkg-config files and library
 # links are unpacked, into target/aarch64-sysroot, and point at the arm64 runtime libraries.
+# The RTSP server's runtime library is not Multi-Arch: same either (installing its arm64
+# package removes the x86_64 one and the -dev and GIR packages that need it), so it is
+# unpacked there too, and the tests find it under qemu through the guest's library path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -30,22 +33,28 @@ $sudo apt-get update
 $sudo apt-get install -y --no-install-recommends \
     gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static \
     libgstreamer1.0-0:arm64 libgstreamer-plugins-base1.0-0:arm64 \
-    libgstrtspserver-1.0-0:arm64 gstreamer1.0-plugins-base:arm64
+    gstreamer1.0-plugins-base:arm64
 rustup target add "$target"
 
-# 2. pkg-config files and .so links of the -dev packages, unpacked, not installed.
+# 2. pkg-config files and .so links of the -dev packages, and the RTSP server's runtime
+#    library, unpacked, not installed.
 sysroot=$PWD/target/aarch64-sysroot
-if [ ! -e "$sysroot/.done" ]; then
+runtime=$sysroot/root/usr/lib/aarch64-linux-gnu
+# (A sysroot unpacked before the RTSP server's library was added to it is unpacked again.)
+if [ ! -e "$sysroot/.done" ] || [ ! -e "$runtime/libgstrtspserver-1.0.so.0" ]; then
     rm -rf "$sysroot"
     mkdir -p "$sysroot/debs" "$sysroot/root" "$sysroot/lib"
     (cd "$sysroot/debs" && apt-get download \
         libgstreamer1.0-dev:arm64 libgstreamer-plugins-base1.0-dev:arm64 \
-        libgstrtspserver-1.0-dev:arm64 libglib2.0-dev:arm64 liborc-0.4-dev:arm64)
+        libgstrtspserver-1.0-dev:arm64 libgstrtspserver-1.0-0:arm64 \
+        libglib2.0-dev:arm64 liborc-0.4-dev:arm64)
     for deb in "$sysroot"/debs/*.deb; do dpkg -x "$deb" "$sysroot/root"; done
-    # libfoo.so -> libfoo.so.0 (relative, in the package) becomes a link to the installed
-    # arm64 library, for the linker.
-    for link in "$sysroot"/root/usr/lib/aarch64-linux-gnu/*.so; do
-        ln -sf "/usr/lib/aarch64-linux-gnu/$(readlink "$link")" "$sysroot/lib/$(basename "$link")"
+    # libfoo.so -> libfoo.so.0 (relative, in the package) becomes a link to the arm64
+    # library, for the linker: the one unpacked here (the RTSP server's), else the installed.
+    for link in "$runtime"/*.so; do
+        target_lib=$runtime/$(readlink "$link")
+        [ -e "$target_lib" ] || target_lib=/usr/lib/aarch64-linux-gnu/$(readlink "$link")
+        ln -sf "$target_lib" "$sysroot/lib/$(basename "$link")"
     done
     touch "$sysroot/.done"
 fi
@@ -71,7 +80,7 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C link-arg=-L$sysroot/lib -C link-arg=-Wl,-rpath-link,/usr/lib/aarch64-linux-gnu"
 # The test binaries run under qemu; GStreamer scans its plugins in-process (its scanner
 # helper is an arm64 program that the kernel cannot start without binfmt_misc).
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64-static
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -E LD_LIBRARY_PATH=$runtime"
 export GST_REGISTRY_FORK=no
 export GST_REGISTRY=$PWD/target/aarch64-registry.bin
 export GST_PLUGIN_SYSTEM_PATH=/usr/lib/aarch64-linux-gnu/gstreamer-1.0

@@ -22,7 +22,8 @@
 //! graph, download). `--check` runs `MODEL.input.bin` (4 float32 NCHW images) at every batch
 //! size and compares with `MODEL.ref.json` (written by `bench/gpu/torch_models.py export`);
 //! `--profile` prints the GPU time of each plan by kind of step, and its costliest steps (the
-//! same step in every block of a transformer counted together).
+//! same step in every block of a transformer counted together), timed inside the plan's graph;
+//! every step in order goes to standard error.
 //! `calibrate` runs the model on the CPU over frames decoded by GStreamer from SOURCE (image
 //! or video files, or folders of them; at most `--frames`; `.bin` files are model inputs
 //! already preprocessed, float32 NCHW, as `bench --check` reads), preprocessed as the element's
@@ -402,9 +403,14 @@ fn bench(args: &Args) -> Result<(), String> {
 fn print_profile(model: &str, batch: usize, steps: Vec<(String, f64)>) {
     let total: f64 = steps.iter().map(|(_, ms)| ms).sum();
     println!(
-        "\n{model} batch {batch}: {} steps, {total:.3} ms of GPU time step by step",
+        "\n{model} batch {batch}: {} steps, {total:.3} ms in the plan's graph, step by step",
         steps.len()
     );
+    // Every step in the plan's order goes to the log, the summary below to the table.
+    eprintln!("{model} batch {batch}, the plan's steps in order (ms):");
+    for (what, ms) in &steps {
+        eprintln!("  {ms:8.4}  {what}");
+    }
     let mut by_kind = std::collections::BTreeMap::<String, (usize, f64)>::new();
     for (what, ms) in &steps {
         let kind = what.split(' ').next().unwrap_or("?").to_owned();

@@ -2,7 +2,7 @@
 //! Timings for the bench binary (`trtclassify-engine`): graph replays back to back, single
 //! replays, each step of a plan, and the GPU preprocessing.
 
-use cudarc::driver::{CudaGraph, DevicePtr, sys as drv};
+use cudarc::driver::{CudaEvent, CudaGraph, DevicePtr, sys as drv};
 
 use super::Runtime;
 use crate::error::{Error, Result};
@@ -52,23 +52,46 @@ impl Runtime {
     }
 
     /// Each step of the plan of `batch` (described, with its ONNX node) and its GPU
-    /// milliseconds, timed with events around each
-    /// step (outside the graph, so launch gaps are not counted); a median of `runs`.
+    /// milliseconds, a median of `runs` replays of the plan captured with an event between
+    /// its steps. Timed inside a graph, as the plan runs, each step's time includes the gap
+    /// before it: launched one by one, a small batch's steps would time the host's calls
+    /// instead, far longer than the steps themselves.
     pub fn profile(&self, batch: usize, runs: usize) -> Result<Vec<(String, f64)>> {
         let bp = &self.plans[self.plan_index(batch)?];
-        let timing = Some(drv::CUevent_flags::CU_EVENT_DEFAULT);
-        let event = || {
-            self.stream
-                .record_event(timing)
-                .map_err(Error::driver("event"))
+        let events = (0..=bp.plan.steps.len())
+            .map(|_| {
+                self.ctx
+                    .new_event(Some(drv::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(Error::driver("event"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Captured as event nodes of the graph (an ordinary record would only order the
+        // capture), so that each replay records them.
+        let record = |event: &CudaEvent| {
+            // SAFETY: a live event and stream of this context.
+            unsafe {
+                drv::cuEventRecordWithFlags(
+                    event.cu_event(),
+                    self.stream.cu_stream(),
+                    drv::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            }
+            .result()
+            .map_err(Error::driver("event"))
         };
+        let graph = self.record(|| {
+            record(&events[0])?;
+            for ((step, prepared), event) in
+                bp.plan.steps.iter().zip(&bp.prepared).zip(&events[1..])
+            {
+                self.step(step, prepared)?;
+                record(event)?;
+            }
+            Ok(())
+        })?;
         let mut times = vec![Vec::new(); bp.plan.steps.len()];
         for _ in 0..runs {
-            let mut events = vec![event()?];
-            for (step, prepared) in bp.plan.steps.iter().zip(&bp.prepared) {
-                self.step(step, prepared)?;
-                events.push(event()?);
-            }
+            graph.launch().map_err(Error::driver("graph launch"))?;
             self.stream.synchronize().map_err(Error::driver("sync"))?;
             for (t, pair) in times.iter_mut().zip(events.windows(2)) {
                 t.push(

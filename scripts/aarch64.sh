@@ -40,14 +40,15 @@ rustup target add "$target"
 #    library, unpacked, not installed.
 sysroot=$PWD/target/aarch64-sysroot
 runtime=$sysroot/root/usr/lib/aarch64-linux-gnu
-# (A sysroot unpacked before the RTSP server's library was added to it is unpacked again.)
-if [ ! -e "$sysroot/.done" ] || [ ! -e "$runtime/libgstrtspserver-1.0.so.0" ]; then
+unpacked="libgstreamer1.0-dev:arm64 libgstreamer-plugins-base1.0-dev:arm64
+    libgstrtspserver-1.0-dev:arm64 libgstrtspserver-1.0-0:arm64 libglib2.0-dev:arm64
+    liborc-0.4-dev:arm64"
+# .done holds the packages unpacked: a sysroot of another list is unpacked again.
+if [ "$(cat "$sysroot/.done" 2>/dev/null)" != "$unpacked" ]; then
     rm -rf "$sysroot"
     mkdir -p "$sysroot/debs" "$sysroot/root" "$sysroot/lib"
-    (cd "$sysroot/debs" && apt-get download \
-        libgstreamer1.0-dev:arm64 libgstreamer-plugins-base1.0-dev:arm64 \
-        libgstrtspserver-1.0-dev:arm64 libgstrtspserver-1.0-0:arm64 \
-        libglib2.0-dev:arm64 liborc-0.4-dev:arm64)
+    # shellcheck disable=SC2086 # a list of packages
+    (cd "$sysroot/debs" && apt-get download $unpacked)
     for deb in "$sysroot"/debs/*.deb; do dpkg -x "$deb" "$sysroot/root"; done
     # libfoo.so -> libfoo.so.0 (relative, in the package) becomes a link to the arm64
     # library, for the linker: the one unpacked here (the RTSP server's), else the installed.
@@ -56,7 +57,7 @@ if [ ! -e "$sysroot/.done" ] || [ ! -e "$runtime/libgstrtspserver-1.0.so.0" ]; t
         [ -e "$target_lib" ] || target_lib=/usr/lib/aarch64-linux-gnu/$(readlink "$link")
         ln -sf "$target_lib" "$sysroot/lib/$(basename "$link")"
     done
-    touch "$sysroot/.done"
+    echo "$unpacked" > "$sysroot/.done"
 fi
 export PKG_CONFIG_ALLOW_CROSS=1
 export PKG_CONFIG_LIBDIR=$sysroot/root/usr/lib/aarch64-linux-gnu/pkgconfig:$sysroot/root/usr/share/pkgconfig:$sysroot/stubs

@@ -976,6 +976,146 @@ fn products_are_tuned_at_build_and_loads_keep_the_choice() {
     }
 }
 
+/// An int8 step gives the same scores, to the bit, whether the engine's own kernel runs it
+/// (`Quant::kernel`, blocks of 64 or 128 output channels: the input rounded as it is read,
+/// one launch; a value passed in int8 to the next such step where it is that step's only
+/// input) or patches, cuBLASLt's product and the pass that scales its sums back do: on the digits classifier (16 input channels,
+/// the summed dimension not a multiple of the kernel's chunks), on ops.onnx (int8 passed
+/// from a convolution and from a GELU product) and, where the GPU host's exports are, on
+/// ResNet-50, MobileNetV2 and ViT-B/16 (64 to 3,072 channels, strides, residuals, products
+/// of many rows), every quantized layer in int8.
+#[test]
+fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
+    use gsttrtclassify::engine::calibration::Calibration;
+    use gsttrtclassify::engine::compiler::plan::{DType, EightBitKernel, QuantFormat, Step};
+    use gsttrtclassify::engine::compiler::quant::{self, CalibrationTable};
+    use gsttrtclassify::engine::compiler::{OnnxModel, compile_mixed};
+    if !gpu("the_own_int8_kernel_gives_cublaslts_scores_to_the_bit") {
+        return;
+    }
+    let gpu = cuda::runtime::open_gpu(0).expect("a GPU");
+    if gpu.arch < (8, 0) {
+        skipped(&format!(
+            "the own int8 kernel: sm_{}{} has no mma.sync m16n8k32",
+            gpu.arch.0, gpu.arch.1
+        ));
+        return;
+    }
+    // The models, each with its frames (the model's input) and its calibration table: the
+    // digits' committed one, else made on the frames.
+    let calibrated = |model: &str, input: &[f32]| {
+        let mut calibration =
+            Calibration::new(&options(model, 1, Precision::Fp16)).expect("calibration");
+        for frame in input.chunks_exact(calibration.frame_len()) {
+            calibration.add_input(frame).expect("a calibration frame");
+        }
+        calibration.table()
+    };
+    let digits = trtclassify_compiler::testing::digits_heldout();
+    let digits_input: Vec<f32> = (0..16).flat_map(|i| digits.model_input(i)).collect();
+    // ops.onnx passes int8 from a convolution to the next and from a GELU product to the
+    // next (`int8_passes_from_a_step_to_its_only_reader`).
+    let ops = common::model("ops.onnx");
+    let (ops_input, _) = reference_frames("ops_reference.json");
+    let ops_table = calibrated(&ops, &ops_input);
+    let mut models = vec![
+        (
+            common::model("digits/digits.onnx"),
+            digits_input,
+            CalibrationTable::load(common::model("digits/digits_calibration.txt").as_ref())
+                .expect("the digits table"),
+        ),
+        (ops, ops_input, ops_table),
+    ];
+    match std::env::var("TRTCLASSIFY_TORCHVISION_DIR") {
+        Ok(dir) => {
+            for name in ["resnet50", "mobilenet_v2", "vit_b_16"] {
+                let path = std::path::Path::new(&dir).join(format!("{name}.onnx"));
+                if !path.exists() {
+                    skipped(&format!(
+                        "the own int8 kernel on {name}: no export in {dir}"
+                    ));
+                    continue;
+                }
+                let input = common::read_f32(&path.with_extension("input.bin"));
+                let model = path.to_str().expect("utf-8");
+                let table = calibrated(model, &input);
+                models.push((model.to_owned(), input, table));
+            }
+        }
+        Err(_) => {
+            skipped("the own int8 kernel on the exports: TRTCLASSIFY_TORCHVISION_DIR is not set")
+        }
+    }
+    let cubin = cuda::runtime::compile(DType::F16, gpu.arch)
+        .expect("the kernels")
+        .cubin;
+    for (model, input, table) in models {
+        let onnx = OnnxModel::load(std::path::Path::new(&model)).expect("the model");
+        // ops.onnx's spatial axes are fixed, its batch axis named.
+        let spec = onnx.input_spec(None).expect("an image input");
+        let frames = input.len() / (3 * spec.height * spec.width);
+        let (mut plans, mut weights) =
+            compile_mixed(&onnx, &[frames], spec, DType::F16, &[]).expect("compiles");
+        let mut plan = plans.pop().expect("a plan");
+        let done = quant::quantize(&mut plan, &mut weights, &table, QuantFormat::Int8, &[]);
+        assert!(!done.nodes.is_empty(), "{model}: nothing quantized");
+        let bytes: Vec<Vec<u8>> = (0..weights.data.len())
+            .map(|i| cuda::runtime::to_bytes(&weights.data[i], weights.dtype(i, DType::F16)))
+            .collect();
+        let run = |kernel: EightBitKernel| {
+            let mut plan = plan.clone();
+            for step in &mut plan.steps {
+                if let Step::Gemm(g) = step
+                    && let Some(q) = &mut g.quant
+                {
+                    q.kernel = Some(kernel);
+                }
+                if let Step::Conv(c) = step
+                    && let Some(q) = &mut c.quant
+                {
+                    q.kernel = Some(kernel);
+                }
+            }
+            let mut rt = cuda::runtime::Runtime::new(
+                &gpu,
+                &cubin,
+                DType::F16,
+                &bytes,
+                vec![plan],
+                None,
+                false,
+                &mut |_| {},
+            )
+            .unwrap_or_else(|e| panic!("{model}, {kernel:?}: {e}"));
+            let passes = rt.int8_passes();
+            (rt.run(&input, frames).expect("inference").to_vec(), passes)
+        };
+        let (library, none) = run(EightBitKernel::Library);
+        assert_eq!(none, 0, "{model}: int8 passed through cuBLASLt's path");
+        assert!(library.iter().all(|v| v.is_finite()), "{model}");
+        for kernel in [EightBitKernel::Own(64), EightBitKernel::Own(128)] {
+            let (own, passes) = run(kernel);
+            println!(
+                "{model}: {} int8 layers, {frames} frames, {kernel:?} against cuBLASLt, {passes} values passed in int8",
+                done.nodes.len()
+            );
+            if model.ends_with("ops.onnx") || model.ends_with("resnet50.onnx") {
+                assert!(passes > 0, "{model}, {kernel:?}: no value passed in int8");
+            }
+            let differ = (own.iter().zip(&library))
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "{model}, {kernel:?}: {differ} of {} scores differ",
+                own.len()
+            );
+        }
+    }
+}
+
 /// Bytes read by this thread so far (its `rchar`): the engine reads the model and the engine
 /// file on the thread that builds it, so other tests running meanwhile do not count.
 fn thread_read_bytes() -> u64 {

@@ -1438,12 +1438,27 @@ fn plans_keep_the_engine_file_format() {
                             offset: 0,
                         },
                         algo: Some([8, 7, 6, 5, 4, 3, 2, 1]),
+                        kernel: None,
                     }),
                     ..g
                 };
                 keep(
                     "Gemm quantized, tuned".into(),
-                    serde_json::to_value(Step::Gemm(q)).unwrap(),
+                    serde_json::to_value(Step::Gemm(q.clone())).unwrap(),
+                );
+                // Quantized to int8, run by the engine's own kernel.
+                let own = GemmStep {
+                    quant: (q.quant).map(|quant| super::plan::Quant {
+                        format: super::plan::QuantFormat::Int8,
+                        algo: None,
+                        kernel: Some(super::plan::EightBitKernel::Own(64)),
+                        ..quant
+                    }),
+                    ..q
+                };
+                keep(
+                    "Gemm quantized, own kernel".into(),
+                    serde_json::to_value(Step::Gemm(own)).unwrap(),
                 );
             }
             plan.steps.truncate(1);

@@ -309,6 +309,55 @@ impl PatchParams {
     }
 }
 
+/// An int8 step run in one kernel: quant.cu's `struct Conv8`, for `conv8`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Conv8Params {
+    /// Output pixels: a product's rows.
+    pub rows: i64,
+    pub h: i32,
+    pub w: i32,
+    pub c: i32,
+    pub oh: i32,
+    pub ow: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub ph: i32,
+    pub pw: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub dh: i32,
+    pub dw: i32,
+    /// Output channels.
+    pub n: i32,
+    /// A row of the weights: `kh·kw·c`.
+    pub summed: i32,
+    /// The input's scale.
+    pub x_scale: f32,
+    /// The sums' scale before the channels': the product's alpha times `x_scale`.
+    pub scale: f32,
+    pub act_id: i32,
+    pub p0: f32,
+    pub p1: f32,
+    /// 1 where the input's 8 channels of a thread are 16 aligned bytes (fp16): one load.
+    pub vec: i32,
+    /// 1 where the output is written in int8, as the next step rounds its input.
+    pub y_int8: i32,
+    /// That step's input scale.
+    pub y_scale: f32,
+}
+// SAFETY: plain old data laid out as the kernels' `struct Conv8` (asserted below).
+unsafe impl DeviceRepr for Conv8Params {}
+const _: () = assert!(
+    size_of::<Conv8Params>() == 104
+        && align_of::<Conv8Params>() == 8
+        && offset_of!(Conv8Params, h) == 8
+        && offset_of!(Conv8Params, n) == 60
+        && offset_of!(Conv8Params, x_scale) == 68
+        && offset_of!(Conv8Params, vec) == 88
+        && offset_of!(Conv8Params, y_scale) == 96
+);
+
 /// Whether `v` fits in the kernels' `int`.
 fn fits_int(v: i64) -> bool {
     v <= i64::from(i32::MAX)

@@ -138,6 +138,22 @@ pub struct Quant {
     /// `GemmStep::algo` holds a product's. `None` until tuned, and on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algo: Option<[u64; 8]>,
+    /// How the GPU runs it, where it is int8; `None` until chosen by timing at build, and
+    /// on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<EightBitKernel>,
+}
+
+/// How the GPU runs an int8 step (`Quant::kernel`); each way gives the same output, to the
+/// bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EightBitKernel {
+    /// Its input rounded into patches, cuBLASLt's 8-bit product, and a pass that scales the
+    /// sums back.
+    Library,
+    /// The engine's own implicit-GEMM kernel, each block computing this many output
+    /// channels.
+    Own(u32),
 }
 
 #[cfg(test)]

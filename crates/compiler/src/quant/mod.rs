@@ -126,6 +126,7 @@ pub fn quantize(
             x_scale: format.scale(range.range(format)),
             w_scales: weight_scales(weights, &channels(step), format),
             algo: None,
+            kernel: None,
         });
         match step {
             Step::Gemm(g) => g.quant = quant,

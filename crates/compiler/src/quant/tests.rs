@@ -180,6 +180,7 @@ fn a_quantized_product_rounds_its_input_and_each_columns_weights() {
         x_scale: 0.01,
         w_scales,
         algo: None,
+        kernel: None,
     });
     let got = sim::run(&plan, &weights, &[1.3, -0.2]);
     // x reads [1.27 (clipped), -0.2]; column 0's weights [1, 0.5] round to [127, 64] steps

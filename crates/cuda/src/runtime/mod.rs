@@ -43,7 +43,7 @@ use kernels::Kernels;
 #[cfg(test)]
 pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
-use steps::EightBit;
+use steps::{EightBit, OwnStep};
 use trtclassify_compiler::plan::{
     ConvStep, DType, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights,
     weight_type,
@@ -66,6 +66,8 @@ enum Prepared {
     /// An 8-bit product or convolution: its product's descriptors and the device address of
     /// its rounded weights.
     EightBit(Box<cublaslt::GemmDescs>, u64),
+    /// An int8 step run by the engine's own kernel (`Quant::kernel`).
+    OwnEightBit(steps::OwnStep),
     None,
 }
 
@@ -155,6 +157,10 @@ pub struct Runtime {
     workspace: CudaSlice<u8>,
     lt_workspace: CudaSlice<u8>,
     sm_count: u32,
+    /// The GPU's compute capability.
+    arch: (i32, i32),
+    /// The values its int8 steps pass to each other in int8, over all plans (`chain_int8`).
+    int8_passes: usize,
     /// Page-locked staging buffers, so that copies run at full speed and asynchronously.
     host_in: PinnedHostSlice<f32>,
     /// Scores of `IN_FLIGHT + 1` batches: those launched and one run by `run`.
@@ -360,6 +366,8 @@ impl Runtime {
                 .map_err(Error::driver("allocation"))?,
             lt_workspace,
             sm_count,
+            arch: gpu.arch,
+            int8_passes: 0,
             // SAFETY: both are written before they are read (`run`). The input is only written
             // by the host, so write-combined memory suits it; the output is read by the host.
             host_in: unsafe { ctx_for_pinned.alloc_pinned::<f32>(max(|p| p.input_len)) }
@@ -630,6 +638,12 @@ impl Runtime {
     /// The plans, tuned.
     pub fn plans(&self) -> impl Iterator<Item = &Plan> {
         self.plans.iter().map(|p| &p.plan)
+    }
+
+    /// How many values the plans' int8 steps pass to each other in int8, where the engine's
+    /// own kernel runs both the step that writes one and the one step that reads it.
+    pub fn int8_passes(&self) -> usize {
+        self.int8_passes
     }
 
     /// The 8-bit steps that this build runs in the plan's type, as faster on this GPU: for

@@ -33,7 +33,7 @@ impl Runtime {
         let bp = &self.plans[i];
         first_overflow(&bp.plan, limit, |s| {
             let step = &bp.plan.steps[s];
-            self.step(step, &bp.prepared[s])?;
+            self.step_alone(step, &bp.prepared[s])?;
             let span = step.written();
             self.read(span.loc, span.start, span.end)
         })

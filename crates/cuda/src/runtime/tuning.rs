@@ -10,10 +10,12 @@ use cudarc::driver::{DevicePtr, sys as drv};
 use super::cublaslt::{GemmDescs, GemmShape, ScaledEpilogue};
 use super::cudnn::{self, ConvDescs};
 use super::steps::EightBit;
-use super::{BatchPlan, Prepared, Runtime};
+use super::{BatchPlan, OwnStep, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{ConvStep, Loc, Plan, QuantFormat, Step, Tuned};
+use trtclassify_compiler::plan::{
+    ConvStep, EightBitKernel, Loc, Plan, Quant, QuantFormat, Step, Tuned,
+};
 
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
 /// A step timed alone finds its input in the GPU's cache; in ResNet-50 at batch 64 the
@@ -85,6 +87,16 @@ impl Runtime {
         if !unquantized.is_empty() {
             self.unquantized.push((plan.batch, unquantized));
         }
+        let passed = self.chain_int8(&plan.steps, &mut prepared);
+        let own = (prepared.iter())
+            .filter(|p| matches!(p, Prepared::OwnEightBit(_)))
+            .count();
+        if own > 0 {
+            log::debug!(target: trtclassify_compiler::LOG_TARGET,
+                "batch size {}: {own} int8 steps in the engine's own kernel, {passed} values passed between them in int8",
+                plan.batch);
+        }
+        self.int8_passes += passed;
         Ok(BatchPlan {
             plan,
             prepared,
@@ -145,10 +157,13 @@ impl Runtime {
         })
     }
 
-    /// The product's descriptors of the 8-bit step `e` (`step`), and where its rounded
-    /// weights are: FP8 with the scales in cuBLASLt's epilogue where it has them, else the
-    /// sums. Its product's algorithm is chosen as a product's in the plan's type is
-    /// (`product_algo`) and stored in the step's `Quant`.
+    /// How the 8-bit step `e` (`step`) runs, and where its rounded weights are: as the
+    /// engine's own kernel where the plan says so (`Quant::kernel`), else as patches and
+    /// cuBLASLt's product, FP8 with the scales in cuBLASLt's epilogue where it has them, else
+    /// into sums. Its product's algorithm is chosen as a product's in the plan's type is
+    /// (`product_algo`) and stored in the step's `Quant`; an int8 step tuned now whose own
+    /// kernel fits the GPU is then timed that way and in each of the kernel's block widths,
+    /// and runs the fastest.
     fn prepare_eight_bit(
         &self,
         step: &mut Step,
@@ -160,6 +175,13 @@ impl Runtime {
             .find(|(key, _)| *key == (e.w, format))
             .map(|(_, w)| self.ptr_u8(w))
             .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
+        let own_fits = e.own_kernel_fits(self.arch);
+        if let Some(EightBitKernel::Own(cols)) = e.quant.kernel
+            && own_fits
+            && OwnStep::COLS.contains(&cols)
+        {
+            return Ok(Prepared::OwnEightBit(OwnStep::new(weights, cols)));
+        }
         let shape = [e.rows, e.summed(), e.n];
         let workspace = self.lt_workspace.len();
         let key = memo_key(
@@ -190,7 +212,45 @@ impl Runtime {
         let loaded = e.quant.algo.is_some();
         let algo = self.product_algo(step, &mut prepared, loaded, key, tuned)?;
         set_eight_bit_algo(step, algo);
-        Ok(prepared)
+        if e.quant.kernel.is_some() || !own_fits {
+            return Ok(prepared);
+        }
+        let library_ms = self.time(|| self.step(step, &prepared))?;
+        let mut fastest = (library_ms, EightBitKernel::Library);
+        let per_run = |ms: f32| ms * 1e3 / TIMED_RUNS as f32;
+        let mut times = vec![format!(
+            "as patches and cuBLASLt's product {:.1} µs",
+            per_run(library_ms)
+        )];
+        // A block as wide as the output channels or less: a wider one computes only zeros.
+        let widths =
+            (OwnStep::COLS.iter()).filter(|&&c| c == OwnStep::COLS[0] || c as usize <= e.n);
+        for &cols in widths {
+            let own = Prepared::OwnEightBit(OwnStep::new(weights, cols));
+            match self.time(|| self.step(step, &own)) {
+                Ok(ms) => {
+                    times.push(format!(
+                        "in the engine's own kernel, {cols} channels a block, {:.1} µs",
+                        per_run(ms)
+                    ));
+                    if ms < fastest.0 {
+                        fastest = (ms, EightBitKernel::Own(cols));
+                    }
+                }
+                Err(err) => log::warn!(target: trtclassify_compiler::LOG_TARGET,
+                    "{}: the engine's own int8 kernel, {cols} channels a block, does not run ({err})",
+                    step.describe()),
+            }
+        }
+        log::debug!(target: trtclassify_compiler::LOG_TARGET,
+            "{}: int8 {}", step.describe(), times.join(", "));
+        if let Some(q) = quant_of(step) {
+            q.kernel = Some(fastest.1);
+        }
+        Ok(match fastest.1 {
+            EightBitKernel::Library => prepared,
+            EightBitKernel::Own(cols) => Prepared::OwnEightBit(OwnStep::new(weights, cols)),
+        })
     }
 
     /// The algorithm of the product `step`, whose descriptors (`prepared`) were made with its
@@ -413,12 +473,16 @@ fn memo_key(shape: impl std::fmt::Debug, act: Act, bias: bool, residual: bool) -
 
 /// Stores `algo` as the 8-bit product's algorithm of `step`, a quantized step.
 fn set_eight_bit_algo(step: &mut Step, algo: [u64; 8]) {
-    let quant = match step {
+    if let Some(q) = quant_of(step) {
+        q.algo = Some(algo);
+    }
+}
+
+/// The quantization of `step`, where it is quantized.
+fn quant_of(step: &mut Step) -> Option<&mut Quant> {
+    match step {
         Step::Gemm(g) => g.quant.as_mut(),
         Step::Conv(c) => c.quant.as_mut(),
         _ => None,
-    };
-    if let Some(q) = quant {
-        q.algo = Some(algo);
     }
 }

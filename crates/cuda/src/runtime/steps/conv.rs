@@ -28,8 +28,8 @@ kernel_set! {
 
 impl GpuStep for ConvStep {
     fn enqueue(&self, rt: &Runtime, prepared: &Prepared) -> Result<()> {
-        if let (Some(e), Prepared::EightBit(g, w)) = (EightBit::of_conv(self), prepared) {
-            return rt.eight_bit(&e, g, *w);
+        if let Some(enqueued) = rt.quantized(EightBit::of_conv(self), prepared) {
+            return enqueued;
         }
         let Prepared::Conv(d) = prepared else {
             return Err(Error::Plan("a step without its prepared descriptors"));

@@ -17,8 +17,8 @@ use trtclassify_compiler::plan::{Cast, DType, GemmStep, Loc, StepKind, Strided};
 
 impl GpuStep for GemmStep {
     fn enqueue(&self, rt: &Runtime, prepared: &Prepared) -> Result<()> {
-        if let (Some(e), Prepared::EightBit(g, w)) = (EightBit::of_gemm(self), prepared) {
-            return rt.eight_bit(&e, g, *w);
+        if let Some(enqueued) = rt.quantized(EightBit::of_gemm(self), prepared) {
+            return enqueued;
         }
         let Prepared::Gemm(g) = prepared else {
             return Err(Error::Plan("a step without its prepared descriptors"));

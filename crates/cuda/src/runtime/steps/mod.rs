@@ -22,7 +22,7 @@ pub(super) use attention::Attention;
 pub(super) use conv::ConvKernels;
 pub(super) use elementwise::ElementwiseKernels;
 pub(super) use pool::PoolKernels;
-pub(super) use quant::{EightBit, QuantKernels};
+pub(super) use quant::{EightBit, OwnStep, QuantKernels};
 pub(super) use rows::RowKernels;
 
 /// A kind of step as the GPU runs it. Every kind implements it (`Runtime::step` dispatches

@@ -112,7 +112,8 @@ __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_s
          i += (long long)gridDim.x * blockDim.x) {
         const int j = narrow ? (int)i - (int)fast_div((unsigned)i, n_mul, n_shift) * n
                              : (int)(i % n);
-        float v = (float)sums[i] * (scale * w_scales[j]);
+        // Not contracted into a fused multiply-add with the bias: `conv8_*` write the same bits.
+        float v = __fmul_rn((float)sums[i], scale * w_scales[j]);
         if (bias) v += ld(bias[j]);
         if (z) v += ld(z[i]);
         y[i] = st(act(act_id, v, p0, p1));
@@ -133,4 +134,326 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
                                           unsigned n_mul, unsigned n_shift, float scale,
                                           int act_id, float p0, float p1) {
     dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1);
+}
+
+// An int8 convolution or product in one kernel (implicit GEMM): each block reads its rows'
+// input of the plan's type straight from x, rounds it to int8 as `quantize_patches` does (the
+// same division, so the same bytes), multiplies it by the int8 weights on the tensor cores
+// (mma.sync m16n8k32 into exact int32 sums, sm_80 on), and writes y as `dequantize` does: no
+// patches and no sums in memory, one launch instead of three, and the same output to the
+// bit. The summed dimension (KRSC: a tap's channels, tap after tap) is walked in chunks of 64,
+// a thread taking 8 or 16 channels of one tap (the host checked that c is a multiple of 16,
+// so that they never straddle two taps), the last chunk padded with zeros; a 3×3 convolution
+// reads its input from the cache nine times instead of writing it out nine times as patches.
+//
+// Two such steps in a row, the second the only reader of the first's output, pass it in int8
+// (`Runtime::chain_int8`): the first writes y as the second would round it (rounded to the
+// plan's type, then divided by the second's input scale: the same bytes again), into the
+// start of its buffer, and the second (`conv8_*_int8_input`) copies it into shared memory as it
+// is, with nothing to round.
+//
+// A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at build),
+// each of its 8 warps 32 rows × COLS / 2. Two stages of shared memory: while the warps multiply one chunk, the next chunk's
+// weights, and an int8 input, are in flight by cp.async, and an input of the plan's type into
+// registers, rounded into shared memory after the products.
+struct Conv8 {
+    long long rows;  // output pixels (a product's rows)
+    int h, w, c, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw;
+    int n;          // output channels
+    int summed;     // kh·kw·c: a row of the weights
+    float x_scale;  // the input's scale: the int8 input is x / x_scale rounded
+    float scale;    // the sums' scale before the channels' (the product's alpha · x_scale)
+    int act_id;
+    float p0, p1;
+    int vec;        // 1 where a thread's 8 channels of x are 16 aligned bytes (fp16)
+    int y_int8;     // 1: y is written in int8, as the next step rounds its input
+    float y_scale;  // that step's input scale
+};
+static_assert(sizeof(Conv8) == 104, "struct Conv8 no longer matches Conv8Params (abi.rs)");
+
+#define C8_ROWS 128
+#define C8_CHUNK 64
+// A row of a chunk in shared memory: 64 bytes and 16 of padding, so that the 8 rows an
+// ldmatrix reads fall on 8 different 16-byte groups of banks.
+#define C8_STRIDE 80
+
+// The sm_80 instructions the kernel is made of; below sm_80 it compiles empty and is never
+// launched (`EightBit::own_kernel_fits`).
+__device__ __forceinline__ void c8_cp16(void *smem, const void *g, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes));
+#endif
+}
+
+__device__ __forceinline__ void c8_cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void c8_cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// Four 8×16-byte matrices from shared memory, each lane giving one row's address.
+__device__ __forceinline__ void c8_ldmatrix4(unsigned (&d)[4], const void *smem) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(s));
+#endif
+}
+
+// acc += a · b over 32 of the summed dimension, int8 into int32.
+__device__ __forceinline__ void c8_mma(int (&acc)[4], const unsigned (&a)[4], unsigned b0,
+                                       unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(acc[0]), "+r"(acc[1]), "+r"(acc[2]), "+r"(acc[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// y[row, j] and y[row, j + 1] from their sums, as `dequantize` writes them (n is even); in
+// int8 where `y_int8`, as `quantize_patches` would round those values for the next step.
+__device__ __forceinline__ void c8_store(const Conv8 &p, const float *w_scales, const T *bias,
+                                         const T *z, void *y, long long row, int j, int s0,
+                                         int s1) {
+    if (row >= p.rows || j >= p.n) return;
+    const long long at = row * p.n + j;
+    const int sums[2] = {s0, s1};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        float v = __fmul_rn((float)sums[k], p.scale * w_scales[j + k]);  // as `dequantize`
+        if (bias) v += ld(bias[j + k]);
+        if (z) v += ld(z[at + k]);
+        const T out = st(act(p.act_id, v, p.p0, p.p1));
+        if (p.y_int8) {
+            // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
+            const unsigned b = p.y_scale > 0.f ? round_int8(ld(out) / p.y_scale) : 0u;
+            reinterpret_cast<unsigned char *>(y)[at + k] = (unsigned char)b;
+        } else {
+            reinterpret_cast<T *>(y)[at + k] = out;
+        }
+    }
+}
+
+// The kernel, blocks of `COLS` output channels, `INT8_IN` where x holds int8 already (written
+// by a `conv8_*` before it).
+template <int COLS, bool INT8_IN>
+__device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
+                                           const unsigned char *wq, const float *w_scales,
+                                           const T *bias, const T *z, void *y) {
+    __shared__ __align__(16) unsigned char a_tile[2][C8_ROWS * C8_STRIDE];
+    __shared__ __align__(16) unsigned char b_tile[2][COLS * C8_STRIDE];
+    // Each warp's tiles of 8 channels, and their pairs (an ldmatrix.x4 loads two).
+    constexpr int NI = COLS / 16, NJ = NI / 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 1, wn = warp & 1;  // 4 warps down the rows, 2 across the channels
+    const long long m0 = (long long)blockIdx.x * C8_ROWS;
+    const int n0 = blockIdx.y * COLS;
+
+    // The input this thread brings: of `ROWS` rows, `ROWS_APART` apart, the `WIDTH`
+    // channels (16 bytes of int8, or 8 values rounded to int8) at `part`. Each row's first
+    // input row in x (its image's) and the top-left input pixel of its taps, once.
+    constexpr int ROWS = INT8_IN ? 2 : 4, WIDTH = INT8_IN ? 16 : 8;
+    constexpr int PER_ROW = C8_CHUNK / WIDTH, ROWS_APART = 256 / PER_ROW;
+    const int first = tid / PER_ROW, part = tid % PER_ROW;
+    long long image[ROWS];
+    int iy0[ROWS], ix0[ROWS];
+    bool live[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const long long row = m0 + first + ROWS_APART * i;
+        live[i] = row < p.rows;
+        const long long r = live[i] ? row : 0;
+        const long long pix = r / p.ow;
+        image[i] = (pix / p.oh) * p.h;
+        iy0[i] = (int)(pix % p.oh) * p.sh - p.ph;
+        ix0[i] = (int)(r % p.ow) * p.sw - p.pw;
+    }
+    const int chunks = (p.summed + C8_CHUNK - 1) / C8_CHUNK;
+
+    // Where this thread's part of a chunk is in x, for each of its rows (-1 in the padding,
+    // past the rows and past the summed dimension).
+    long long from[ROWS];
+    auto locate = [&](int chunk) {
+        const int k = chunk * C8_CHUNK + part * WIDTH;
+        const int tap = k / p.c, c0 = k - tap * p.c;
+        const int r = tap / p.kw, s = tap - r * p.kw;
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const int iy = iy0[i] + r * p.dh, ix = ix0[i] + s * p.dw;
+            const bool inside =
+                live[i] && k < p.summed && iy >= 0 && iy < p.h && ix >= 0 && ix < p.w;
+            from[i] = inside ? ((image[i] + iy) * p.w + ix) * (long long)p.c + c0 : -1;
+        }
+    };
+    // An int8 input: copied into `stage` as it is, zeros where there is none.
+    auto copy_into = [&](int stage) {
+        const unsigned char *x8 = reinterpret_cast<const unsigned char *>(x);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const int row = first + ROWS_APART * i;
+            c8_cp16(&a_tile[stage][row * C8_STRIDE + part * WIDTH], from[i] < 0 ? x8 : x8 + from[i],
+                    from[i] < 0 ? 0 : 16);
+        }
+    };
+    // An input of the plan's type: fetched into registers, then rounded into `stage`.
+    Vec16 raw[ROWS][sizeof(T) / 2];
+    auto fetch = [&]() {
+        const T *xt = reinterpret_cast<const T *>(x);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            if (from[i] < 0) continue;
+            const T *src = xt + from[i];
+            if (p.vec) {
+                raw[i][0] = *reinterpret_cast<const Vec16 *>(src);  // fp16 only (the host)
+            } else {
+                T *v8 = reinterpret_cast<T *>(raw[i]);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v8[k] = src[k];
+            }
+        }
+    };
+    auto round_into = [&](int stage) {
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            unsigned int lo = 0, hi = 0;
+            // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
+            if (from[i] >= 0 && p.x_scale > 0.f) {
+                const T *v8 = reinterpret_cast<const T *>(raw[i]);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    // Divided, not multiplied by the inverse: the same rounding as `fake`.
+                    const unsigned int b = round_int8(ld(v8[k]) / p.x_scale);
+                    if (k < 4) lo |= b << (8 * k);
+                    else hi |= b << (8 * (k - 4));
+                }
+            }
+            const int row = first + ROWS_APART * i;
+            *reinterpret_cast<uint2 *>(&a_tile[stage][row * C8_STRIDE + part * WIDTH]) =
+                make_uint2(lo, hi);
+        }
+    };
+    // The chunk's weights into `stage`: COLS channels × 64 bytes, 16 bytes at a time, of
+    // channels 64 apart; the channels past n and the bytes past a row's end read as zeros.
+    auto weights_into = [&](int stage, int chunk) {
+        const int k = chunk * C8_CHUNK + (tid & 3) * 16;
+#pragma unroll
+        for (int i = 0; i < COLS / 64; ++i) {
+            const int col = (tid >> 2) + 64 * i;
+            const bool in = n0 + col < p.n && k < p.summed;
+            const unsigned char *src = in ? wq + (long long)(n0 + col) * p.summed + k : wq;
+            c8_cp16(&b_tile[stage][col * C8_STRIDE + (tid & 3) * 16], src, in ? 16 : 0);
+        }
+    };
+    // The chunk's operands into `stage`, where they come without rounding.
+    auto start_chunk = [&](int stage, int chunk) {
+        locate(chunk);
+        if (INT8_IN) copy_into(stage);
+        else fetch();
+        weights_into(stage, chunk);
+        c8_cp_commit();
+    };
+
+    int acc[2][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[mi][ni][k] = 0;
+
+    start_chunk(0, 0);
+    if (!INT8_IN) round_into(0);
+    c8_cp_wait();
+    __syncthreads();
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        const int stage = chunk & 1;
+        const bool next = chunk + 1 < chunks;
+        if (next) start_chunk(stage ^ 1, chunk + 1);
+        const unsigned char *as = a_tile[stage], *bs = b_tile[stage];
+#pragma unroll
+        for (int ks = 0; ks < C8_CHUNK; ks += 32) {
+            // A: rows 0-7 and 8-15 of bytes 0-15, then of bytes 16-31 (m16n8k32's a0-a15).
+            unsigned a[2][4], b[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                const int row = wm * 32 + mi * 16 + (lane & 15);
+                c8_ldmatrix4(a[mi], as + row * C8_STRIDE + ks + (lane >> 4) * 16);
+            }
+            // B: two tiles of 8 channels at once, each bytes 0-15 then 16-31 (b0-b7).
+#pragma unroll
+            for (int nj = 0; nj < NJ; ++nj) {
+                const int col = wn * (COLS / 2) + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                unsigned d[4];
+                c8_ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
+                b[2 * nj][0] = d[0];
+                b[2 * nj][1] = d[1];
+                b[2 * nj + 1][0] = d[2];
+                b[2 * nj + 1][1] = d[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) c8_mma(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
+        }
+        if (next && !INT8_IN) round_into(stage ^ 1);
+        c8_cp_wait();
+        __syncthreads();
+    }
+
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+            const long long row = m0 + wm * 32 + mi * 16 + g;
+            const int j = n0 + wn * (COLS / 2) + ni * 8 + 2 * t;
+            const int *s = acc[mi][ni];
+            c8_store(p, w_scales, bias, z, y, row, j, s[0], s[1]);
+            c8_store(p, w_scales, bias, z, y, row + 8, j, s[2], s[3]);
+        }
+}
+
+// Launched with 256 threads, a grid of ⌈rows / 128⌉ × ⌈n / COLS⌉ blocks, COLS the name's
+// number; y is of the plan's type, or int8 where `p.y_int8`. The `_int8_input` kernels read an
+// int8 x, written by one with `p.y_int8` (16-byte aligned: the host checked).
+extern "C" __global__ void __launch_bounds__(256) conv8_64(const Conv8 p, const T *x,
+                                                           const unsigned char *wq,
+                                                           const float *w_scales, const T *bias,
+                                                           const T *z, void *y) {
+    conv8_body<64, false>(p, x, wq, w_scales, bias, z, y);
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv8_64_int8_input(const Conv8 p,
+                                                                      const unsigned char *x,
+                                                                      const unsigned char *wq,
+                                                                      const float *w_scales,
+                                                                      const T *bias, const T *z,
+                                                                      void *y) {
+    conv8_body<64, true>(p, x, wq, w_scales, bias, z, y);
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv8_128(const Conv8 p, const T *x,
+                                                            const unsigned char *wq,
+                                                            const float *w_scales, const T *bias,
+                                                            const T *z, void *y) {
+    conv8_body<128, false>(p, x, wq, w_scales, bias, z, y);
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv8_128_int8_input(const Conv8 p,
+                                                                       const unsigned char *x,
+                                                                       const unsigned char *wq,
+                                                                       const float *w_scales,
+                                                                       const T *bias, const T *z,
+                                                                       void *y) {
+    conv8_body<128, true>(p, x, wq, w_scales, bias, z, y);
 }

@@ -11,16 +11,16 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::super::Runtime;
 use super::super::cublaslt::GemmDescs;
 use super::super::kernels::kernel_set;
+use super::super::{Prepared, Runtime};
 use super::launch;
-use crate::abi::{PatchParams, act_params, divider};
-use crate::error::Result;
+use crate::abi::{Conv8Params, PatchParams, act_params, divider};
+use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{ConvStep, DType, GemmStep, Loc, Quant, QuantFormat};
+use trtclassify_compiler::plan::{ConvStep, DType, GemmStep, Loc, Quant, QuantFormat, Span, Step};
 
 kernel_set! {
     /// quant.cu's kernels: the input of 8-bit products and their epilogue.
@@ -29,6 +29,12 @@ kernel_set! {
         patches: "quantize_patches",
         dequantize_int32: "dequantize_int32",
         dequantize_f32: "dequantize_f32",
+        /// An int8 step in one kernel, blocks of 64 or 128 output channels, its input in the
+        /// plan's type or in int8 already (`Runtime::chain_int8`): `Runtime::own_eight_bit`.
+        conv8_64: "conv8_64",
+        conv8_64_int8_input: "conv8_64_int8_input",
+        conv8_128: "conv8_128",
+        conv8_128_int8_input: "conv8_128_int8_input",
     }
 }
 
@@ -113,6 +119,16 @@ impl EightBit {
         self.kernel[0] * self.kernel[1] * self.hwc[2]
     }
 
+    /// Whether quant.cu's `conv8_*` run it on a GPU of compute capability `arch`: int8 on
+    /// sm_80's tensor-core instructions, its input channels a multiple of 16 and its output
+    /// channels of 8 (as `input_of` takes them).
+    pub(in crate::runtime) fn own_kernel_fits(&self, arch: (i32, i32)) -> bool {
+        self.quant.format == QuantFormat::Int8
+            && arch >= (8, 0)
+            && self.hwc[2].is_multiple_of(16)
+            && self.n.is_multiple_of(8)
+    }
+
     /// Bytes of patches it reads.
     pub(in crate::runtime) fn patch_bytes(&self) -> usize {
         self.rows * self.summed()
@@ -180,6 +196,20 @@ impl EightBit {
 }
 
 impl Runtime {
+    /// Enqueues the 8-bit step `e` as `prepared` says: `None` where it was prepared in the
+    /// plan's type (or is not quantized).
+    pub(in crate::runtime) fn quantized(
+        &self,
+        e: Option<EightBit>,
+        prepared: &Prepared,
+    ) -> Option<Result<()>> {
+        match (e, prepared) {
+            (Some(e), Prepared::EightBit(g, w)) => Some(self.eight_bit(&e, g, *w)),
+            (Some(e), Prepared::OwnEightBit(own)) => Some(self.own_eight_bit(&e, own)),
+            _ => None,
+        }
+    }
+
     /// Enqueues the 8-bit step `e`: its input into patches, then the product into `y`
     /// (`g.scaled`) or into the sums and the epilogue into `y`. `g` is its product's
     /// descriptors, `w` its 8-bit weights.
@@ -261,6 +291,226 @@ impl Runtime {
     }
 }
 
+/// An int8 step as the engine's own kernel runs it (`Prepared::OwnEightBit`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(in crate::runtime) struct OwnStep {
+    /// The device address of its int8 weights.
+    pub(in crate::runtime) w: u64,
+    /// The output channels a block computes: one of `COLS`.
+    pub(in crate::runtime) cols: u32,
+    /// Whether its input is in int8 already, written by the step before (`chain_int8`).
+    pub(in crate::runtime) int8_input: bool,
+    /// Where it writes its output in int8 for the one step that reads it: that step's input
+    /// scale.
+    pub(in crate::runtime) int8_output: Option<f32>,
+}
+
+impl OwnStep {
+    /// The widths of the kernel's blocks, in output channels (quant.cu's `conv8_<COLS>`).
+    pub(in crate::runtime) const COLS: [u32; 2] = [64, 128];
+
+    /// The step whose int8 weights are at `w`, run by blocks of `cols` output channels, its
+    /// input and output in the plan's type.
+    pub(in crate::runtime) fn new(w: u64, cols: u32) -> Self {
+        OwnStep {
+            w,
+            cols,
+            int8_input: false,
+            int8_output: None,
+        }
+    }
+}
+
+impl Runtime {
+    /// Has the int8 steps of the engine's own kernel (`prepared`, parallel to `steps`) pass
+    /// a value in int8 where one writes it and the next is its only reader, reading it as its
+    /// input: the first then writes it as the second would round it, and the second reads it
+    /// as it is, with nothing to round (the scores are the same bits). The value's buffer
+    /// holds it in its first bytes. Returns how many values pass so.
+    pub(in crate::runtime) fn chain_int8(
+        &self,
+        steps: &[Step],
+        prepared: &mut [Prepared],
+    ) -> usize {
+        let own: Vec<bool> = (prepared.iter())
+            .map(|p| matches!(p, Prepared::OwnEightBit(_)))
+            .collect();
+        let mut passed = 0;
+        for (w, r) in int8_chains(steps, &own) {
+            let Some(reader) = eight_bit_of(&steps[r]) else {
+                continue;
+            };
+            // cp.async copies 16 aligned bytes.
+            if !self.ptr(reader.x).is_multiple_of(16) {
+                continue;
+            }
+            if let Prepared::OwnEightBit(own) = &mut prepared[r] {
+                own.int8_input = true;
+            }
+            if let Prepared::OwnEightBit(own) = &mut prepared[w] {
+                own.int8_output = Some(reader.quant.x_scale);
+            }
+            passed += 1;
+        }
+        passed
+    }
+
+    /// Enqueues `step`, with `prepared` for it, writing its output in the plan's type: as
+    /// `step` does, but an int8 step of the engine's own kernel reads and writes its values
+    /// as if it passed none in int8 (`chain_int8`): for runs that read each step's output.
+    pub(in crate::runtime) fn step_alone(&self, step: &Step, prepared: &Prepared) -> Result<()> {
+        match (eight_bit_of(step), prepared) {
+            (Some(e), Prepared::OwnEightBit(own)) => {
+                self.own_eight_bit(&e, &OwnStep::new(own.w, own.cols))
+            }
+            _ => self.step(step, prepared),
+        }
+    }
+
+    /// Enqueues the int8 step `e` as one kernel of ours (`EightBit::own_kernel_fits`), as
+    /// `own` says: the same output as `eight_bit`'s three launches, to the bit (in int8
+    /// where `own.int8_output`, as the next step would round it).
+    pub(in crate::runtime) fn own_eight_bit(&self, e: &EightBit, own: &OwnStep) -> Result<()> {
+        let (kernels, dtype) = self.writes(e.y);
+        let quant = &kernels?.quant;
+        let x = self.ptr(e.x);
+        let i = |v: usize| v as i32;
+        let [h, w_in, c] = e.hwc.map(i);
+        let [oh, ow] = e.out.map(i);
+        let [kh, kw] = e.kernel.map(i);
+        let [ph, pw] = e.pads.map(i);
+        let [sh, sw] = e.strides.map(i);
+        let [dh, dw] = e.dilations.map(i);
+        let (act_id, p0, p1) = act_params(e.act, dtype);
+        let p = Conv8Params {
+            rows: e.rows as i64,
+            h,
+            w: w_in,
+            c,
+            oh,
+            ow,
+            kh,
+            kw,
+            ph,
+            pw,
+            sh,
+            sw,
+            dh,
+            dw,
+            n: i(e.n),
+            summed: i(e.summed()),
+            x_scale: e.quant.x_scale,
+            // As `eight_bit` passes it to `dequantize`: the same product, the same bits.
+            scale: e.alpha * e.quant.x_scale,
+            act_id,
+            p0,
+            p1,
+            vec: i32::from(dtype == DType::F16 && x.is_multiple_of(16)),
+            y_int8: i32::from(own.int8_output.is_some()),
+            y_scale: own.int8_output.unwrap_or(0.0),
+        };
+        let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
+        let bias = e.bias.map_or(0u64, |b| self.ptr(b));
+        let z = e.residual.map_or(0u64, |z| self.ptr(z));
+        let func = match (own.cols, own.int8_input) {
+            (64, false) => &quant.conv8_64,
+            (64, true) => &quant.conv8_64_int8_input,
+            (128, false) => &quant.conv8_128,
+            (128, true) => &quant.conv8_128_int8_input,
+            _ => {
+                return Err(Error::Plan(
+                    "the own int8 kernel with blocks of another width",
+                ));
+            }
+        };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(&p)
+            .arg(&x)
+            .arg(&own.w)
+            .arg(&w_scales)
+            .arg(&bias)
+            .arg(&z)
+            .arg(&y);
+        let blocks = |len: usize, tile: usize| len.div_ceil(tile) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks(e.rows, OWN_ROWS), blocks(e.n, own.cols as usize), 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(b, cfg)
+    }
+}
+
+/// The rows of a block of `conv8_<COLS>` (quant.cu's `C8_ROWS`).
+const OWN_ROWS: usize = 128;
+
+/// The pairs of steps of `steps` that may pass a value in int8, among those the engine's own
+/// kernel runs (`own`, parallel): the first writes it in the arena, and the second is the
+/// only step that reads it before it is written over, reading all of it as its input and
+/// nothing else of it (not as its residual).
+fn int8_chains(steps: &[Step], own: &[bool]) -> Vec<(usize, usize)> {
+    let mut chains = Vec::new();
+    for (w, writer) in steps.iter().enumerate() {
+        if !own[w] {
+            continue;
+        }
+        let Some(out) = arena_range(writer.written()) else {
+            continue;
+        };
+        // Its int8 bytes would land on a residual it reads in the plan's type.
+        if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
+            continue;
+        }
+        let mut readers = Vec::new();
+        for (r, step) in steps.iter().enumerate().skip(w + 1) {
+            if step
+                .reads()
+                .into_iter()
+                .any(|s| overlaps(arena_range(s), out))
+            {
+                readers.push(r);
+            }
+            if overlaps(arena_range(step.written()), out) {
+                break;
+            }
+        }
+        let [r] = readers[..] else {
+            continue;
+        };
+        let reads_of_it = (steps[r].reads().into_iter())
+            .filter(|s| overlaps(arena_range(*s), out))
+            .count();
+        // A product's and a convolution's first span is their input (`StepKind::spans`).
+        let input = steps[r].spans().first().and_then(|s| arena_range(*s));
+        if own[r] && reads_of_it == 1 && input == Some(out) {
+            chains.push((w, r));
+        }
+    }
+    chains
+}
+
+/// The quantized product or convolution `step`, or `None`.
+fn eight_bit_of(step: &Step) -> Option<EightBit> {
+    match step {
+        Step::Gemm(g) => EightBit::of_gemm(g),
+        Step::Conv(c) => EightBit::of_conv(c),
+        _ => None,
+    }
+}
+
+/// The elements of the arena that `span` covers, where it is in the arena.
+fn arena_range(span: Span) -> Option<(i128, i128)> {
+    match span.loc {
+        Loc::Arena(at) => Some((at as i128 + span.start, at as i128 + span.end)),
+        _ => None,
+    }
+}
+
+/// Whether two ranges of the arena share an element.
+fn overlaps(a: Option<(i128, i128)>, b: (i128, i128)) -> bool {
+    a.is_some_and(|a| a.0 < b.1 && b.0 < a.1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +543,7 @@ mod tests {
                     offset: 0,
                 },
                 algo: None,
+                kernel: None,
             }),
             algo: None,
         };
@@ -325,6 +576,34 @@ mod tests {
         let got = e.rounded_weights(&bytes, DType::F32, &[1.0 / 448.0, 1.0 / 448.0, 0.0]);
         let f = QuantFormat::Fp8;
         assert_eq!(got, [0x7e, f.encode(224.0), f.encode(-224.0), 0x7e, 0, 0]);
+    }
+
+    #[test]
+    fn int8_passes_from_a_step_to_its_only_reader() {
+        use trtclassify_compiler::{OnnxModel, quant::input_of, testing::models};
+        let model = OnnxModel::load(&models().join("ops.onnx")).expect("ops.onnx");
+        let spec = model.input_spec(None).expect("an image input");
+        let (plans, _) =
+            trtclassify_compiler::compile(&model, &[2], spec, DType::F16).expect("compiles");
+        let steps = &plans[0].steps;
+        // Every step that may be quantized taken as run by the own kernel.
+        let own: Vec<bool> = steps.iter().map(|s| input_of(s).is_some()).collect();
+        let chains = int8_chains(steps, &own);
+        let described: Vec<(String, String)> = (chains.iter())
+            .map(|&(w, r)| (steps[w].describe(), steps[r].describe()))
+            .collect();
+        // A 3×3 convolution into the next, and an MLP's GELU product into its second; not
+        // the values also read as a residual, nor those read by several steps.
+        assert_eq!(chains.len(), 2, "{described:?}");
+        assert!(described[0].0.starts_with("conv") && described[0].1.starts_with("conv"));
+        assert!(described[1].0.contains("Gelu") && described[1].1.starts_with("gemm"));
+        for &(w, r) in &chains {
+            assert_eq!(steps[r].spans()[0], steps[w].written(), "{described:?}");
+        }
+        // A reader the own kernel does not run takes its input in the plan's type.
+        let mut fewer = own.clone();
+        fewer[chains[0].1] = false;
+        assert_eq!(int8_chains(steps, &fewer), chains[1..]);
     }
 
     #[test]

@@ -978,16 +978,19 @@ fn products_are_tuned_at_build_and_loads_keep_the_choice() {
 
 /// An int8 step gives the same scores, to the bit, whether the engine's own kernel runs it
 /// (`Quant::kernel`, blocks of 64 or 128 output channels: the input rounded as it is read,
-/// one launch; a value passed in int8 to the next such step where it is that step's only
-/// input) or patches, cuBLASLt's product and the pass that scales its sums back do: on the digits classifier (16 input channels,
-/// the summed dimension not a multiple of the kernel's chunks), on ops.onnx (int8 passed
-/// from a convolution and from a GELU product) and, where the GPU host's exports are, on
-/// ResNet-50, MobileNetV2 and ViT-B/16 (64 to 3,072 channels, strides, residuals, products
-/// of many rows), every quantized layer in int8.
+/// one launch; a value passed in int8 to a later such step that is its only reader) or
+/// patches, cuBLASLt's product and the pass that scales its sums back do: on the digits
+/// classifier (16 input channels, the summed dimension not a multiple of the kernel's
+/// chunks) and ops.onnx (int8 passed from a convolution and from a GELU product), in fp16 and
+/// f32 plans, and, where the GPU host's exports are, on ResNet-50, MobileNetV2 and ViT-B/16
+/// (64 to 3,072 channels, strides, residuals, products of many rows), every quantized layer
+/// in int8; and again after a step-by-step run (the overflow check's).
 #[test]
 fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
     use gsttrtclassify::engine::calibration::Calibration;
-    use gsttrtclassify::engine::compiler::plan::{DType, EightBitKernel, QuantFormat, Step};
+    use gsttrtclassify::engine::compiler::plan::{
+        DType, EightBitKernel, OwnWidth, Plan, QuantFormat, Step,
+    };
     use gsttrtclassify::engine::compiler::quant::{self, CalibrationTable};
     use gsttrtclassify::engine::compiler::{OnnxModel, compile_mixed};
     if !gpu("the_own_int8_kernel_gives_cublaslts_scores_to_the_bit") {
@@ -1018,14 +1021,18 @@ fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
     let ops = common::model("ops.onnx");
     let (ops_input, _) = reference_frames("ops_reference.json");
     let ops_table = calibrated(&ops, &ops_input);
+    // The repository's models in f32 plans too (an fp16 engine whose values pass fp16's
+    // range is built again in f32, its int8 steps reading f32).
+    let both: &[DType] = &[DType::F16, DType::F32];
     let mut models = vec![
         (
             common::model("digits/digits.onnx"),
             digits_input,
             CalibrationTable::load(common::model("digits/digits_calibration.txt").as_ref())
                 .expect("the digits table"),
+            both,
         ),
-        (ops, ops_input, ops_table),
+        (ops, ops_input, ops_table, both),
     ];
     match std::env::var("TRTCLASSIFY_TORCHVISION_DIR") {
         Ok(dir) => {
@@ -1040,78 +1047,108 @@ fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
                 let input = common::read_f32(&path.with_extension("input.bin"));
                 let model = path.to_str().expect("utf-8");
                 let table = calibrated(model, &input);
-                models.push((model.to_owned(), input, table));
+                models.push((model.to_owned(), input, table, &[DType::F16]));
             }
         }
         Err(_) => {
             skipped("the own int8 kernel on the exports: TRTCLASSIFY_TORCHVISION_DIR is not set")
         }
     }
-    let cubin = cuda::runtime::compile(DType::F16, gpu.arch)
-        .expect("the kernels")
-        .cubin;
-    for (model, input, table) in models {
+    for (model, input, table, types) in models {
         let onnx = OnnxModel::load(std::path::Path::new(&model)).expect("the model");
-        // ops.onnx's spatial axes are fixed, its batch axis named.
         let spec = onnx.input_spec(None).expect("an image input");
         let frames = input.len() / (3 * spec.height * spec.width);
-        let (mut plans, mut weights) =
-            compile_mixed(&onnx, &[frames], spec, DType::F16, &[]).expect("compiles");
-        let mut plan = plans.pop().expect("a plan");
-        let done = quant::quantize(&mut plan, &mut weights, &table, QuantFormat::Int8, &[]);
-        assert!(!done.nodes.is_empty(), "{model}: nothing quantized");
-        let bytes: Vec<Vec<u8>> = (0..weights.data.len())
-            .map(|i| cuda::runtime::to_bytes(&weights.data[i], weights.dtype(i, DType::F16)))
-            .collect();
-        let run = |kernel: EightBitKernel| {
-            let mut plan = plan.clone();
-            for step in &mut plan.steps {
-                if let Step::Gemm(g) = step
-                    && let Some(q) = &mut g.quant
-                {
-                    q.kernel = Some(kernel);
+        for &dtype in types {
+            let (mut plans, mut weights) =
+                compile_mixed(&onnx, &[frames], spec, dtype, &[]).expect("compiles");
+            let mut plan = plans.pop().expect("a plan");
+            let done = quant::quantize(&mut plan, &mut weights, &table, QuantFormat::Int8, &[]);
+            let what = format!("{model} {dtype:?} (kept: {:?})", done.kept);
+            assert!(!done.nodes.is_empty(), "{what}: nothing quantized");
+            let bytes: Vec<Vec<u8>> = (0..weights.data.len())
+                .map(|i| cuda::runtime::to_bytes(&weights.data[i], weights.dtype(i, dtype)))
+                .collect();
+            let cubin = cuda::runtime::compile(dtype, gpu.arch)
+                .expect("the kernels")
+                .cubin;
+            let open = |plan: Plan| {
+                cuda::runtime::Runtime::new(
+                    &gpu,
+                    &cubin,
+                    dtype,
+                    &bytes,
+                    vec![plan],
+                    None,
+                    false,
+                    &mut |_| {},
+                )
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+            };
+            // Every int8 step through cuBLASLt first; the other steps' algorithms, tuned
+            // then, are kept for the runs in the own kernel, so that only the int8 steps
+            // differ between them.
+            let with = |plan: &Plan, kernel: EightBitKernel| {
+                let mut plan = plan.clone();
+                for step in &mut plan.steps {
+                    let quant = match step {
+                        Step::Gemm(g) => g.quant.as_mut(),
+                        Step::Conv(c) => c.quant.as_mut(),
+                        _ => None,
+                    };
+                    if let Some(q) = quant {
+                        q.kernel = Some(kernel);
+                    }
                 }
-                if let Step::Conv(c) = step
-                    && let Some(q) = &mut c.quant
-                {
-                    q.kernel = Some(kernel);
-                }
-            }
-            let mut rt = cuda::runtime::Runtime::new(
-                &gpu,
-                &cubin,
-                DType::F16,
-                &bytes,
-                vec![plan],
-                None,
-                false,
-                &mut |_| {},
-            )
-            .unwrap_or_else(|e| panic!("{model}, {kernel:?}: {e}"));
-            let passes = rt.int8_passes();
-            (rt.run(&input, frames).expect("inference").to_vec(), passes)
-        };
-        let (library, none) = run(EightBitKernel::Library);
-        assert_eq!(none, 0, "{model}: int8 passed through cuBLASLt's path");
-        assert!(library.iter().all(|v| v.is_finite()), "{model}");
-        for kernel in [EightBitKernel::Own(64), EightBitKernel::Own(128)] {
-            let (own, passes) = run(kernel);
-            println!(
-                "{model}: {} int8 layers, {frames} frames, {kernel:?} against cuBLASLt, {passes} values passed in int8",
-                done.nodes.len()
-            );
-            if model.ends_with("ops.onnx") || model.ends_with("resnet50.onnx") {
-                assert!(passes > 0, "{model}, {kernel:?}: no value passed in int8");
-            }
-            let differ = (own.iter().zip(&library))
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+                plan
+            };
+            let mut rt = open(with(&plan, EightBitKernel::Library));
             assert_eq!(
-                differ,
-                0,
-                "{model}, {kernel:?}: {differ} of {} scores differ",
-                own.len()
+                (rt.own_int8_steps(), rt.int8_passes()),
+                (0, 0),
+                "{what}: cuBLASLt's path"
             );
+            let library = rt.run(&input, frames).expect("inference").to_vec();
+            assert!(library.iter().all(|v| v.is_finite()), "{what}");
+            let tuned = rt.plans().next().expect("a plan").clone();
+            drop(rt);
+            for width in OwnWidth::ALL {
+                let mut rt = open(with(&tuned, EightBitKernel::Own(width)));
+                let (steps, passes) = (rt.own_int8_steps(), rt.int8_passes());
+                println!(
+                    "{what}: {steps} int8 steps in the own kernel ({width:?}), {passes} values \
+                     passed in int8, {frames} frames, against cuBLASLt's path"
+                );
+                assert_eq!(
+                    steps,
+                    done.nodes.len(),
+                    "{what}, {width:?}: own-kernel steps"
+                );
+                if model.ends_with("ops.onnx") || model.ends_with("resnet50.onnx") {
+                    assert!(passes > 0, "{what}, {width:?}: no value passed in int8");
+                }
+                let same = |got: &[f32], how: &str| {
+                    let differ = (got.iter().zip(&library))
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    assert_eq!(
+                        differ,
+                        0,
+                        "{what}, {width:?}{how}: {differ} of {} scores differ",
+                        got.len()
+                    );
+                };
+                same(rt.run(&input, frames).expect("inference"), "");
+                // Step by step, each output read back (in the plan's type, nothing passed in
+                // int8), then the graphs again.
+                let overflow = rt
+                    .first_overflow(frames, f32::MAX)
+                    .expect("a step-by-step run");
+                assert!(overflow.is_none(), "{what}, {width:?}: {overflow:?}");
+                same(
+                    rt.run(&input, frames).expect("inference"),
+                    ", after a step-by-step run",
+                );
+            }
         }
     }
 }

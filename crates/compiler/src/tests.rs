@@ -1451,7 +1451,9 @@ fn plans_keep_the_engine_file_format() {
                     quant: (q.quant).map(|quant| super::plan::Quant {
                         format: super::plan::QuantFormat::Int8,
                         algo: None,
-                        kernel: Some(super::plan::EightBitKernel::Own(64)),
+                        kernel: Some(super::plan::EightBitKernel::Own(
+                            super::plan::OwnWidth::Cols64,
+                        )),
                         ..quant
                     }),
                     ..q

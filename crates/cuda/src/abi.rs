@@ -24,6 +24,11 @@ pub const WARP_ROW_MAX: usize = 1024;
 /// (`PRE_SPAN` in its source).
 pub const PRE_SPAN: usize = 2048;
 
+/// The rows (output pixels) a block of the own int8 kernel computes, and its threads
+/// (`C8_ROWS`, `C8_THREADS` in quant.cu).
+pub const OWN_ROWS: usize = 128;
+pub const OWN_THREADS: usize = 256;
+
 /// The activations the kernels apply, in the order of their ids.
 pub const ACTIVATIONS: [&str; 18] = [
     "none",
@@ -87,6 +92,8 @@ pub fn prelude() -> String {
         ("MAX_RANK", MAX_RANK),
         ("WARP_ROW_MAX", WARP_ROW_MAX),
         ("PRE_SPAN", PRE_SPAN),
+        ("C8_ROWS", OWN_ROWS),
+        ("C8_THREADS", OWN_THREADS),
     ] {
         s += &format!("#define {name} {value}\n");
     }
@@ -309,7 +316,7 @@ impl PatchParams {
     }
 }
 
-/// An int8 step run in one kernel: quant.cu's `struct Conv8`, for `conv8`.
+/// An int8 step run in one kernel: quant.cu's `struct Conv8`, for `conv8_*`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Conv8Params {

@@ -138,22 +138,43 @@ pub struct Quant {
     /// `GemmStep::algo` holds a product's. `None` until tuned, and on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algo: Option<[u64; 8]>,
-    /// How the GPU runs it, where it is int8; `None` until chosen by timing at build, and
-    /// on the CPU.
+    /// How the GPU runs it, where it is int8 and the GPU's own kernel fits it, as chosen by
+    /// timing at build; `None` before, elsewhere, and on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<EightBitKernel>,
 }
 
-/// How the GPU runs an int8 step (`Quant::kernel`); each way gives the same output, to the
-/// bit.
+/// How the GPU runs an int8 step (`Quant::kernel`); each way is meant to give the same
+/// output, to the bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EightBitKernel {
     /// Its input rounded into patches, cuBLASLt's 8-bit product, and a pass that scales the
     /// sums back.
     Library,
-    /// The engine's own implicit-GEMM kernel, each block computing this many output
-    /// channels.
-    Own(u32),
+    /// The engine's own implicit-GEMM kernel, in blocks of this width.
+    Own(OwnWidth),
+}
+
+/// The output channels a block of the GPU's own int8 kernel computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OwnWidth {
+    /// 64 output channels.
+    Cols64,
+    /// 128 output channels.
+    Cols128,
+}
+
+impl OwnWidth {
+    /// Every width, narrowest first.
+    pub const ALL: [OwnWidth; 2] = [OwnWidth::Cols64, OwnWidth::Cols128];
+
+    /// The output channels.
+    pub fn cols(self) -> usize {
+        match self {
+            OwnWidth::Cols64 => 64,
+            OwnWidth::Cols128 => 128,
+        }
+    }
 }
 
 #[cfg(test)]

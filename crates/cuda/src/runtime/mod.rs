@@ -45,8 +45,8 @@ pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
 use steps::{EightBit, OwnStep};
 use trtclassify_compiler::plan::{
-    ConvStep, DType, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights,
-    weight_type,
+    ConvStep, DType, EightBitKernel, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step,
+    scale_weights, weight_type,
 };
 pub use warmup::{Warmup, warm_libraries};
 
@@ -305,7 +305,15 @@ impl Runtime {
             .map(|w| stream.clone_htod(w).map_err(Error::driver("weight upload")))
             .collect::<Result<Vec<_>>>()?;
         let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
-        let most = |f: fn(&EightBit) -> usize| eight_bit.iter().map(f).max().unwrap_or(1);
+        // The steps the engine's own kernel runs (as a loaded plan says) need no patches
+        // nor sums.
+        let most = |f: fn(&EightBit) -> usize| {
+            (eight_bit.iter())
+                .filter(|e| !matches!(e.quant.kernel, Some(EightBitKernel::Own(_))))
+                .map(f)
+                .max()
+                .unwrap_or(1)
+        };
         let patches = stream
             .alloc_zeros::<u8>(most(EightBit::patch_bytes))
             .map_err(Error::driver("8-bit patches allocation"))?;
@@ -425,6 +433,18 @@ impl Runtime {
             rt.workspace = stream
                 .alloc_zeros::<u8>(needed)
                 .map_err(Error::driver("workspace allocation"))?;
+        }
+        // And only the patches and sums of the 8-bit steps that cuBLASLt runs.
+        let (patches, sums) = rt.library_eight_bit_bytes();
+        if patches < rt.patches.len() {
+            rt.patches = stream
+                .alloc_zeros::<u8>(patches)
+                .map_err(Error::driver("8-bit patches allocation"))?;
+        }
+        if sums < rt.sums.len() {
+            rt.sums = stream
+                .alloc_zeros::<u8>(sums)
+                .map_err(Error::driver("8-bit sums allocation"))?;
         }
         for i in 0..rt.plans.len() {
             rt.capture(i)?;
@@ -644,6 +664,13 @@ impl Runtime {
     /// own kernel runs both the step that writes one and the one step that reads it.
     pub fn int8_passes(&self) -> usize {
         self.int8_passes
+    }
+
+    /// How many steps of the plans the engine's own int8 kernel runs.
+    pub fn own_int8_steps(&self) -> usize {
+        (self.plans.iter().flat_map(|p| &p.prepared))
+            .filter(|p| matches!(p, Prepared::OwnEightBit(_)))
+            .count()
     }
 
     /// The 8-bit steps that this build runs in the plan's type, as faster on this GPU: for

@@ -14,7 +14,7 @@ use super::{BatchPlan, OwnStep, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    ConvStep, EightBitKernel, Loc, Plan, Quant, QuantFormat, Step, Tuned,
+    ConvStep, EightBitKernel, Loc, OwnWidth, Plan, Quant, QuantFormat, Step, Tuned,
 };
 
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
@@ -27,6 +27,9 @@ const EIGHT_BIT_MARGIN: f32 = 1.1;
 /// The algorithm chosen for each shape of product a plan holds (`GemmDescs::algo_words`).
 type Tunings = std::collections::HashMap<String, [u64; 8]>;
 
+/// How each shape of int8 step a plan holds runs (`EightBit::kernel_key`).
+type KernelChoices = std::collections::HashMap<String, EightBitKernel>;
+
 /// Runs of a step in the graph that times it: enough that a small step's time is not lost
 /// in the replay's own start.
 const TIMED_RUNS: usize = 5;
@@ -36,17 +39,21 @@ impl Runtime {
     /// algorithm are tuned.
     ///
     /// Where `time_eight_bit` (a fresh build), each 8-bit step is timed as it is and in the
-    /// plan's type, and runs in 8 bits only where that is faster by `EIGHT_BIT_MARGIN`: on
-    /// the GPU an 8-bit step rounds its input in a pass of its own (into patches, nine times
-    /// the input for a 3×3 convolution) and, without per-channel scales in cuBLASLt's
-    /// epilogue, writes sums that a second pass scales back, which can cost more than the
-    /// 8-bit product saves. The choice is the plan's (the step's quantization dropped), so
-    /// an engine file holds it and its loads do not time again. The steps moved to the
-    /// plan's type are listed in `unquantized`.
+    /// plan's type, and runs in 8 bits only where that is faster by `EIGHT_BIT_MARGIN`:
+    /// through cuBLASLt an 8-bit step rounds its input in a pass of its own (into patches,
+    /// nine times the input for a 3×3 convolution) and, without per-channel scales in
+    /// cuBLASLt's epilogue, writes sums that a second pass scales back, which can cost more
+    /// than the 8-bit product saves; the engine's own int8 kernel, where it is faster, does
+    /// both in one launch, but its products are not cuDNN's. The choice is the plan's (the
+    /// step's quantization dropped), so an engine file holds it and its loads do not time
+    /// again. The steps moved to the plan's type are listed in `unquantized`. Then the int8
+    /// steps of the own kernel pass values to each other in int8 where they can
+    /// (`chain_int8`).
     pub(super) fn prepare(&mut self, mut plan: Plan, time_eight_bit: bool) -> Result<BatchPlan> {
         let mut prepared = Vec::with_capacity(plan.steps.len());
         let mut unquantized = Vec::new();
         let mut tuned = Tunings::new();
+        let mut kernels = KernelChoices::new();
         for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
             let eight_bit = match step {
                 Step::Gemm(g) => EightBit::of_gemm(g),
@@ -57,7 +64,7 @@ impl Runtime {
                 prepared.push(self.prepare_step(step, &mut tuned)?);
                 continue;
             };
-            let quantized = self.prepare_eight_bit(step, &e, &mut tuned)?;
+            let (quantized, timed) = self.prepare_eight_bit(step, &e, &mut tuned, &mut kernels)?;
             if !time_eight_bit {
                 prepared.push(quantized);
                 continue;
@@ -69,7 +76,10 @@ impl Runtime {
                 _ => unreachable!("8-bit steps are products and convolutions"),
             }
             let plain_prepared = self.prepare_step(&mut plain, &mut tuned)?;
-            let eight_bit_ms = self.time(|| self.step(step, &quantized))?;
+            let eight_bit_ms = match timed {
+                Some(ms) => ms,
+                None => self.time(|| self.step(step, &quantized))?,
+            };
             let plain_ms = self.time(|| self.step(&plain, &plain_prepared))?;
             if plain_ms < eight_bit_ms * EIGHT_BIT_MARGIN {
                 *step = plain;
@@ -163,24 +173,26 @@ impl Runtime {
     /// into sums. Its product's algorithm is chosen as a product's in the plan's type is
     /// (`product_algo`) and stored in the step's `Quant`; an int8 step tuned now whose own
     /// kernel fits the GPU is then timed that way and in each of the kernel's block widths,
-    /// and runs the fastest.
+    /// and runs the fastest (as the step of the same shape before it in `chosen`, if any),
+    /// whose time is returned.
     fn prepare_eight_bit(
         &self,
         step: &mut Step,
         e: &EightBit,
         tuned: &mut Tunings,
-    ) -> Result<Prepared> {
+        chosen: &mut KernelChoices,
+    ) -> Result<(Prepared, Option<f32>)> {
         let format = e.quant.format;
         let weights = (self.eight_bit_weights.iter())
             .find(|(key, _)| *key == (e.w, format))
             .map(|(_, w)| self.ptr_u8(w))
             .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
         let own_fits = e.own_kernel_fits(self.arch);
-        if let Some(EightBitKernel::Own(cols)) = e.quant.kernel
+        let own = |width| Prepared::OwnEightBit(OwnStep::new(weights, width));
+        if let Some(EightBitKernel::Own(width)) = e.quant.kernel
             && own_fits
-            && OwnStep::COLS.contains(&cols)
         {
-            return Ok(Prepared::OwnEightBit(OwnStep::new(weights, cols)));
+            return Ok((own(width), None));
         }
         let shape = [e.rows, e.summed(), e.n];
         let workspace = self.lt_workspace.len();
@@ -213,7 +225,16 @@ impl Runtime {
         let algo = self.product_algo(step, &mut prepared, loaded, key, tuned)?;
         set_eight_bit_algo(step, algo);
         if e.quant.kernel.is_some() || !own_fits {
-            return Ok(prepared);
+            return Ok((prepared, None));
+        }
+        // A step of a shape timed before (a network's blocks repeat theirs) runs as it did.
+        let key = e.kernel_key();
+        if let Some(&kernel) = chosen.get(&key) {
+            set_kernel(step, kernel);
+            return Ok(match kernel {
+                EightBitKernel::Library => (prepared, None),
+                EightBitKernel::Own(width) => (own(width), None),
+            });
         }
         let library_ms = self.time(|| self.step(step, &prepared))?;
         let mut fastest = (library_ms, EightBitKernel::Library);
@@ -222,19 +243,18 @@ impl Runtime {
             "as patches and cuBLASLt's product {:.1} µs",
             per_run(library_ms)
         )];
-        // A block as wide as the output channels or less: a wider one computes only zeros.
-        let widths =
-            (OwnStep::COLS.iter()).filter(|&&c| c == OwnStep::COLS[0] || c as usize <= e.n);
-        for &cols in widths {
-            let own = Prepared::OwnEightBit(OwnStep::new(weights, cols));
-            match self.time(|| self.step(step, &own)) {
+        // Blocks no wider than the output channels: a wider one computes zeros.
+        let widths = (OwnWidth::ALL.iter()).filter(|w| **w == OwnWidth::ALL[0] || w.cols() <= e.n);
+        for &width in widths {
+            let cols = width.cols();
+            match self.time(|| self.step(step, &own(width))) {
                 Ok(ms) => {
                     times.push(format!(
                         "in the engine's own kernel, {cols} channels a block, {:.1} µs",
                         per_run(ms)
                     ));
                     if ms < fastest.0 {
-                        fastest = (ms, EightBitKernel::Own(cols));
+                        fastest = (ms, EightBitKernel::Own(width));
                     }
                 }
                 Err(err) => log::warn!(target: trtclassify_compiler::LOG_TARGET,
@@ -244,12 +264,12 @@ impl Runtime {
         }
         log::debug!(target: trtclassify_compiler::LOG_TARGET,
             "{}: int8 {}", step.describe(), times.join(", "));
-        if let Some(q) = quant_of(step) {
-            q.kernel = Some(fastest.1);
-        }
-        Ok(match fastest.1 {
-            EightBitKernel::Library => prepared,
-            EightBitKernel::Own(cols) => Prepared::OwnEightBit(OwnStep::new(weights, cols)),
+        let (ms, kernel) = fastest;
+        chosen.insert(key, kernel);
+        set_kernel(step, kernel);
+        Ok(match kernel {
+            EightBitKernel::Library => (prepared, Some(ms)),
+            EightBitKernel::Own(width) => (own(width), Some(ms)),
         })
     }
 
@@ -469,6 +489,13 @@ impl Runtime {
 /// (`Tunings`): the blocks of a network repeat them, and each is timed once.
 fn memo_key(shape: impl std::fmt::Debug, act: Act, bias: bool, residual: bool) -> String {
     format!("{shape:?} {act:?} bias {bias} residual {residual}")
+}
+
+/// Stores `kernel` as how the GPU runs `step`, an int8 step.
+fn set_kernel(step: &mut Step, kernel: EightBitKernel) {
+    if let Some(q) = quant_of(step) {
+        q.kernel = Some(kernel);
+    }
 }
 
 /// Stores `algo` as the 8-bit product's algorithm of `step`, a quantized step.

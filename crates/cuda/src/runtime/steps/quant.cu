@@ -2,7 +2,8 @@
 // Products and convolutions with 8-bit operands (`plan::Quant`): the input rounded to int8 or
 // FP8 E4M3 into rows of patches (a convolution's im2col, a product's own rows), which
 // cuBLASLt multiplies by the 8-bit weights into int32 or f32 sums; then the epilogue that
-// scales the sums back and adds the bias and the residual. Launched by quant.rs.
+// scales the sums back and adds the bias and the residual. Or, for int8, `conv8_*`: all of
+// it in one kernel. Launched by quant.rs.
 
 // v rounded as `QuantFormat::Int8` rounds: to nearest, ties to even, saturated at ±127.
 __device__ __forceinline__ unsigned int round_int8(float v) {
@@ -112,7 +113,8 @@ __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_s
          i += (long long)gridDim.x * blockDim.x) {
         const int j = narrow ? (int)i - (int)fast_div((unsigned)i, n_mul, n_shift) * n
                              : (int)(i % n);
-        // Not contracted into a fused multiply-add with the bias: `conv8_*` write the same bits.
+        // Not contracted into a fused multiply-add with the bias, so that `conv8_*` write the
+        // same bits.
         float v = __fmul_rn((float)sums[i], scale * w_scales[j]);
         if (bias) v += ld(bias[j]);
         if (z) v += ld(z[i]);
@@ -146,16 +148,17 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
 // so that they never straddle two taps), the last chunk padded with zeros; a 3×3 convolution
 // reads its input from the cache nine times instead of writing it out nine times as patches.
 //
-// Two such steps in a row, the second the only reader of the first's output, pass it in int8
-// (`Runtime::chain_int8`): the first writes y as the second would round it (rounded to the
-// plan's type, then divided by the second's input scale: the same bytes again), into the
-// start of its buffer, and the second (`conv8_*_int8_input`) copies it into shared memory as it
-// is, with nothing to round.
+// Where such a step's output is read by one later such step only, as its input, it passes in
+// int8 (`Runtime::chain_int8`): the first writes y as the second would round it (rounded to
+// the plan's type, then divided by the second's input scale: the same bytes again), into the
+// start of its buffer, and the second (`conv8_*_int8_input`) copies it into shared memory as
+// it is, with nothing to round.
 //
-// A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at build),
-// each of its 8 warps 32 rows × COLS / 2. Two stages of shared memory: while the warps multiply one chunk, the next chunk's
-// weights, and an int8 input, are in flight by cp.async, and an input of the plan's type into
-// registers, rounded into shared memory after the products.
+// A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at
+// build), each of its 8 warps 32 rows × COLS / 2. Two stages of shared memory: while the
+// warps multiply one chunk, the next chunk's weights, and an int8 input, are in flight by
+// cp.async, and an input of the plan's type into registers, rounded into shared memory after
+// the products.
 struct Conv8 {
     long long rows;  // output pixels (a product's rows)
     int h, w, c, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw;
@@ -171,7 +174,8 @@ struct Conv8 {
 };
 static_assert(sizeof(Conv8) == 104, "struct Conv8 no longer matches Conv8Params (abi.rs)");
 
-#define C8_ROWS 128
+// C8_ROWS and C8_THREADS come from abi.rs: the launch's grid and block.
+static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 across");
 #define C8_CHUNK 64
 // A row of a chunk in shared memory: 64 bytes and 16 of padding, so that the 8 rows an
 // ldmatrix reads fall on 8 different 16-byte groups of banks.
@@ -263,7 +267,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     // channels (16 bytes of int8, or 8 values rounded to int8) at `part`. Each row's first
     // input row in x (its image's) and the top-left input pixel of its taps, once.
     constexpr int ROWS = INT8_IN ? 2 : 4, WIDTH = INT8_IN ? 16 : 8;
-    constexpr int PER_ROW = C8_CHUNK / WIDTH, ROWS_APART = 256 / PER_ROW;
+    constexpr int PER_ROW = C8_CHUNK / WIDTH, ROWS_APART = C8_THREADS / PER_ROW;
     const int first = tid / PER_ROW, part = tid % PER_ROW;
     long long image[ROWS];
     int iy0[ROWS], ix0[ROWS];
@@ -426,14 +430,14 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 // Launched with 256 threads, a grid of ⌈rows / 128⌉ × ⌈n / COLS⌉ blocks, COLS the name's
 // number; y is of the plan's type, or int8 where `p.y_int8`. The `_int8_input` kernels read an
 // int8 x, written by one with `p.y_int8` (16-byte aligned: the host checked).
-extern "C" __global__ void __launch_bounds__(256) conv8_64(const Conv8 p, const T *x,
+extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_64(const Conv8 p, const T *x,
                                                            const unsigned char *wq,
                                                            const float *w_scales, const T *bias,
                                                            const T *z, void *y) {
     conv8_body<64, false>(p, x, wq, w_scales, bias, z, y);
 }
 
-extern "C" __global__ void __launch_bounds__(256) conv8_64_int8_input(const Conv8 p,
+extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_64_int8_input(const Conv8 p,
                                                                       const unsigned char *x,
                                                                       const unsigned char *wq,
                                                                       const float *w_scales,
@@ -442,14 +446,14 @@ extern "C" __global__ void __launch_bounds__(256) conv8_64_int8_input(const Conv
     conv8_body<64, true>(p, x, wq, w_scales, bias, z, y);
 }
 
-extern "C" __global__ void __launch_bounds__(256) conv8_128(const Conv8 p, const T *x,
+extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_128(const Conv8 p, const T *x,
                                                             const unsigned char *wq,
                                                             const float *w_scales, const T *bias,
                                                             const T *z, void *y) {
     conv8_body<128, false>(p, x, wq, w_scales, bias, z, y);
 }
 
-extern "C" __global__ void __launch_bounds__(256) conv8_128_int8_input(const Conv8 p,
+extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_128_int8_input(const Conv8 p,
                                                                        const unsigned char *x,
                                                                        const unsigned char *wq,
                                                                        const float *w_scales,

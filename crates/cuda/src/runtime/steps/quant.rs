@@ -5,6 +5,8 @@
 //! per-channel scales (CUDA 12.9 on): the scales, bias, residual and activation in its
 //! epilogue. Otherwise it writes sums (int32 for int8, f32 for FP8) and quant.cu's epilogue
 //! scales them back per output channel and adds the bias, the residual and the activation.
+//! Or, for int8 where the build timed it faster, all of that in one launch of quant.cu's own
+//! kernel (`OwnStep`), which passes values in int8 between such steps (`chain_int8`).
 //!
 //! The weights are rounded once, on the host, as the engine is opened (`EightBitWeights`),
 //! from the plan-type weights and the per-channel scales the engine file holds.
@@ -17,13 +19,16 @@ use super::super::cublaslt::GemmDescs;
 use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
-use crate::abi::{Conv8Params, PatchParams, act_params, divider};
-use crate::error::{Error, Result};
+use crate::abi::{Conv8Params, OWN_ROWS, OWN_THREADS, PatchParams, act_params, divider};
+use crate::error::Result;
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::{ConvStep, DType, GemmStep, Loc, Quant, QuantFormat, Span, Step};
+use trtclassify_compiler::plan::{
+    ConvStep, DType, GemmStep, Loc, OwnWidth, Quant, QuantFormat, Span, Step,
+};
 
 kernel_set! {
-    /// quant.cu's kernels: the input of 8-bit products and their epilogue.
+    /// quant.cu's kernels: the input of 8-bit products and their epilogue, and the own int8
+    /// kernel.
     QuantKernels {
         /// 8 channels a thread, into rows of patches.
         patches: "quantize_patches",
@@ -127,6 +132,26 @@ impl EightBit {
             && arch >= (8, 0)
             && self.hwc[2].is_multiple_of(16)
             && self.n.is_multiple_of(8)
+    }
+
+    /// What decides how fast each way of running it is: its shapes, its epilogue, its
+    /// format. Steps of the same key run the same way (`Runtime::prepare`).
+    pub(in crate::runtime) fn kernel_key(&self) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?} rows {} n {} {:?} bias {} residual {} {}",
+            self.hwc,
+            self.out,
+            self.kernel,
+            self.pads,
+            self.strides,
+            self.dilations,
+            self.rows,
+            self.n,
+            self.act,
+            self.bias.is_some(),
+            self.residual.is_some(),
+            self.quant.format
+        )
     }
 
     /// Bytes of patches it reads.
@@ -296,8 +321,8 @@ impl Runtime {
 pub(in crate::runtime) struct OwnStep {
     /// The device address of its int8 weights.
     pub(in crate::runtime) w: u64,
-    /// The output channels a block computes: one of `COLS`.
-    pub(in crate::runtime) cols: u32,
+    /// The output channels a block computes.
+    pub(in crate::runtime) width: OwnWidth,
     /// Whether its input is in int8 already, written by the step before (`chain_int8`).
     pub(in crate::runtime) int8_input: bool,
     /// Where it writes its output in int8 for the one step that reads it: that step's input
@@ -306,15 +331,12 @@ pub(in crate::runtime) struct OwnStep {
 }
 
 impl OwnStep {
-    /// The widths of the kernel's blocks, in output channels (quant.cu's `conv8_<COLS>`).
-    pub(in crate::runtime) const COLS: [u32; 2] = [64, 128];
-
-    /// The step whose int8 weights are at `w`, run by blocks of `cols` output channels, its
-    /// input and output in the plan's type.
-    pub(in crate::runtime) fn new(w: u64, cols: u32) -> Self {
+    /// The step whose int8 weights are at `w`, run by blocks of `width`, its input and
+    /// output in the plan's type.
+    pub(in crate::runtime) fn new(w: u64, width: OwnWidth) -> Self {
         OwnStep {
             w,
-            cols,
+            width,
             int8_input: false,
             int8_output: None,
         }
@@ -355,13 +377,25 @@ impl Runtime {
         passed
     }
 
+    /// The bytes of patches and of sums that the 8-bit steps cuBLASLt runs need at most (1
+    /// where there is none).
+    pub(in crate::runtime) fn library_eight_bit_bytes(&self) -> (usize, usize) {
+        let library: Vec<EightBit> = (self.plans.iter())
+            .flat_map(|p| p.plan.steps.iter().zip(&p.prepared))
+            .filter(|(_, prepared)| matches!(prepared, Prepared::EightBit(..)))
+            .filter_map(|(step, _)| eight_bit_of(step))
+            .collect();
+        let most = |f: fn(&EightBit) -> usize| library.iter().map(f).max().unwrap_or(1).max(1);
+        (most(EightBit::patch_bytes), most(EightBit::sum_bytes))
+    }
+
     /// Enqueues `step`, with `prepared` for it, writing its output in the plan's type: as
     /// `step` does, but an int8 step of the engine's own kernel reads and writes its values
     /// as if it passed none in int8 (`chain_int8`): for runs that read each step's output.
     pub(in crate::runtime) fn step_alone(&self, step: &Step, prepared: &Prepared) -> Result<()> {
         match (eight_bit_of(step), prepared) {
             (Some(e), Prepared::OwnEightBit(own)) => {
-                self.own_eight_bit(&e, &OwnStep::new(own.w, own.cols))
+                self.own_eight_bit(&e, &OwnStep::new(own.w, own.width))
             }
             _ => self.step(step, prepared),
         }
@@ -412,16 +446,11 @@ impl Runtime {
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
-        let func = match (own.cols, own.int8_input) {
-            (64, false) => &quant.conv8_64,
-            (64, true) => &quant.conv8_64_int8_input,
-            (128, false) => &quant.conv8_128,
-            (128, true) => &quant.conv8_128_int8_input,
-            _ => {
-                return Err(Error::Plan(
-                    "the own int8 kernel with blocks of another width",
-                ));
-            }
+        let func = match (own.width, own.int8_input) {
+            (OwnWidth::Cols64, false) => &quant.conv8_64,
+            (OwnWidth::Cols64, true) => &quant.conv8_64_int8_input,
+            (OwnWidth::Cols128, false) => &quant.conv8_128,
+            (OwnWidth::Cols128, true) => &quant.conv8_128_int8_input,
         };
         let mut b = self.stream.launch_builder(func);
         b.arg(&p)
@@ -433,21 +462,18 @@ impl Runtime {
             .arg(&y);
         let blocks = |len: usize, tile: usize| len.div_ceil(tile) as u32;
         let cfg = LaunchConfig {
-            grid_dim: (blocks(e.rows, OWN_ROWS), blocks(e.n, own.cols as usize), 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (blocks(e.rows, OWN_ROWS), blocks(e.n, own.width.cols()), 1),
+            block_dim: (OWN_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         launch(b, cfg)
     }
 }
 
-/// The rows of a block of `conv8_<COLS>` (quant.cu's `C8_ROWS`).
-const OWN_ROWS: usize = 128;
-
 /// The pairs of steps of `steps` that may pass a value in int8, among those the engine's own
-/// kernel runs (`own`, parallel): the first writes it in the arena, and the second is the
-/// only step that reads it before it is written over, reading all of it as its input and
-/// nothing else of it (not as its residual).
+/// kernel runs (`own`, parallel): the first writes it in the arena, and the second, a later
+/// step, is the only one that reads it before it is written over, reading all of it as its
+/// input and nothing else of it (not as its residual).
 fn int8_chains(steps: &[Step], own: &[bool]) -> Vec<(usize, usize)> {
     let mut chains = Vec::new();
     for (w, writer) in steps.iter().enumerate() {
@@ -461,6 +487,8 @@ fn int8_chains(steps: &[Step], own: &[bool]) -> Vec<(usize, usize)> {
         if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
             continue;
         }
+        // The arena places nothing over a value before its last read: the first step that
+        // writes over any of it comes after every reader.
         let mut readers = Vec::new();
         for (r, step) in steps.iter().enumerate().skip(w + 1) {
             if step

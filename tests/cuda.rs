@@ -687,7 +687,6 @@ const LOGIT_ERROR_BOUND: f32 = 0.25;
 /// check the kernels layer by layer against onnxruntime's QDQ on a trained model.
 #[test]
 fn cuda_int8_and_fp8_run_every_export() {
-    use gsttrtclassify::engine::calibration::Calibration;
     use gsttrtclassify::engine::compiler::quant::Agreement;
     if !gpu("cuda_int8_and_fp8_run_every_export") {
         return;
@@ -711,15 +710,8 @@ fn cuda_int8_and_fp8_run_every_export() {
         let input = common::read_f32(&dir.join(format!("{name}.input.bin")));
         let path = dir.join(format!("{name}.onnx"));
         let model = path.to_str().expect("utf-8");
-        let mut calibration =
-            Calibration::new(&options(model, 1, Precision::Fp16)).expect("calibration");
-        let frame_len = calibration.frame_len();
-        for frame in input.chunks_exact(frame_len) {
-            calibration.add_input(frame).expect("a calibration frame");
-        }
         let table = tables.path().join(format!("{name}.txt"));
-        calibration
-            .table()
+        calibrated(model, &input)
             .save(&table)
             .expect("the table is written");
         let transformer = name.starts_with("vit") || name.starts_with("swin");
@@ -976,6 +968,20 @@ fn products_are_tuned_at_build_and_loads_keep_the_choice() {
     }
 }
 
+/// The calibration table of `model` on `input` (model inputs, frame after frame).
+fn calibrated(
+    model: &str,
+    input: &[f32],
+) -> gsttrtclassify::engine::compiler::quant::CalibrationTable {
+    use gsttrtclassify::engine::calibration::Calibration;
+    let mut calibration =
+        Calibration::new(&options(model, 1, Precision::Fp16)).expect("calibration");
+    for frame in input.chunks_exact(calibration.frame_len()) {
+        calibration.add_input(frame).expect("a calibration frame");
+    }
+    calibration.table()
+}
+
 /// An int8 step gives the same scores, to the bit, whether the engine's own kernel runs it
 /// (`Quant::kernel`, blocks of 64 or 128 output channels: the input rounded as it is read,
 /// one launch; a value passed in int8 to a later such step that is its only reader) or
@@ -987,7 +993,6 @@ fn products_are_tuned_at_build_and_loads_keep_the_choice() {
 /// in int8; and again after a step-by-step run (the overflow check's).
 #[test]
 fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
-    use gsttrtclassify::engine::calibration::Calibration;
     use gsttrtclassify::engine::compiler::plan::{
         DType, EightBitKernel, OwnWidth, Plan, QuantFormat, Step,
     };
@@ -1006,14 +1011,6 @@ fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
     }
     // The models, each with its frames (the model's input) and its calibration table: the
     // digits' committed one, else made on the frames.
-    let calibrated = |model: &str, input: &[f32]| {
-        let mut calibration =
-            Calibration::new(&options(model, 1, Precision::Fp16)).expect("calibration");
-        for frame in input.chunks_exact(calibration.frame_len()) {
-            calibration.add_input(frame).expect("a calibration frame");
-        }
-        calibration.table()
-    };
     let digits = trtclassify_compiler::testing::digits_heldout();
     let digits_input: Vec<f32> = (0..16).flat_map(|i| digits.model_input(i)).collect();
     // ops.onnx passes int8 from a convolution to the next and from a GELU product to the

@@ -249,11 +249,12 @@ impl EwParams {
     }
 }
 
-/// The 8-bit steps' patches: quant.cu's `struct Patches`, for `quantize_patches`.
+/// An 8-bit step's shape as a convolution's (a product: 1×1 over one image of 1×`rows`
+/// pixels): quant.cu's `struct ConvShape`, in `PatchParams` and `Conv8Params`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct PatchParams {
-    /// Output pixels: rows of patches.
+pub struct ConvShape {
+    /// Output pixels: rows of patches, a product's rows.
     pub rows: i64,
     pub h: i32,
     pub w: i32,
@@ -268,6 +269,16 @@ pub struct PatchParams {
     pub sw: i32,
     pub dh: i32,
     pub dw: i32,
+}
+const _: () = assert!(
+    size_of::<ConvShape>() == 64 && align_of::<ConvShape>() == 8 && offset_of!(ConvShape, dw) == 56
+);
+
+/// The 8-bit steps' patches: quant.cu's `struct Patches`, for `quantize_patches`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PatchParams {
+    pub shape: ConvShape,
     pub scale: f32,
     pub fp8: i32,
     /// 1 where every index and offset fits in an `int`: 32-bit indexing.
@@ -283,34 +294,33 @@ unsafe impl DeviceRepr for PatchParams {}
 const _: () = assert!(
     size_of::<PatchParams>() == 120
         && align_of::<PatchParams>() == 8
-        && offset_of!(PatchParams, h) == 8
-        && offset_of!(PatchParams, dw) == 56
-        && offset_of!(PatchParams, scale) == 60
-        && offset_of!(PatchParams, narrow) == 68
-        && offset_of!(PatchParams, vec) == 72
-        && offset_of!(PatchParams, div_mul) == 76
-        && offset_of!(PatchParams, div_shift) == 96
+        && offset_of!(PatchParams, scale) == 64
+        && offset_of!(PatchParams, narrow) == 72
+        && offset_of!(PatchParams, vec) == 76
+        && offset_of!(PatchParams, div_mul) == 80
+        && offset_of!(PatchParams, div_shift) == 100
 );
 
 impl PatchParams {
     /// Fills in the dividers and `narrow` from the sizes; `aligned_fp16`: whether the input
     /// is fp16 and starts on 16 bytes.
     pub fn with_dividers(mut self, aligned_fp16: bool) -> Self {
-        let groups = (self.c / 8).max(1) as u32;
-        let per_row = (self.kh * self.kw).max(1) as u32 * groups;
+        let groups = (self.shape.c / 8).max(1) as u32;
+        let per_row = (self.shape.kh * self.shape.kw).max(1) as u32 * groups;
         let by = [
             per_row,
             groups,
-            self.kw as u32,
-            self.ow as u32,
-            self.oh as u32,
+            self.shape.kw as u32,
+            self.shape.ow as u32,
+            self.shape.oh as u32,
         ];
         for (j, d) in by.into_iter().enumerate() {
             (self.div_mul[j], self.div_shift[j]) = divider(d);
         }
-        let images = self.rows / (i64::from(self.oh) * i64::from(self.ow)).max(1);
-        let input = images * i64::from(self.h) * i64::from(self.w) * i64::from(self.c);
-        self.narrow = i32::from(fits_int(self.rows * i64::from(per_row)) && fits_int(input));
+        let images = self.shape.rows / (i64::from(self.shape.oh) * i64::from(self.shape.ow)).max(1);
+        let input =
+            images * i64::from(self.shape.h) * i64::from(self.shape.w) * i64::from(self.shape.c);
+        self.narrow = i32::from(fits_int(self.shape.rows * i64::from(per_row)) && fits_int(input));
         self.vec = i32::from(aligned_fp16);
         self
     }
@@ -320,21 +330,7 @@ impl PatchParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Conv8Params {
-    /// Output pixels: a product's rows.
-    pub rows: i64,
-    pub h: i32,
-    pub w: i32,
-    pub c: i32,
-    pub oh: i32,
-    pub ow: i32,
-    pub kh: i32,
-    pub kw: i32,
-    pub ph: i32,
-    pub pw: i32,
-    pub sh: i32,
-    pub sw: i32,
-    pub dh: i32,
-    pub dw: i32,
+    pub shape: ConvShape,
     /// Output channels.
     pub n: i32,
     /// A row of the weights: `kh·kw·c`.
@@ -358,11 +354,10 @@ unsafe impl DeviceRepr for Conv8Params {}
 const _: () = assert!(
     size_of::<Conv8Params>() == 104
         && align_of::<Conv8Params>() == 8
-        && offset_of!(Conv8Params, h) == 8
-        && offset_of!(Conv8Params, n) == 60
-        && offset_of!(Conv8Params, x_scale) == 68
-        && offset_of!(Conv8Params, vec) == 88
-        && offset_of!(Conv8Params, y_scale) == 96
+        && offset_of!(Conv8Params, n) == 64
+        && offset_of!(Conv8Params, x_scale) == 72
+        && offset_of!(Conv8Params, vec) == 92
+        && offset_of!(Conv8Params, y_scale) == 100
 );
 
 /// Whether `v` fits in the kernels' `int`.

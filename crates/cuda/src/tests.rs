@@ -317,14 +317,17 @@ fn element_wise_chunks_cover_each_row_once() {
 fn patch_indexing_is_narrow_where_it_fits() {
     // ResNet-50's 3×3 convolutions of 256 channels at 14×14, batch 64: 9·32 groups a row.
     let conv = abi::PatchParams {
-        rows: 64 * 196,
-        h: 14,
-        w: 14,
-        c: 256,
-        oh: 14,
-        ow: 14,
-        kh: 3,
-        kw: 3,
+        shape: abi::ConvShape {
+            rows: 64 * 196,
+            h: 14,
+            w: 14,
+            c: 256,
+            oh: 14,
+            ow: 14,
+            kh: 3,
+            kw: 3,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let p = conv.with_dividers(true);
@@ -335,7 +338,10 @@ fn patch_indexing_is_narrow_where_it_fits() {
     assert_eq!((p.narrow, p.vec), (1, 1));
     // 2^31 groups of patches: 64-bit indexing.
     let wide = abi::PatchParams {
-        rows: 1 << 28,
+        shape: abi::ConvShape {
+            rows: 1 << 28,
+            ..conv.shape
+        },
         ..conv
     };
     assert_eq!(wide.with_dividers(false).narrow, 0);

@@ -224,11 +224,7 @@ impl Runtime {
         progress: &mut dyn FnMut(&str),
     ) -> Result<Self> {
         let eight_bit: Vec<EightBit> = (plans.iter().flat_map(|p| &p.steps))
-            .filter_map(|s| match s {
-                Step::Gemm(g) => EightBit::of_gemm(g),
-                Step::Conv(c) => EightBit::of_conv(c),
-                _ => None,
-            })
+            .filter_map(EightBit::of)
             .collect();
         check_eight_bit(&eight_bit, gpu)?;
         let _setup = device::setup_lock(gpu.ctx.ordinal());

@@ -27,3 +27,29 @@ struct alignas(16) Vec16 {
 __device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned shift) {
     return (__umulhi(n, mul) + n) >> shift;
 }
+
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
+// on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(addr), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+
+// Closes this thread's group of copies issued since the last one.
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+// Waits until at most N of this thread's committed groups of copies are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" : : "n"(N));
+#endif
+}

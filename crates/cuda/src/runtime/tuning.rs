@@ -55,12 +55,7 @@ impl Runtime {
         let mut tuned = Tunings::new();
         let mut kernels = KernelChoices::new();
         for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
-            let eight_bit = match step {
-                Step::Gemm(g) => EightBit::of_gemm(g),
-                Step::Conv(c) => EightBit::of_conv(c),
-                _ => None,
-            };
-            let Some(e) = eight_bit else {
+            let Some(e) = EightBit::of(step) else {
                 prepared.push(self.prepare_step(step, &mut tuned)?);
                 continue;
             };

@@ -75,25 +75,6 @@ __device__ __forceinline__ void attn_rows_in(T *dst, const T *src, long long str
     }
 }
 
-// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
-// on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
-__device__ __forceinline__ void cp_async16(T *dst, const T *src, bool valid) {
-#if __CUDA_ARCH__ >= 800
-    unsigned addr;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :
-                 : "r"(addr), "l"(src), "r"(valid ? 16 : 0));
-#endif
-}
-
-// Waits until at most N of this thread's committed groups of copies are still in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" : : "n"(N));
-#endif
-}
-
 // One tile of keys and of values (rows t0 .. t0 + 64, zeros past the last key) into shared
 // memory: as one group of asynchronous copies where rows are 16-byte aligned, so that the
 // next tile arrives while this one is used; else by plain loads.
@@ -117,7 +98,7 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
         cp_async16(vd + r * (DV + 8) + c, r < valid ? v + r * p.v[3] + c : v, r < valid);
     }
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
+    cp_async_commit();
 #endif
 }
 

@@ -26,9 +26,15 @@ __device__ __forceinline__ unsigned int round_fp8(float v) {
 // to 8 bits (0 in the padding), in the weights' KRSC order. A product is the 1×1 case over
 // one image of 1×rows pixels. 8 channels a thread: the host checked that c is a multiple of
 // 16, so rows of patches and their 8-byte groups are aligned.
-struct Patches {
-    long long rows;
+// An 8-bit step's shape as a convolution's (a product: 1×1 over one image of 1×rows pixels).
+struct ConvShape {
+    long long rows;  // output pixels (a product's rows)
     int h, w, c, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw;
+};
+static_assert(sizeof(ConvShape) == 64, "struct ConvShape no longer matches abi.rs's");
+
+struct Patches {
+    ConvShape s;
     float scale;
     int fp8;
     int narrow;  // 1 where every index and offset fits in an int (the host checked)
@@ -49,9 +55,9 @@ __device__ __forceinline__ I patch_div(const Patches &p, I n, int which, I by) {
 template <typename I>
 __device__ __forceinline__ void patches_body(const Patches &p, const T *x,
                                              unsigned char *patches) {
-    const int groups = p.c / 8;
-    const I per_row = (I)p.kh * p.kw * groups;
-    const long long total = p.rows * (long long)per_row;
+    const int groups = p.s.c / 8;
+    const I per_row = (I)p.s.kh * p.s.kw * groups;
+    const long long total = p.s.rows * (long long)per_row;
     for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < total;
          j += (long long)gridDim.x * blockDim.x) {
         const I i = (I)j;
@@ -61,16 +67,16 @@ __device__ __forceinline__ void patches_body(const Patches &p, const T *x,
         const int rs = (int)fast_div(tap, p.div_mul[1], p.div_shift[1]);
         const int g = tap - rs * groups;
         const int r = (int)fast_div(rs, p.div_mul[2], p.div_shift[2]);
-        const int s = rs - r * p.kw;
-        const I pix = patch_div<I>(p, row, 3, (I)p.ow);
-        const int ox = (int)(row - pix * p.ow);
-        const I img = patch_div<I>(p, pix, 4, (I)p.oh);
-        const int oy = (int)(pix - img * p.oh);
-        const int iy = oy * p.sh - p.ph + r * p.dh, ix = ox * p.sw - p.pw + s * p.dw;
+        const int s = rs - r * p.s.kw;
+        const I pix = patch_div<I>(p, row, 3, (I)p.s.ow);
+        const int ox = (int)(row - pix * p.s.ow);
+        const I img = patch_div<I>(p, pix, 4, (I)p.s.oh);
+        const int oy = (int)(pix - img * p.s.oh);
+        const int iy = oy * p.s.sh - p.s.ph + r * p.s.dh, ix = ox * p.s.sw - p.s.pw + s * p.s.dw;
         unsigned int lo = 0, hi = 0;
         // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
-        if (iy >= 0 && iy < p.h && ix >= 0 && ix < p.w && p.scale > 0.f) {
-            const T *src = x + ((img * p.h + iy) * p.w + ix) * (I)p.c + g * 8;
+        if (iy >= 0 && iy < p.s.h && ix >= 0 && ix < p.s.w && p.scale > 0.f) {
+            const T *src = x + ((img * p.s.h + iy) * p.s.w + ix) * (I)p.s.c + g * 8;
             Vec16 raw[sizeof(T) / 2];  // 8 values: 16 bytes in fp16, 32 in fp32
             T *v8 = reinterpret_cast<T *>(raw);
             if (p.vec) {
@@ -160,8 +166,7 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
 // cp.async, and an input of the plan's type into registers, rounded into shared memory after
 // the products.
 struct Conv8 {
-    long long rows;  // output pixels (a product's rows)
-    int h, w, c, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw;
+    ConvShape s;
     int n;          // output channels
     int summed;     // kh·kw·c: a row of the weights
     float x_scale;  // the input's scale: the int8 input is x / x_scale rounded
@@ -181,27 +186,8 @@ static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 acr
 // ldmatrix reads fall on 8 different 16-byte groups of banks.
 #define C8_STRIDE 80
 
-// The sm_80 instructions the kernel is made of; below sm_80 it compiles empty and is never
-// launched (`EightBit::own_kernel_fits`).
-__device__ __forceinline__ void c8_cp16(void *smem, const void *g, int bytes) {
-#if __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes));
-#endif
-}
-
-__device__ __forceinline__ void c8_cp_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void c8_cp_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
+// The sm_80 instructions the kernel is made of (and prelude.cu's cp.async); below sm_80 it
+// compiles empty and is never launched (`EightBit::own_kernel_fits`).
 // Four 8×16-byte matrices from shared memory, each lane giving one row's address.
 __device__ __forceinline__ void c8_ldmatrix4(unsigned (&d)[4], const void *smem) {
 #if __CUDA_ARCH__ >= 800
@@ -229,7 +215,7 @@ __device__ __forceinline__ void c8_mma(int (&acc)[4], const unsigned (&a)[4], un
 __device__ __forceinline__ void c8_store(const Conv8 &p, const float *w_scales, const T *bias,
                                          const T *z, void *y, long long row, int j, int s0,
                                          int s1) {
-    if (row >= p.rows || j >= p.n) return;
+    if (row >= p.s.rows || j >= p.n) return;
     const long long at = row * p.n + j;
     const int sums[2] = {s0, s1};
 #pragma unroll
@@ -275,12 +261,12 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
         const long long row = m0 + first + ROWS_APART * i;
-        live[i] = row < p.rows;
+        live[i] = row < p.s.rows;
         const long long r = live[i] ? row : 0;
-        const long long pix = r / p.ow;
-        image[i] = (pix / p.oh) * p.h;
-        iy0[i] = (int)(pix % p.oh) * p.sh - p.ph;
-        ix0[i] = (int)(r % p.ow) * p.sw - p.pw;
+        const long long pix = r / p.s.ow;
+        image[i] = (pix / p.s.oh) * p.s.h;
+        iy0[i] = (int)(pix % p.s.oh) * p.s.sh - p.s.ph;
+        ix0[i] = (int)(r % p.s.ow) * p.s.sw - p.s.pw;
     }
     const int chunks = (p.summed + C8_CHUNK - 1) / C8_CHUNK;
 
@@ -289,14 +275,14 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     long long from[ROWS];
     auto locate = [&](int chunk) {
         const int k = chunk * C8_CHUNK + part * WIDTH;
-        const int tap = k / p.c, c0 = k - tap * p.c;
-        const int r = tap / p.kw, s = tap - r * p.kw;
+        const int tap = k / p.s.c, c0 = k - tap * p.s.c;
+        const int r = tap / p.s.kw, s = tap - r * p.s.kw;
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
-            const int iy = iy0[i] + r * p.dh, ix = ix0[i] + s * p.dw;
+            const int iy = iy0[i] + r * p.s.dh, ix = ix0[i] + s * p.s.dw;
             const bool inside =
-                live[i] && k < p.summed && iy >= 0 && iy < p.h && ix >= 0 && ix < p.w;
-            from[i] = inside ? ((image[i] + iy) * p.w + ix) * (long long)p.c + c0 : -1;
+                live[i] && k < p.summed && iy >= 0 && iy < p.s.h && ix >= 0 && ix < p.s.w;
+            from[i] = inside ? ((image[i] + iy) * p.s.w + ix) * (long long)p.s.c + c0 : -1;
         }
     };
     // An int8 input: copied into `stage` as it is, zeros where there is none.
@@ -305,8 +291,8 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
             const int row = first + ROWS_APART * i;
-            c8_cp16(&a_tile[stage][row * C8_STRIDE + part * WIDTH], from[i] < 0 ? x8 : x8 + from[i],
-                    from[i] < 0 ? 0 : 16);
+            cp_async16(&a_tile[stage][row * C8_STRIDE + part * WIDTH],
+                       from[i] < 0 ? x8 : x8 + from[i], from[i] >= 0);
         }
     };
     // An input of the plan's type: fetched into registers, then rounded into `stage`.
@@ -355,7 +341,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
             const int col = (tid >> 2) + 64 * i;
             const bool in = n0 + col < p.n && k < p.summed;
             const unsigned char *src = in ? wq + (long long)(n0 + col) * p.summed + k : wq;
-            c8_cp16(&b_tile[stage][col * C8_STRIDE + (tid & 3) * 16], src, in ? 16 : 0);
+            cp_async16(&b_tile[stage][col * C8_STRIDE + (tid & 3) * 16], src, in);
         }
     };
     // The chunk's operands into `stage`, where they come without rounding.
@@ -364,7 +350,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
         if (INT8_IN) copy_into(stage);
         else fetch();
         weights_into(stage, chunk);
-        c8_cp_commit();
+        cp_async_commit();
     };
 
     int acc[2][NI][4];
@@ -377,7 +363,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 
     start_chunk(0, 0);
     if (!INT8_IN) round_into(0);
-    c8_cp_wait();
+    cp_async_wait<0>();
     __syncthreads();
     for (int chunk = 0; chunk < chunks; ++chunk) {
         const int stage = chunk & 1;
@@ -410,7 +396,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
                 for (int ni = 0; ni < NI; ++ni) c8_mma(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
         }
         if (next && !INT8_IN) round_into(stage ^ 1);
-        c8_cp_wait();
+        cp_async_wait<0>();
         __syncthreads();
     }
 
@@ -427,37 +413,16 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
         }
 }
 
-// Launched with 256 threads, a grid of ⌈rows / 128⌉ × ⌈n / COLS⌉ blocks, COLS the name's
-// number; y is of the plan's type, or int8 where `p.y_int8`. The `_int8_input` kernels read an
-// int8 x, written by one with `p.y_int8` (16-byte aligned: the host checked).
-extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_64(const Conv8 p, const T *x,
-                                                           const unsigned char *wq,
-                                                           const float *w_scales, const T *bias,
-                                                           const T *z, void *y) {
-    conv8_body<64, false>(p, x, wq, w_scales, bias, z, y);
-}
-
-extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_64_int8_input(const Conv8 p,
-                                                                      const unsigned char *x,
-                                                                      const unsigned char *wq,
-                                                                      const float *w_scales,
-                                                                      const T *bias, const T *z,
-                                                                      void *y) {
-    conv8_body<64, true>(p, x, wq, w_scales, bias, z, y);
-}
-
-extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_128(const Conv8 p, const T *x,
-                                                            const unsigned char *wq,
-                                                            const float *w_scales, const T *bias,
-                                                            const T *z, void *y) {
-    conv8_body<128, false>(p, x, wq, w_scales, bias, z, y);
-}
-
-extern "C" __global__ void __launch_bounds__(C8_THREADS) conv8_128_int8_input(const Conv8 p,
-                                                                       const unsigned char *x,
-                                                                       const unsigned char *wq,
-                                                                       const float *w_scales,
-                                                                       const T *bias, const T *z,
-                                                                       void *y) {
-    conv8_body<128, true>(p, x, wq, w_scales, bias, z, y);
-}
+// Launched with 256 threads, a grid of ⌈rows / 128⌉ × ⌈n / COLS⌉ blocks; y is of the plan's
+// type, or int8 where `p.y_int8`. The `_int8_input` kernels read an int8 x, written by one with
+// `p.y_int8` (16-byte aligned: the host checked).
+#define CONV8(COLS, INPUT, X, INT8_IN)                                                          \
+    extern "C" __global__ void __launch_bounds__(C8_THREADS)                                    \
+        conv8_##COLS##INPUT(const Conv8 p, const X *x, const unsigned char *wq,                 \
+                            const float *w_scales, const T *bias, const T *z, void *y) {        \
+        conv8_body<COLS, INT8_IN>(p, x, wq, w_scales, bias, z, y);                              \
+    }
+CONV8(64, , T, false)
+CONV8(64, _int8_input, unsigned char, true)
+CONV8(128, , T, false)
+CONV8(128, _int8_input, unsigned char, true)

@@ -19,7 +19,7 @@ use super::super::cublaslt::GemmDescs;
 use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
-use crate::abi::{Conv8Params, OWN_ROWS, OWN_THREADS, PatchParams, act_params, divider};
+use crate::abi::{Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, PatchParams, act_params, divider};
 use crate::error::Result;
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
@@ -73,6 +73,15 @@ pub(in crate::runtime) struct EightBit {
 }
 
 impl EightBit {
+    /// The quantized product or convolution `step`, or `None`.
+    pub(in crate::runtime) fn of(step: &Step) -> Option<Self> {
+        match step {
+            Step::Gemm(g) => Self::of_gemm(g),
+            Step::Conv(c) => Self::of_conv(c),
+            _ => None,
+        }
+    }
+
     /// The quantized product `g`, or `None` where it is not quantized.
     pub(in crate::runtime) fn of_gemm(g: &GemmStep) -> Option<Self> {
         Some(EightBit {
@@ -152,6 +161,33 @@ impl EightBit {
             self.residual.is_some(),
             self.quant.format
         )
+    }
+
+    /// Its shape as the kernels take it.
+    pub(in crate::runtime) fn shape(&self) -> ConvShape {
+        let i = |v: usize| v as i32;
+        let [h, w, c] = self.hwc.map(i);
+        let [oh, ow] = self.out.map(i);
+        let [kh, kw] = self.kernel.map(i);
+        let [ph, pw] = self.pads.map(i);
+        let [sh, sw] = self.strides.map(i);
+        let [dh, dw] = self.dilations.map(i);
+        ConvShape {
+            rows: self.rows as i64,
+            h,
+            w,
+            c,
+            oh,
+            ow,
+            kh,
+            kw,
+            ph,
+            pw,
+            sh,
+            sw,
+            dh,
+            dw,
+        }
     }
 
     /// Bytes of patches it reads.
@@ -244,28 +280,8 @@ impl Runtime {
         let (patches, sums) = (self.ptr_u8(&self.patches), self.ptr_u8(&self.sums));
 
         let x = self.ptr(e.x);
-        let i = |v: usize| v as i32;
-        let [h, w_in, c] = e.hwc.map(i);
-        let [oh, ow] = e.out.map(i);
-        let [kh, kw] = e.kernel.map(i);
-        let [ph, pw] = e.pads.map(i);
-        let [sh, sw] = e.strides.map(i);
-        let [dh, dw] = e.dilations.map(i);
         let p = PatchParams {
-            rows: e.rows as i64,
-            h,
-            w: w_in,
-            c,
-            oh,
-            ow,
-            kh,
-            kw,
-            ph,
-            pw,
-            sh,
-            sw,
-            dh,
-            dw,
+            shape: e.shape(),
             scale: e.quant.x_scale,
             fp8: i32::from(e.quant.format == QuantFormat::Fp8),
             ..Default::default()
@@ -359,7 +375,7 @@ impl Runtime {
             .collect();
         let mut passed = 0;
         for (w, r) in int8_chains(steps, &own) {
-            let Some(reader) = eight_bit_of(&steps[r]) else {
+            let Some(reader) = EightBit::of(&steps[r]) else {
                 continue;
             };
             // cp.async copies 16 aligned bytes.
@@ -383,7 +399,7 @@ impl Runtime {
         let library: Vec<EightBit> = (self.plans.iter())
             .flat_map(|p| p.plan.steps.iter().zip(&p.prepared))
             .filter(|(_, prepared)| matches!(prepared, Prepared::EightBit(..)))
-            .filter_map(|(step, _)| eight_bit_of(step))
+            .filter_map(|(step, _)| EightBit::of(step))
             .collect();
         let most = |f: fn(&EightBit) -> usize| library.iter().map(f).max().unwrap_or(1).max(1);
         (most(EightBit::patch_bytes), most(EightBit::sum_bytes))
@@ -393,7 +409,7 @@ impl Runtime {
     /// `step` does, but an int8 step of the engine's own kernel reads and writes its values
     /// as if it passed none in int8 (`chain_int8`): for runs that read each step's output.
     pub(in crate::runtime) fn step_alone(&self, step: &Step, prepared: &Prepared) -> Result<()> {
-        match (eight_bit_of(step), prepared) {
+        match (EightBit::of(step), prepared) {
             (Some(e), Prepared::OwnEightBit(own)) => {
                 self.own_eight_bit(&e, &OwnStep::new(own.w, own.width))
             }
@@ -409,28 +425,9 @@ impl Runtime {
         let quant = &kernels?.quant;
         let x = self.ptr(e.x);
         let i = |v: usize| v as i32;
-        let [h, w_in, c] = e.hwc.map(i);
-        let [oh, ow] = e.out.map(i);
-        let [kh, kw] = e.kernel.map(i);
-        let [ph, pw] = e.pads.map(i);
-        let [sh, sw] = e.strides.map(i);
-        let [dh, dw] = e.dilations.map(i);
         let (act_id, p0, p1) = act_params(e.act, dtype);
         let p = Conv8Params {
-            rows: e.rows as i64,
-            h,
-            w: w_in,
-            c,
-            oh,
-            ow,
-            kh,
-            kw,
-            ph,
-            pw,
-            sh,
-            sw,
-            dh,
-            dw,
+            shape: e.shape(),
             n: i(e.n),
             summed: i(e.summed()),
             x_scale: e.quant.x_scale,
@@ -515,15 +512,6 @@ fn int8_chains(steps: &[Step], own: &[bool]) -> Vec<(usize, usize)> {
         }
     }
     chains
-}
-
-/// The quantized product or convolution `step`, or `None`.
-fn eight_bit_of(step: &Step) -> Option<EightBit> {
-    match step {
-        Step::Gemm(g) => EightBit::of_gemm(g),
-        Step::Conv(c) => EightBit::of_conv(c),
-        _ => None,
-    }
 }
 
 /// The elements of the arena that `span` covers, where it is in the arena.

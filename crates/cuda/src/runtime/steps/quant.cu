@@ -10,6 +10,19 @@ __device__ __forceinline__ unsigned int round_int8(float v) {
     return (unsigned int)(unsigned char)(signed char)(int)fminf(fmaxf(rintf(v), -127.f), 127.f);
 }
 
+// v / s rounded as `QuantFormat::Int8` rounds it, `inv` being 1 / s (IEEE, computed once by the
+// caller). The quotient is the IEEE division's to the bit without its check for rare ranges and
+// branch to a slow path: Markstein's correction of v · inv, exact where s and the quotient are
+// normal numbers (checked against v / s for every finite fp16 v times 20,000 scales from 2⁻³⁰
+// to 2¹⁵, and 4·10⁸ random f32 pairs). v is first held to ±128·s, which rounds as anything
+// beyond it does (to ±127) and keeps an infinite v from giving NaN (a NaN v gives −127, as
+// `round_int8(v / s)` does).
+__device__ __forceinline__ unsigned int quantize_int8(float v, float s, float inv) {
+    const float held = fminf(fmaxf(v, -128.f * s), 128.f * s);
+    const float q = __fmul_rn(held, inv);
+    return round_int8(__fmaf_rn(__fmaf_rn(-q, s, held), inv, q));
+}
+
 // v rounded as `QuantFormat::Fp8` rounds: E4M3, to nearest even, saturated at ±448.
 __device__ __forceinline__ unsigned int round_fp8(float v) {
 #if __CUDA_ARCH__ >= 890
@@ -58,6 +71,7 @@ __device__ __forceinline__ void patches_body(const Patches &p, const T *x,
     const int groups = p.s.c / 8;
     const I per_row = (I)p.s.kh * p.s.kw * groups;
     const long long total = p.s.rows * (long long)per_row;
+    const float inv = 1.f / p.scale;
     for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < total;
          j += (long long)gridDim.x * blockDim.x) {
         const I i = (I)j;
@@ -87,9 +101,9 @@ __device__ __forceinline__ void patches_body(const Patches &p, const T *x,
             }
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
-                // Divided, not multiplied by the inverse: the same rounding as `fake`.
-                const float v = ld(v8[k]) / p.scale;
-                const unsigned int b = p.fp8 ? round_fp8(v) : round_int8(v);
+                // As `fake` rounds: divided (to the bit), not multiplied by the inverse.
+                const unsigned int b = p.fp8 ? round_fp8(ld(v8[k]) / p.scale)
+                                             : quantize_int8(ld(v8[k]), p.scale, inv);
                 if (k < 4) lo |= b << (8 * k);
                 else hi |= b << (8 * (k - 4));
             }
@@ -210,26 +224,61 @@ __device__ __forceinline__ void c8_mma(int (&acc)[4], const unsigned (&a)[4], un
 #endif
 }
 
-// y[row, j] and y[row, j + 1] from their sums, as `dequantize` writes them (n is even); in
-// int8 where `y_int8`, as `quantize_patches` would round those values for the next step.
-__device__ __forceinline__ void c8_store(const Conv8 &p, const float *w_scales, const T *bias,
-                                         const T *z, void *y, long long row, int j, int s0,
+// The activation of `p`: ReLU and none inline, the others by a call, so that the epilogue's
+// many copies of it stay short (the kernel's code is otherwise too large for the instruction
+// cache).
+__device__ __noinline__ float c8_act_call(int id, float v, float p0, float p1) {
+    return act(id, v, p0, p1);
+}
+__device__ __forceinline__ float c8_act(const Conv8 &p, float v) {
+    if (p.act_id == ACT_NONE) return v;
+    if (p.act_id == ACT_RELU) return act_relu(v, p.p0, p.p1);
+    return c8_act_call(p.act_id, v, p.p0, p.p1);
+}
+
+// Two neighbouring values of the plan's type, loaded or stored at once where `pairs`.
+struct __align__(2 * sizeof(T)) C8Pair {
+    T v[2];
+};
+
+// y[at] and y[at + 1] (of a row, j and j + 1) from their sums, as `dequantize` writes them:
+// `scale` the sums' scale times each channel's, `bias` its bias, `z` the residual's two values
+// (loaded beforehand); in int8 where `y_int8`, as `quantize_patches` would round them for the
+// next step (`y_inv` 1 / y_scale).
+__device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const float (&scale)[2],
+                                         const float (&bias)[2], const T *z, C8Pair zv,
+                                         void *y, bool pairs, float y_inv, long long at, int s0,
                                          int s1) {
-    if (row >= p.s.rows || j >= p.n) return;
-    const long long at = row * p.n + j;
     const int sums[2] = {s0, s1};
+    C8Pair out;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-        float v = __fmul_rn((float)sums[k], p.scale * w_scales[j + k]);  // as `dequantize`
-        if (bias) v += ld(bias[j + k]);
-        if (z) v += ld(z[at + k]);
-        const T out = st(act(p.act_id, v, p.p0, p.p1));
-        if (p.y_int8) {
-            // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
-            const unsigned b = p.y_scale > 0.f ? round_int8(ld(out) / p.y_scale) : 0u;
-            reinterpret_cast<unsigned char *>(y)[at + k] = (unsigned char)b;
+        // As `dequantize`: the product rounded, not fused with the bias.
+        float v = __fmul_rn((float)sums[k], scale[k]);
+        if (has_bias) v += bias[k];
+        if (z) v += ld(zv.v[k]);
+        out.v[k] = st(c8_act(p, v));
+    }
+    if (p.y_int8) {
+        // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
+        unsigned b[2] = {0u, 0u};
+        if (p.y_scale > 0.f)
+#pragma unroll
+            for (int k = 0; k < 2; ++k) b[k] = quantize_int8(ld(out.v[k]), p.y_scale, y_inv);
+        unsigned char *y8 = reinterpret_cast<unsigned char *>(y) + at;
+        if (pairs) {
+            *reinterpret_cast<unsigned short *>(y8) = (unsigned short)(b[0] | b[1] << 8);
         } else {
-            reinterpret_cast<T *>(y)[at + k] = out;
+            y8[0] = (unsigned char)b[0];
+            y8[1] = (unsigned char)b[1];
+        }
+    } else {
+        T *yt = reinterpret_cast<T *>(y) + at;
+        if (pairs) {
+            *reinterpret_cast<C8Pair *>(yt) = out;
+        } else {
+            yt[0] = out.v[0];
+            yt[1] = out.v[1];
         }
     }
 }
@@ -246,7 +295,8 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     constexpr int NI = COLS / 16, NJ = NI / 2;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1;  // 4 warps down the rows, 2 across the channels
-    const long long m0 = (long long)blockIdx.x * C8_ROWS;
+    // Rows and their indices fit in an int (`EightBit::own_kernel_fits`).
+    const int m0 = blockIdx.x * C8_ROWS;
     const int n0 = blockIdx.y * COLS;
 
     // The input this thread brings: of `ROWS` rows, `ROWS_APART` apart, the `WIDTH`
@@ -255,18 +305,17 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     constexpr int ROWS = INT8_IN ? 2 : 4, WIDTH = INT8_IN ? 16 : 8;
     constexpr int PER_ROW = C8_CHUNK / WIDTH, ROWS_APART = C8_THREADS / PER_ROW;
     const int first = tid / PER_ROW, part = tid % PER_ROW;
-    long long image[ROWS];
-    int iy0[ROWS], ix0[ROWS];
+    int image[ROWS], iy0[ROWS], ix0[ROWS];
     bool live[ROWS];
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
-        const long long row = m0 + first + ROWS_APART * i;
+        const int row = m0 + first + ROWS_APART * i;
         live[i] = row < p.s.rows;
-        const long long r = live[i] ? row : 0;
-        const long long pix = r / p.s.ow;
-        image[i] = (pix / p.s.oh) * p.s.h;
-        iy0[i] = (int)(pix % p.s.oh) * p.s.sh - p.s.ph;
-        ix0[i] = (int)(r % p.s.ow) * p.s.sw - p.s.pw;
+        const int r = live[i] ? row : 0;
+        const int pix = r / p.s.ow, img = pix / p.s.oh;
+        image[i] = img * p.s.h;
+        iy0[i] = (pix - img * p.s.oh) * p.s.sh - p.s.ph;
+        ix0[i] = (r - pix * p.s.ow) * p.s.sw - p.s.pw;
     }
     const int chunks = (p.summed + C8_CHUNK - 1) / C8_CHUNK;
 
@@ -282,7 +331,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
             const int iy = iy0[i] + r * p.s.dh, ix = ix0[i] + s * p.s.dw;
             const bool inside =
                 live[i] && k < p.summed && iy >= 0 && iy < p.s.h && ix >= 0 && ix < p.s.w;
-            from[i] = inside ? ((image[i] + iy) * p.s.w + ix) * (long long)p.s.c + c0 : -1;
+            from[i] = inside ? ((long long)(image[i] + iy) * p.s.w + ix) * p.s.c + c0 : -1;
         }
     };
     // An int8 input: copied into `stage` as it is, zeros where there is none.
@@ -312,6 +361,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
             }
         }
     };
+    const float x_inv = 1.f / p.x_scale;
     auto round_into = [&](int stage) {
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
@@ -321,8 +371,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
                 const T *v8 = reinterpret_cast<const T *>(raw[i]);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
-                    // Divided, not multiplied by the inverse: the same rounding as `fake`.
-                    const unsigned int b = round_int8(ld(v8[k]) / p.x_scale);
+                    const unsigned int b = quantize_int8(ld(v8[k]), p.x_scale, x_inv);
                     if (k < 4) lo |= b << (8 * k);
                     else hi |= b << (8 * (k - 4));
                 }
@@ -400,17 +449,50 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
         __syncthreads();
     }
 
+    // The epilogue. Each thread's sums are of rows g, g + 8, g + 16 and g + 24 of its warp's
+    // 32, and of channels j and j + 1 of each of its warp's tiles of 8: their scales and bias
+    // once, the residual's values all loaded before the first is written.
     const int g = lane >> 2, t = lane & 3;
+    const bool has_bias = bias != nullptr;
+    const bool pairs =
+        (reinterpret_cast<size_t>(y) % (p.y_int8 ? 2 : 2 * sizeof(T))) == 0 &&
+        (reinterpret_cast<size_t>(z) % (2 * sizeof(T))) == 0;
+    const float y_inv = 1.f / p.y_scale;
+    C8Pair zv[NI][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-            const long long row = m0 + wm * 32 + mi * 16 + g;
+        for (int h = 0; h < 4; ++h) {
+            const int row = m0 + wm * 32 + g + 8 * h;
             const int j = n0 + wn * (COLS / 2) + ni * 8 + 2 * t;
-            const int *s = acc[mi][ni];
-            c8_store(p, w_scales, bias, z, y, row, j, s[0], s[1]);
-            c8_store(p, w_scales, bias, z, y, row + 8, j, s[2], s[3]);
+            // n is a multiple of 8: j < n means j + 1 < n too.
+            if (!z || row >= p.s.rows || j >= p.n) continue;
+            const T *at = z + (long long)row * p.n + j;
+            if (pairs) {
+                zv[ni][h] = *reinterpret_cast<const C8Pair *>(at);
+            } else {
+                zv[ni][h].v[0] = at[0];
+                zv[ni][h].v[1] = at[1];
+            }
         }
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+        const int j = n0 + wn * (COLS / 2) + ni * 8 + 2 * t;
+        if (j >= p.n) continue;
+        // As `dequantize`: the sums' scale times the channel's, rounded.
+        const float scale[2] = {p.scale * w_scales[j], p.scale * w_scales[j + 1]};
+        const float b[2] = {has_bias ? ld(bias[j]) : 0.f, has_bias ? ld(bias[j + 1]) : 0.f};
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            // acc[mi] holds rows mi·16 + g (sums 0 and 1) and mi·16 + g + 8 (sums 2 and 3).
+            const int mi = h >> 1, half = h & 1;
+            const int row = m0 + wm * 32 + mi * 16 + g + 8 * half;
+            if (row >= p.s.rows) continue;
+            const int *s = &acc[mi][ni][2 * half];
+            c8_store(p, has_bias, scale, b, z, zv[ni][h], y, pairs, y_inv,
+                     (long long)row * p.n + j, s[0], s[1]);
+        }
+    }
 }
 
 // Launched with 256 threads, a grid of ⌈rows / 128⌉ × ⌈n / COLS⌉ blocks; y is of the plan's

@@ -135,10 +135,12 @@ impl EightBit {
 
     /// Whether quant.cu's `conv8_*` run it on a GPU of compute capability `arch`: int8 on
     /// sm_80's tensor-core instructions, its input channels a multiple of 16 and its output
-    /// channels of 8 (as `input_of` takes them).
+    /// channels of 8 (as `input_of` takes them), its rows (and a block past them) counted in
+    /// an int.
     pub(in crate::runtime) fn own_kernel_fits(&self, arch: (i32, i32)) -> bool {
         self.quant.format == QuantFormat::Int8
             && arch >= (8, 0)
+            && self.rows + OWN_ROWS <= i32::MAX as usize
             && self.hwc[2].is_multiple_of(16)
             && self.n.is_multiple_of(8)
     }

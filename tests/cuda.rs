@@ -983,8 +983,8 @@ fn calibrated(
 }
 
 /// An int8 step gives the same scores, to the bit, whether the engine's own kernel runs it
-/// (`Quant::kernel`, blocks of 64 or 128 output channels: the input rounded as it is read,
-/// one launch; a value passed in int8 to a later such step that is its only reader) or
+/// (`Quant::kernel`, blocks of 64 or 128 output channels, the input rounded as it is read
+/// or by a pass before; a value passed in int8 to a later such step that is its only reader) or
 /// patches, cuBLASLt's product and the pass that scales its sums back do: on the digits
 /// classifier (16 input channels, the summed dimension not a multiple of the kernel's
 /// chunks) and ops.onnx (int8 passed from a convolution and from a GELU product), in fp16 and
@@ -993,9 +993,7 @@ fn calibrated(
 /// in int8; and again after a step-by-step run (the overflow check's).
 #[test]
 fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
-    use gsttrtclassify::engine::compiler::plan::{
-        DType, EightBitKernel, OwnWidth, Plan, QuantFormat, Step,
-    };
+    use gsttrtclassify::engine::compiler::plan::{DType, EightBitKernel, Plan, QuantFormat, Step};
     use gsttrtclassify::engine::compiler::quant::{self, CalibrationTable};
     use gsttrtclassify::engine::compiler::{OnnxModel, compile_mixed};
     if !gpu("the_own_int8_kernel_gives_cublaslts_scores_to_the_bit") {
@@ -1108,20 +1106,20 @@ fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
             assert!(library.iter().all(|v| v.is_finite()), "{what}");
             let tuned = rt.plans().next().expect("a plan").clone();
             drop(rt);
-            for width in OwnWidth::ALL {
-                let mut rt = open(with(&tuned, EightBitKernel::Own(width)));
+            for kernel in EightBitKernel::OWN {
+                let mut rt = open(with(&tuned, kernel));
                 let (steps, passes) = (rt.own_int8_steps(), rt.int8_passes());
                 println!(
-                    "{what}: {steps} int8 steps in the own kernel ({width:?}), {passes} values \
+                    "{what}: {steps} int8 steps in the own kernel ({kernel:?}), {passes} values \
                      passed in int8, {frames} frames, against cuBLASLt's path"
                 );
                 assert_eq!(
                     steps,
                     done.nodes.len(),
-                    "{what}, {width:?}: own-kernel steps"
+                    "{what}, {kernel:?}: own-kernel steps"
                 );
                 if model.ends_with("ops.onnx") || model.ends_with("resnet50.onnx") {
-                    assert!(passes > 0, "{what}, {width:?}: no value passed in int8");
+                    assert!(passes > 0, "{what}, {kernel:?}: no value passed in int8");
                 }
                 let same = |got: &[f32], how: &str| {
                     let differ = (got.iter().zip(&library))
@@ -1130,7 +1128,7 @@ fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
                     assert_eq!(
                         differ,
                         0,
-                        "{what}, {width:?}{how}: {differ} of {} scores differ",
+                        "{what}, {kernel:?}{how}: {differ} of {} scores differ",
                         got.len()
                     );
                 };
@@ -1140,7 +1138,7 @@ fn the_own_int8_kernel_gives_cublaslts_scores_to_the_bit() {
                 let overflow = rt
                     .first_overflow(frames, f32::MAX)
                     .expect("a step-by-step run");
-                assert!(overflow.is_none(), "{what}, {width:?}: {overflow:?}");
+                assert!(overflow.is_none(), "{what}, {kernel:?}: {overflow:?}");
                 same(
                     rt.run(&input, frames).expect("inference"),
                     ", after a step-by-step run",

@@ -28,6 +28,25 @@ pub const PRE_SPAN: usize = 2048;
 /// (`C8_ROWS`, `C8_THREADS` in quant.cu).
 pub const OWN_ROWS: usize = 128;
 pub const OWN_THREADS: usize = 256;
+/// The own int8 kernel's stages of shared memory: where it reads an int8 input (all copied
+/// by cp.async, so that three chunks are in flight while it multiplies one), and where it
+/// rounds its input as it reads it (`C8_STAGES_INT8_INPUT`, `C8_STAGES`).
+pub const OWN_STAGES_INT8_INPUT: usize = 4;
+pub const OWN_STAGES: usize = 2;
+/// The bytes of a row of a chunk of the own int8 kernel in shared memory: 64 and 16 of
+/// padding, so that the 8 rows an ldmatrix reads fall on 8 different groups of banks
+/// (`C8_STRIDE`).
+pub const OWN_STRIDE: usize = 80;
+
+/// The dynamic shared memory of the own int8 kernel in blocks of `cols` output channels.
+pub fn own_shared_bytes(cols: usize, int8_input: bool) -> usize {
+    let stages = if int8_input {
+        OWN_STAGES_INT8_INPUT
+    } else {
+        OWN_STAGES
+    };
+    stages * (OWN_ROWS + cols) * OWN_STRIDE
+}
 
 /// The activations the kernels apply, in the order of their ids.
 pub const ACTIVATIONS: [&str; 18] = [
@@ -94,6 +113,9 @@ pub fn prelude() -> String {
         ("PRE_SPAN", PRE_SPAN),
         ("C8_ROWS", OWN_ROWS),
         ("C8_THREADS", OWN_THREADS),
+        ("C8_STAGES_INT8_INPUT", OWN_STAGES_INT8_INPUT),
+        ("C8_STAGES", OWN_STAGES),
+        ("C8_STRIDE", OWN_STRIDE),
     ] {
         s += &format!("#define {name} {value}\n");
     }

@@ -151,8 +151,33 @@ pub enum EightBitKernel {
     /// Its input rounded into patches, cuBLASLt's 8-bit product, and a pass that scales the
     /// sums back.
     Library,
-    /// The engine's own implicit-GEMM kernel, in blocks of this width.
+    /// The engine's own implicit-GEMM kernel, in blocks of this width, rounding its input as
+    /// it reads it.
     Own(OwnWidth),
+    /// The engine's own kernel reading its input in int8, rounded by a pass before it: where
+    /// many blocks read the same input (many output channels, a 3×3 convolution's taps), once
+    /// instead of in each of them.
+    OwnRoundedFirst(OwnWidth),
+}
+
+impl EightBitKernel {
+    /// The ways of the engine's own kernel, as a build times them.
+    pub const OWN: [EightBitKernel; 4] = [
+        EightBitKernel::Own(OwnWidth::Cols64),
+        EightBitKernel::Own(OwnWidth::Cols128),
+        EightBitKernel::OwnRoundedFirst(OwnWidth::Cols64),
+        EightBitKernel::OwnRoundedFirst(OwnWidth::Cols128),
+    ];
+
+    /// Where the engine's own kernel runs it: its blocks' width, and whether a pass rounds
+    /// its input first.
+    pub fn own(self) -> Option<(OwnWidth, bool)> {
+        match self {
+            EightBitKernel::Library => None,
+            EightBitKernel::Own(width) => Some((width, false)),
+            EightBitKernel::OwnRoundedFirst(width) => Some((width, true)),
+        }
+    }
 }
 
 /// The output channels a block of the GPU's own int8 kernel computes.

@@ -157,10 +157,14 @@ impl Kernels {
             dtype,
             major,
         };
+        let quant = QuantKernels::load(&module)?;
+        if major >= 8 {
+            quant.allow_own_shared_memory()?;
+        }
         Ok(Kernels {
             ew: ElementwiseKernels::load(&module)?,
             conv: ConvKernels::load(&module)?,
-            quant: QuantKernels::load(&module)?,
+            quant,
             pool: PoolKernels::load(&module)?,
             rows: RowKernels::load(&module)?,
             preprocess: PreprocessKernels::load(&module)?,

@@ -45,8 +45,8 @@ pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
 use steps::{EightBit, OwnStep};
 use trtclassify_compiler::plan::{
-    ConvStep, DType, EightBitKernel, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step,
-    scale_weights, weight_type,
+    ConvStep, DType, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights,
+    weight_type,
 };
 pub use warmup::{Warmup, warm_libraries};
 
@@ -301,20 +301,21 @@ impl Runtime {
             .map(|w| stream.clone_htod(w).map_err(Error::driver("weight upload")))
             .collect::<Result<Vec<_>>>()?;
         let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
-        // The steps the engine's own kernel runs (as a loaded plan says) need no patches
-        // nor sums.
-        let most = |f: fn(&EightBit) -> usize| {
+        // As much as each step needs, run as a loaded plan says (the steps the engine's own
+        // kernel runs need no sums, and patches only to round their input first), or any way
+        // for a build to time.
+        let most = |i: usize| {
             (eight_bit.iter())
-                .filter(|e| !matches!(e.quant.kernel, Some(EightBitKernel::Own(_))))
-                .map(f)
+                .map(|e| e.scratch_bytes(e.quant.kernel)[i])
                 .max()
                 .unwrap_or(1)
+                .max(1)
         };
         let patches = stream
-            .alloc_zeros::<u8>(most(EightBit::patch_bytes))
+            .alloc_zeros::<u8>(most(0))
             .map_err(Error::driver("8-bit patches allocation"))?;
         let sums = stream
-            .alloc_zeros::<u8>(most(EightBit::sum_bytes))
+            .alloc_zeros::<u8>(most(1))
             .map_err(Error::driver("8-bit sums allocation"))?;
         let fp8_rows = (eight_bit.iter())
             .filter(|e| e.quant.format == QuantFormat::Fp8)
@@ -430,8 +431,8 @@ impl Runtime {
                 .alloc_zeros::<u8>(needed)
                 .map_err(Error::driver("workspace allocation"))?;
         }
-        // And only the patches and sums of the 8-bit steps that cuBLASLt runs.
-        let (patches, sums) = rt.library_eight_bit_bytes();
+        // And only the patches and sums that the 8-bit steps need, as they were prepared.
+        let [patches, sums] = rt.eight_bit_scratch_bytes();
         if patches < rt.patches.len() {
             rt.patches = stream
                 .alloc_zeros::<u8>(patches)

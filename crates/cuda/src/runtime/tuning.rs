@@ -183,11 +183,12 @@ impl Runtime {
             .map(|(_, w)| self.ptr_u8(w))
             .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
         let own_fits = e.own_kernel_fits(self.arch);
-        let own = |width| Prepared::OwnEightBit(OwnStep::new(weights, width));
-        if let Some(EightBitKernel::Own(width)) = e.quant.kernel
+        let own = |kernel| Prepared::OwnEightBit(OwnStep::new(weights, kernel));
+        if let Some(kernel) = e.quant.kernel
+            && kernel.own().is_some()
             && own_fits
         {
-            return Ok((own(width), None));
+            return Ok((own(kernel), None));
         }
         let shape = [e.rows, e.summed(), e.n];
         let workspace = self.lt_workspace.len();
@@ -228,7 +229,7 @@ impl Runtime {
             set_kernel(step, kernel);
             return Ok(match kernel {
                 EightBitKernel::Library => (prepared, None),
-                EightBitKernel::Own(width) => (own(width), None),
+                _ => (own(kernel), None),
             });
         }
         let library_ms = self.time(|| self.step(step, &prepared))?;
@@ -239,22 +240,32 @@ impl Runtime {
             per_run(library_ms)
         )];
         // Blocks no wider than the output channels: a wider one computes zeros.
-        let widths = (OwnWidth::ALL.iter()).filter(|w| **w == OwnWidth::ALL[0] || w.cols() <= e.n);
-        for &width in widths {
-            let cols = width.cols();
-            match self.time(|| self.step(step, &own(width))) {
+        let ways = (EightBitKernel::OWN.iter()).filter(|k| {
+            k.own()
+                .is_some_and(|(w, _)| w == OwnWidth::ALL[0] || w.cols() <= e.n)
+        });
+        for &kernel in ways {
+            let Some((width, rounded_first)) = kernel.own() else {
+                continue;
+            };
+            let how = format!(
+                "in the engine's own kernel, {} channels a block, {}",
+                width.cols(),
+                if rounded_first {
+                    "the input rounded first"
+                } else {
+                    "rounding as it reads"
+                }
+            );
+            match self.time(|| self.step(step, &own(kernel))) {
                 Ok(ms) => {
-                    times.push(format!(
-                        "in the engine's own kernel, {cols} channels a block, {:.1} µs",
-                        per_run(ms)
-                    ));
+                    times.push(format!("{how} {:.1} µs", per_run(ms)));
                     if ms < fastest.0 {
-                        fastest = (ms, EightBitKernel::Own(width));
+                        fastest = (ms, kernel);
                     }
                 }
                 Err(err) => log::warn!(target: trtclassify_compiler::LOG_TARGET,
-                    "{}: the engine's own int8 kernel, {cols} channels a block, does not run ({err})",
-                    step.describe()),
+                    "{}: {how}: does not run ({err})", step.describe()),
             }
         }
         log::debug!(target: trtclassify_compiler::LOG_TARGET,
@@ -264,7 +275,7 @@ impl Runtime {
         set_kernel(step, kernel);
         Ok(match kernel {
             EightBitKernel::Library => (prepared, Some(ms)),
-            EightBitKernel::Own(width) => (own(width), Some(ms)),
+            _ => (own(kernel), Some(ms)),
         })
     }
 

@@ -175,10 +175,12 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
 // it is, with nothing to round.
 //
 // A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at
-// build), each of its 8 warps 32 rows × COLS / 2. Two stages of shared memory: while the
-// warps multiply one chunk, the next chunk's weights, and an int8 input, are in flight by
-// cp.async, and an input of the plan's type into registers, rounded into shared memory after
-// the products.
+// build), each of its 8 warps 32 rows × COLS / 2. An int8 input (passed by the step before,
+// or rounded by a pass before it: `EightBitKernel::OwnRoundedFirst`) and the weights come by
+// cp.async, in four stages of shared memory: three chunks in flight while the warps multiply
+// one. An input of the plan's type comes in two: the next chunk's weights by cp.async and its
+// input into registers while the warps multiply one, the input rounded into shared memory
+// after the products.
 struct Conv8 {
     ConvShape s;
     int n;          // output channels
@@ -196,9 +198,9 @@ static_assert(sizeof(Conv8) == 104, "struct Conv8 no longer matches Conv8Params 
 // C8_ROWS and C8_THREADS come from abi.rs: the launch's grid and block.
 static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 across");
 #define C8_CHUNK 64
-// A row of a chunk in shared memory: 64 bytes and 16 of padding, so that the 8 rows an
-// ldmatrix reads fall on 8 different 16-byte groups of banks.
-#define C8_STRIDE 80
+// C8_STRIDE (abi.rs): a row of a chunk in shared memory, 64 bytes and 16 of padding, so that
+// the 8 rows an ldmatrix reads fall on 8 different 16-byte groups of banks.
+static_assert(C8_STRIDE == C8_CHUNK + 16, "a chunk's row and its padding");
 
 // The sm_80 instructions the kernel is made of (and prelude.cu's cp.async); below sm_80 it
 // compiles empty and is never launched (`EightBit::own_kernel_fits`).
@@ -289,8 +291,13 @@ template <int COLS, bool INT8_IN>
 __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
                                            const unsigned char *wq, const float *w_scales,
                                            const T *bias, const T *z, void *y) {
-    __shared__ __align__(16) unsigned char a_tile[2][C8_ROWS * C8_STRIDE];
-    __shared__ __align__(16) unsigned char b_tile[2][COLS * C8_STRIDE];
+    // Dynamic shared memory (`own_shared_bytes` in abi.rs): each stage the input's chunk, then
+    // the weights'.
+    constexpr int STAGES = INT8_IN ? C8_STAGES_INT8_INPUT : C8_STAGES;
+    constexpr int STAGE_BYTES = (C8_ROWS + COLS) * C8_STRIDE;
+    extern __shared__ __align__(16) unsigned char c8_shared[];
+    auto a_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES; };
+    auto b_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES + C8_ROWS * C8_STRIDE; };
     // Each warp's tiles of 8 channels, and their pairs (an ldmatrix.x4 loads two).
     constexpr int NI = COLS / 16, NJ = NI / 2;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -340,7 +347,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 #pragma unroll
         for (int i = 0; i < ROWS; ++i) {
             const int row = first + ROWS_APART * i;
-            cp_async16(&a_tile[stage][row * C8_STRIDE + part * WIDTH],
+            cp_async16(a_tile(stage) + row * C8_STRIDE + part * WIDTH,
                        from[i] < 0 ? x8 : x8 + from[i], from[i] >= 0);
         }
     };
@@ -377,7 +384,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
                 }
             }
             const int row = first + ROWS_APART * i;
-            *reinterpret_cast<uint2 *>(&a_tile[stage][row * C8_STRIDE + part * WIDTH]) =
+            *reinterpret_cast<uint2 *>(a_tile(stage) + row * C8_STRIDE + part * WIDTH) =
                 make_uint2(lo, hi);
         }
     };
@@ -390,7 +397,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
             const int col = (tid >> 2) + 64 * i;
             const bool in = n0 + col < p.n && k < p.summed;
             const unsigned char *src = in ? wq + (long long)(n0 + col) * p.summed + k : wq;
-            cp_async16(&b_tile[stage][col * C8_STRIDE + (tid & 3) * 16], src, in);
+            cp_async16(b_tile(stage) + col * C8_STRIDE + (tid & 3) * 16, src, in);
         }
     };
     // The chunk's operands into `stage`, where they come without rounding.
@@ -410,15 +417,9 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 #pragma unroll
             for (int k = 0; k < 4; ++k) acc[mi][ni][k] = 0;
 
-    start_chunk(0, 0);
-    if (!INT8_IN) round_into(0);
-    cp_async_wait<0>();
-    __syncthreads();
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-        const int stage = chunk & 1;
-        const bool next = chunk + 1 < chunks;
-        if (next) start_chunk(stage ^ 1, chunk + 1);
-        const unsigned char *as = a_tile[stage], *bs = b_tile[stage];
+    // acc += the chunk in `stage`.
+    auto multiply = [&](int stage) {
+        const unsigned char *as = a_tile(stage), *bs = b_tile(stage);
 #pragma unroll
         for (int ks = 0; ks < C8_CHUNK; ks += 32) {
             // A: rows 0-7 and 8-15 of bytes 0-15, then of bytes 16-31 (m16n8k32's a0-a15).
@@ -444,9 +445,41 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 #pragma unroll
                 for (int ni = 0; ni < NI; ++ni) c8_mma(acc[mi][ni], a[mi], b[ni][0], b[ni][1]);
         }
-        if (next && !INT8_IN) round_into(stage ^ 1);
+    };
+
+    if (INT8_IN) {
+        // All copied by cp.async: STAGES − 1 chunks in flight while the warps multiply one.
+#pragma unroll
+        for (int chunk = 0; chunk < STAGES - 1; ++chunk) {
+            if (chunk < chunks) start_chunk(chunk, chunk);
+            else cp_async_commit();  // an empty group, so that the waits below count alike
+        }
+        for (int chunk = 0; chunk < chunks; ++chunk) {
+            // This thread's copies of the chunk are in; after the barrier, every thread's, and
+            // no warp still multiplies the stage the chunk STAGES − 1 on goes into.
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            const int ahead = chunk + STAGES - 1;
+            if (ahead < chunks) start_chunk(ahead % STAGES, ahead);
+            else cp_async_commit();
+            multiply(chunk % STAGES);
+        }
+    } else {
+        // An input of the plan's type: the next chunk fetched into registers while the warps
+        // multiply this one, rounded into shared memory after.
+        start_chunk(0, 0);
+        round_into(0);
         cp_async_wait<0>();
         __syncthreads();
+        for (int chunk = 0; chunk < chunks; ++chunk) {
+            const int stage = chunk & 1;
+            const bool next = chunk + 1 < chunks;
+            if (next) start_chunk(stage ^ 1, chunk + 1);
+            multiply(stage);
+            if (next) round_into(stage ^ 1);
+            cp_async_wait<0>();
+            __syncthreads();
+        }
     }
 
     // The epilogue. Each thread's sums are of rows g, g + 8, g + 16 and g + 24 of its warp's

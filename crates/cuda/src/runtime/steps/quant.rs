@@ -13,17 +13,21 @@
 
 use std::ffi::c_void;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::super::cublaslt::GemmDescs;
 use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
-use crate::abi::{Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, PatchParams, act_params, divider};
-use crate::error::Result;
+use crate::abi::{
+    Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, PatchParams, act_params, divider,
+    own_shared_bytes,
+};
+use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    ConvStep, DType, GemmStep, Loc, OwnWidth, Quant, QuantFormat, Span, Step,
+    ConvStep, DType, EightBitKernel, GemmStep, Loc, OwnWidth, Quant, QuantFormat, Span, Step,
 };
 
 kernel_set! {
@@ -40,6 +44,27 @@ kernel_set! {
         conv8_64_int8_input: "conv8_64_int8_input",
         conv8_128: "conv8_128",
         conv8_128_int8_input: "conv8_128_int8_input",
+    }
+}
+
+impl QuantKernels {
+    /// Lets the own int8 kernels (sm_80 on) take the shared memory they are launched with,
+    /// beyond the 48 KiB a kernel gets unasked.
+    pub(in crate::runtime) fn allow_own_shared_memory(&self) -> Result<()> {
+        let own = [
+            (&self.conv8_64, 64, false),
+            (&self.conv8_64_int8_input, 64, true),
+            (&self.conv8_128, 128, false),
+            (&self.conv8_128_int8_input, 128, true),
+        ];
+        for (func, cols, int8_input) in own {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                own_shared_bytes(cols, int8_input) as i32,
+            )
+            .map_err(Error::driver("the own int8 kernel's shared memory"))?;
+        }
+        Ok(())
     }
 }
 
@@ -140,7 +165,7 @@ impl EightBit {
     pub(in crate::runtime) fn own_kernel_fits(&self, arch: (i32, i32)) -> bool {
         self.quant.format == QuantFormat::Int8
             && arch >= (8, 0)
-            && self.rows + OWN_ROWS <= i32::MAX as usize
+            && self.rows.max(self.input_pixels()) + OWN_ROWS <= i32::MAX as usize
             && self.hwc[2].is_multiple_of(16)
             && self.n.is_multiple_of(8)
     }
@@ -195,6 +220,45 @@ impl EightBit {
     /// Bytes of patches it reads.
     pub(in crate::runtime) fn patch_bytes(&self) -> usize {
         self.rows * self.summed()
+    }
+
+    /// Its input's pixels (a product's rows).
+    fn input_pixels(&self) -> usize {
+        self.rows / (self.out[0] * self.out[1]).max(1) * self.hwc[0] * self.hwc[1]
+    }
+
+    /// Its input as a product's 1×1 shape over all its pixels: the patches of that are the
+    /// input rounded to 8 bits as it lies.
+    fn input_shape(&self) -> ConvShape {
+        let pixels = self.input_pixels() as i32;
+        ConvShape {
+            rows: i64::from(pixels),
+            h: 1,
+            w: pixels,
+            c: self.hwc[2] as i32,
+            oh: 1,
+            ow: pixels,
+            kh: 1,
+            kw: 1,
+            ph: 0,
+            pw: 0,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+        }
+    }
+
+    /// The bytes of patches and of sums it needs, run as `kernel` says (`None`: not chosen
+    /// yet, so any way).
+    pub(in crate::runtime) fn scratch_bytes(&self, kernel: Option<EightBitKernel>) -> [usize; 2] {
+        let input = self.input_pixels() * self.hwc[2];
+        match kernel.map(EightBitKernel::own) {
+            None => [self.patch_bytes().max(input), self.sum_bytes()],
+            Some(None) => [self.patch_bytes(), self.sum_bytes()],
+            Some(Some((_, true))) => [input, 0],
+            Some(Some((_, false))) => [0, 0],
+        }
     }
 
     /// Bytes of the sums it writes (int32 or f32).
@@ -281,17 +345,7 @@ impl Runtime {
         let quant = &kernels?.quant;
         let (patches, sums) = (self.ptr_u8(&self.patches), self.ptr_u8(&self.sums));
 
-        let x = self.ptr(e.x);
-        let p = PatchParams {
-            shape: e.shape(),
-            scale: e.quant.x_scale,
-            fp8: i32::from(e.quant.format == QuantFormat::Fp8),
-            ..Default::default()
-        };
-        let p = p.with_dividers(dtype == DType::F16 && x.is_multiple_of(16));
-        let mut b = self.stream.launch_builder(&quant.patches);
-        b.arg(&p).arg(&x).arg(&patches);
-        launch(b, self.launch_cfg(e.patch_bytes() / 8))?;
+        self.round_patches(e, e.shape(), patches)?;
 
         if g.scaled {
             // y = act(alpha·(w·patchesᵀ ⊙ channel scales) + z + bias), z the residual.
@@ -334,6 +388,26 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// Enqueues the rounding of `e`'s input to 8 bits into `patches`, as the patches of
+    /// `shape` (`e.shape()`: its im2col; `e.input_shape()`: the input as it lies).
+    fn round_patches(&self, e: &EightBit, shape: ConvShape, patches: u64) -> Result<()> {
+        let (kernels, dtype) = self.writes(e.y);
+        let x = self.ptr(e.x);
+        let p = PatchParams {
+            shape,
+            scale: e.quant.x_scale,
+            fp8: i32::from(e.quant.format == QuantFormat::Fp8),
+            ..Default::default()
+        };
+        let p = p.with_dividers(dtype == DType::F16 && x.is_multiple_of(16));
+        let mut b = self.stream.launch_builder(&kernels?.quant.patches);
+        b.arg(&p).arg(&x).arg(&patches);
+        let bytes = shape.rows as usize * (shape.kh * shape.kw * shape.c) as usize;
+        launch(b, self.launch_cfg(bytes / 8))
+    }
+}
+
 /// An int8 step as the engine's own kernel runs it (`Prepared::OwnEightBit`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(in crate::runtime) struct OwnStep {
@@ -341,6 +415,9 @@ pub(in crate::runtime) struct OwnStep {
     pub(in crate::runtime) w: u64,
     /// The output channels a block computes.
     pub(in crate::runtime) width: OwnWidth,
+    /// Whether a pass rounds its input to int8 first (`EightBitKernel::OwnRoundedFirst`),
+    /// into the patches' buffer, where the step before does not write it so.
+    pub(in crate::runtime) rounded_first: bool,
     /// Whether its input is in int8 already, written by the step before (`chain_int8`).
     pub(in crate::runtime) int8_input: bool,
     /// Where it writes its output in int8 for the one step that reads it: that step's input
@@ -349,14 +426,25 @@ pub(in crate::runtime) struct OwnStep {
 }
 
 impl OwnStep {
-    /// The step whose int8 weights are at `w`, run by blocks of `width`, its input and
-    /// output in the plan's type.
-    pub(in crate::runtime) fn new(w: u64, width: OwnWidth) -> Self {
+    /// The step whose int8 weights are at `w`, run as `kernel` says (one of
+    /// `EightBitKernel::OWN`), its input and output in the plan's type.
+    pub(in crate::runtime) fn new(w: u64, kernel: EightBitKernel) -> Self {
+        let (width, rounded_first) = kernel.own().unwrap_or((OwnWidth::Cols64, false));
         OwnStep {
             w,
             width,
+            rounded_first,
             int8_input: false,
             int8_output: None,
+        }
+    }
+
+    /// How it runs, as the plan stores it.
+    pub(in crate::runtime) fn kernel(&self) -> EightBitKernel {
+        if self.rounded_first {
+            EightBitKernel::OwnRoundedFirst(self.width)
+        } else {
+            EightBitKernel::Own(self.width)
         }
     }
 }
@@ -395,16 +483,24 @@ impl Runtime {
         passed
     }
 
-    /// The bytes of patches and of sums that the 8-bit steps cuBLASLt runs need at most (1
-    /// where there is none).
-    pub(in crate::runtime) fn library_eight_bit_bytes(&self) -> (usize, usize) {
-        let library: Vec<EightBit> = (self.plans.iter())
-            .flat_map(|p| p.plan.steps.iter().zip(&p.prepared))
-            .filter(|(_, prepared)| matches!(prepared, Prepared::EightBit(..)))
-            .filter_map(|(step, _)| EightBit::of(step))
-            .collect();
-        let most = |f: fn(&EightBit) -> usize| library.iter().map(f).max().unwrap_or(1).max(1);
-        (most(EightBit::patch_bytes), most(EightBit::sum_bytes))
+    /// The bytes of patches and of sums that the 8-bit steps need at most, as they were
+    /// prepared (1 where none needs any).
+    pub(in crate::runtime) fn eight_bit_scratch_bytes(&self) -> [usize; 2] {
+        let mut most = [1, 1];
+        for (step, prepared) in
+            (self.plans.iter()).flat_map(|p| p.plan.steps.iter().zip(&p.prepared))
+        {
+            let kernel = match prepared {
+                Prepared::EightBit(..) => EightBitKernel::Library,
+                Prepared::OwnEightBit(own) => own.kernel(),
+                _ => continue,
+            };
+            if let Some(e) = EightBit::of(step) {
+                let bytes = e.scratch_bytes(Some(kernel));
+                most = [most[0].max(bytes[0]), most[1].max(bytes[1])];
+            }
+        }
+        most
     }
 
     /// Enqueues `step`, with `prepared` for it, writing its output in the plan's type: as
@@ -413,7 +509,7 @@ impl Runtime {
     pub(in crate::runtime) fn step_alone(&self, step: &Step, prepared: &Prepared) -> Result<()> {
         match (EightBit::of(step), prepared) {
             (Some(e), Prepared::OwnEightBit(own)) => {
-                self.own_eight_bit(&e, &OwnStep::new(own.w, own.width))
+                self.own_eight_bit(&e, &OwnStep::new(own.w, own.kernel()))
             }
             _ => self.step(step, prepared),
         }
@@ -425,7 +521,14 @@ impl Runtime {
     pub(in crate::runtime) fn own_eight_bit(&self, e: &EightBit, own: &OwnStep) -> Result<()> {
         let (kernels, dtype) = self.writes(e.y);
         let quant = &kernels?.quant;
-        let x = self.ptr(e.x);
+        let int8_input = own.int8_input || own.rounded_first;
+        let x = if own.rounded_first && !own.int8_input {
+            let rounded = self.ptr_u8(&self.patches);
+            self.round_patches(e, e.input_shape(), rounded)?;
+            rounded
+        } else {
+            self.ptr(e.x)
+        };
         let i = |v: usize| v as i32;
         let (act_id, p0, p1) = act_params(e.act, dtype);
         let p = Conv8Params {
@@ -445,7 +548,7 @@ impl Runtime {
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
-        let func = match (own.width, own.int8_input) {
+        let func = match (own.width, int8_input) {
             (OwnWidth::Cols64, false) => &quant.conv8_64,
             (OwnWidth::Cols64, true) => &quant.conv8_64_int8_input,
             (OwnWidth::Cols128, false) => &quant.conv8_128,
@@ -463,7 +566,7 @@ impl Runtime {
         let cfg = LaunchConfig {
             grid_dim: (blocks(e.rows, OWN_ROWS), blocks(e.n, own.width.cols()), 1),
             block_dim: (OWN_THREADS as u32, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: own_shared_bytes(own.width.cols(), int8_input) as u32,
         };
         launch(b, cfg)
     }

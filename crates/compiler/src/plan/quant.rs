@@ -44,9 +44,13 @@ impl QuantFormat {
         }
     }
 
-    /// The scale that maps magnitudes up to `range` onto the format's largest value.
+    /// The scale that maps magnitudes up to `range` onto the format's largest value; 0 (the
+    /// values read as 0, as where they were all zeros) where that is not a normal number, so
+    /// that the GPU, which rounds by the scale's inverse (quant.cu's `quantize_int8`), rounds
+    /// as `fake` divides.
     pub fn scale(self, range: f32) -> f32 {
-        range / self.max()
+        let scale = range / self.max();
+        if scale.is_normal() { scale } else { 0.0 }
     }
 
     /// The byte that holds `v`, a value of the format (`round`'s result): a two's-complement
@@ -216,6 +220,11 @@ mod tests {
         assert_eq!(f.round(-200.0), -127.0);
         assert_eq!(f.fake(0.26, 0.1), 0.3);
         assert_eq!(f.fake(5.0, 0.0), 0.0);
+        assert_eq!(f.scale(254.0), 2.0);
+        // Ranges whose scale would be subnormal, infinite or NaN read as 0.
+        for range in [1e-37, f32::INFINITY, f32::NAN] {
+            assert_eq!(f.scale(range), 0.0, "range {range}");
+        }
     }
 
     #[test]

@@ -45,8 +45,8 @@ pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
 use steps::{EightBit, OwnStep};
 use trtclassify_compiler::plan::{
-    ConvStep, DType, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step, scale_weights,
-    weight_type,
+    ConvStep, DType, EightBitKernel, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step,
+    scale_weights, weight_type,
 };
 pub use warmup::{Warmup, warm_libraries};
 
@@ -302,11 +302,20 @@ impl Runtime {
             .collect::<Result<Vec<_>>>()?;
         let max = |f: fn(&Plan) -> usize| plans.iter().map(f).max().unwrap_or(1).max(1);
         // As much as each step needs, run as a loaded plan says (the steps the engine's own
-        // kernel runs need no sums, and patches only to round their input first), or any way
-        // for a build to time.
+        // kernel runs need no sums, and patches only to round their input first; a step it
+        // does not fit here runs as patches and cuBLASLt's product whatever the plan says),
+        // or any way for a build to time.
         let most = |i: usize| {
             (eight_bit.iter())
-                .map(|e| e.scratch_bytes(e.quant.kernel)[i])
+                .map(|e| {
+                    let kernel = match e.quant.kernel {
+                        Some(k) if k.own().is_some() && !e.own_kernel_fits(gpu.arch) => {
+                            Some(EightBitKernel::Library)
+                        }
+                        kernel => kernel,
+                    };
+                    e.scratch_bytes(kernel)[i]
+                })
                 .max()
                 .unwrap_or(1)
                 .max(1)

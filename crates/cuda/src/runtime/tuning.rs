@@ -167,7 +167,8 @@ impl Runtime {
     /// cuBLASLt's product, FP8 with the scales in cuBLASLt's epilogue where it has them, else
     /// into sums. Its product's algorithm is chosen as a product's in the plan's type is
     /// (`product_algo`) and stored in the step's `Quant`; an int8 step tuned now whose own
-    /// kernel fits the GPU is then timed that way and in each of the kernel's block widths,
+    /// kernel fits the GPU is then timed that way and in each of the kernel's ways
+    /// (`EightBitKernel::OWN`: two block widths, the input rounded as read or first),
     /// and runs the fastest (as the step of the same shape before it in `chosen`, if any),
     /// whose time is returned.
     fn prepare_eight_bit(

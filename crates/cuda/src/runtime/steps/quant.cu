@@ -11,7 +11,8 @@ __device__ __forceinline__ unsigned int round_int8(float v) {
 }
 
 // v / s rounded as `QuantFormat::Int8` rounds it, `inv` being 1 / s (IEEE, computed once by the
-// caller). The quotient is the IEEE division's to the bit without its check for rare ranges and
+// caller; s a normal number, as `QuantFormat::scale` makes every scale but 0, which the callers
+// read as 0). The quotient is the IEEE division's to the bit without its check for rare ranges and
 // branch to a slow path: Markstein's correction of v · inv, exact where s and the quotient are
 // normal numbers (checked against v / s for every finite fp16 v times 20,000 scales from 2⁻³⁰
 // to 2¹⁵, and 4·10⁸ random f32 pairs). v is first held to ±128·s, which rounds as anything
@@ -101,7 +102,7 @@ __device__ __forceinline__ void patches_body(const Patches &p, const T *x,
             }
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
-                // As `fake` rounds: divided (to the bit), not multiplied by the inverse.
+                // As `fake` rounds: its division, to the bit (`quantize_int8`).
                 const unsigned int b = p.fp8 ? round_fp8(ld(v8[k]) / p.scale)
                                              : quantize_int8(ld(v8[k]), p.scale, inv);
                 if (k < 4) lo |= b << (8 * k);
@@ -159,20 +160,21 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
 }
 
 // An int8 convolution or product in one kernel (implicit GEMM): each block reads its rows'
-// input of the plan's type straight from x, rounds it to int8 as `quantize_patches` does (the
-// same division, so the same bytes), multiplies it by the int8 weights on the tensor cores
+// input of the plan's type straight from x, rounds it to int8 as `quantize_patches` does
+// (`quantize_int8`, so the same bytes), multiplies it by the int8 weights on the tensor cores
 // (mma.sync m16n8k32 into exact int32 sums, sm_80 on), and writes y as `dequantize` does: no
-// patches and no sums in memory, one launch instead of three, and the same output to the
-// bit. The summed dimension (KRSC: a tap's channels, tap after tap) is walked in chunks of 64,
-// a thread taking 8 or 16 channels of one tap (the host checked that c is a multiple of 16,
-// so that they never straddle two taps), the last chunk padded with zeros; a 3×3 convolution
-// reads its input from the cache nine times instead of writing it out nine times as patches.
+// patches and no sums in memory, one launch instead of three (two where a pass rounds the
+// input first), and the same output to the bit. The summed dimension (KRSC: a tap's
+// channels, tap after tap) is walked in chunks of 64, a thread taking 8 or 16 channels of
+// one tap (the host checked that c is a multiple of 16, so that they never straddle two
+// taps), the last chunk padded with zeros; a 3×3 convolution reads its input from the cache
+// nine times instead of writing it out nine times as patches.
 //
 // Where such a step's output is read by one later such step only, as its input, it passes in
 // int8 (`Runtime::chain_int8`): the first writes y as the second would round it (rounded to
-// the plan's type, then divided by the second's input scale: the same bytes again), into the
-// start of its buffer, and the second (`conv8_*_int8_input`) copies it into shared memory as
-// it is, with nothing to round.
+// the plan's type, then by the second's input scale, `quantize_int8`: the same bytes again),
+// into the start of its buffer, and the second (`conv8_*_int8_input`) copies it into shared
+// memory as it is, with nothing to round.
 //
 // A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at
 // build), each of its 8 warps 32 rows × COLS / 2. An int8 input (passed by the step before,

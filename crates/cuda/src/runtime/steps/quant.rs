@@ -515,9 +515,10 @@ impl Runtime {
         }
     }
 
-    /// Enqueues the int8 step `e` as one kernel of ours (`EightBit::own_kernel_fits`), as
-    /// `own` says: the same output as `eight_bit`'s three launches, to the bit (in int8
-    /// where `own.int8_output`, as the next step would round it).
+    /// Enqueues the int8 step `e` as one kernel of ours (`EightBit::own_kernel_fits`), after
+    /// a pass that rounds its input where `own.rounded_first`, as `own` says: the same output
+    /// as `eight_bit`'s three launches, to the bit (in int8 where `own.int8_output`, as the
+    /// next step would round it).
     pub(in crate::runtime) fn own_eight_bit(&self, e: &EightBit, own: &OwnStep) -> Result<()> {
         let (kernels, dtype) = self.writes(e.y);
         let quant = &kernels?.quant;
@@ -635,6 +636,50 @@ fn overlaps(a: Option<(i128, i128)>, b: (i128, i128)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// quant.cu's `quantize_int8` before its rounding to an integer: v / s as v · (1 / s) and
+    /// Markstein's correction, v first held to ±128·s.
+    fn divided_by_the_inverse(v: f32, s: f32, inv: f32) -> f32 {
+        let held = v.clamp(-128.0 * s, 128.0 * s);
+        let q = held * inv;
+        (-q).mul_add(s, held).mul_add(inv, q)
+    }
+
+    #[test]
+    fn int8_rounding_by_the_inverse_is_the_division() {
+        // Every finite fp16 value, and every f32 one of a spread of exponents, over scales
+        // from 2⁻³⁰ to 2¹⁵ with varied mantissas (normal numbers, as `QuantFormat::scale`
+        // makes them), give the quotient of IEEE division to the bit (as a byte: the signed
+        // zero aside) wherever it is within the int8 range's ±128.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let fp16 = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32());
+        let values: Vec<f32> = fp16
+            .chain((0..65_536).map(|_| {
+                let bits = (next() as u32 & 0x807f_ffff) | ((87 + next() as u32 % 60) << 23);
+                f32::from_bits(bits)
+            }))
+            .filter(|v| v.is_finite())
+            .collect();
+        for _ in 0..96 {
+            let mantissa = next() as u32 & 0x007f_ffff;
+            let s = f32::from_bits(mantissa | ((97 + next() as u32 % 45) << 23));
+            let inv = 1.0 / s;
+            for &v in &values {
+                let (got, want) = (divided_by_the_inverse(v, s, inv), v / s);
+                if want.abs() < 128.0 {
+                    assert!(got == want, "{v:e} / {s:e}: {got:e}, not {want:e}");
+                } else {
+                    assert_eq!(got, 128f32.copysign(v), "{v:e} / {s:e}");
+                }
+            }
+        }
+    }
 
     /// A product of k = 2, n = 3 whose weights are stored `[k, n]` (or `[n, k]`, transposed).
     fn product(w_transposed: bool, format: QuantFormat) -> EightBit {

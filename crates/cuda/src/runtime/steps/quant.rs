@@ -14,7 +14,7 @@
 use std::ffi::c_void;
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::super::cublaslt::GemmDescs;
 use super::super::kernels::kernel_set;
@@ -48,21 +48,28 @@ kernel_set! {
 }
 
 impl QuantKernels {
+    /// The own int8 kernel in blocks of `width`, reading an int8 input where `int8_input`.
+    fn own(&self, width: OwnWidth, int8_input: bool) -> &CudaFunction {
+        match (width, int8_input) {
+            (OwnWidth::Cols64, false) => &self.conv8_64,
+            (OwnWidth::Cols64, true) => &self.conv8_64_int8_input,
+            (OwnWidth::Cols128, false) => &self.conv8_128,
+            (OwnWidth::Cols128, true) => &self.conv8_128_int8_input,
+        }
+    }
+
     /// Lets the own int8 kernels (sm_80 on) take the shared memory they are launched with,
     /// beyond the 48 KiB a kernel gets unasked.
     pub(in crate::runtime) fn allow_own_shared_memory(&self) -> Result<()> {
-        let own = [
-            (&self.conv8_64, 64, false),
-            (&self.conv8_64_int8_input, 64, true),
-            (&self.conv8_128, 128, false),
-            (&self.conv8_128_int8_input, 128, true),
-        ];
-        for (func, cols, int8_input) in own {
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                own_shared_bytes(cols, int8_input) as i32,
-            )
-            .map_err(Error::driver("the own int8 kernel's shared memory"))?;
+        for width in OwnWidth::ALL {
+            for int8_input in [false, true] {
+                self.own(width, int8_input)
+                    .set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        own_shared_bytes(width.cols(), int8_input) as i32,
+                    )
+                    .map_err(Error::driver("the own int8 kernel's shared memory"))?;
+            }
         }
         Ok(())
     }
@@ -549,13 +556,7 @@ impl Runtime {
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
-        let func = match (own.width, int8_input) {
-            (OwnWidth::Cols64, false) => &quant.conv8_64,
-            (OwnWidth::Cols64, true) => &quant.conv8_64_int8_input,
-            (OwnWidth::Cols128, false) => &quant.conv8_128,
-            (OwnWidth::Cols128, true) => &quant.conv8_128_int8_input,
-        };
-        let mut b = self.stream.launch_builder(func);
+        let mut b = self.stream.launch_builder(quant.own(own.width, int8_input));
         b.arg(&p)
             .arg(&x)
             .arg(&own.w)

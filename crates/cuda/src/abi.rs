@@ -38,14 +38,19 @@ pub const OWN_STAGES: usize = 2;
 /// (`C8_STRIDE`).
 pub const OWN_STRIDE: usize = 80;
 
-/// The dynamic shared memory of the own int8 kernel in blocks of `cols` output channels.
-pub fn own_shared_bytes(cols: usize, int8_input: bool) -> usize {
+/// The threads of a block of the own int8 kernel in warps of 64 × 64 outputs
+/// (`C8_WIDE_THREADS`: `conv8_wide_*`, four warps whatever their block's shape).
+pub const OWN_WIDE_THREADS: usize = 128;
+
+/// The dynamic shared memory of the own int8 kernel in blocks of `rows` × `cols` outputs:
+/// a chunk's input and weights in each stage.
+pub fn own_shared_bytes(rows: usize, cols: usize, int8_input: bool) -> usize {
     let stages = if int8_input {
         OWN_STAGES_INT8_INPUT
     } else {
         OWN_STAGES
     };
-    stages * (OWN_ROWS + cols) * OWN_STRIDE
+    stages * (rows + cols) * OWN_STRIDE
 }
 
 /// The activations the kernels apply, in the order of their ids.
@@ -113,6 +118,7 @@ pub fn prelude() -> String {
         ("PRE_SPAN", PRE_SPAN),
         ("C8_ROWS", OWN_ROWS),
         ("C8_THREADS", OWN_THREADS),
+        ("C8_WIDE_THREADS", OWN_WIDE_THREADS),
         ("C8_STAGES_INT8_INPUT", OWN_STAGES_INT8_INPUT),
         ("C8_STAGES", OWN_STAGES),
         ("C8_STRIDE", OWN_STRIDE),

@@ -20,7 +20,7 @@ pub use conv::{ConvStep, Tuned};
 pub use ew::{EwStep, ZeroStep};
 pub use gemm::GemmStep;
 pub use pool::{GlobalAvgPoolStep, PoolStep};
-pub use quant::{EightBitKernel, OwnWidth, Quant, QuantFormat};
+pub use quant::{EightBitKernel, OwnTile, OwnWidth, Quant, QuantFormat};
 pub use rows::{LayerNormStep, LrnStep, RowMeanStep, SoftmaxStep};
 
 /// Iteration dimensions of an element-wise step, after merging.

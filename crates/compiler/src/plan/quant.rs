@@ -162,24 +162,43 @@ pub enum EightBitKernel {
     /// many blocks read the same input (many output channels, a 3×3 convolution's taps), once
     /// instead of in each of them.
     OwnRoundedFirst(OwnWidth),
+    /// The engine's own kernel in warps of 64 × 64 outputs, in blocks of this shape, reading
+    /// its input in int8 (rounded by a pass first, as `OwnRoundedFirst`): fewer loads from
+    /// shared memory a product, for long sums.
+    OwnWide(OwnTile),
 }
 
 impl EightBitKernel {
     /// The ways of the engine's own kernel, as a build times them.
-    pub const OWN: [EightBitKernel; 4] = [
+    pub const OWN: [EightBitKernel; 6] = [
         EightBitKernel::Own(OwnWidth::Cols64),
         EightBitKernel::Own(OwnWidth::Cols128),
         EightBitKernel::OwnRoundedFirst(OwnWidth::Cols64),
         EightBitKernel::OwnRoundedFirst(OwnWidth::Cols128),
+        EightBitKernel::OwnWide(OwnTile::Rows256Cols64),
+        EightBitKernel::OwnWide(OwnTile::Rows128Cols128),
     ];
 
-    /// Where the engine's own kernel runs it: its blocks' width, and whether a pass rounds
-    /// its input first.
-    pub fn own(self) -> Option<(OwnWidth, bool)> {
+    /// Whether the engine's own kernel runs it.
+    pub fn is_own(self) -> bool {
+        self != EightBitKernel::Library
+    }
+
+    /// Whether the engine's own kernel runs it reading its input in int8, which a pass rounds
+    /// first where the step before does not write it so.
+    pub fn reads_int8(self) -> bool {
+        matches!(
+            self,
+            EightBitKernel::OwnRoundedFirst(_) | EightBitKernel::OwnWide(_)
+        )
+    }
+
+    /// The output channels a block of the engine's own kernel computes, or 0.
+    pub fn cols(self) -> usize {
         match self {
-            EightBitKernel::Library => None,
-            EightBitKernel::Own(width) => Some((width, false)),
-            EightBitKernel::OwnRoundedFirst(width) => Some((width, true)),
+            EightBitKernel::Library => 0,
+            EightBitKernel::Own(w) | EightBitKernel::OwnRoundedFirst(w) => w.cols(),
+            EightBitKernel::OwnWide(t) => t.cols(),
         }
     }
 }
@@ -194,14 +213,39 @@ pub enum OwnWidth {
 }
 
 impl OwnWidth {
-    /// Every width, narrowest first.
-    pub const ALL: [OwnWidth; 2] = [OwnWidth::Cols64, OwnWidth::Cols128];
-
     /// The output channels.
     pub fn cols(self) -> usize {
         match self {
             OwnWidth::Cols64 => 64,
             OwnWidth::Cols128 => 128,
+        }
+    }
+}
+
+/// The outputs a block of the GPU's own int8 kernel in warps of 64 × 64 computes: rows
+/// (output pixels) × output channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OwnTile {
+    /// 256 rows × 64 channels, four warps down the rows.
+    Rows256Cols64,
+    /// 128 rows × 128 channels, two warps each way.
+    Rows128Cols128,
+}
+
+impl OwnTile {
+    /// The rows.
+    pub fn rows(self) -> usize {
+        match self {
+            OwnTile::Rows256Cols64 => 256,
+            OwnTile::Rows128Cols128 => 128,
+        }
+    }
+
+    /// The output channels.
+    pub fn cols(self) -> usize {
+        match self {
+            OwnTile::Rows256Cols64 => 64,
+            OwnTile::Rows128Cols128 => 128,
         }
     }
 }

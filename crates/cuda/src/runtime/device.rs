@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::cublaslt::sys as lt;
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, sys as drv};
 
 use crate::error::{Error, Result};
@@ -56,6 +57,9 @@ pub struct Gpu {
     pub name: String,
     /// Compute capability: major, minor.
     pub arch: (i32, i32),
+    /// The most shared memory a block may ask for (99 KiB on sm_86 and sm_89, 163 on sm_80
+    /// and sm_87, 227 on sm_90): which ways of the own int8 kernel run here.
+    pub shared_optin: usize,
 }
 
 /// Opens the GPU of CUDA ordinal `ordinal` (the `gpu-id` property).
@@ -69,7 +73,15 @@ pub fn open_gpu(ordinal: u32) -> Result<Gpu> {
     let arch = ctx
         .compute_capability()
         .map_err(Error::driver("compute capability"))?;
-    Ok(Gpu { ctx, name, arch })
+    let shared_optin = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(Error::driver("shared memory per block"))? as usize;
+    Ok(Gpu {
+        ctx,
+        name,
+        arch,
+        shared_optin,
+    })
 }
 
 /// The versions that an engine file must match.

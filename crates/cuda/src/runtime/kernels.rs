@@ -159,7 +159,12 @@ impl Kernels {
         };
         let quant = QuantKernels::load(&module)?;
         if major >= 8 {
-            quant.allow_own_shared_memory()?;
+            let shared_optin = ctx
+                .attribute(
+                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                )
+                .map_err(Error::driver("attribute"))?;
+            quant.allow_own_shared_memory(shared_optin as usize)?;
         }
         Ok(Kernels {
             ew: ElementwiseKernels::load(&module)?,

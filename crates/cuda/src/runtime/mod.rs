@@ -159,6 +159,8 @@ pub struct Runtime {
     sm_count: u32,
     /// The GPU's compute capability.
     arch: (i32, i32),
+    /// The most shared memory a block may ask for here (`Gpu::shared_optin`).
+    shared_optin: usize,
     /// The values its int8 steps pass to each other in int8, over all plans (`chain_int8`).
     int8_passes: usize,
     /// Page-locked staging buffers, so that copies run at full speed and asynchronously.
@@ -309,7 +311,7 @@ impl Runtime {
             (eight_bit.iter())
                 .map(|e| {
                     let kernel = match e.quant.kernel {
-                        Some(k) if k.own().is_some() && !e.own_kernel_fits(gpu.arch) => {
+                        Some(k) if k.is_own() && !e.own_way_fits(k, gpu.arch, gpu.shared_optin) => {
                             Some(EightBitKernel::Library)
                         }
                         kernel => kernel,
@@ -381,6 +383,7 @@ impl Runtime {
             lt_workspace,
             sm_count,
             arch: gpu.arch,
+            shared_optin: gpu.shared_optin,
             int8_passes: 0,
             // SAFETY: both are written before they are read (`run`). The input is only written
             // by the host, so write-combined memory suits it; the output is read by the host.

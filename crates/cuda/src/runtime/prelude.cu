@@ -4,9 +4,15 @@
 // constants and ids generated from the Rust side (abi.rs's `prelude`), this file, the
 // activations, then each family's file (steps/*.cu, preprocess.cu). `T` is the storage type
 // (`unsigned short` holding fp16, or `float`); arithmetic is in f32. No headers: fp16
-// conversions are single PTX instructions, so NVRTC needs no include path.
+// conversions are single PTX instructions, so NVRTC needs no include path. Where
+// `TRTCLASSIFY_EMULATOR` is defined, the source is C++ for the CPU emulator of the tests
+// (crates/cuda/emulator/emu.h), which stands in for the PTX.
 
-#ifdef HALF
+#if defined(HALF) && defined(TRTCLASSIFY_EMULATOR)
+typedef unsigned short T;
+__device__ __forceinline__ float ld(T h) { return emu::half_to_float(h); }
+__device__ __forceinline__ T st(float f) { return emu::float_to_half(f); }
+#elif defined(HALF)
 typedef unsigned short T;
 __device__ __forceinline__ float ld(T h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ T st(float f) { T h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -31,7 +37,9 @@ __device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned 
 // 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
 // on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-#if __CUDA_ARCH__ >= 800
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::cp_async16(dst, src, valid);
+#elif __CUDA_ARCH__ >= 800
     unsigned addr;
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
@@ -42,14 +50,18 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
 
 // Closes this thread's group of copies issued since the last one.
 __device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::cp_async_commit();
+#elif __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
 #endif
 }
 
 // Waits until at most N of this thread's committed groups of copies are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::cp_async_wait(N);
+#elif __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;" : : "n"(N));
 #endif
 }

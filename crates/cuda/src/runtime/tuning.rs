@@ -14,7 +14,7 @@ use super::{BatchPlan, OwnStep, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    ConvStep, EightBitKernel, Loc, OwnWidth, Plan, Quant, QuantFormat, Step, Tuned,
+    ConvStep, EightBitKernel, Loc, Plan, Quant, QuantFormat, Step, Tuned,
 };
 
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
@@ -168,7 +168,8 @@ impl Runtime {
     /// into sums. Its product's algorithm is chosen as a product's in the plan's type is
     /// (`product_algo`) and stored in the step's `Quant`; an int8 step tuned now whose own
     /// kernel fits the GPU is then timed that way and in each of the kernel's ways
-    /// (`EightBitKernel::OWN`: two block widths, the input rounded as read or first),
+    /// (`EightBitKernel::OWN`: blocks of two widths, the input rounded as read or first, and
+    /// warps of 64 × 64),
     /// and runs the fastest (as the step of the same shape before it in `chosen`, if any),
     /// whose time is returned.
     fn prepare_eight_bit(
@@ -186,8 +187,8 @@ impl Runtime {
         let own_fits = e.own_kernel_fits(self.arch);
         let own = |kernel| Prepared::OwnEightBit(OwnStep::new(weights, kernel));
         if let Some(kernel) = e.quant.kernel
-            && kernel.own().is_some()
-            && own_fits
+            && kernel.is_own()
+            && e.own_way_fits(kernel, self.arch, self.shared_optin)
         {
             return Ok((own(kernel), None));
         }
@@ -240,22 +241,24 @@ impl Runtime {
             "as patches and cuBLASLt's product {:.1} µs",
             per_run(library_ms)
         )];
-        // Blocks no wider than the output channels: a wider one computes zeros.
-        let ways = (EightBitKernel::OWN.iter()).filter(|k| {
-            k.own()
-                .is_some_and(|(w, _)| w == OwnWidth::ALL[0] || w.cols() <= e.n)
+        // Blocks no wider than the output channels (a wider one computes zeros), and whose
+        // shared memory this GPU has.
+        let ways = (EightBitKernel::OWN.iter()).filter(|&&k| {
+            k.cols() <= e.n.max(64) && e.own_way_fits(k, self.arch, self.shared_optin)
         });
         for &kernel in ways {
-            let Some((width, rounded_first)) = kernel.own() else {
-                continue;
-            };
             let how = format!(
                 "in the engine's own kernel, {} channels a block, {}",
-                width.cols(),
-                if rounded_first {
-                    "the input rounded first"
-                } else {
-                    "rounding as it reads"
+                kernel.cols(),
+                match kernel {
+                    EightBitKernel::OwnWide(tile) => {
+                        format!(
+                            "{} rows, warps of 64 × 64, the input rounded first",
+                            tile.rows()
+                        )
+                    }
+                    k if k.reads_int8() => "the input rounded first".into(),
+                    _ => "rounding as it reads".into(),
                 }
             );
             match self.time(|| self.step(step, &own(kernel))) {

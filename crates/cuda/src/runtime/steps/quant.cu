@@ -208,7 +208,9 @@ static_assert(C8_STRIDE == C8_CHUNK + 16, "a chunk's row and its padding");
 // compiles empty and is never launched (`EightBit::own_kernel_fits`).
 // Four 8×16-byte matrices from shared memory, each lane giving one row's address.
 __device__ __forceinline__ void c8_ldmatrix4(unsigned (&d)[4], const void *smem) {
-#if __CUDA_ARCH__ >= 800
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::ldmatrix_x4(d, smem);
+#elif __CUDA_ARCH__ >= 800
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -219,7 +221,9 @@ __device__ __forceinline__ void c8_ldmatrix4(unsigned (&d)[4], const void *smem)
 // acc += a · b over 32 of the summed dimension, int8 into int32.
 __device__ __forceinline__ void c8_mma(int (&acc)[4], const unsigned (&a)[4], unsigned b0,
                                        unsigned b1) {
-#if __CUDA_ARCH__ >= 800
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::mma_m16n8k32_s8(acc, a, b0, b1);
+#elif __CUDA_ARCH__ >= 800
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, "
         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -543,3 +547,182 @@ CONV8(64, , T, false)
 CONV8(64, _int8_input, unsigned char, true)
 CONV8(128, , T, false)
 CONV8(128, _int8_input, unsigned char, true)
+
+// The own kernel in warps of 64 × 64 outputs (`EightBitKernel::OwnWide`): for an int8 input
+// only (rounded by a pass first, or passed by the step before), WARPS_M × WARPS_N warps, so a
+// block of 64·WARPS_M rows × 64·WARPS_N channels (128 × 128 or 256 × 64), with the same
+// operands, products and epilogue as `conv8_body` and so the same output to the bit. A warp
+// of 64 × 64 loads a k-step's 4 tiles of input and 8 of weights by 8 ldmatrix for its 32
+// mma, where `conv8_body`'s warps of 32 × 64 load 6 for 16: less traffic from shared memory
+// an mma. Each thread follows its part of the summed dimension from chunk to chunk by
+// counting taps, not dividing. 128 threads a block, 4 stages of 64 of the summed dimension,
+// so that two blocks fit an SM (their registers and shared memory) and one's barriers hide
+// behind the other's products.
+template <int WARPS_M, int WARPS_N>
+__device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned char *x,
+                                                const unsigned char *wq, const float *w_scales,
+                                                const T *bias, const T *z, void *y) {
+    constexpr int THREADS = 32 * WARPS_M * WARPS_N, BM = 64 * WARPS_M, BN = 64 * WARPS_N;
+    constexpr int STAGES = C8_STAGES_INT8_INPUT, STAGE_BYTES = (BM + BN) * C8_STRIDE;
+    static_assert(THREADS == C8_WIDE_THREADS, "abi.rs launches the wide kernels so");
+    extern __shared__ __align__(16) unsigned char c8_shared[];
+    auto a_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES; };
+    auto b_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES + BM * C8_STRIDE; };
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+
+    // A chunk's row is 4 parts of 16 bytes: this thread copies part `part` of rows `first`,
+    // first + 32, ..., of the input's BM and of the weights' BN.
+    constexpr int ROWS = BM / 32, COLS = BN / 32;
+    const int part = tid & 3, first = tid >> 2;
+    int image[ROWS], iy0[ROWS], ix0[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+        const int row = m0 + first + 32 * i;
+        // -1: past the rows, never inside.
+        const int r = row < p.s.rows ? row : -1;
+        const int pix = r < 0 ? 0 : r / p.s.ow, img = pix / p.s.oh;
+        image[i] = r < 0 ? -1 : img * p.s.h;
+        iy0[i] = (pix - img * p.s.oh) * p.s.sh - p.s.ph;
+        ix0[i] = (r - pix * p.s.ow) * p.s.sw - p.s.pw;
+    }
+    const int chunks = (p.summed + C8_CHUNK - 1) / C8_CHUNK;
+    // The next chunk this thread copies: its part's place in the summed dimension, as a
+    // channel of a tap (r, s), advanced a chunk at a time.
+    int k = part * 16, c0 = k % p.s.c, tap = k / p.s.c;
+    int tr = tap / p.s.kw, ts = tap - tr * p.s.kw;
+    const unsigned char *zero = x;  // a valid address for the copies that read nothing
+
+    auto start_chunk = [&](int stage, int chunk) {
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i) {
+            const int iy = iy0[i] + tr * p.s.dh, ix = ix0[i] + ts * p.s.dw;
+            const bool inside = image[i] >= 0 && k < p.summed && iy >= 0 && iy < p.s.h &&
+                                ix >= 0 && ix < p.s.w;
+            const long long at = ((long long)(image[i] + iy) * p.s.w + ix) * p.s.c + c0;
+            cp_async16(a_tile(stage) + (first + 32 * i) * C8_STRIDE + part * 16,
+                       inside ? x + at : zero, inside);
+        }
+#pragma unroll
+        for (int i = 0; i < COLS; ++i) {
+            const int col = first + 32 * i;
+            const bool in = n0 + col < p.n && k < p.summed;
+            const unsigned char *src = in ? wq + (long long)(n0 + col) * p.summed + k : wq;
+            cp_async16(b_tile(stage) + col * C8_STRIDE + part * 16, src, in);
+        }
+        cp_async_commit();
+        // On to the next chunk: 64 further, over as many taps as that crosses (c ≥ 16).
+        k += C8_CHUNK;
+        for (c0 += C8_CHUNK; c0 >= p.s.c; c0 -= p.s.c)
+            if (++ts == p.s.kw) {
+                ts = 0;
+                ++tr;
+            }
+    };
+
+    int acc[4][8][4];
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0;
+
+    // acc += the chunk in `stage`: each k-step the warp's 8 tiles of weights, then its 4 of
+    // input one at a time, each by the 8.
+    auto multiply = [&](int stage) {
+        const unsigned char *as = a_tile(stage), *bs = b_tile(stage);
+#pragma unroll
+        for (int ks = 0; ks < C8_CHUNK; ks += 32) {
+            unsigned b[8][2];
+#pragma unroll
+            for (int nj = 0; nj < 4; ++nj) {
+                const int col = wn * 64 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                unsigned d[4];
+                c8_ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
+                b[2 * nj][0] = d[0];
+                b[2 * nj][1] = d[1];
+                b[2 * nj + 1][0] = d[2];
+                b[2 * nj + 1][1] = d[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                unsigned a[4];
+                const int row = wm * 64 + mi * 16 + (lane & 15);
+                c8_ldmatrix4(a, as + row * C8_STRIDE + ks + (lane >> 4) * 16);
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni) c8_mma(acc[mi][ni], a, b[ni][0], b[ni][1]);
+            }
+        }
+    };
+
+    // STAGES − 1 chunks in flight while the warps multiply one, as `conv8_body` with an int8
+    // input.
+#pragma unroll
+    for (int chunk = 0; chunk < STAGES - 1; ++chunk) {
+        if (chunk < chunks) start_chunk(chunk, chunk);
+        else cp_async_commit();
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int ahead = chunk + STAGES - 1;
+        if (ahead < chunks) start_chunk(ahead % STAGES, ahead);
+        else cp_async_commit();
+        multiply(chunk % STAGES);
+    }
+
+    // The epilogue, as `conv8_body`'s: a thread's sums are of rows g + 8h (h < 8) of its
+    // warp's 64 and channels j, j + 1 of each of its 8 tiles; a tile's residual values all
+    // loaded before the first is written.
+    const int g = lane >> 2, t = lane & 3;
+    const bool has_bias = bias != nullptr;
+    const bool pairs =
+        (reinterpret_cast<size_t>(y) % (p.y_int8 ? 2 : 2 * sizeof(T))) == 0 &&
+        (reinterpret_cast<size_t>(z) % (2 * sizeof(T))) == 0;
+    const float y_inv = 1.f / p.y_scale;
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni) {
+        const int j = n0 + wn * 64 + ni * 8 + 2 * t;
+        // n is a multiple of 8: j < n means j + 1 < n too.
+        if (j >= p.n) continue;
+        C8Pair zv[8];
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+            const int row = m0 + wm * 64 + g + 8 * h;
+            if (!z || row >= p.s.rows) continue;
+            const T *at = z + (long long)row * p.n + j;
+            if (pairs) {
+                zv[h] = *reinterpret_cast<const C8Pair *>(at);
+            } else {
+                zv[h].v[0] = at[0];
+                zv[h].v[1] = at[1];
+            }
+        }
+        const float scale[2] = {p.scale * w_scales[j], p.scale * w_scales[j + 1]};
+        const float b[2] = {has_bias ? ld(bias[j]) : 0.f, has_bias ? ld(bias[j + 1]) : 0.f};
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+            // acc[mi] holds rows mi·16 + g (sums 0 and 1) and mi·16 + g + 8 (sums 2 and 3).
+            const int mi = h >> 1, half = h & 1;
+            const int row = m0 + wm * 64 + g + 8 * h;
+            if (row >= p.s.rows) continue;
+            const int *s = &acc[mi][ni][2 * half];
+            c8_store(p, has_bias, scale, b, z, zv[h], y, pairs, y_inv, (long long)row * p.n + j,
+                     s[0], s[1]);
+        }
+    }
+}
+
+// Launched with C8_WIDE_THREADS threads, a grid of ⌈rows / ROWS⌉ × ⌈n / COLS⌉ blocks; x is
+// int8 (16-byte aligned), y as `conv8_*`'s.
+#define CONV8_WIDE(ROWS, COLS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(C8_WIDE_THREADS, 2)                           \
+        conv8_wide_##ROWS##x##COLS(const Conv8 p, const unsigned char *x,                       \
+                                   const unsigned char *wq, const float *w_scales,              \
+                                   const T *bias, const T *z, void *y) {                        \
+        conv8_wide_body<ROWS / 64, COLS / 64>(p, x, wq, w_scales, bias, z, y);                  \
+    }
+CONV8_WIDE(256, 64)
+CONV8_WIDE(128, 128)

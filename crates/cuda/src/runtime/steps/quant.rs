@@ -21,13 +21,13 @@ use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
 use crate::abi::{
-    Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, PatchParams, act_params, divider,
-    own_shared_bytes,
+    Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, OWN_WIDE_THREADS, PatchParams, act_params,
+    divider, own_shared_bytes,
 };
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    ConvStep, DType, EightBitKernel, GemmStep, Loc, OwnWidth, Quant, QuantFormat, Span, Step,
+    ConvStep, DType, EightBitKernel, GemmStep, Loc, OwnTile, Quant, QuantFormat, Span, Step,
 };
 
 kernel_set! {
@@ -44,29 +44,78 @@ kernel_set! {
         conv8_64_int8_input: "conv8_64_int8_input",
         conv8_128: "conv8_128",
         conv8_128_int8_input: "conv8_128_int8_input",
+        /// An int8 step in one kernel in warps of 64 × 64 outputs, its input in int8.
+        conv8_wide_256x64: "conv8_wide_256x64",
+        conv8_wide_128x128: "conv8_wide_128x128",
+    }
+}
+
+/// How a block of the own int8 kernel is launched.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OwnLaunch {
+    /// Its outputs: rows (output pixels) × output channels.
+    rows: usize,
+    cols: usize,
+    threads: usize,
+    /// Bytes of dynamic shared memory.
+    shared: usize,
+}
+
+impl OwnLaunch {
+    /// The blocks of `kernel`, one of `EightBitKernel::OWN`, reading an int8 input where
+    /// `int8_input` (always for those that read int8).
+    fn of(kernel: EightBitKernel, int8_input: bool) -> Self {
+        let int8_input = int8_input || kernel.reads_int8();
+        let (rows, threads) = match kernel {
+            EightBitKernel::OwnWide(tile) => (tile.rows(), OWN_WIDE_THREADS),
+            _ => (OWN_ROWS, OWN_THREADS),
+        };
+        let cols = kernel.cols();
+        OwnLaunch {
+            rows,
+            cols,
+            threads,
+            shared: own_shared_bytes(rows, cols, int8_input),
+        }
+    }
+
+    /// The most rows a block of any way computes.
+    const MOST_ROWS: usize = 256;
+
+    /// Whether the blocks of `kernel` fit where a block may have `shared_optin` bytes of
+    /// shared memory, whatever their input.
+    fn fits(kernel: EightBitKernel, shared_optin: usize) -> bool {
+        [false, true].map(|int8_input| OwnLaunch::of(kernel, int8_input).shared <= shared_optin)
+            == [true, true]
     }
 }
 
 impl QuantKernels {
-    /// The own int8 kernel in blocks of `width`, reading an int8 input where `int8_input`.
-    fn own(&self, width: OwnWidth, int8_input: bool) -> &CudaFunction {
-        match (width, int8_input) {
-            (OwnWidth::Cols64, false) => &self.conv8_64,
-            (OwnWidth::Cols64, true) => &self.conv8_64_int8_input,
-            (OwnWidth::Cols128, false) => &self.conv8_128,
-            (OwnWidth::Cols128, true) => &self.conv8_128_int8_input,
+    /// The own int8 kernel that runs `kernel` (one of `EightBitKernel::OWN`), reading an
+    /// int8 input where `int8_input`.
+    fn own(&self, kernel: EightBitKernel, int8_input: bool) -> &CudaFunction {
+        let int8_input = int8_input || kernel.reads_int8();
+        match (kernel, int8_input) {
+            (EightBitKernel::OwnWide(OwnTile::Rows256Cols64), _) => &self.conv8_wide_256x64,
+            (EightBitKernel::OwnWide(OwnTile::Rows128Cols128), _) => &self.conv8_wide_128x128,
+            (k, false) if k.cols() == 64 => &self.conv8_64,
+            (k, true) if k.cols() == 64 => &self.conv8_64_int8_input,
+            (_, false) => &self.conv8_128,
+            (_, true) => &self.conv8_128_int8_input,
         }
     }
 
     /// Lets the own int8 kernels (sm_80 on) take the shared memory they are launched with,
-    /// beyond the 48 KiB a kernel gets unasked.
-    pub(in crate::runtime) fn allow_own_shared_memory(&self) -> Result<()> {
-        for width in OwnWidth::ALL {
+    /// beyond the 48 KiB a kernel gets unasked: those of the ways that fit in `shared_optin`
+    /// (`Gpu::shared_optin`; the others never run here).
+    pub(in crate::runtime) fn allow_own_shared_memory(&self, shared_optin: usize) -> Result<()> {
+        let ways = EightBitKernel::OWN.into_iter();
+        for kernel in ways.filter(|&k| OwnLaunch::fits(k, shared_optin)) {
             for int8_input in [false, true] {
-                self.own(width, int8_input)
+                self.own(kernel, int8_input)
                     .set_attribute(
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        own_shared_bytes(width.cols(), int8_input) as i32,
+                        OwnLaunch::of(kernel, int8_input).shared as i32,
                     )
                     .map_err(Error::driver("the own int8 kernel's shared memory"))?;
             }
@@ -112,6 +161,17 @@ impl EightBit {
             Step::Conv(c) => Self::of_conv(c),
             _ => None,
         }
+    }
+
+    /// Whether the engine's own kernel runs it as `kernel` says on a GPU of compute
+    /// capability `arch` whose blocks may have `shared_optin` bytes of shared memory.
+    pub(in crate::runtime) fn own_way_fits(
+        &self,
+        kernel: EightBitKernel,
+        arch: (i32, i32),
+        shared_optin: usize,
+    ) -> bool {
+        self.own_kernel_fits(arch) && OwnLaunch::fits(kernel, shared_optin)
     }
 
     /// The quantized product `g`, or `None` where it is not quantized.
@@ -172,7 +232,7 @@ impl EightBit {
     pub(in crate::runtime) fn own_kernel_fits(&self, arch: (i32, i32)) -> bool {
         self.quant.format == QuantFormat::Int8
             && arch >= (8, 0)
-            && self.rows.max(self.input_pixels()) + OWN_ROWS <= i32::MAX as usize
+            && self.rows.max(self.input_pixels()) + OwnLaunch::MOST_ROWS <= i32::MAX as usize
             && self.hwc[2].is_multiple_of(16)
             && self.n.is_multiple_of(8)
     }
@@ -260,11 +320,11 @@ impl EightBit {
     /// yet, so any way).
     pub(in crate::runtime) fn scratch_bytes(&self, kernel: Option<EightBitKernel>) -> [usize; 2] {
         let input = self.input_pixels() * self.hwc[2];
-        match kernel.map(EightBitKernel::own) {
+        match kernel {
             None => [self.patch_bytes().max(input), self.sum_bytes()],
-            Some(None) => [self.patch_bytes(), self.sum_bytes()],
-            Some(Some((_, true))) => [input, 0],
-            Some(Some((_, false))) => [0, 0],
+            Some(EightBitKernel::Library) => [self.patch_bytes(), self.sum_bytes()],
+            Some(k) if k.reads_int8() => [input, 0],
+            Some(_) => [0, 0],
         }
     }
 
@@ -420,11 +480,8 @@ impl Runtime {
 pub(in crate::runtime) struct OwnStep {
     /// The device address of its int8 weights.
     pub(in crate::runtime) w: u64,
-    /// The output channels a block computes.
-    pub(in crate::runtime) width: OwnWidth,
-    /// Whether a pass rounds its input to int8 first (`EightBitKernel::OwnRoundedFirst`),
-    /// into the patches' buffer, where the step before does not write it so.
-    pub(in crate::runtime) rounded_first: bool,
+    /// How it runs: one of `EightBitKernel::OWN`.
+    pub(in crate::runtime) kernel: EightBitKernel,
     /// Whether its input is in int8 already, written by the step before (`chain_int8`).
     pub(in crate::runtime) int8_input: bool,
     /// Where it writes its output in int8 for the one step that reads it: that step's input
@@ -436,22 +493,11 @@ impl OwnStep {
     /// The step whose int8 weights are at `w`, run as `kernel` says (one of
     /// `EightBitKernel::OWN`), its input and output in the plan's type.
     pub(in crate::runtime) fn new(w: u64, kernel: EightBitKernel) -> Self {
-        let (width, rounded_first) = kernel.own().unwrap_or((OwnWidth::Cols64, false));
         OwnStep {
             w,
-            width,
-            rounded_first,
+            kernel,
             int8_input: false,
             int8_output: None,
-        }
-    }
-
-    /// How it runs, as the plan stores it.
-    pub(in crate::runtime) fn kernel(&self) -> EightBitKernel {
-        if self.rounded_first {
-            EightBitKernel::OwnRoundedFirst(self.width)
-        } else {
-            EightBitKernel::Own(self.width)
         }
     }
 }
@@ -499,7 +545,7 @@ impl Runtime {
         {
             let kernel = match prepared {
                 Prepared::EightBit(..) => EightBitKernel::Library,
-                Prepared::OwnEightBit(own) => own.kernel(),
+                Prepared::OwnEightBit(own) => own.kernel,
                 _ => continue,
             };
             if let Some(e) = EightBit::of(step) {
@@ -516,21 +562,21 @@ impl Runtime {
     pub(in crate::runtime) fn step_alone(&self, step: &Step, prepared: &Prepared) -> Result<()> {
         match (EightBit::of(step), prepared) {
             (Some(e), Prepared::OwnEightBit(own)) => {
-                self.own_eight_bit(&e, &OwnStep::new(own.w, own.kernel()))
+                self.own_eight_bit(&e, &OwnStep::new(own.w, own.kernel))
             }
             _ => self.step(step, prepared),
         }
     }
 
     /// Enqueues the int8 step `e` as one kernel of ours (`EightBit::own_kernel_fits`), after
-    /// a pass that rounds its input where `own.rounded_first`, as `own` says: the same output
-    /// as `eight_bit`'s three launches, to the bit (in int8 where `own.int8_output`, as the
-    /// next step would round it).
+    /// a pass that rounds its input where its kernel reads int8 that the step before does
+    /// not pass, as `own` says: the same output as `eight_bit`'s three launches, to the bit
+    /// (in int8 where `own.int8_output`, as the next step would round it).
     pub(in crate::runtime) fn own_eight_bit(&self, e: &EightBit, own: &OwnStep) -> Result<()> {
         let (kernels, dtype) = self.writes(e.y);
         let quant = &kernels?.quant;
-        let int8_input = own.int8_input || own.rounded_first;
-        let x = if own.rounded_first && !own.int8_input {
+        let int8_input = own.int8_input || own.kernel.reads_int8();
+        let x = if own.kernel.reads_int8() && !own.int8_input {
             let rounded = self.ptr_u8(&self.patches);
             self.round_patches(e, e.input_shape(), rounded)?;
             rounded
@@ -556,7 +602,9 @@ impl Runtime {
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
-        let mut b = self.stream.launch_builder(quant.own(own.width, int8_input));
+        let mut b = self
+            .stream
+            .launch_builder(quant.own(own.kernel, int8_input));
         b.arg(&p)
             .arg(&x)
             .arg(&own.w)
@@ -565,10 +613,11 @@ impl Runtime {
             .arg(&z)
             .arg(&y);
         let blocks = |len: usize, tile: usize| len.div_ceil(tile) as u32;
+        let block = OwnLaunch::of(own.kernel, int8_input);
         let cfg = LaunchConfig {
-            grid_dim: (blocks(e.rows, OWN_ROWS), blocks(e.n, own.width.cols()), 1),
-            block_dim: (OWN_THREADS as u32, 1, 1),
-            shared_mem_bytes: own_shared_bytes(own.width.cols(), int8_input) as u32,
+            grid_dim: (blocks(e.rows, block.rows), blocks(e.n, block.cols), 1),
+            block_dim: (block.threads as u32, 1, 1),
+            shared_mem_bytes: block.shared as u32,
         };
         launch(b, cfg)
     }

@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: MPL-2.0
+// A CPU emulator of the CUDA the int8 kernels use, for their tests where there is no GPU: the
+// kernels' own source compiled as C++ (`TRTCLASSIFY_EMULATOR`: prelude.cu and quant.cu then
+// call the functions here in place of their PTX) and run block after block, each thread of a
+// block a fiber (ucontext), switched only where threads wait for each other:
+// `__syncthreads`, and the warp-wide instructions (`ldmatrix`, `mma.sync`), which gather
+// their 32 lanes' operands and give each lane its part of the result as the PTX ISA defines
+// it. cp.async copies land either as they are issued (`Order::Early`, which exposes a stage
+// overwritten while warps still read it) or as late as the kernel may wait for them
+// (`Order::Late`, which exposes a read before the wait); the threads run in the opposite
+// order in each, and every shared memory access is checked to fall in what the launch gave.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+#include <ucontext.h>
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+
+namespace emu {
+
+struct Dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+enum class Order { Early, Late };
+
+[[noreturn]] inline void fail(const char *what) {
+    std::fprintf(stderr, "emulator: %s\n", what);
+    std::abort();
+}
+
+constexpr size_t SHARED_MAX = 256 * 1024;
+}  // namespace emu
+
+// The block's dynamic shared memory, under the name the kernels declare it by (`extern
+// __shared__ ... c8_shared[]`): blocks run one at a time, so one array serves them all.
+alignas(128) inline unsigned char c8_shared[emu::SHARED_MAX];
+
+namespace emu {
+inline unsigned char *const shared = c8_shared;
+inline size_t shared_given = 0;  // the launch's dynamic shared memory
+
+inline void check_shared(const void *p, size_t bytes, size_t align) {
+    auto at = reinterpret_cast<const unsigned char *>(p);
+    if (at < shared || at + bytes > shared + shared_given) fail("shared memory out of bounds");
+    if (reinterpret_cast<uintptr_t>(p) % align) fail("misaligned shared memory access");
+}
+
+// The device memory the kernels may read (registered by the harness's buffers): a cp.async
+// from anywhere else is a read out of bounds.
+struct Range {
+    const unsigned char *start;
+    size_t len;
+};
+inline std::vector<Range> device_memory;
+
+inline void check_global(const void *p, size_t bytes) {
+    auto at = static_cast<const unsigned char *>(p);
+    for (const Range &r : device_memory)
+        if (at >= r.start && at + bytes <= r.start + r.len) return;
+    fail("cp.async reads outside device memory");
+}
+
+struct Copy {
+    void *dst;
+    const void *src;
+    bool valid;
+};
+
+inline void land(const Copy &c) {
+    if (c.valid) std::memcpy(c.dst, c.src, 16);
+    else std::memset(c.dst, 0, 16);
+}
+
+struct Thread {
+    ucontext_t ctx;
+    Dim3 idx;
+    bool done = false;
+    std::vector<Copy> open;                  // cp.async copies not yet committed
+    std::vector<std::vector<Copy>> pending;  // committed groups, oldest first
+};
+
+// What a warp's lanes pass each other at a warp-wide instruction, two sets by turns: a lane
+// fills the next set only once every lane has read this one.
+struct Lane {
+    int op;
+    const void *addr;
+    unsigned a[4], b[2];
+    int c[4];
+};
+struct Warp {
+    unsigned arrived = 0, turn = 0;
+    Lane lanes[2][32];
+};
+
+struct State {
+    Dim3 grid, block, block_idx;
+    Order order = Order::Early;
+    std::vector<Thread> threads;
+    std::vector<std::vector<char>> stacks;
+    std::vector<Warp> warps;
+    Thread *current = nullptr;
+    ucontext_t scheduler;
+    unsigned block_arrived = 0, block_turn = 0;
+    unsigned long progress = 0;  // arrivals, so that a pass without any is a deadlock
+    const std::function<void()> *body = nullptr;
+};
+inline State state;
+
+inline void yield() { swapcontext(&state.current->ctx, &state.scheduler); }
+
+inline unsigned thread_index(const Thread *t) { return unsigned(t - state.threads.data()); }
+
+inline void start() {
+    (*state.body)();
+    Thread &t = *state.current;
+    // Copies still in flight at exit land (the hardware completes them).
+    for (auto &g : t.pending)
+        for (auto &c : g) land(c);
+    for (auto &c : t.open) land(c);
+    t.done = true;
+    swapcontext(&t.ctx, &state.scheduler);
+}
+
+// `body` run by every thread of every block of `grid` × `block`, with `shared_bytes` of
+// dynamic shared memory.
+inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
+                   const std::function<void()> &body) {
+    if (shared_bytes > SHARED_MAX) fail("more shared memory than the emulator has");
+    const unsigned n = block.x * block.y * block.z;
+    state.grid = grid;
+    state.block = block;
+    state.order = order;
+    state.body = &body;
+    shared_given = shared_bytes;
+    state.threads.assign(n, Thread{});
+    state.stacks.resize(n);
+    state.warps.assign((n + 31) / 32, Warp{});
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                state.block_idx = {bx, by, bz};
+                state.block_arrived = 0;
+                // Garbage, as the hardware's is: a kernel must not read what it did not write.
+                std::memset(shared, 0xa5, shared_bytes);
+                for (unsigned i = 0; i < n; ++i) {
+                    Thread &t = state.threads[i];
+                    t = Thread{};
+                    t.idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
+                    state.stacks[i].resize(256 * 1024);
+                    getcontext(&t.ctx);
+                    t.ctx.uc_stack.ss_sp = state.stacks[i].data();
+                    t.ctx.uc_stack.ss_size = state.stacks[i].size();
+                    t.ctx.uc_link = nullptr;
+                    makecontext(&t.ctx, start, 0);
+                }
+                for (;;) {
+                    bool all_done = true;
+                    const unsigned long before = state.progress;
+                    for (unsigned k = 0; k < n; ++k) {
+                        const unsigned i = order == Order::Early ? k : n - 1 - k;
+                        Thread &t = state.threads[i];
+                        if (t.done) continue;
+                        all_done = false;
+                        state.current = &t;
+                        swapcontext(&state.scheduler, &t.ctx);
+                        if (t.done) ++state.progress;
+                    }
+                    if (all_done) break;
+                    if (state.progress == before) fail("deadlock: every thread waits");
+                }
+            }
+    state.current = nullptr;
+}
+
+// Waits for every thread of the block (threads that have returned count as arrived).
+inline void syncthreads() {
+    const unsigned turn = state.block_turn;
+    unsigned live = 0;
+    for (auto &t : state.threads) live += !t.done;
+    ++state.progress;
+    if (++state.block_arrived == live) {
+        state.block_arrived = 0;
+        ++state.block_turn;
+        return;
+    }
+    while (state.block_turn == turn) yield();
+}
+
+// Lane `lane` of its warp gives `mine` and waits for the other 31: then every lane's is in
+// the set returned.
+inline const Lane *warp_exchange(const Lane &mine) {
+    const unsigned i = thread_index(state.current);
+    Warp &w = state.warps[i / 32];
+    const unsigned turn = w.turn;
+    Lane *set = w.lanes[turn & 1];
+    set[i % 32] = mine;
+    ++state.progress;
+    if (++w.arrived == 32) {
+        w.arrived = 0;
+        ++w.turn;
+    } else {
+        while (w.turn == turn) yield();
+    }
+    for (int l = 0; l < 32; ++l)
+        if (set[l].op != mine.op) fail("lanes of a warp diverge at a warp-wide instruction");
+    return set;
+}
+
+inline unsigned lane_id() { return thread_index(state.current) % 32; }
+
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j to 8j + 7 give the rows of matrix j;
+// lane l gets, of each matrix, row l / 4's bytes 4·(l % 4) to 4·(l % 4) + 3.
+inline void ldmatrix_x4(unsigned (&d)[4], const void *smem) {
+    check_shared(smem, 16, 16);
+    Lane mine{};
+    mine.op = 1;
+    mine.addr = smem;
+    const Lane *set = warp_exchange(mine);
+    const unsigned l = lane_id();
+    for (int j = 0; j < 4; ++j)
+        std::memcpy(&d[j], static_cast<const unsigned char *>(set[8 * j + l / 4].addr) + 4 * (l % 4),
+                    4);
+}
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: d = a · b + c, as the PTX ISA lays the
+// fragments out (groupID g = lane / 4, t = lane % 4): a's registers hold A[g][4t..],
+// A[g + 8][4t..], A[g][16 + 4t..], A[g + 8][16 + 4t..]; b's B[4t..][g] and B[16 + 4t..][g];
+// c's and d's C[g][2t], C[g][2t + 1], C[g + 8][2t], C[g + 8][2t + 1].
+inline void mma_m16n8k32_s8(int (&acc)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    Lane mine{};
+    mine.op = 2;
+    std::memcpy(mine.a, a, sizeof mine.a);
+    mine.b[0] = b0;
+    mine.b[1] = b1;
+    std::memcpy(mine.c, acc, sizeof mine.c);
+    const Lane *set = warp_exchange(mine);
+    int8_t A[16][32], B[32][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int k = 0; k < 4; ++k) {
+            auto byte = [](unsigned r, int k) { return int8_t(r >> (8 * k) & 0xff); };
+            A[g][4 * t + k] = byte(set[l].a[0], k);
+            A[g + 8][4 * t + k] = byte(set[l].a[1], k);
+            A[g][16 + 4 * t + k] = byte(set[l].a[2], k);
+            A[g + 8][16 + 4 * t + k] = byte(set[l].a[3], k);
+            B[4 * t + k][g] = byte(set[l].b[0], k);
+            B[16 + 4 * t + k][g] = byte(set[l].b[1], k);
+        }
+    }
+    const unsigned l = lane_id();
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        int64_t sum = set[l].c[i];
+        for (int k = 0; k < 32; ++k) sum += int(A[row][k]) * int(B[k][col]);
+        acc[i] = int(uint32_t(sum));  // s32 wraps, without .satfinite
+    }
+}
+
+// cp.async.cg.shared.global, 16 bytes (zeros where !valid).
+inline void cp_async16(void *dst, const void *src, bool valid) {
+    check_shared(dst, 16, 16);
+    if (valid && reinterpret_cast<uintptr_t>(src) % 16) fail("misaligned cp.async source");
+    if (valid) check_global(src, 16);
+    const Copy c{dst, src, valid};
+    if (state.order == Order::Early) land(c);
+    else state.current->open.push_back(c);
+}
+
+inline void cp_async_commit() {
+    auto &t = *state.current;
+    t.pending.push_back(std::move(t.open));
+    t.open.clear();
+}
+
+inline void cp_async_wait(int n) {
+    auto &t = *state.current;
+    while (t.pending.size() > size_t(n)) {
+        for (auto &c : t.pending.front()) land(c);
+        t.pending.erase(t.pending.begin());
+    }
+}
+
+}  // namespace emu
+
+#define threadIdx (emu::state.current->idx)
+#define blockIdx (emu::state.block_idx)
+#define blockDim (emu::state.block)
+#define gridDim (emu::state.grid)
+#define __syncthreads() emu::syncthreads()
+
+// CUDA's vector types, as much of them as the kernels use.
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+
+inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+inline float __expf(float x) { return std::exp(x); }
+inline unsigned __cvta_generic_to_shared(const void *p) {
+    return unsigned(static_cast<const unsigned char *>(p) - emu::shared);
+}
+
+namespace emu {
+// fp16 as the GPU converts it (cvt.f32.f16; cvt.rn.f16.f32: to nearest even).
+inline float half_to_float(unsigned short h) {
+    _Float16 v;
+    std::memcpy(&v, &h, 2);
+    return float(v);
+}
+inline unsigned short float_to_half(float f) {
+    const _Float16 v = _Float16(f);
+    unsigned short h;
+    std::memcpy(&h, &v, 2);
+    return h;
+}
+}  // namespace emu

@@ -308,6 +308,13 @@ struct alignas(8) uint2 {
     unsigned x, y;
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+struct alignas(8) int2 {
+    int x, y;
+};
+inline int2 make_int2(int x, int y) { return int2{x, y}; }
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
 
 inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }
 inline float __fmul_rn(float a, float b) { return a * b; }

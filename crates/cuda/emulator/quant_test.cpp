@@ -61,6 +61,7 @@ struct Case {
     float alpha;
     int act;
     bool bias, residual, y_int8, misaligned;
+    bool zero_pixels = false;  // every third input pixel 0, so that whole sums are 0
     int oh() const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
     int ow() const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
     long long rows() const { return (long long)images * oh() * ow(); }
@@ -167,7 +168,8 @@ int run(const Case &k, int &ways) {
     const size_t el = k.misaligned ? sizeof(T) : 0;  // one value off the allocation's alignment
     Buffer x(inputs * sizeof(T), el), wq(size_t(k.n) * k.summed()), w_scales(k.n * 4),
         bias(k.n * sizeof(T)), z(outputs * sizeof(T), el);
-    for (size_t i = 0; i < inputs; ++i) x.as<T>()[i] = to_t(uniform(-4.f, 4.f));
+    for (size_t i = 0; i < inputs; ++i)
+        x.as<T>()[i] = to_t(k.zero_pixels && i / k.c % 3 == 0 ? 0.f : uniform(-4.f, 4.f));
     for (size_t i = 0; i < size_t(k.n) * k.summed(); ++i)
         wq.data()[i] = (unsigned char)(signed char)std::uniform_int_distribution<int>(-127, 127)(rng);
     for (int j = 0; j < k.n; ++j) {
@@ -232,7 +234,7 @@ int run(const Case &k, int &ways) {
 
 int main() {
     // name, images, h, w, c, n, kh, kw, ph, pw, sh, sw, dh, dw, alpha, act, bias, residual,
-    // y_int8, misaligned
+    // y_int8, misaligned, zero_pixels
     const Case cases[] = {
         {"3x3 32->24, pad 1, 2 images of 9x9", 2, 9, 9, 32, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1.f,
          ACT_RELU, true, false, false, false},
@@ -252,6 +254,8 @@ int main() {
          1, 1, 1, 1.f, ACT_RELU, true, true, false, true},
         {"3x3 96->128, pad 1 (chunks across taps), residual, int8 out", 1, 10, 10, 96, 128, 3,
          3, 1, 1, 1, 1, 1, 1, 1.f, ACT_RELU, true, true, true, false},
+        {"1x1 32->48, alpha -1.5, no bias: sums of 0 give -0", 1, 5, 30, 32, 48, 1, 1, 0, 0, 1,
+         1, 1, 1, -1.5f, ACT_NONE, false, false, false, false, true},
         {"1x1 64->56, misaligned int8 output", 1, 9, 15, 64, 56, 1, 1, 0, 0, 1, 1, 1, 1, 1.f,
          ACT_NONE, true, false, true, true},
     };

@@ -80,9 +80,9 @@ fn the_own_int8_kernels_match_cublaslts_path() {
     for half in [true, false] {
         let out = build_and_run(dir.path(), "quant_test", half);
         print!("{out}");
-        // 10 cases, each in the 6 ways of `EightBitKernel::OWN` × 2 orders of the copies.
+        // 11 cases, each in the 6 ways of `EightBitKernel::OWN` × 2 orders of the copies.
         assert!(
-            out.lines().last() == Some("emulated: 10 cases, 120 ways, 0 differ"),
+            out.lines().last() == Some("emulated: 11 cases, 132 ways, 0 differ"),
             "{out}"
         );
     }

@@ -548,10 +548,91 @@ CONV8(64, _int8_input, unsigned char, true)
 CONV8(128, , T, false)
 CONV8(128, _int8_input, unsigned char, true)
 
+// 8 neighbouring outputs of a row, j to j + 7, as `c8_store` writes them two at a time (the
+// same arithmetic, so the same bits): their scales and bias taken once (`start`), the residual
+// loaded (`load`), then written (`store`), 16 bytes at a time where the addresses allow.
+struct C8Eight {
+    float scale[8], bias[8];
+    int j;
+    bool has_bias;
+    bool vec;  // y and z at 16 bytes (8 for an int8 y): whole groups of 8 at once
+    float y_inv;
+
+    __device__ __forceinline__ void start(const Conv8 &p, int j0, const float *w_scales,
+                                          const T *b, const void *y, const T *z) {
+        j = j0;
+        has_bias = b != nullptr;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            scale[k] = p.scale * w_scales[j + k];
+            bias[k] = b ? ld(b[j + k]) : 0.f;
+        }
+        vec = reinterpret_cast<size_t>(y) % (p.y_int8 ? 8 : 16) == 0 &&
+              reinterpret_cast<size_t>(z) % 16 == 0;
+        y_inv = 1.f / p.y_scale;
+    }
+
+    __device__ __forceinline__ void load(const T *z, int row, int n, T (&zv)[8]) const {
+        const T *at = z + (long long)row * n + j;
+        if (vec) {
+#pragma unroll
+            for (int k = 0; k < 8; k += VEC)
+                *reinterpret_cast<Vec16 *>(zv + k) = *reinterpret_cast<const Vec16 *>(at + k);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) zv[k] = at[k];
+        }
+    }
+
+    __device__ __forceinline__ void store(const Conv8 &p, int row, const int (&sums)[8],
+                                          const T (&zv)[8], bool has_z, void *y) const {
+        __align__(16) T out[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            // As `dequantize`: the product rounded, not fused with the bias.
+            float v = __fmul_rn((float)sums[k], scale[k]);
+            if (has_bias) v += bias[k];  // not + 0, which would turn −0 into +0
+            if (has_z) v += ld(zv[k]);
+            out[k] = st(c8_act(p, v));
+        }
+        const long long at = (long long)row * p.n + j;
+        if (p.y_int8) {
+            // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
+            unsigned lo = 0u, hi = 0u;
+            if (p.y_scale > 0.f)
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const unsigned b = quantize_int8(ld(out[k]), p.y_scale, y_inv);
+                    if (k < 4) lo |= b << (8 * k);
+                    else hi |= b << (8 * (k - 4));
+                }
+            unsigned char *y8 = reinterpret_cast<unsigned char *>(y) + at;
+            if (vec) {
+                *reinterpret_cast<uint2 *>(y8) = make_uint2(lo, hi);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+                    y8[k] = (unsigned char)((k < 4 ? lo : hi) >> (8 * (k & 3)));
+            }
+        } else {
+            T *yt = reinterpret_cast<T *>(y) + at;
+            if (vec) {
+#pragma unroll
+                for (int k = 0; k < 8; k += VEC)
+                    *reinterpret_cast<Vec16 *>(yt + k) = *reinterpret_cast<const Vec16 *>(out + k);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) yt[k] = out[k];
+            }
+        }
+    }
+};
+
 // The own kernel in warps of 64 × 64 outputs (`EightBitKernel::OwnWide`): for an int8 input
 // only (rounded by a pass first, or passed by the step before), WARPS_M × WARPS_N warps, so a
 // block of 64·WARPS_M rows × 64·WARPS_N channels (128 × 128 or 256 × 64), with the same
-// operands, products and epilogue as `conv8_body` and so the same output to the bit. A warp
+// operands, products and epilogue arithmetic as `conv8_body` and so the same output to the
+// bit, its epilogue through shared memory (`C8Eight`: 16-byte loads and stores). A warp
 // of 64 × 64 loads a k-step's 4 tiles of input and 8 of weights by 8 ldmatrix for its 32
 // mma, where `conv8_body`'s warps of 32 × 64 load 6 for 16: less traffic from shared memory
 // an mma. Each thread follows its part of the summed dimension from chunk to chunk by
@@ -673,44 +754,56 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
         multiply(chunk % STAGES);
     }
 
-    // The epilogue, as `conv8_body`'s: a thread's sums are of rows g + 8h (h < 8) of its
-    // warp's 64 and channels j, j + 1 of each of its 8 tiles; a tile's residual values all
-    // loaded before the first is written.
-    const int g = lane >> 2, t = lane & 3;
-    const bool has_bias = bias != nullptr;
-    const bool pairs =
-        (reinterpret_cast<size_t>(y) % (p.y_int8 ? 2 : 2 * sizeof(T))) == 0 &&
-        (reinterpret_cast<size_t>(z) % (2 * sizeof(T))) == 0;
-    const float y_inv = 1.f / p.y_scale;
+    // The epilogue, through shared memory: the warps' sums into a tile of the block's rows
+    // (the stages are free once every copy is in and every warp is past its products), then
+    // each thread takes 8 neighbouring channels of a row at a time, so that the residual's
+    // loads and the output's stores are 16 bytes a thread and a warp's are contiguous, where
+    // each thread's own sums are of 2 channels of 8 rows apart.
+    cp_async_wait<0>();
+    __syncthreads();
+    // Ints a row of the tile: 8 of padding, so that a warp's 8 rows of sums fall on
+    // different banks.
+    constexpr int SUMS_STRIDE = BN + 8;
+    static_assert(BM * SUMS_STRIDE * 4 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
+    int *sums = reinterpret_cast<int *>(c8_shared);
+    {
+        const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int ni = 0; ni < 8; ++ni) {
-        const int j = n0 + wn * 64 + ni * 8 + 2 * t;
-        // n is a multiple of 8: j < n means j + 1 < n too.
-        if (j >= p.n) continue;
-        C8Pair zv[8];
+        for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int h = 0; h < 8; ++h) {
-            const int row = m0 + wm * 64 + g + 8 * h;
-            if (!z || row >= p.s.rows) continue;
-            const T *at = z + (long long)row * p.n + j;
-            if (pairs) {
-                zv[h] = *reinterpret_cast<const C8Pair *>(at);
-            } else {
-                zv[h].v[0] = at[0];
-                zv[h].v[1] = at[1];
+            for (int ni = 0; ni < 8; ++ni) {
+                // acc[mi][ni] holds rows mi·16 + g (sums 0 and 1) and mi·16 + g + 8 (2 and 3).
+                int *at = sums + (wm * 64 + mi * 16 + g) * SUMS_STRIDE + wn * 64 + ni * 8 + 2 * t;
+                *reinterpret_cast<int2 *>(at) = make_int2(acc[mi][ni][0], acc[mi][ni][1]);
+                *reinterpret_cast<int2 *>(at + 8 * SUMS_STRIDE) =
+                    make_int2(acc[mi][ni][2], acc[mi][ni][3]);
             }
-        }
-        const float scale[2] = {p.scale * w_scales[j], p.scale * w_scales[j + 1]};
-        const float b[2] = {has_bias ? ld(bias[j]) : 0.f, has_bias ? ld(bias[j + 1]) : 0.f};
+    }
+    __syncthreads();
+    constexpr int GROUPS = BN / 8, ROW_STEP = THREADS / GROUPS;
+    const int group = tid % GROUPS;
+    const int j = n0 + group * 8;
+    // n is a multiple of 8: j < n means j + 7 < n too.
+    if (j >= p.n) return;
+    C8Eight e;
+    e.start(p, j, w_scales, bias, y, z);
+    // Four rows at a time, their residual loaded before the first is written.
+    for (int r = tid / GROUPS; r < BM; r += 4 * ROW_STEP) {
+        __align__(16) T zv[4][8];
 #pragma unroll
-        for (int h = 0; h < 8; ++h) {
-            // acc[mi] holds rows mi·16 + g (sums 0 and 1) and mi·16 + g + 8 (sums 2 and 3).
-            const int mi = h >> 1, half = h & 1;
-            const int row = m0 + wm * 64 + g + 8 * h;
-            if (row >= p.s.rows) continue;
-            const int *s = &acc[mi][ni][2 * half];
-            c8_store(p, has_bias, scale, b, z, zv[h], y, pairs, y_inv, (long long)row * p.n + j,
-                     s[0], s[1]);
+        for (int q = 0; q < 4; ++q) {
+            const int row = m0 + r + q * ROW_STEP;
+            if (z && r + q * ROW_STEP < BM && row < p.s.rows) e.load(z, row, p.n, zv[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int row = m0 + r + q * ROW_STEP;
+            if (r + q * ROW_STEP >= BM || row >= p.s.rows) break;
+            __align__(16) int s8[8];
+            const int *at = sums + (r + q * ROW_STEP) * SUMS_STRIDE + group * 8;
+            *reinterpret_cast<int4 *>(s8) = *reinterpret_cast<const int4 *>(at);
+            *reinterpret_cast<int4 *>(s8 + 4) = *reinterpret_cast<const int4 *>(at + 4);
+            e.store(p, row, s8, zv[q], z != nullptr, y);
         }
     }
 }

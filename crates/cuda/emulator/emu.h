@@ -100,6 +100,7 @@ struct Lane {
     const void *addr;
     unsigned a[4], b[2];
     int c[4];
+    unsigned out[4];  // the lane's result, worked out as the last lane arrives
 };
 struct Warp {
     unsigned arrived = 0, turn = 0;
@@ -149,29 +150,38 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
     state.threads.assign(n, Thread{});
     state.stacks.resize(n);
     state.warps.assign((n + 31) / 32, Warp{});
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
-                state.block_idx = {bx, by, bz};
-                state.block_arrived = 0;
-                // Garbage, as the hardware's is: a kernel must not read what it did not write.
-                std::memset(shared, 0xa5, shared_bytes);
-                for (unsigned i = 0; i < n; ++i) {
-                    Thread &t = state.threads[i];
-                    t = Thread{};
-                    t.idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
-                    state.stacks[i].resize(256 * 1024);
-                    getcontext(&t.ctx);
-                    t.ctx.uc_stack.ss_sp = state.stacks[i].data();
-                    t.ctx.uc_stack.ss_size = state.stacks[i].size();
-                    t.ctx.uc_link = nullptr;
-                    makecontext(&t.ctx, start, 0);
-                }
-                for (;;) {
-                    bool all_done = true;
-                    const unsigned long before = state.progress;
-                    for (unsigned k = 0; k < n; ++k) {
-                        const unsigned i = order == Order::Early ? k : n - 1 - k;
+    const unsigned blocks = grid.x * grid.y * grid.z;
+    for (unsigned b = 0; b < blocks; ++b) {
+        // In order for `Early`, the other way for `Late`: the last block of a split
+        // step to finish a tile is each time another.
+        const unsigned at = order == Order::Early ? b : blocks - 1 - b;
+        state.block_idx = {at % grid.x, at / grid.x % grid.y, at / (grid.x * grid.y)};
+        state.block_arrived = 0;
+        // Garbage, as the hardware's is: a kernel must not read what it did not write.
+        std::memset(shared, 0xa5, shared_bytes);
+        for (unsigned i = 0; i < n; ++i) {
+            Thread &t = state.threads[i];
+            t = Thread{};
+            t.idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
+            state.stacks[i].resize(256 * 1024);
+            getcontext(&t.ctx);
+            t.ctx.uc_stack.ss_sp = state.stacks[i].data();
+            t.ctx.uc_stack.ss_size = state.stacks[i].size();
+            t.ctx.uc_link = nullptr;
+            makecontext(&t.ctx, start, 0);
+        }
+        for (;;) {
+            bool all_done = true;
+            const unsigned long before = state.progress;
+            // A warp at a time, as far as it goes (to a barrier of the block, or its
+            // end) before the next: so that a warp that may run ahead of the others
+            // does, and a barrier missing between them shows.
+            const unsigned warps = (n + 31) / 32;
+            for (unsigned k = 0; k < warps; ++k) {
+                const unsigned w = order == Order::Early ? k : warps - 1 - k;
+                for (unsigned long went = ~0ul; went != state.progress;) {
+                    went = state.progress;
+                    for (unsigned i = 32 * w; i < 32 * w + 32 && i < n; ++i) {
                         Thread &t = state.threads[i];
                         if (t.done) continue;
                         all_done = false;
@@ -179,10 +189,12 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
                         swapcontext(&state.scheduler, &t.ctx);
                         if (t.done) ++state.progress;
                     }
-                    if (all_done) break;
-                    if (state.progress == before) fail("deadlock: every thread waits");
                 }
             }
+            if (all_done) break;
+            if (state.progress == before) fail("deadlock: every thread waits");
+        }
+    }
     state.current = nullptr;
 }
 
@@ -200,9 +212,12 @@ inline void syncthreads() {
     while (state.block_turn == turn) yield();
 }
 
-// Lane `lane` of its warp gives `mine` and waits for the other 31: then every lane's is in
-// the set returned.
-inline const Lane *warp_exchange(const Lane &mine) {
+// This thread gives `mine` to its warp's instruction and waits for the other 31 lanes; the
+// last to arrive works out every lane's result (`finish`, from all lanes' operands and, for
+// ldmatrix, shared memory as it is at that moment, as the instruction reads it at once).
+// Returns this lane's.
+template <typename Finish>
+inline const Lane &warp_exchange(const Lane &mine, Finish finish) {
     const unsigned i = thread_index(state.current);
     Warp &w = state.warps[i / 32];
     const unsigned turn = w.turn;
@@ -210,14 +225,15 @@ inline const Lane *warp_exchange(const Lane &mine) {
     set[i % 32] = mine;
     ++state.progress;
     if (++w.arrived == 32) {
+        for (int l = 0; l < 32; ++l)
+            if (set[l].op != mine.op) fail("lanes of a warp diverge at a warp-wide instruction");
+        for (int l = 0; l < 32; ++l) finish(set, l, set[l].out);
         w.arrived = 0;
         ++w.turn;
     } else {
         while (w.turn == turn) yield();
     }
-    for (int l = 0; l < 32; ++l)
-        if (set[l].op != mine.op) fail("lanes of a warp diverge at a warp-wide instruction");
-    return set;
+    return set[i % 32];
 }
 
 inline unsigned lane_id() { return thread_index(state.current) % 32; }
@@ -229,11 +245,12 @@ inline void ldmatrix_x4(unsigned (&d)[4], const void *smem) {
     Lane mine{};
     mine.op = 1;
     mine.addr = smem;
-    const Lane *set = warp_exchange(mine);
-    const unsigned l = lane_id();
-    for (int j = 0; j < 4; ++j)
-        std::memcpy(&d[j], static_cast<const unsigned char *>(set[8 * j + l / 4].addr) + 4 * (l % 4),
-                    4);
+    const Lane &done = warp_exchange(mine, [](const Lane *set, int l, unsigned (&out)[4]) {
+        for (int j = 0; j < 4; ++j)
+            std::memcpy(&out[j],
+                        static_cast<const unsigned char *>(set[8 * j + l / 4].addr) + 4 * (l % 4), 4);
+    });
+    std::memcpy(d, done.out, sizeof d);
 }
 
 // mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: d = a · b + c, as the PTX ISA lays the
@@ -247,28 +264,23 @@ inline void mma_m16n8k32_s8(int (&acc)[4], const unsigned (&a)[4], unsigned b0, 
     mine.b[0] = b0;
     mine.b[1] = b1;
     std::memcpy(mine.c, acc, sizeof mine.c);
-    const Lane *set = warp_exchange(mine);
-    int8_t A[16][32], B[32][8];
-    for (int l = 0; l < 32; ++l) {
+    const Lane &done = warp_exchange(mine, [](const Lane *set, int l, unsigned (&out)[4]) {
+        auto byte = [](unsigned r, int k) { return int8_t(r >> (8 * k) & 0xff); };
         const int g = l / 4, t = l % 4;
-        for (int k = 0; k < 4; ++k) {
-            auto byte = [](unsigned r, int k) { return int8_t(r >> (8 * k) & 0xff); };
-            A[g][4 * t + k] = byte(set[l].a[0], k);
-            A[g + 8][4 * t + k] = byte(set[l].a[1], k);
-            A[g][16 + 4 * t + k] = byte(set[l].a[2], k);
-            A[g + 8][16 + 4 * t + k] = byte(set[l].a[3], k);
-            B[4 * t + k][g] = byte(set[l].b[0], k);
-            B[16 + 4 * t + k][g] = byte(set[l].b[1], k);
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            // A[row][k] and B[k][col], k < 32, from the lanes that hold them.
+            int64_t sum = set[l].c[i];
+            for (int k = 0; k < 32; ++k) {
+                const int kg = k % 16 / 4, kb = k % 4, hi = k / 16;
+                const Lane &a = set[4 * (row % 8) + kg], &b = set[4 * col + kg];
+                const int8_t av = byte(a.a[2 * hi + row / 8], kb), bv = byte(b.b[hi], kb);
+                sum += int(av) * int(bv);
+            }
+            out[i] = uint32_t(sum);  // s32 wraps, without .satfinite
         }
-    }
-    const unsigned l = lane_id();
-    const int g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-        int64_t sum = set[l].c[i];
-        for (int k = 0; k < 32; ++k) sum += int(A[row][k]) * int(B[k][col]);
-        acc[i] = int(uint32_t(sum));  // s32 wraps, without .satfinite
-    }
+    });
+    std::memcpy(acc, done.out, sizeof acc);
 }
 
 // cp.async.cg.shared.global, 16 bytes (zeros where !valid).
@@ -315,6 +327,18 @@ inline int2 make_int2(int x, int y) { return int2{x, y}; }
 struct alignas(16) int4 {
     int x, y, z, w;
 };
+
+// Blocks run one after the other, so a fence has nothing to order and an atomic nothing to
+// race with (each block still sees the others' writes only in the order the emulator runs
+// them, which `Order` reverses).
+inline void __threadfence() {}
+inline unsigned atomicAdd(unsigned *at, unsigned v) {
+    const unsigned old = *at;
+    *at = old + v;
+    return old;
+}
+inline int4 __ldcg(const int4 *at) { return *at; }
+inline int min(int a, int b) { return a < b ? a : b; }
 
 inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }
 inline float __fmul_rn(float a, float b) { return a * b; }

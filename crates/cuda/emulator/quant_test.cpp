@@ -13,6 +13,7 @@
 
 #include <random>
 #include <string>
+#include <sys/mman.h>
 
 namespace {
 
@@ -24,33 +25,47 @@ void divider(unsigned d, unsigned &mul, unsigned &shift) {
     mul = unsigned(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - dd)) / dd + 1);
 }
 
-// A device buffer: aligned as cudaMalloc's, `offset` bytes in, guarded on both sides.
+// A device buffer, `offset` bytes past 16-byte alignment, that ends at most 15 bytes (plus
+// the offset) before a page the process may not touch: a kernel that reads or writes past its
+// end faults. The bytes around it are filled, so that `guards_intact` sees writes just outside.
 struct Buffer {
-    static constexpr size_t GUARD = 256;
-    std::vector<unsigned char> bytes;
-    size_t offset, len;
-    Buffer(size_t len, size_t offset = 0, unsigned char fill = 0xcd)
-        : bytes(len + offset + 2 * GUARD + 256, fill), offset(offset), len(len) {
-        emu::device_memory.push_back({data(), len});
+    static constexpr size_t PAGE = 4096, GUARD = 64;
+    unsigned char *region;
+    size_t region_len, offset, len;
+    unsigned char *start;
+    Buffer(size_t len, size_t offset = 0, unsigned char fill = 0xcd) : offset(offset), len(len) {
+        const size_t pages = (len + offset + GUARD + PAGE - 1) / PAGE + 1;
+        region_len = (pages + 1) * PAGE;
+        region = static_cast<unsigned char *>(
+            mmap(nullptr, region_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        if (region == MAP_FAILED) emu::fail("mmap");
+        unsigned char *end = region + region_len - PAGE;
+        if (mprotect(end, PAGE, PROT_NONE)) emu::fail("mprotect");
+        std::memset(region, 0xcd, region_len - PAGE);
+        start = reinterpret_cast<unsigned char *>(
+                    (reinterpret_cast<uintptr_t>(end) - len - offset) / 16 * 16) +
+                offset;
+        std::memset(start, fill, len);
+        emu::device_memory.push_back({start, len});
     }
     ~Buffer() {
         for (size_t i = 0; i < emu::device_memory.size(); ++i)
-            if (emu::device_memory[i].start == data()) {
+            if (emu::device_memory[i].start == start) {
                 emu::device_memory.erase(emu::device_memory.begin() + i);
                 break;
             }
+        munmap(region, region_len);
     }
     Buffer(const Buffer &) = delete;
     Buffer &operator=(const Buffer &) = delete;
-    unsigned char *data() {
-        const uintptr_t p = reinterpret_cast<uintptr_t>(bytes.data()) + GUARD;
-        return reinterpret_cast<unsigned char *>((p + 255) / 256 * 256) + offset;
-    }
+    unsigned char *data() { return start; }
     template <typename U> U *as() { return reinterpret_cast<U *>(data()); }
     bool guards_intact() {
-        const unsigned char *d = data();
-        for (size_t i = 1; i <= 64; ++i)
-            if (d[-std::ptrdiff_t(i)] != 0xcd || d[len + i - 1] != 0xcd) return false;
+        const unsigned char *end = region + region_len - PAGE;
+        for (const unsigned char *b = start - GUARD; b < start; ++b)
+            if (*b != 0xcd) return false;
+        for (const unsigned char *b = start + len; b < end; ++b)
+            if (*b != 0xcd) return false;
         return true;
     }
 };
@@ -95,20 +110,15 @@ void round_patches(const ConvShape &s, float scale, const T *x, unsigned char *p
     emu::launch({blocks}, {256}, 0, order, [&] { quantize_patches(p, x, patches); });
 }
 
-// A way of the engine's own kernel (`EightBitKernel::OWN`).
+// A way of the engine's own kernel (`EightBitKernel::OWN`) as the runtime launches it
+// (`OwnLaunch`): WAYS, generated from it.
 struct Way {
-    const char *name;
+    const char *name, *kernel;
     int rows, cols, threads;
-    bool rounded_first, wide;
+    size_t shared;
+    bool rounded_first, split;
 };
-const Way WAYS[] = {
-    {"64 channels a block, rounding as read", C8_ROWS, 64, C8_THREADS, false, false},
-    {"128 channels a block, rounding as read", C8_ROWS, 128, C8_THREADS, false, false},
-    {"64 channels a block, rounded first", C8_ROWS, 64, C8_THREADS, true, false},
-    {"128 channels a block, rounded first", C8_ROWS, 128, C8_THREADS, true, false},
-    {"warps of 64 x 64, 256 x 64 a block", 256, 64, C8_WIDE_THREADS, true, true},
-    {"warps of 64 x 64, 128 x 128 a block", 128, 128, C8_WIDE_THREADS, true, true},
-};
+#include "ways.h"
 
 // y (of the plan's type, or int8 by `y_scale`) as the engine's own kernel writes it.
 void own(const Case &k, const Way &way, emu::Order order, const T *x, float x_scale,
@@ -132,22 +142,39 @@ void own(const Case &k, const Way &way, emu::Order order, const T *x, float x_sc
     p.vec = sizeof(T) == 2 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     p.y_int8 = k.y_int8;
     p.y_scale = k.y_int8 ? y_scale : 0.f;
+    // A split way's parts: 3, or as many as there are chunks of 64 (the runtime's own
+    // choice depends on the GPU).
+    const int chunks = (k.summed() + 63) / 64;
+    p.splits = way.split ? std::min(3, chunks) : 1;
+    p.split_chunks = (chunks + p.splits - 1) / p.splits;
+    p.splits = (chunks + p.split_chunks - 1) / p.split_chunks;
     const unsigned row_blocks = unsigned((k.rows() + way.rows - 1) / way.rows);
     const unsigned col_blocks = unsigned((k.n + way.cols - 1) / way.cols);
-    const int stages = way.rounded_first ? C8_STAGES_INT8_INPUT : C8_STAGES;
-    const size_t shared = size_t(stages) * (way.rows + way.cols) * C8_STRIDE;
+    const size_t tiles = size_t(row_blocks) * col_blocks;
+    Buffer parts(size_t(p.splits) * tiles * way.rows * way.cols * 4);
+    Buffer arrived(tiles * 4, 0, 0);
     const auto *x8 = static_cast<const unsigned char *>(input);
     const auto *xt = static_cast<const T *>(input);
-    const unsigned threads = unsigned(way.threads);
-    emu::launch({row_blocks, col_blocks}, {threads}, shared, order, [&] {
-        if (way.wide && way.cols == 64) conv8_wide_256x64(p, x8, wq, w_scales, bias, z, y);
-        else if (way.wide) conv8_wide_128x128(p, x8, wq, w_scales, bias, z, y);
-        else if (way.cols == 64 && way.rounded_first)
-            conv8_64_int8_input(p, x8, wq, w_scales, bias, z, y);
-        else if (way.cols == 64) conv8_64(p, xt, wq, w_scales, bias, z, y);
-        else if (way.rounded_first) conv8_128_int8_input(p, x8, wq, w_scales, bias, z, y);
-        else conv8_128(p, xt, wq, w_scales, bias, z, y);
-    });
+    const std::string kernel = way.kernel;
+    emu::launch({row_blocks, col_blocks, unsigned(p.splits)}, {unsigned(way.threads)}, way.shared,
+                order, [&] {
+                    int *pp = parts.as<int>();
+                    unsigned *ap = arrived.as<unsigned>();
+                    if (kernel == "conv8_wide_256x64")
+                        conv8_wide_256x64(p, x8, wq, w_scales, bias, z, y, pp, ap);
+                    else if (kernel == "conv8_wide_128x128")
+                        conv8_wide_128x128(p, x8, wq, w_scales, bias, z, y, pp, ap);
+                    else if (kernel == "conv8_64_int8_input")
+                        conv8_64_int8_input(p, x8, wq, w_scales, bias, z, y);
+                    else if (kernel == "conv8_64") conv8_64(p, xt, wq, w_scales, bias, z, y);
+                    else if (kernel == "conv8_128_int8_input")
+                        conv8_128_int8_input(p, x8, wq, w_scales, bias, z, y);
+                    else if (kernel == "conv8_128") conv8_128(p, xt, wq, w_scales, bias, z, y);
+                    else emu::fail("a way names a kernel the harness does not know");
+                });
+    // The counters are back at 0 for the next launch.
+    for (size_t i = 0; i < tiles; ++i)
+        if (arrived.as<unsigned>()[i] != 0) emu::fail("a split step left a tile's counter set");
 }
 
 std::mt19937 rng(48);
@@ -256,6 +283,8 @@ int main() {
          3, 1, 1, 1, 1, 1, 1, 1.f, ACT_RELU, true, true, true, false},
         {"1x1 32->48, alpha -1.5, no bias: sums of 0 give -0", 1, 5, 30, 32, 48, 1, 1, 0, 0, 1,
          1, 1, 1, -1.5f, ACT_NONE, false, false, false, false, true},
+        {"1x1 16->136, 24x24 (several blocks of 256 rows), residual", 1, 24, 24, 16, 136, 1, 1,
+         0, 0, 1, 1, 1, 1, 1.f, ACT_RELU, true, true, false, false},
         {"1x1 64->56, misaligned int8 output", 1, 9, 15, 64, 56, 1, 1, 0, 0, 1, 1, 1, 1, 1.f,
          ACT_NONE, true, false, true, true},
     };

@@ -23,8 +23,6 @@ pub mod runtime;
 pub use error::Error;
 
 #[cfg(test)]
-mod emulated;
-#[cfg(test)]
 mod tests;
 
 /// Why the CUDA runtime cannot run here, or `None` when the libraries it needs load.

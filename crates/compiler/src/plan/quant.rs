@@ -166,17 +166,23 @@ pub enum EightBitKernel {
     /// its input in int8 (rounded by a pass first, as `OwnRoundedFirst`): fewer loads from
     /// shared memory a product, for long sums.
     OwnWide(OwnTile),
+    /// As `OwnWide`, the summed dimension split in parts that blocks of their own sum, where
+    /// the step's blocks would leave SMs idle (few rows, a long sum); the last block of a
+    /// tile adds up the parts (ints: the same sums in any order).
+    OwnWideSplit(OwnTile),
 }
 
 impl EightBitKernel {
     /// The ways of the engine's own kernel, as a build times them.
-    pub const OWN: [EightBitKernel; 6] = [
+    pub const OWN: [EightBitKernel; 8] = [
         EightBitKernel::Own(OwnWidth::Cols64),
         EightBitKernel::Own(OwnWidth::Cols128),
         EightBitKernel::OwnRoundedFirst(OwnWidth::Cols64),
         EightBitKernel::OwnRoundedFirst(OwnWidth::Cols128),
         EightBitKernel::OwnWide(OwnTile::Rows256Cols64),
         EightBitKernel::OwnWide(OwnTile::Rows128Cols128),
+        EightBitKernel::OwnWideSplit(OwnTile::Rows256Cols64),
+        EightBitKernel::OwnWideSplit(OwnTile::Rows128Cols128),
     ];
 
     /// Whether the engine's own kernel runs it.
@@ -189,8 +195,18 @@ impl EightBitKernel {
     pub fn reads_int8(self) -> bool {
         matches!(
             self,
-            EightBitKernel::OwnRoundedFirst(_) | EightBitKernel::OwnWide(_)
+            EightBitKernel::OwnRoundedFirst(_)
+                | EightBitKernel::OwnWide(_)
+                | EightBitKernel::OwnWideSplit(_)
         )
+    }
+
+    /// The block of the engine's own kernel in warps of 64 × 64 that runs it, if one does.
+    pub fn wide_tile(self) -> Option<OwnTile> {
+        match self {
+            EightBitKernel::OwnWide(t) | EightBitKernel::OwnWideSplit(t) => Some(t),
+            _ => None,
+        }
     }
 
     /// The output channels a block of the engine's own kernel computes, or 0.
@@ -198,7 +214,7 @@ impl EightBitKernel {
         match self {
             EightBitKernel::Library => 0,
             EightBitKernel::Own(w) | EightBitKernel::OwnRoundedFirst(w) => w.cols(),
-            EightBitKernel::OwnWide(t) => t.cols(),
+            EightBitKernel::OwnWide(t) | EightBitKernel::OwnWideSplit(t) => t.cols(),
         }
     }
 }
@@ -233,6 +249,9 @@ pub enum OwnTile {
 }
 
 impl OwnTile {
+    /// Every shape.
+    pub const ALL: [OwnTile; 2] = [OwnTile::Rows256Cols64, OwnTile::Rows128Cols128];
+
     /// The rows.
     pub fn rows(self) -> usize {
         match self {

@@ -13,6 +13,8 @@ use trtclassify_compiler::plan::{DType, Loc, Step};
 mod attention;
 mod conv;
 mod elementwise;
+#[cfg(test)]
+mod emulated;
 mod gemm;
 mod pool;
 mod quant;

@@ -21,8 +21,8 @@ use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
 use crate::abi::{
-    Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, OWN_WIDE_THREADS, PatchParams, act_params,
-    divider, own_shared_bytes,
+    Conv8Params, ConvShape, OWN_ROWS, OWN_SPLIT_TILES, OWN_THREADS, OWN_WIDE_THREADS, PatchParams,
+    act_params, divider, own_shared_bytes,
 };
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
@@ -52,26 +52,33 @@ kernel_set! {
 
 /// How a block of the own int8 kernel is launched.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct OwnLaunch {
+pub(in crate::runtime) struct OwnLaunch {
+    /// The kernel's name in quant.cu.
+    pub(in crate::runtime) name: &'static str,
     /// Its outputs: rows (output pixels) × output channels.
-    rows: usize,
-    cols: usize,
-    threads: usize,
+    pub(in crate::runtime) rows: usize,
+    pub(in crate::runtime) cols: usize,
+    pub(in crate::runtime) threads: usize,
     /// Bytes of dynamic shared memory.
-    shared: usize,
+    pub(in crate::runtime) shared: usize,
 }
 
 impl OwnLaunch {
     /// The blocks of `kernel`, one of `EightBitKernel::OWN`, reading an int8 input where
     /// `int8_input` (always for those that read int8).
-    fn of(kernel: EightBitKernel, int8_input: bool) -> Self {
+    pub(in crate::runtime) fn of(kernel: EightBitKernel, int8_input: bool) -> Self {
         let int8_input = int8_input || kernel.reads_int8();
-        let (rows, threads) = match kernel {
-            EightBitKernel::OwnWide(tile) => (tile.rows(), OWN_WIDE_THREADS),
-            _ => (OWN_ROWS, OWN_THREADS),
+        let (name, rows, threads) = match (kernel.wide_tile(), kernel.cols(), int8_input) {
+            (Some(OwnTile::Rows256Cols64), ..) => ("conv8_wide_256x64", 256, OWN_WIDE_THREADS),
+            (Some(OwnTile::Rows128Cols128), ..) => ("conv8_wide_128x128", 128, OWN_WIDE_THREADS),
+            (None, 64, false) => ("conv8_64", OWN_ROWS, OWN_THREADS),
+            (None, 64, true) => ("conv8_64_int8_input", OWN_ROWS, OWN_THREADS),
+            (None, _, false) => ("conv8_128", OWN_ROWS, OWN_THREADS),
+            (None, _, true) => ("conv8_128_int8_input", OWN_ROWS, OWN_THREADS),
         };
         let cols = kernel.cols();
         OwnLaunch {
+            name,
             rows,
             cols,
             threads,
@@ -80,7 +87,9 @@ impl OwnLaunch {
     }
 
     /// The most rows a block of any way computes.
-    const MOST_ROWS: usize = 256;
+    fn most_rows() -> usize {
+        (OwnTile::ALL.iter().map(|t| t.rows())).fold(OWN_ROWS, usize::max)
+    }
 
     /// Whether the blocks of `kernel` fit where a block may have `shared_optin` bytes of
     /// shared memory, whatever their input.
@@ -91,17 +100,16 @@ impl OwnLaunch {
 }
 
 impl QuantKernels {
-    /// The own int8 kernel that runs `kernel` (one of `EightBitKernel::OWN`), reading an
-    /// int8 input where `int8_input`.
-    fn own(&self, kernel: EightBitKernel, int8_input: bool) -> &CudaFunction {
-        let int8_input = int8_input || kernel.reads_int8();
-        match (kernel, int8_input) {
-            (EightBitKernel::OwnWide(OwnTile::Rows256Cols64), _) => &self.conv8_wide_256x64,
-            (EightBitKernel::OwnWide(OwnTile::Rows128Cols128), _) => &self.conv8_wide_128x128,
-            (k, false) if k.cols() == 64 => &self.conv8_64,
-            (k, true) if k.cols() == 64 => &self.conv8_64_int8_input,
-            (_, false) => &self.conv8_128,
-            (_, true) => &self.conv8_128_int8_input,
+    /// The own int8 kernel that `launch` runs.
+    fn own(&self, launch: &OwnLaunch) -> &CudaFunction {
+        match launch.name {
+            "conv8_64" => &self.conv8_64,
+            "conv8_64_int8_input" => &self.conv8_64_int8_input,
+            "conv8_128" => &self.conv8_128,
+            "conv8_128_int8_input" => &self.conv8_128_int8_input,
+            "conv8_wide_256x64" => &self.conv8_wide_256x64,
+            "conv8_wide_128x128" => &self.conv8_wide_128x128,
+            name => unreachable!("no own int8 kernel {name}"),
         }
     }
 
@@ -112,10 +120,11 @@ impl QuantKernels {
         let ways = EightBitKernel::OWN.into_iter();
         for kernel in ways.filter(|&k| OwnLaunch::fits(k, shared_optin)) {
             for int8_input in [false, true] {
-                self.own(kernel, int8_input)
+                let launch = OwnLaunch::of(kernel, int8_input);
+                self.own(&launch)
                     .set_attribute(
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        OwnLaunch::of(kernel, int8_input).shared as i32,
+                        launch.shared as i32,
                     )
                     .map_err(Error::driver("the own int8 kernel's shared memory"))?;
             }
@@ -232,7 +241,7 @@ impl EightBit {
     pub(in crate::runtime) fn own_kernel_fits(&self, arch: (i32, i32)) -> bool {
         self.quant.format == QuantFormat::Int8
             && arch >= (8, 0)
-            && self.rows.max(self.input_pixels()) + OwnLaunch::MOST_ROWS <= i32::MAX as usize
+            && self.rows.max(self.input_pixels()) + OwnLaunch::most_rows() <= i32::MAX as usize
             && self.hwc[2].is_multiple_of(16)
             && self.n.is_multiple_of(8)
     }
@@ -316,14 +325,69 @@ impl EightBit {
         }
     }
 
-    /// The bytes of patches and of sums it needs, run as `kernel` says (`None`: not chosen
-    /// yet, so any way).
-    pub(in crate::runtime) fn scratch_bytes(&self, kernel: Option<EightBitKernel>) -> [usize; 2] {
+    /// The parts `kernel` splits its summed dimension in on a GPU of `sm_count` SMs, and the
+    /// chunks of 64 of each part: for `OwnWideSplit`, enough parts for its tiles to fill two
+    /// blocks an SM, each of at least 4 chunks, at most 16; else one part of every chunk.
+    pub(in crate::runtime) fn splits(
+        &self,
+        kernel: EightBitKernel,
+        sm_count: usize,
+    ) -> (usize, usize) {
+        let chunks = self.summed().div_ceil(64).max(1);
+        let (EightBitKernel::OwnWideSplit(_), Some(tiles)) = (kernel, self.wide_tiles(kernel))
+        else {
+            return (1, chunks);
+        };
+        if tiles > OWN_SPLIT_TILES {
+            return (1, chunks);
+        }
+        let wanted = (2 * sm_count).div_ceil(tiles);
+        let splits = wanted.min(chunks / 4).clamp(1, 16);
+        let per = chunks.div_ceil(splits);
+        (chunks.div_ceil(per), per)
+    }
+
+    /// The blocks of `kernel` in warps of 64 × 64, but for a split: `None` for the others.
+    fn wide_tiles(&self, kernel: EightBitKernel) -> Option<usize> {
+        let tile = kernel.wide_tile()?;
+        Some(self.rows.div_ceil(tile.rows()) * self.n.div_ceil(tile.cols()))
+    }
+
+    /// The bytes of the parts of the sums that `kernel` keeps where it splits the summed
+    /// dimension on a GPU of `sm_count` SMs (a slot of ints a block), or 0.
+    fn part_bytes(&self, kernel: EightBitKernel, sm_count: usize) -> usize {
+        match (self.splits(kernel, sm_count), kernel.wide_tile()) {
+            ((splits, _), Some(tile)) if splits > 1 => {
+                let tiles = self.wide_tiles(kernel).unwrap_or(0);
+                splits * tiles * tile.rows() * tile.cols() * 4
+            }
+            _ => 0,
+        }
+    }
+
+    /// The bytes of patches and of sums it needs on a GPU of `sm_count` SMs, run as `kernel`
+    /// says (`None`: not chosen yet, so any way).
+    pub(in crate::runtime) fn scratch_bytes(
+        &self,
+        kernel: Option<EightBitKernel>,
+        sm_count: usize,
+    ) -> [usize; 2] {
         let input = self.input_pixels() * self.hwc[2];
+        let parts = |k| self.part_bytes(k, sm_count);
         match kernel {
-            None => [self.patch_bytes().max(input), self.sum_bytes()],
+            None => {
+                let most_parts = EightBitKernel::OWN
+                    .into_iter()
+                    .map(parts)
+                    .max()
+                    .unwrap_or(0);
+                [
+                    self.patch_bytes().max(input),
+                    self.sum_bytes().max(most_parts),
+                ]
+            }
             Some(EightBitKernel::Library) => [self.patch_bytes(), self.sum_bytes()],
-            Some(k) if k.reads_int8() => [input, 0],
+            Some(k) if k.reads_int8() => [input, parts(k)],
             Some(_) => [0, 0],
         }
     }
@@ -549,7 +613,7 @@ impl Runtime {
                 _ => continue,
             };
             if let Some(e) = EightBit::of(step) {
-                let bytes = e.scratch_bytes(Some(kernel));
+                let bytes = e.scratch_bytes(Some(kernel), self.sm_count as usize);
                 most = [most[0].max(bytes[0]), most[1].max(bytes[1])];
             }
         }
@@ -585,6 +649,7 @@ impl Runtime {
         };
         let i = |v: usize| v as i32;
         let (act_id, p0, p1) = act_params(e.act, dtype);
+        let (splits, split_chunks) = e.splits(own.kernel, self.sm_count as usize);
         let p = Conv8Params {
             shape: e.shape(),
             n: i(e.n),
@@ -598,13 +663,14 @@ impl Runtime {
             vec: i32::from(dtype == DType::F16 && x.is_multiple_of(16)),
             y_int8: i32::from(own.int8_output.is_some()),
             y_scale: own.int8_output.unwrap_or(0.0),
+            splits: i(splits),
+            split_chunks: i(split_chunks),
         };
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
-        let mut b = self
-            .stream
-            .launch_builder(quant.own(own.kernel, int8_input));
+        let block = OwnLaunch::of(own.kernel, int8_input);
+        let mut b = self.stream.launch_builder(quant.own(&block));
         b.arg(&p)
             .arg(&x)
             .arg(&own.w)
@@ -612,10 +678,18 @@ impl Runtime {
             .arg(&bias)
             .arg(&z)
             .arg(&y);
+        // The wide kernels' parts of a split sum, and their tiles' counters.
+        let (parts, arrived) = (self.ptr_u8(&self.sums), self.ptr_u32(&self.own_arrived));
+        if own.kernel.wide_tile().is_some() {
+            b.arg(&parts).arg(&arrived);
+        }
         let blocks = |len: usize, tile: usize| len.div_ceil(tile) as u32;
-        let block = OwnLaunch::of(own.kernel, int8_input);
         let cfg = LaunchConfig {
-            grid_dim: (blocks(e.rows, block.rows), blocks(e.n, block.cols), 1),
+            grid_dim: (
+                blocks(e.rows, block.rows),
+                blocks(e.n, block.cols),
+                splits as u32,
+            ),
             block_dim: (block.threads as u32, 1, 1),
             shared_mem_bytes: block.shared as u32,
         };
@@ -764,6 +838,43 @@ mod tests {
             algo: None,
         };
         EightBit::of_gemm(&g).expect("quantized")
+    }
+
+    #[test]
+    fn a_split_fills_the_gpu_with_parts_of_at_least_four_chunks() {
+        // ResNet-50's layer4 3×3 512→512 at batch 64, as a product of its patches: 3136 rows,
+        // 4608 summed (72 chunks of 64), 512 channels.
+        let mut e = product(true, QuantFormat::Int8);
+        (e.rows, e.n, e.hwc, e.out) = (3136, 512, [1, 3136, 4608], [1, 3136]);
+        let split = EightBitKernel::OwnWideSplit(OwnTile::Rows128Cols128);
+        // 25 × 4 = 100 tiles; two blocks an SM of 132 want 3 parts of 24 chunks.
+        assert_eq!(e.splits(split, 132), (3, 24));
+        // The same shape unsplit, and in any way but a split one.
+        assert_eq!(
+            e.splits(EightBitKernel::OwnWide(OwnTile::Rows128Cols128), 132),
+            (1, 72)
+        );
+        assert_eq!(e.splits(EightBitKernel::Library, 132), (1, 72));
+        // The parts' slots: 3 parts of 100 tiles of 128 × 128 ints.
+        assert_eq!(
+            e.scratch_bytes(Some(split), 132),
+            [3136 * 4608, 3 * 100 * 128 * 128 * 4]
+        );
+        // Enough tiles to fill the GPU: no split.
+        (e.rows, e.hwc, e.out) = (64 * 3136, [1, 64 * 3136, 4608], [1, 64 * 3136]);
+        assert_eq!(e.splits(split, 132).0, 1);
+        // Few chunks: at least 4 each, at most 16 parts, none of them empty.
+        for (rows, summed, sms) in [(49, 4608, 132), (49, 300, 132), (128, 64 * 70, 2000)] {
+            (e.rows, e.hwc, e.out) = (rows, [1, rows, summed], [1, rows]);
+            let (splits, per) = e.splits(split, sms);
+            let chunks = summed.div_ceil(64);
+            assert!((1..=16).contains(&splits), "{rows} {summed}: {splits}");
+            assert!(per >= 4 || splits == 1, "{rows} {summed}: {per} a part");
+            assert!(
+                (splits - 1) * per < chunks && splits * per >= chunks,
+                "{rows} {summed}"
+            );
+        }
     }
 
     #[test]

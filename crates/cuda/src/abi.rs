@@ -383,17 +383,21 @@ pub struct Conv8Params {
     /// chunks of 64 of each.
     pub splits: i32,
     pub split_chunks: i32,
+    /// Where the output is also written in int8 (by `y_scale`), beside the plan's type: the
+    /// copy its readers that take it as their input read (0: none).
+    pub y8: u64,
 }
 // SAFETY: plain old data laid out as the kernels' `struct Conv8` (asserted below).
 unsafe impl DeviceRepr for Conv8Params {}
 const _: () = assert!(
-    size_of::<Conv8Params>() == 112
+    size_of::<Conv8Params>() == 120
         && align_of::<Conv8Params>() == 8
         && offset_of!(Conv8Params, n) == 64
         && offset_of!(Conv8Params, x_scale) == 72
         && offset_of!(Conv8Params, vec) == 92
         && offset_of!(Conv8Params, y_scale) == 100
         && offset_of!(Conv8Params, splits) == 104
+        && offset_of!(Conv8Params, y8) == 112
 );
 
 /// Whether `v` fits in the kernels' `int`.

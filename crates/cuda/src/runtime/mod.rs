@@ -150,6 +150,10 @@ pub struct Runtime {
     /// A counter a tile of a step whose sum the own int8 kernel splits: how many of its
     /// blocks have summed their part (0 between launches: the last resets it).
     own_arrived: CudaSlice<u32>,
+    /// Two slots for the int8 copies of values that several steps read (`int8_copies` in
+    /// steps/quant.rs), sized once every plan is prepared, to `int8_copy_bytes`.
+    int8_copies: [CudaSlice<u8>; 2],
+    int8_copy_bytes: usize,
     /// Ones, one per row of the largest FP8 step: the scales of its patches in products
     /// whose epilogue scales each output channel (`GemmDescs::scaled_fp8`).
     ones: CudaSlice<f32>,
@@ -385,6 +389,8 @@ impl Runtime {
             patches,
             sums,
             own_arrived,
+            int8_copies: [alloc_bytes(&stream, 1)?, alloc_bytes(&stream, 1)?],
+            int8_copy_bytes: 0,
             ones,
             unquantized: Vec::new(),
             input,
@@ -466,6 +472,10 @@ impl Runtime {
             rt.sums = stream
                 .alloc_zeros::<u8>(sums)
                 .map_err(Error::driver("8-bit sums allocation"))?;
+        }
+        if rt.int8_copy_bytes > 0 {
+            let bytes = rt.int8_copy_bytes;
+            rt.int8_copies = [alloc_bytes(&stream, bytes)?, alloc_bytes(&stream, bytes)?];
         }
         for i in 0..rt.plans.len() {
             rt.capture(i)?;
@@ -755,4 +765,11 @@ pub fn to_bytes(data: &[f32], dtype: DType) -> Vec<u8> {
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect(),
     }
+}
+
+/// `bytes` of device memory for int8 values, zeroed.
+fn alloc_bytes(stream: &Arc<CudaStream>, bytes: usize) -> Result<CudaSlice<u8>> {
+    stream
+        .alloc_zeros::<u8>(bytes)
+        .map_err(Error::driver("8-bit copies allocation"))
 }

@@ -197,8 +197,11 @@ struct Conv8 {
     // `conv8_wide_*` only: the summed dimension split in `splits` parts (the grid's z) of
     // `split_chunks` chunks of 64, summed by the last block of each tile to finish.
     int splits, split_chunks;
+    // Where y is also written in int8, as the steps that read it as their input round it
+    // (by y_scale), beside y in the plan's type for its other readers (0: nowhere).
+    unsigned long long y8;
 };
-static_assert(sizeof(Conv8) == 112, "struct Conv8 no longer matches Conv8Params (abi.rs)");
+static_assert(sizeof(Conv8) == 120, "struct Conv8 no longer matches Conv8Params (abi.rs)");
 
 // C8_ROWS and C8_THREADS come from abi.rs: the launch's grid and block.
 static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 across");
@@ -270,20 +273,23 @@ __device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const fl
         if (z) v += ld(zv.v[k]);
         out.v[k] = st(c8_act(p, v));
     }
-    if (p.y_int8) {
+    if (p.y_int8 || p.y8) {
         // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
         unsigned b[2] = {0u, 0u};
         if (p.y_scale > 0.f)
 #pragma unroll
             for (int k = 0; k < 2; ++k) b[k] = quantize_int8(ld(out.v[k]), p.y_scale, y_inv);
-        unsigned char *y8 = reinterpret_cast<unsigned char *>(y) + at;
+        unsigned char *y8 =
+            (p.y_int8 ? reinterpret_cast<unsigned char *>(y) : reinterpret_cast<unsigned char *>(p.y8)) +
+            at;
         if (pairs) {
             *reinterpret_cast<unsigned short *>(y8) = (unsigned short)(b[0] | b[1] << 8);
         } else {
             y8[0] = (unsigned char)b[0];
             y8[1] = (unsigned char)b[1];
         }
-    } else {
+    }
+    if (!p.y_int8) {
         T *yt = reinterpret_cast<T *>(y) + at;
         if (pairs) {
             *reinterpret_cast<C8Pair *>(yt) = out;
@@ -599,7 +605,7 @@ struct C8Eight {
             out[k] = st(c8_act(p, v));
         }
         const long long at = (long long)row * p.n + j;
-        if (p.y_int8) {
+        if (p.y_int8 || p.y8) {
             // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
             unsigned lo = 0u, hi = 0u;
             if (p.y_scale > 0.f)
@@ -609,7 +615,9 @@ struct C8Eight {
                     if (k < 4) lo |= b << (8 * k);
                     else hi |= b << (8 * (k - 4));
                 }
-            unsigned char *y8 = reinterpret_cast<unsigned char *>(y) + at;
+            unsigned char *y8 = (p.y_int8 ? reinterpret_cast<unsigned char *>(y)
+                                          : reinterpret_cast<unsigned char *>(p.y8)) +
+                                at;
             if (vec) {
                 *reinterpret_cast<uint2 *>(y8) = make_uint2(lo, hi);
             } else {
@@ -617,7 +625,8 @@ struct C8Eight {
                 for (int k = 0; k < 8; ++k)
                     y8[k] = (unsigned char)((k < 4 ? lo : hi) >> (8 * (k & 3)));
             }
-        } else {
+        }
+        if (!p.y_int8) {
             T *yt = reinterpret_cast<T *>(y) + at;
             if (vec) {
 #pragma unroll

@@ -551,6 +551,11 @@ pub(in crate::runtime) struct OwnStep {
     /// Where it writes its output in int8 for the one step that reads it: that step's input
     /// scale.
     pub(in crate::runtime) int8_output: Option<f32>,
+    /// Where it writes its output a second time, in int8, for the steps that read it as their
+    /// input (`int8_copies`): the slot of `Runtime::int8_copies`, and their input scale.
+    pub(in crate::runtime) int8_copy: Option<(usize, f32)>,
+    /// Where it reads its input in int8 from such a copy: the slot.
+    pub(in crate::runtime) int8_from: Option<usize>,
 }
 
 impl OwnStep {
@@ -562,6 +567,8 @@ impl OwnStep {
             kernel,
             int8_input: false,
             int8_output: None,
+            int8_copy: None,
+            int8_from: None,
         }
     }
 }
@@ -573,7 +580,7 @@ impl Runtime {
     /// as it is, with nothing to round (the scores are the same bits). The value's buffer
     /// holds it in its first bytes. Returns how many values pass so.
     pub(in crate::runtime) fn chain_int8(
-        &self,
+        &mut self,
         steps: &[Step],
         prepared: &mut [Prepared],
     ) -> usize {
@@ -595,6 +602,25 @@ impl Runtime {
             if let Prepared::OwnEightBit(own) = &mut prepared[w] {
                 own.int8_output = Some(reader.quant.x_scale);
             }
+            passed += 1;
+        }
+        // The values others read too: a copy in int8 for the own steps that take them as input.
+        let scales: Vec<Option<f32>> = (steps.iter())
+            .map(|s| EightBit::of(s).map(|e| e.quant.x_scale))
+            .collect();
+        for (w, readers, slot) in int8_copies(steps, &own, &scales) {
+            let (Some(writer), Some(scale)) = (EightBit::of(&steps[w]), scales[readers[0]]) else {
+                continue;
+            };
+            if let Prepared::OwnEightBit(own) = &mut prepared[w] {
+                own.int8_copy = Some((slot, scale));
+            }
+            for r in readers {
+                if let Prepared::OwnEightBit(own) = &mut prepared[r] {
+                    own.int8_from = Some(slot);
+                }
+            }
+            self.int8_copy_bytes = self.int8_copy_bytes.max(writer.rows * writer.n);
             passed += 1;
         }
         passed
@@ -639,13 +665,15 @@ impl Runtime {
     pub(in crate::runtime) fn own_eight_bit(&self, e: &EightBit, own: &OwnStep) -> Result<()> {
         let (kernels, dtype) = self.writes(e.y);
         let quant = &kernels?.quant;
-        let int8_input = own.int8_input || own.kernel.reads_int8();
-        let x = if own.kernel.reads_int8() && !own.int8_input {
-            let rounded = self.ptr_u8(&self.patches);
-            self.round_patches(e, e.input_shape(), rounded)?;
-            rounded
-        } else {
-            self.ptr(e.x)
+        let int8_input = own.int8_input || own.int8_from.is_some() || own.kernel.reads_int8();
+        let x = match own.int8_from {
+            Some(slot) => self.ptr_u8(&self.int8_copies[slot]),
+            None if own.kernel.reads_int8() && !own.int8_input => {
+                let rounded = self.ptr_u8(&self.patches);
+                self.round_patches(e, e.input_shape(), rounded)?;
+                rounded
+            }
+            None => self.ptr(e.x),
         };
         let i = |v: usize| v as i32;
         let (act_id, p0, p1) = act_params(e.act, dtype);
@@ -662,9 +690,12 @@ impl Runtime {
             p1,
             vec: i32::from(dtype == DType::F16 && x.is_multiple_of(16)),
             y_int8: i32::from(own.int8_output.is_some()),
-            y_scale: own.int8_output.unwrap_or(0.0),
+            y_scale: (own.int8_output.or(own.int8_copy.map(|(_, scale)| scale))).unwrap_or(0.0),
             splits: i(splits),
             split_chunks: i(split_chunks),
+            y8: own
+                .int8_copy
+                .map_or(0, |(slot, _)| self.ptr_u8(&self.int8_copies[slot])),
         };
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
@@ -714,34 +745,82 @@ fn int8_chains(steps: &[Step], own: &[bool]) -> Vec<(usize, usize)> {
         if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
             continue;
         }
-        // The arena places nothing over a value before its last read: the first step that
-        // writes over any of it comes after every reader.
-        let mut readers = Vec::new();
-        for (r, step) in steps.iter().enumerate().skip(w + 1) {
-            if step
-                .reads()
-                .into_iter()
-                .any(|s| overlaps(arena_range(s), out))
-            {
-                readers.push(r);
-            }
-            if overlaps(arena_range(step.written()), out) {
-                break;
-            }
-        }
-        let [r] = readers[..] else {
+        let [r] = readers_of(steps, w, out)[..] else {
             continue;
         };
-        let reads_of_it = (steps[r].reads().into_iter())
-            .filter(|s| overlaps(arena_range(*s), out))
-            .count();
-        // A product's and a convolution's first span is their input (`StepKind::spans`).
-        let input = steps[r].spans().first().and_then(|s| arena_range(*s));
-        if own[r] && reads_of_it == 1 && input == Some(out) {
+        if own[r] && takes_as_input(&steps[r], out) {
             chains.push((w, r));
         }
     }
     chains
+}
+
+/// The steps after `w` that read any of `out` (its output's place in the arena) before it is
+/// written over: the arena places nothing over a value before its last read, so the first
+/// step that writes over any of it comes after every reader.
+fn readers_of(steps: &[Step], w: usize, out: (i128, i128)) -> Vec<usize> {
+    let mut readers = Vec::new();
+    for (r, step) in steps.iter().enumerate().skip(w + 1) {
+        if (step.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
+            readers.push(r);
+        }
+        if overlaps(arena_range(step.written()), out) {
+            break;
+        }
+    }
+    readers
+}
+
+/// Whether `step` reads all of `out` as its input and nothing else of it (not as its
+/// residual). A product's and a convolution's first span is their input (`StepKind::spans`).
+fn takes_as_input(step: &Step, out: (i128, i128)) -> bool {
+    let reads_of_it = (step.reads().into_iter())
+        .filter(|s| overlaps(arena_range(*s), out))
+        .count();
+    reads_of_it == 1 && step.spans().first().and_then(|s| arena_range(*s)) == Some(out)
+}
+
+/// The values that a step of the engine's own kernel (`own`, parallel to `steps`) may write
+/// a second time in int8, beside the plan's type, for the own steps that read all of it as
+/// their input at one scale (`scales`: each 8-bit step's input scale), where other steps read
+/// it too (as a residual, in the plan's type), so that it cannot pass in int8 alone
+/// (`int8_chains`): the writer, those readers, and the slot of `Runtime::int8_copies` the copy
+/// goes in. A slot holds a copy from its writer to its last reader; two, so that a copy may be
+/// written before the last reader of the one before has run.
+fn int8_copies(
+    steps: &[Step],
+    own: &[bool],
+    scales: &[Option<f32>],
+) -> Vec<(usize, Vec<usize>, usize)> {
+    let mut copies = Vec::new();
+    // The last reader of each slot's copy.
+    let mut held_until: [Option<usize>; 2] = [None; 2];
+    for (w, writer) in steps.iter().enumerate() {
+        if !own[w] {
+            continue;
+        }
+        let Some(out) = arena_range(writer.written()) else {
+            continue;
+        };
+        let readers = readers_of(steps, w, out);
+        if readers.len() < 2 {
+            continue;
+        }
+        let takes_int8 = |&r: &usize| own[r] && takes_as_input(&steps[r], out);
+        let Some(&first) = readers.iter().find(|r| takes_int8(r)) else {
+            continue;
+        };
+        let bits = |r: usize| scales[r].map(f32::to_bits);
+        let int8: Vec<usize> = (readers.iter().copied())
+            .filter(|r| takes_int8(r) && bits(*r) == bits(first))
+            .collect();
+        let Some(slot) = (0..2).find(|&s| held_until[s].is_none_or(|last| last < w)) else {
+            continue;
+        };
+        held_until[slot] = int8.last().copied();
+        copies.push((w, int8, slot));
+    }
+    copies
 }
 
 /// The elements of the arena that `span` covers, where it is in the arena.
@@ -931,6 +1010,57 @@ mod tests {
         let mut fewer = own.clone();
         fewer[chains[0].1] = false;
         assert_eq!(int8_chains(steps, &fewer), chains[1..]);
+    }
+
+    #[test]
+    fn values_several_steps_read_are_copied_in_int8_for_those_that_take_them_as_input() {
+        use trtclassify_compiler::{OnnxModel, quant::input_of, testing::models};
+        let model = OnnxModel::load(&models().join("ops.onnx")).expect("ops.onnx");
+        let spec = model.input_spec(None).expect("an image input");
+        let (plans, _) =
+            trtclassify_compiler::compile(&model, &[2], spec, DType::F16).expect("compiles");
+        let steps = &plans[0].steps;
+        let own: Vec<bool> = steps.iter().map(|s| input_of(s).is_some()).collect();
+        let scales: Vec<Option<f32>> = steps.iter().map(|_| Some(0.5)).collect();
+        let copies = int8_copies(steps, &own, &scales);
+        // The transformer blocks' residual stream, written by a product with a residual and
+        // read again as a residual: a copy for the product that takes it as its input.
+        assert_eq!(copies.len(), 2, "{copies:?}");
+        let mut last_in_slot = [None; 2];
+        for (w, readers, slot) in &copies {
+            let out = arena_range(steps[*w].written()).expect("in the arena");
+            let all = readers_of(steps, *w, out);
+            assert!(
+                all.len() >= 2 && !readers.is_empty(),
+                "{}",
+                steps[*w].describe()
+            );
+            for r in readers {
+                assert!(own[*r] && takes_as_input(&steps[*r], out));
+                assert_eq!(steps[*r].spans()[0], steps[*w].written());
+            }
+            // Some reader takes it in the plan's type (its residual).
+            assert!(all.iter().any(|r| !readers.contains(r)));
+            // A slot holds one copy at a time.
+            assert!(last_in_slot[*slot].is_none_or(|last| last < *w));
+            last_in_slot[*slot] = readers.last().copied();
+        }
+        // A reader the own kernel does not run reads as before.
+        let (w, readers, _) = &copies[0];
+        let mut fewer = own.clone();
+        fewer[readers[0]] = false;
+        assert!(
+            int8_copies(steps, &fewer, &scales)
+                .iter()
+                .all(|c| c.0 != *w)
+        );
+        // Nor is a value copied that passes in int8 alone.
+        let chains = int8_chains(steps, &own);
+        assert!(
+            chains
+                .iter()
+                .all(|(cw, _)| copies.iter().all(|c| c.0 != *cw))
+        );
     }
 
     #[test]

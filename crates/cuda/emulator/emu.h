@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: MPL-2.0
 // A CPU emulator of the CUDA the int8 kernels use, for their tests where there is no GPU: the
 // kernels' own source compiled as C++ (`TRTCLASSIFY_EMULATOR`: prelude.cu and quant.cu then
-// call the functions here in place of their PTX) and run block after block, each thread of a
-// block a fiber (ucontext), switched only where threads wait for each other:
-// `__syncthreads`, and the warp-wide instructions (`ldmatrix`, `mma.sync`), which gather
-// their 32 lanes' operands and give each lane its part of the result as the PTX ISA defines
-// it. cp.async copies land either as they are issued (`Order::Early`, which exposes a stage
-// overwritten while warps still read it) or as late as the kernel may wait for them
-// (`Order::Late`, which exposes a read before the wait); the threads run in the opposite
-// order in each, and every shared memory access is checked to fall in what the launch gave.
+// call the functions here in place of their PTX), each thread a fiber (ucontext), switched
+// only where threads wait for each other: `__syncthreads`; the warp-wide instructions
+// (`ldmatrix`, `mma.sync`), which gather their 32 lanes' operands and give each lane its part
+// of the result as the PTX ISA defines it; and an atomic, after which the block stands aside
+// for the others. The blocks of a tile (those that differ only in z: the parts of a split
+// sum) run side by side, each with its shared memory, taking turns in alternating order; the
+// tiles one after another. Within a block a warp runs as far as it goes before the next, so a
+// barrier missing between warps shows. cp.async copies land either as they are issued
+// (`Order::Early`, which exposes a stage overwritten while warps still read it) or as late as
+// the kernel may wait for them (`Order::Late`, which exposes a read before the wait); blocks
+// and warps run the other way round in each, and every shared memory access is checked to
+// fall in what the launch gave.
 #pragma once
 
 #include <cmath>
@@ -18,6 +22,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <unordered_map>
 #include <vector>
 #include <ucontext.h>
 
@@ -43,21 +49,7 @@ enum class Order { Early, Late };
 }
 
 constexpr size_t SHARED_MAX = 256 * 1024;
-}  // namespace emu
-
-// The block's dynamic shared memory, under the name the kernels declare it by (`extern
-// __shared__ ... c8_shared[]`): blocks run one at a time, so one array serves them all.
-alignas(128) inline unsigned char c8_shared[emu::SHARED_MAX];
-
-namespace emu {
-inline unsigned char *const shared = c8_shared;
-inline size_t shared_given = 0;  // the launch's dynamic shared memory
-
-inline void check_shared(const void *p, size_t bytes, size_t align) {
-    auto at = reinterpret_cast<const unsigned char *>(p);
-    if (at < shared || at + bytes > shared + shared_given) fail("shared memory out of bounds");
-    if (reinterpret_cast<uintptr_t>(p) % align) fail("misaligned shared memory access");
-}
+constexpr size_t STACK = 128 * 1024;
 
 // The device memory the kernels may read (registered by the harness's buffers): a cp.async
 // from anywhere else is a read out of bounds.
@@ -88,6 +80,7 @@ inline void land(const Copy &c) {
 struct Thread {
     ucontext_t ctx;
     Dim3 idx;
+    unsigned block;  // of the tile's blocks
     bool done = false;
     std::vector<Copy> open;                  // cp.async copies not yet committed
     std::vector<std::vector<Copy>> pending;  // committed groups, oldest first
@@ -107,23 +100,49 @@ struct Warp {
     Lane lanes[2][32];
 };
 
-struct State {
-    Dim3 grid, block, block_idx;
-    Order order = Order::Early;
-    std::vector<Thread> threads;
-    std::vector<std::vector<char>> stacks;
+// A block running: its index, its barrier, its warps and its shared memory.
+struct Block {
+    Dim3 idx;
+    unsigned arrived = 0, turn = 0;
     std::vector<Warp> warps;
+    std::unique_ptr<unsigned char[]> shared;
+    bool aside = false;  // stood aside after an atomic, until the next round
+};
+
+struct State {
+    Dim3 grid, block;
+    size_t shared_given = 0;  // the launch's dynamic shared memory
+    Order order = Order::Early;
+    std::vector<Block> blocks;  // the tile's
+    std::vector<Thread> threads;
+    std::vector<std::unique_ptr<char[]>> stacks;
     Thread *current = nullptr;
     ucontext_t scheduler;
-    unsigned block_arrived = 0, block_turn = 0;
-    unsigned long progress = 0;  // arrivals, so that a pass without any is a deadlock
+    unsigned long progress = 0;  // arrivals, so that a round without any is a deadlock
     const std::function<void()> *body = nullptr;
+    // The outputs stored, and by which of the tile's blocks (`wrote`).
+    std::unordered_map<const void *, unsigned> written;
 };
 inline State state;
 
 inline void yield() { swapcontext(&state.current->ctx, &state.scheduler); }
 
-inline unsigned thread_index(const Thread *t) { return unsigned(t - state.threads.data()); }
+inline unsigned threads_per_block() { return state.block.x * state.block.y * state.block.z; }
+inline unsigned thread_index(const Thread *t) {
+    return unsigned(t - state.threads.data()) % threads_per_block();
+}
+inline Block &current_block() { return state.blocks[state.current->block]; }
+
+// The current block's dynamic shared memory.
+inline unsigned char *block_shared() { return current_block().shared.get(); }
+
+inline void check_shared(const void *p, size_t bytes, size_t align) {
+    auto at = reinterpret_cast<const unsigned char *>(p);
+    const unsigned char *shared = block_shared();
+    if (at < shared || at + bytes > shared + state.shared_given)
+        fail("shared memory out of bounds");
+    if (reinterpret_cast<uintptr_t>(p) % align) fail("misaligned shared memory access");
+}
 
 inline void start() {
     (*state.body)();
@@ -141,53 +160,70 @@ inline void start() {
 inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
                    const std::function<void()> &body) {
     if (shared_bytes > SHARED_MAX) fail("more shared memory than the emulator has");
-    const unsigned n = block.x * block.y * block.z;
+    const unsigned n = block.x * block.y * block.z, side = grid.z;
     state.grid = grid;
     state.block = block;
     state.order = order;
     state.body = &body;
-    shared_given = shared_bytes;
-    state.threads.assign(n, Thread{});
-    state.stacks.resize(n);
-    state.warps.assign((n + 31) / 32, Warp{});
-    const unsigned blocks = grid.x * grid.y * grid.z;
-    for (unsigned b = 0; b < blocks; ++b) {
-        // In order for `Early`, the other way for `Late`: the last block of a split
-        // step to finish a tile is each time another.
-        const unsigned at = order == Order::Early ? b : blocks - 1 - b;
-        state.block_idx = {at % grid.x, at / grid.x % grid.y, at / (grid.x * grid.y)};
-        state.block_arrived = 0;
-        // Garbage, as the hardware's is: a kernel must not read what it did not write.
-        std::memset(shared, 0xa5, shared_bytes);
-        for (unsigned i = 0; i < n; ++i) {
+    state.shared_given = shared_bytes;
+    state.blocks.clear();
+    state.blocks.resize(side);
+    for (Block &b : state.blocks) b.shared.reset(new unsigned char[shared_bytes + 16]);
+    state.threads.assign(size_t(n) * side, Thread{});
+    while (state.stacks.size() < state.threads.size())
+        state.stacks.emplace_back(new char[STACK]);
+    const bool early = order == Order::Early;
+    const unsigned tiles = grid.x * grid.y;
+    for (unsigned k = 0; k < tiles; ++k) {
+        // In order for `Early`, the other way for `Late`.
+        const unsigned tile = early ? k : tiles - 1 - k;
+        for (unsigned z = 0; z < side; ++z) {
+            Block &b = state.blocks[z];
+            b.idx = {tile % grid.x, tile / grid.x, z};
+            b.arrived = b.turn = 0;
+            b.warps.assign((n + 31) / 32, Warp{});
+            b.aside = false;
+            // Garbage, as the hardware's is: a kernel must not read what it did not write.
+            std::memset(b.shared.get(), 0xa5, shared_bytes);
+        }
+        state.written.clear();
+        for (unsigned i = 0; i < n * side; ++i) {
             Thread &t = state.threads[i];
             t = Thread{};
-            t.idx = {i % block.x, i / block.x % block.y, i / (block.x * block.y)};
-            state.stacks[i].resize(256 * 1024);
+            const unsigned j = i % n;
+            t.block = i / n;
+            t.idx = {j % block.x, j / block.x % block.y, j / (block.x * block.y)};
             getcontext(&t.ctx);
-            t.ctx.uc_stack.ss_sp = state.stacks[i].data();
-            t.ctx.uc_stack.ss_size = state.stacks[i].size();
+            t.ctx.uc_stack.ss_sp = state.stacks[i].get();
+            t.ctx.uc_stack.ss_size = STACK;
             t.ctx.uc_link = nullptr;
             makecontext(&t.ctx, start, 0);
         }
-        for (;;) {
+        for (unsigned round = 0;; ++round) {
             bool all_done = true;
             const unsigned long before = state.progress;
-            // A warp at a time, as far as it goes (to a barrier of the block, or its
-            // end) before the next: so that a warp that may run ahead of the others
-            // does, and a barrier missing between them shows.
+            // The tile's blocks in turn, in alternating order from round to round (so that
+            // the block that reaches a point last goes on first); in each, a warp at a time
+            // as far as it goes (to a barrier of the block, its end, or an atomic, after
+            // which its block stands aside) before the next.
+            const bool forward = early == (round % 2 == 0);
             const unsigned warps = (n + 31) / 32;
-            for (unsigned k = 0; k < warps; ++k) {
-                const unsigned w = order == Order::Early ? k : warps - 1 - k;
-                for (unsigned long went = ~0ul; went != state.progress;) {
-                    went = state.progress;
-                    for (unsigned i = 32 * w; i < 32 * w + 32 && i < n; ++i) {
-                        Thread &t = state.threads[i];
-                        if (t.done) continue;
-                        all_done = false;
-                        state.current = &t;
-                        swapcontext(&state.scheduler, &t.ctx);
-                        if (t.done) ++state.progress;
+            for (unsigned kb = 0; kb < side; ++kb) {
+                const unsigned bz = forward ? kb : side - 1 - kb;
+                Block &blk = state.blocks[bz];
+                blk.aside = false;
+                for (unsigned kw = 0; kw < warps && !blk.aside; ++kw) {
+                    const unsigned w = early ? kw : warps - 1 - kw;
+                    for (unsigned long went = ~0ul; went != state.progress && !blk.aside;) {
+                        went = state.progress;
+                        for (unsigned i = 32 * w; i < 32 * w + 32 && i < n; ++i) {
+                            Thread &t = state.threads[bz * n + i];
+                            if (t.done) continue;
+                            all_done = false;
+                            state.current = &t;
+                            swapcontext(&state.scheduler, &t.ctx);
+                            if (t.done) ++state.progress;
+                        }
                     }
                 }
             }
@@ -198,18 +234,28 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
     state.current = nullptr;
 }
 
+// Where two blocks of a tile (of a split sum) store the same output: an error, only the one
+// that sums the parts may.
+inline void wrote(const void *p) {
+    if (state.blocks.size() < 2) return;
+    const auto [at, added] = state.written.emplace(p, state.current->block);
+    if (!added && at->second != state.current->block)
+        fail("two blocks of a launch write the same output");
+}
+
 // Waits for every thread of the block (threads that have returned count as arrived).
 inline void syncthreads() {
-    const unsigned turn = state.block_turn;
+    Block &b = current_block();
+    const unsigned turn = b.turn, n = threads_per_block();
     unsigned live = 0;
-    for (auto &t : state.threads) live += !t.done;
+    for (unsigned i = 0; i < n; ++i) live += !state.threads[state.current->block * n + i].done;
     ++state.progress;
-    if (++state.block_arrived == live) {
-        state.block_arrived = 0;
-        ++state.block_turn;
+    if (++b.arrived == live) {
+        b.arrived = 0;
+        ++b.turn;
         return;
     }
-    while (state.block_turn == turn) yield();
+    while (b.turn == turn) yield();
 }
 
 // This thread gives `mine` to its warp's instruction and waits for the other 31 lanes; the
@@ -219,7 +265,7 @@ inline void syncthreads() {
 template <typename Finish>
 inline const Lane &warp_exchange(const Lane &mine, Finish finish) {
     const unsigned i = thread_index(state.current);
-    Warp &w = state.warps[i / 32];
+    Warp &w = current_block().warps[i / 32];
     const unsigned turn = w.turn;
     Lane *set = w.lanes[turn & 1];
     set[i % 32] = mine;
@@ -310,7 +356,7 @@ inline void cp_async_wait(int n) {
 }  // namespace emu
 
 #define threadIdx (emu::state.current->idx)
-#define blockIdx (emu::state.block_idx)
+#define blockIdx (emu::current_block().idx)
 #define blockDim (emu::state.block)
 #define gridDim (emu::state.grid)
 #define __syncthreads() emu::syncthreads()
@@ -328,13 +374,15 @@ struct alignas(16) int4 {
     int x, y, z, w;
 };
 
-// Blocks run one after the other, so a fence has nothing to order and an atomic nothing to
-// race with (each block still sees the others' writes only in the order the emulator runs
-// them, which `Order` reverses).
+// Each memory access happens as the thread makes it, so a fence has nothing to order; an
+// atomic sets its block aside until the next round, so that the tile's other blocks get on.
 inline void __threadfence() {}
 inline unsigned atomicAdd(unsigned *at, unsigned v) {
     const unsigned old = *at;
     *at = old + v;
+    ++emu::state.progress;
+    emu::current_block().aside = true;
+    emu::yield();
     return old;
 }
 inline int4 __ldcg(const int4 *at) { return *at; }
@@ -345,7 +393,7 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __expf(float x) { return std::exp(x); }
 inline unsigned __cvta_generic_to_shared(const void *p) {
-    return unsigned(static_cast<const unsigned char *>(p) - emu::shared);
+    return unsigned(static_cast<const unsigned char *>(p) - emu::block_shared());
 }
 
 namespace emu {

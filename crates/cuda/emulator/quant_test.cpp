@@ -78,6 +78,7 @@ struct Case {
     bool bias, residual, y_int8, misaligned;
     bool zero_pixels = false;  // every third input pixel 0, so that whole sums are 0
     bool copy = false;         // y also written in int8 (`Conv8::y8`), beside the plan's type
+    bool zero_y_scale = false;  // the int8 output's scale 0 (all zeros in calibration): 0s
     int oh() const { return (h + 2 * ph - dh * (kh - 1) - 1) / sh + 1; }
     int ow() const { return (w + 2 * pw - dw * (kw - 1) - 1) / sw + 1; }
     long long rows() const { return (long long)images * oh() * ow(); }
@@ -206,7 +207,7 @@ int run(const Case &k, int &ways) {
         bias.as<T>()[j] = to_t(uniform(-1.f, 1.f));
     }
     for (size_t i = 0; i < outputs; ++i) z.as<T>()[i] = to_t(uniform(-2.f, 2.f));
-    const float x_scale = 3.f / 127.f, y_scale = 2.5f / 127.f;
+    const float x_scale = 3.f / 127.f, y_scale = k.zero_y_scale ? 0.f : 2.5f / 127.f;
     const T *bias_p = k.bias ? bias.as<T>() : nullptr;
     const T *z_p = k.residual ? z.as<T>() : nullptr;
 
@@ -290,6 +291,8 @@ int main() {
          1, 1, 1, -1.5f, ACT_NONE, false, false, false, false, true},
         {"1x1 16->136, 24x24 (several blocks of 256 rows), residual", 1, 24, 24, 16, 136, 1, 1,
          0, 0, 1, 1, 1, 1, 1.f, ACT_RELU, true, true, false, false},
+        {"3x3 48->72, int8 out at a scale of 0", 1, 7, 9, 48, 72, 3, 3, 1, 1, 1,
+         1, 1, 1, 1.f, ACT_NONE, true, false, true, false, false, false, true},
         {"1x1 64->56, misaligned int8 output", 1, 9, 15, 64, 56, 1, 1, 0, 0, 1, 1, 1, 1, 1.f,
          ACT_NONE, true, false, true, true},
     };

@@ -34,6 +34,24 @@ __device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned 
     return (__umulhi(n, mul) + n) >> shift;
 }
 
+// The emulator's record of a store to the output at `p`, so that it fails where two blocks of
+// a launch write the same outputs; nothing on a GPU.
+#if defined(TRTCLASSIFY_EMULATOR)
+#define WROTE(p) emu::wrote(p)
+#else
+#define WROTE(p)
+#endif
+
+// The block's dynamic shared memory (as much as its launch gave).
+__device__ __forceinline__ unsigned char *dynamic_shared() {
+#if defined(TRTCLASSIFY_EMULATOR)
+    return emu::block_shared();
+#else
+    extern __shared__ __align__(16) unsigned char shared_bytes[];
+    return shared_bytes;
+#endif
+}
+
 // 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
 // on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {

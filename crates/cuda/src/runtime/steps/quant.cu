@@ -282,6 +282,7 @@ __device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const fl
         unsigned char *y8 =
             (p.y_int8 ? reinterpret_cast<unsigned char *>(y) : reinterpret_cast<unsigned char *>(p.y8)) +
             at;
+        WROTE(y8);
         if (pairs) {
             *reinterpret_cast<unsigned short *>(y8) = (unsigned short)(b[0] | b[1] << 8);
         } else {
@@ -291,6 +292,7 @@ __device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const fl
     }
     if (!p.y_int8) {
         T *yt = reinterpret_cast<T *>(y) + at;
+        WROTE(yt);
         if (pairs) {
             *reinterpret_cast<C8Pair *>(yt) = out;
         } else {
@@ -310,7 +312,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     // the weights'.
     constexpr int STAGES = INT8_IN ? C8_STAGES_INT8_INPUT : C8_STAGES;
     constexpr int STAGE_BYTES = (C8_ROWS + COLS) * C8_STRIDE;
-    extern __shared__ __align__(16) unsigned char c8_shared[];
+    unsigned char *const c8_shared = dynamic_shared();
     auto a_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES; };
     auto b_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES + C8_ROWS * C8_STRIDE; };
     // Each warp's tiles of 8 channels, and their pairs (an ldmatrix.x4 loads two).
@@ -618,6 +620,7 @@ struct C8Eight {
             unsigned char *y8 = (p.y_int8 ? reinterpret_cast<unsigned char *>(y)
                                           : reinterpret_cast<unsigned char *>(p.y8)) +
                                 at;
+            WROTE(y8);
             if (vec) {
                 *reinterpret_cast<uint2 *>(y8) = make_uint2(lo, hi);
             } else {
@@ -628,6 +631,7 @@ struct C8Eight {
         }
         if (!p.y_int8) {
             T *yt = reinterpret_cast<T *>(y) + at;
+            WROTE(yt);
             if (vec) {
 #pragma unroll
                 for (int k = 0; k < 8; k += VEC)
@@ -710,7 +714,7 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
     constexpr int THREADS = 32 * WARPS_M * WARPS_N, BM = 64 * WARPS_M, BN = 64 * WARPS_N;
     constexpr int STAGES = C8_STAGES_INT8_INPUT, STAGE_BYTES = (BM + BN) * C8_STRIDE;
     static_assert(THREADS == C8_WIDE_THREADS, "abi.rs launches the wide kernels so");
-    extern __shared__ __align__(16) unsigned char c8_shared[];
+    unsigned char *const c8_shared = dynamic_shared();
     auto a_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES; };
     auto b_tile = [&](int stage) { return c8_shared + stage * STAGE_BYTES + BM * C8_STRIDE; };
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

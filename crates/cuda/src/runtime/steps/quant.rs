@@ -356,6 +356,9 @@ impl EightBit {
     /// The bytes of the parts of the sums that `kernel` keeps where it splits the summed
     /// dimension on a GPU of `sm_count` SMs (a slot of ints a block), or 0.
     fn part_bytes(&self, kernel: EightBitKernel, sm_count: usize) -> usize {
+        if self.quant.format != QuantFormat::Int8 {
+            return 0;
+        }
         match (self.splits(kernel, sm_count), kernel.wide_tile()) {
             ((splits, _), Some(tile)) if splits > 1 => {
                 let tiles = self.wide_tiles(kernel).unwrap_or(0);

@@ -105,7 +105,7 @@ struct Block {
     Dim3 idx;
     unsigned arrived = 0, turn = 0;
     std::vector<Warp> warps;
-    std::unique_ptr<unsigned char[]> shared;
+    std::unique_ptr<unsigned char[]> shared;  // 16-byte aligned (new[]), as the kernels need
     bool aside = false;  // stood aside after an atomic, until the next round
 };
 

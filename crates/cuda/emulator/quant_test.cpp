@@ -293,6 +293,8 @@ int main() {
          0, 0, 1, 1, 1, 1, 1.f, ACT_RELU, true, true, false, false},
         {"3x3 48->72, int8 out at a scale of 0", 1, 7, 9, 48, 72, 3, 3, 1, 1, 1,
          1, 1, 1, 1.f, ACT_NONE, true, false, true, false, false, false, true},
+        {"1x1 32->40, residual, an int8 copy at a scale of 0", 2, 5, 7, 32, 40, 1, 1, 0, 0, 1,
+         1, 1, 1, 1.f, ACT_RELU, true, true, false, false, false, true, true},
         {"1x1 64->56, misaligned int8 output", 1, 9, 15, 64, 56, 1, 1, 0, 0, 1, 1, 1, 1, 1.f,
          ACT_NONE, true, false, true, true},
     };

@@ -151,9 +151,10 @@ pub struct Runtime {
     /// blocks have summed their part (0 between launches: the last resets it).
     own_arrived: CudaSlice<u32>,
     /// Two slots for the int8 copies of values that several steps read (`int8_copies` in
-    /// steps/quant.rs), sized once every plan is prepared, to `int8_copy_bytes`.
+    /// steps/quant.rs), sized once every plan is prepared, each to what its copies need
+    /// (`int8_copy_bytes`; 1 byte where none uses it).
     int8_copies: [CudaSlice<u8>; 2],
-    int8_copy_bytes: usize,
+    int8_copy_bytes: [usize; 2],
     /// Ones, one per row of the largest FP8 step: the scales of its patches in products
     /// whose epilogue scales each output channel (`GemmDescs::scaled_fp8`).
     ones: CudaSlice<f32>,
@@ -390,7 +391,7 @@ impl Runtime {
             sums,
             own_arrived,
             int8_copies: [alloc_bytes(&stream, 1)?, alloc_bytes(&stream, 1)?],
-            int8_copy_bytes: 0,
+            int8_copy_bytes: [0; 2],
             ones,
             unquantized: Vec::new(),
             input,
@@ -473,9 +474,10 @@ impl Runtime {
                 .alloc_zeros::<u8>(sums)
                 .map_err(Error::driver("8-bit sums allocation"))?;
         }
-        if rt.int8_copy_bytes > 0 {
-            let bytes = rt.int8_copy_bytes;
-            rt.int8_copies = [alloc_bytes(&stream, bytes)?, alloc_bytes(&stream, bytes)?];
+        for (slot, bytes) in rt.int8_copy_bytes.into_iter().enumerate() {
+            if bytes > 0 {
+                rt.int8_copies[slot] = alloc_bytes(&stream, bytes)?;
+            }
         }
         for i in 0..rt.plans.len() {
             rt.capture(i)?;
@@ -697,7 +699,9 @@ impl Runtime {
     }
 
     /// How many values the plans' int8 steps pass to each other in int8, where the engine's
-    /// own kernel runs both the step that writes one and the one step that reads it.
+    /// own kernel runs the step that writes one and the steps that read it as their input:
+    /// in place of the plan's type where one step reads it, beside it where others read it
+    /// too.
     pub fn int8_passes(&self) -> usize {
         self.int8_passes
     }

@@ -98,7 +98,7 @@ impl Runtime {
             .count();
         if own > 0 {
             log::debug!(target: trtclassify_compiler::LOG_TARGET,
-                "batch size {}: {own} int8 steps in the engine's own kernel, {passed} values passed between them in int8",
+                "batch size {}: {own} int8 steps in the engine's own kernel, {passed} values passed between them in int8 (alone or beside the plan's type)",
                 plan.batch);
         }
         self.int8_passes += passed;

@@ -623,7 +623,7 @@ impl Runtime {
                     own.int8_from = Some(slot);
                 }
             }
-            self.int8_copy_bytes = self.int8_copy_bytes.max(writer.rows * writer.n);
+            self.int8_copy_bytes[slot] = self.int8_copy_bytes[slot].max(writer.rows * writer.n);
             passed += 1;
         }
         passed
@@ -696,10 +696,12 @@ impl Runtime {
             y_scale: (own.int8_output.or(own.int8_copy.map(|(_, scale)| scale))).unwrap_or(0.0),
             splits: i(splits),
             split_chunks: i(split_chunks),
+            // A slot's start: aligned for the kernels' 8- and 16-byte stores.
             y8: own
                 .int8_copy
                 .map_or(0, |(slot, _)| self.ptr_u8(&self.int8_copies[slot])),
         };
+        debug_assert!(p.y8.is_multiple_of(16));
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
         let bias = e.bias.map_or(0u64, |b| self.ptr(b));
         let z = e.residual.map_or(0u64, |z| self.ptr(z));
@@ -785,11 +787,13 @@ fn takes_as_input(step: &Step, out: (i128, i128)) -> bool {
 
 /// The values that a step of the engine's own kernel (`own`, parallel to `steps`) may write
 /// a second time in int8, beside the plan's type, for the own steps that read all of it as
-/// their input at one scale (`scales`: each 8-bit step's input scale), where other steps read
-/// it too (as a residual, in the plan's type), so that it cannot pass in int8 alone
-/// (`int8_chains`): the writer, those readers, and the slot of `Runtime::int8_copies` the copy
-/// goes in. A slot holds a copy from its writer to its last reader; two, so that a copy may be
-/// written before the last reader of the one before has run.
+/// their input at one scale (`scales`: each 8-bit step's input scale), where it has more than
+/// one reader, so that it cannot pass in int8 alone (`int8_chains`): the writer, those
+/// readers, and the slot of `Runtime::int8_copies` the copy goes in. The plan's type is
+/// written too, for the readers that take it so (a residual); where every reader takes the
+/// copy (a stage's first block: its first product and its downsampling) it is written for
+/// none, which costs a write. A slot holds a copy from its writer to its last reader; two, so
+/// that a copy may be written before the last reader of the one before has run.
 fn int8_copies(
     steps: &[Step],
     own: &[bool],

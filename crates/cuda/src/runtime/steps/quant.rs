@@ -1070,6 +1070,89 @@ mod tests {
         );
     }
 
+    /// A 4 × 16 · 16 × 16 int8 product of the arena's values at `x` (and the residual at
+    /// `residual`) into `y`.
+    fn product_at(x: usize, y: usize, residual: Option<usize>) -> Step {
+        Step::Gemm(GemmStep {
+            batch: 1,
+            alpha: 1.0,
+            rows: 4,
+            n: 16,
+            k: 16,
+            x: Loc::Arena(x),
+            x_batch: 0,
+            w: Loc::Weight {
+                index: 0,
+                offset: 0,
+            },
+            w_transposed: true,
+            bias: None,
+            residual: residual.map(Loc::Arena),
+            act: Act::None,
+            y: Loc::Arena(y),
+            y_batch: 0,
+            quant: Some(Quant {
+                format: QuantFormat::Int8,
+                x_scale: 0.5,
+                w_scales: Loc::Weight {
+                    index: 1,
+                    offset: 0,
+                },
+                algo: None,
+                kernel: None,
+            }),
+            algo: None,
+        })
+    }
+
+    #[test]
+    fn int8_copies_take_a_free_slot_and_hold_it_to_their_last_reader() {
+        let copies = |steps: &[Step], scales: &[f32]| {
+            let own = vec![true; steps.len()];
+            let scales: Vec<Option<f32>> = scales.iter().map(|&s| Some(s)).collect();
+            int8_copies(steps, &own, &scales)
+        };
+        // a block's output (100) read as input by the next product and as its residual; that
+        // product's output (300) the same: each copy frees slot 0 before the next needs it,
+        // and the second's writer reads the first copy.
+        let steps = [
+            product_at(0, 100, None),
+            product_at(100, 200, None),
+            product_at(200, 300, Some(100)),
+            product_at(300, 400, None),
+            product_at(400, 500, Some(300)),
+        ];
+        assert_eq!(
+            copies(&steps, &[0.5; 5]),
+            [(0, vec![1], 0), (2, vec![3], 0)]
+        );
+        // Three values written before any is read: two slots, so the third is not copied.
+        let steps = [
+            product_at(0, 100, None),
+            product_at(0, 300, None),
+            product_at(0, 800, None),
+            product_at(100, 400, None),
+            product_at(300, 500, None),
+            product_at(800, 900, None),
+            product_at(400, 600, Some(100)),
+            product_at(500, 700, Some(300)),
+            product_at(900, 1000, Some(800)),
+        ];
+        assert_eq!(
+            copies(&steps, &[0.5; 9]),
+            [(0, vec![3], 0), (1, vec![4], 1)]
+        );
+        // Two readers at different scales: the copy is at the first's, for it alone.
+        let steps = [
+            product_at(0, 100, None),
+            product_at(100, 200, None),
+            product_at(100, 300, None),
+            product_at(200, 400, Some(100)),
+        ];
+        assert_eq!(copies(&steps, &[0.5, 0.5, 0.25, 0.5]), [(0, vec![1], 0)]);
+        assert_eq!(copies(&steps, &[0.5; 4]), [(0, vec![1, 2], 0)]);
+    }
+
     #[test]
     fn large_weights_are_rounded_in_parts_as_in_one() {
         // 1024 × 1024 weights: past the size from which the channels are spread over threads.

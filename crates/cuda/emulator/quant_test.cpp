@@ -147,7 +147,7 @@ void own(const Case &k, const Way &way, emu::Order order, const T *x, float x_sc
     p.y8 = k.copy ? reinterpret_cast<unsigned long long>(y8) : 0;
     // A split way's parts: 3, or as many as there are chunks of 64 (the runtime's own
     // choice depends on the GPU).
-    const int chunks = (k.summed() + 63) / 64;
+    const int chunks = (k.summed() + C8_CHUNK - 1) / C8_CHUNK;
     p.splits = way.split ? std::min(3, chunks) : 1;
     p.split_chunks = (chunks + p.splits - 1) / p.splits;
     p.splits = (chunks + p.split_chunks - 1) / p.split_chunks;

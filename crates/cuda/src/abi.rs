@@ -33,10 +33,13 @@ pub const OWN_THREADS: usize = 256;
 /// rounds its input as it reads it (`C8_STAGES_INT8_INPUT`, `C8_STAGES`).
 pub const OWN_STAGES_INT8_INPUT: usize = 4;
 pub const OWN_STAGES: usize = 2;
+/// The own int8 kernel's chunk of the summed dimension: what a stage holds of a row
+/// (`C8_CHUNK`).
+pub const OWN_CHUNK: usize = 64;
 /// The bytes of a row of a chunk of the own int8 kernel in shared memory: 64 and 16 of
 /// padding, so that the 8 rows an ldmatrix reads fall on 8 different groups of banks
 /// (`C8_STRIDE`).
-pub const OWN_STRIDE: usize = 80;
+pub const OWN_STRIDE: usize = OWN_CHUNK + 16;
 
 /// The threads of a block of the own int8 kernel in warps of 64 × 64 outputs
 /// (`C8_WIDE_THREADS`: `conv8_wide_*`, four warps whatever their block's shape).
@@ -125,6 +128,7 @@ pub fn prelude() -> String {
         ("C8_STAGES_INT8_INPUT", OWN_STAGES_INT8_INPUT),
         ("C8_STAGES", OWN_STAGES),
         ("C8_STRIDE", OWN_STRIDE),
+        ("C8_CHUNK", OWN_CHUNK),
     ] {
         s += &format!("#define {name} {value}\n");
     }

@@ -205,7 +205,6 @@ static_assert(sizeof(Conv8) == 120, "struct Conv8 no longer matches Conv8Params 
 
 // C8_ROWS and C8_THREADS come from abi.rs: the launch's grid and block.
 static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 across");
-#define C8_CHUNK 64
 // C8_STRIDE (abi.rs): a row of a chunk in shared memory, 64 bytes and 16 of padding, so that
 // the 8 rows an ldmatrix reads fall on 8 different 16-byte groups of banks.
 static_assert(C8_STRIDE == C8_CHUNK + 16, "a chunk's row and its padding");
@@ -236,6 +235,50 @@ __device__ __forceinline__ void c8_mma(int (&acc)[4], const unsigned (&a)[4], un
         : "+r"(acc[0]), "+r"(acc[1]), "+r"(acc[2]), "+r"(acc[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// A warp's two tiles of 8 output channels from col0 on, for k-step `ks` of the chunk's
+// weights in shared memory `bs`: bytes 0-15 then 16-31 of each (m16n8k32's b0-b7), by one
+// ldmatrix.x4.
+__device__ __forceinline__ void c8_weight_tiles(unsigned (&b0)[2], unsigned (&b1)[2],
+                                                const unsigned char *bs, int col0, int ks,
+                                                int lane) {
+    const int col = col0 + (lane & 7) + ((lane >> 4) << 3);
+    unsigned d[4];
+    c8_ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
+    b0[0] = d[0];
+    b0[1] = d[1];
+    b1[0] = d[2];
+    b1[1] = d[3];
+}
+
+// The chunks of an int8 input, all copied by cp.async (`start(stage, chunk)` issues and
+// commits one chunk's copies) in STAGES stages of shared memory, STAGES − 1 chunks in flight
+// while the warps multiply one (`multiply(stage)`).
+template <int STAGES, typename Start, typename Multiply>
+__device__ __forceinline__ void c8_pipeline(int chunks, Start start, Multiply multiply) {
+#pragma unroll
+    for (int chunk = 0; chunk < STAGES - 1; ++chunk) {
+        if (chunk < chunks) start(chunk, chunk);
+        else cp_async_commit();  // an empty group, so that the waits below count alike
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        // This thread's copies of the chunk are in; after the barrier, every thread's, and
+        // no warp still multiplies the stage the chunk STAGES − 1 on goes into.
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int ahead = chunk + STAGES - 1;
+        if (ahead < chunks) start(ahead % STAGES, ahead);
+        else cp_async_commit();
+        multiply(chunk % STAGES);
+    }
+}
+
+// v, an output of the plan's type, as the step that reads it rounds it to int8 (`y_inv`:
+// 1 / p.y_scale); a scale of 0 (an input that was all zeros in calibration) reads 0, as
+// `fake` does.
+__device__ __forceinline__ unsigned c8_output_int8(float y_scale, float y_inv, T v) {
+    return y_scale > 0.f ? quantize_int8(ld(v), y_scale, y_inv) : 0u;
 }
 
 // The activation of `p`: ReLU and none inline, the others by a call, so that the epilogue's
@@ -274,11 +317,8 @@ __device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const fl
         out.v[k] = st(c8_act(p, v));
     }
     if (p.y_int8 || p.y8) {
-        // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
-        unsigned b[2] = {0u, 0u};
-        if (p.y_scale > 0.f)
-#pragma unroll
-            for (int k = 0; k < 2; ++k) b[k] = quantize_int8(ld(out.v[k]), p.y_scale, y_inv);
+        const unsigned b[2] = {c8_output_int8(p.y_scale, y_inv, out.v[0]),
+                               c8_output_int8(p.y_scale, y_inv, out.v[1])};
         unsigned char *y8 =
             (p.y_int8 ? reinterpret_cast<unsigned char *>(y) : reinterpret_cast<unsigned char *>(p.y8)) +
             at;
@@ -446,17 +486,10 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
                 const int row = wm * 32 + mi * 16 + (lane & 15);
                 c8_ldmatrix4(a[mi], as + row * C8_STRIDE + ks + (lane >> 4) * 16);
             }
-            // B: two tiles of 8 channels at once, each bytes 0-15 then 16-31 (b0-b7).
+            // B: two tiles of 8 channels at once.
 #pragma unroll
-            for (int nj = 0; nj < NJ; ++nj) {
-                const int col = wn * (COLS / 2) + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                unsigned d[4];
-                c8_ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
-                b[2 * nj][0] = d[0];
-                b[2 * nj][1] = d[1];
-                b[2 * nj + 1][0] = d[2];
-                b[2 * nj + 1][1] = d[3];
-            }
+            for (int nj = 0; nj < NJ; ++nj)
+                c8_weight_tiles(b[2 * nj], b[2 * nj + 1], bs, wn * (COLS / 2) + nj * 16, ks, lane);
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -465,22 +498,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     };
 
     if (INT8_IN) {
-        // All copied by cp.async: STAGES − 1 chunks in flight while the warps multiply one.
-#pragma unroll
-        for (int chunk = 0; chunk < STAGES - 1; ++chunk) {
-            if (chunk < chunks) start_chunk(chunk, chunk);
-            else cp_async_commit();  // an empty group, so that the waits below count alike
-        }
-        for (int chunk = 0; chunk < chunks; ++chunk) {
-            // This thread's copies of the chunk are in; after the barrier, every thread's, and
-            // no warp still multiplies the stage the chunk STAGES − 1 on goes into.
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();
-            const int ahead = chunk + STAGES - 1;
-            if (ahead < chunks) start_chunk(ahead % STAGES, ahead);
-            else cp_async_commit();
-            multiply(chunk % STAGES);
-        }
+        c8_pipeline<STAGES>(chunks, start_chunk, multiply);
     } else {
         // An input of the plan's type: the next chunk fetched into registers while the warps
         // multiply this one, rounded into shared memory after.
@@ -608,15 +626,13 @@ struct C8Eight {
         }
         const long long at = (long long)row * p.n + j;
         if (p.y_int8 || p.y8) {
-            // A scale of 0 (an input that was all zeros in calibration) reads 0, as `fake` does.
             unsigned lo = 0u, hi = 0u;
-            if (p.y_scale > 0.f)
 #pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const unsigned b = quantize_int8(ld(out[k]), p.y_scale, y_inv);
-                    if (k < 4) lo |= b << (8 * k);
-                    else hi |= b << (8 * (k - 4));
-                }
+            for (int k = 0; k < 8; ++k) {
+                const unsigned b = c8_output_int8(p.y_scale, y_inv, out[k]);
+                if (k < 4) lo |= b << (8 * k);
+                else hi |= b << (8 * (k - 4));
+            }
             unsigned char *y8 = (p.y_int8 ? reinterpret_cast<unsigned char *>(y)
                                           : reinterpret_cast<unsigned char *>(p.y8)) +
                                 at;
@@ -789,15 +805,8 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
         for (int ks = 0; ks < C8_CHUNK; ks += 32) {
             unsigned b[8][2];
 #pragma unroll
-            for (int nj = 0; nj < 4; ++nj) {
-                const int col = wn * 64 + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                unsigned d[4];
-                c8_ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
-                b[2 * nj][0] = d[0];
-                b[2 * nj][1] = d[1];
-                b[2 * nj + 1][0] = d[2];
-                b[2 * nj + 1][1] = d[3];
-            }
+            for (int nj = 0; nj < 4; ++nj)
+                c8_weight_tiles(b[2 * nj], b[2 * nj + 1], bs, wn * 64 + nj * 16, ks, lane);
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi) {
                 unsigned a[4];
@@ -809,21 +818,7 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
         }
     };
 
-    // STAGES − 1 chunks in flight while the warps multiply one, as `conv8_body` with an int8
-    // input.
-#pragma unroll
-    for (int chunk = 0; chunk < STAGES - 1; ++chunk) {
-        if (chunk < chunks) start_chunk(chunk, chunk);
-        else cp_async_commit();
-    }
-    for (int chunk = 0; chunk < chunks; ++chunk) {
-        cp_async_wait<STAGES - 2>();
-        __syncthreads();
-        const int ahead = chunk + STAGES - 1;
-        if (ahead < chunks) start_chunk(ahead % STAGES, ahead);
-        else cp_async_commit();
-        multiply(chunk % STAGES);
-    }
+    c8_pipeline<STAGES>(chunks, start_chunk, multiply);
 
     // The epilogue, through shared memory: the warps' sums into a tile of the block's rows
     // (the stages are free once every copy is in and every warp is past its products), then

@@ -21,8 +21,8 @@ use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
 use crate::abi::{
-    Conv8Params, ConvShape, OWN_ROWS, OWN_SPLIT_TILES, OWN_THREADS, OWN_WIDE_THREADS, PatchParams,
-    act_params, divider, own_shared_bytes,
+    Conv8Params, ConvShape, OWN_CHUNK, OWN_ROWS, OWN_SPLIT_TILES, OWN_THREADS, OWN_WIDE_THREADS,
+    PatchParams, act_params, divider, own_shared_bytes,
 };
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
@@ -333,7 +333,7 @@ impl EightBit {
         kernel: EightBitKernel,
         sm_count: usize,
     ) -> (usize, usize) {
-        let chunks = self.summed().div_ceil(64).max(1);
+        let chunks = self.summed().div_ceil(OWN_CHUNK).max(1);
         let (EightBitKernel::OwnWideSplit(_), Some(tiles)) = (kernel, self.wide_tiles(kernel))
         else {
             return (1, chunks);

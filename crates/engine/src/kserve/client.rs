@@ -51,10 +51,11 @@ pub(crate) struct Client {
     pub(crate) options: ServerOptions,
 }
 
-/// An answer on its way: the task that waits for it, and where it arrives.
+/// An answer on its way: the task that waits for it, and where it arrives with the instant
+/// it came.
 pub(crate) struct Pending<T> {
     task: tokio::task::JoinHandle<()>,
-    answer: std::sync::mpsc::Receiver<T>,
+    answer: std::sync::mpsc::Receiver<(T, Instant)>,
 }
 
 impl<T> Pending<T> {
@@ -62,6 +63,12 @@ impl<T> Pending<T> {
     /// is a plain channel's, not the runtime's `block_on`, which panics when the caller is
     /// itself inside a tokio runtime (an application that drives GStreamer from async code).
     pub(crate) fn wait(self) -> Option<T> {
+        self.wait_timed().map(|(answer, _)| answer)
+    }
+
+    /// Waits for the answer, as `wait`, and the instant it came: an answer may be read
+    /// long after (the element collects it when a later batch needs its place).
+    pub(crate) fn wait_timed(self) -> Option<(T, Instant)> {
         self.answer.recv().ok()
     }
 
@@ -114,7 +121,8 @@ impl Client {
         let (sender, answer) = std::sync::mpsc::channel();
         let runtime = self.runtime.as_ref().expect("taken only by drop");
         let task = runtime.spawn(async move {
-            let _ = sender.send(f.await);
+            let answer = f.await;
+            let _ = sender.send((answer, Instant::now()));
         });
         Pending { task, answer }
     }

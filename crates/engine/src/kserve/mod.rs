@@ -228,18 +228,44 @@ fn compare(remote: &RemoteModel, local: &OnnxModel, local_input: InputSpec) -> R
     Ok(())
 }
 
-/// A request on the wire, in push order: its items, and its answer when it comes (`None`:
-/// not sent, the server being away; its items get no scores).
+/// A request on the wire, in push order: its items, when it was sent, and its answer when it
+/// comes (`None`: not sent, the server being away; its items get no scores).
 struct InFlight {
     items: usize,
+    sent: Instant,
     answer: Option<Pending<Result<ModelInferResponse, String>>>,
 }
 
-/// A server that did not answer: when it is tried again, and the pause after that.
+/// A server that did not answer: when it is tried again, and the pause before that.
 #[derive(Debug)]
 struct Outage {
     retry_at: Instant,
     pause: Duration,
+}
+
+impl Outage {
+    /// The outage after a request sent at `sent` failed at `at`, `self` being the one known
+    /// before (if any). Only a request sent to try the server again (at or past `retry_at`)
+    /// doubles the pause; those on the wire when the server went away fail in their turn
+    /// and leave it as it is. The pause counts from the failure, not from when the element
+    /// collects it, which may be much later (a stream that paused): collected late, it must
+    /// not keep the server away for a pause that has already passed.
+    fn after_failure(known: Option<&Outage>, sent: Instant, at: Instant) -> Outage {
+        let pause = match known {
+            None => FIRST_OUTAGE_PAUSE,
+            Some(o) if sent < o.retry_at => {
+                return Outage {
+                    retry_at: o.retry_at,
+                    pause: o.pause,
+                };
+            }
+            Some(o) => (o.pause * 2).min(LONGEST_OUTAGE_PAUSE),
+        };
+        Outage {
+            retry_at: at + pause,
+            pause,
+        }
+    }
 }
 
 /// The engine of `backend=kserve` (see the module's documentation).
@@ -422,7 +448,11 @@ impl KserveEngine {
             self.client.infer(request)
         });
         self.input.clear();
-        self.in_flight.push_back(InFlight { items: n, answer });
+        self.in_flight.push_back(InFlight {
+            items: n,
+            sent: Instant::now(),
+            answer,
+        });
     }
 
     /// Waits for the oldest request on the wire and keeps its scores (or, where it failed,
@@ -436,9 +466,9 @@ impl KserveEngine {
                 .extend(std::iter::repeat_n(Vec::new(), request.items));
             return;
         };
-        let answer = answer
-            .wait()
-            .unwrap_or_else(|| Err("the request was given up".into()));
+        let (answer, at) = answer
+            .wait_timed()
+            .unwrap_or_else(|| (Err("the request was given up".into()), Instant::now()));
         match answer.and_then(|response| self.scores(&response, request.items)) {
             Ok(scores) => {
                 if self.outage.take().is_some() {
@@ -447,27 +477,23 @@ impl KserveEngine {
                 self.ran.extend(scores);
             }
             Err(e) => {
-                self.failed(&e);
+                self.failed(&e, request.sent, at);
                 self.ran
                     .extend(std::iter::repeat_n(Vec::new(), request.items));
             }
         }
     }
 
-    /// A request failed with `problem`: the server is left alone for a while.
-    fn failed(&mut self, problem: &str) {
-        let pause = match &self.outage {
-            Some(o) => (o.pause * 2).min(LONGEST_OUTAGE_PAUSE),
-            None => FIRST_OUTAGE_PAUSE,
-        };
-        log::warn!(target: crate::LOG_TARGET, "kserve: {} model {}: {problem}; frames pass on unclassified, the server is tried again in {pause:.1?}",
+    /// A request sent at `sent` failed at `at` with `problem`: the server is left alone for
+    /// a while (see `Outage::after_failure`).
+    fn failed(&mut self, problem: &str, sent: Instant, at: Instant) {
+        let outage = Outage::after_failure(self.outage.as_ref(), sent, at);
+        let again = outage.retry_at.saturating_duration_since(Instant::now());
+        log::warn!(target: crate::LOG_TARGET, "kserve: {} model {}: {problem}; frames pass on unclassified, the server is tried again in {again:.1?}",
             self.client.options.url,
             self.client.options.model
         );
-        self.outage = Some(Outage {
-            retry_at: Instant::now() + pause,
-            pause,
-        });
+        self.outage = Some(outage);
     }
 
     /// The `items` score vectors of `response`.
@@ -624,6 +650,36 @@ mod tests {
             outputs: vec![output],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn an_outage_counts_from_the_failure_and_only_failed_retries_lengthen_it() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // The first failure: the first pause, from when it failed.
+        let first = Outage::after_failure(None, t0, t0 + ms(100));
+        assert_eq!(
+            (first.retry_at, first.pause),
+            (t0 + ms(100) + FIRST_OUTAGE_PAUSE, FIRST_OUTAGE_PAUSE)
+        );
+        // Requests on the wire before the server went away fail in their turn, however
+        // late: the outage stays as it was.
+        let late = Outage::after_failure(Some(&first), t0 + ms(50), t0 + ms(900));
+        assert_eq!((late.retry_at, late.pause), (first.retry_at, first.pause));
+        // A retry that fails doubles the pause, counted from its failure, not from when
+        // it is read.
+        let retry = Outage::after_failure(Some(&first), first.retry_at, first.retry_at + ms(10));
+        assert_eq!(retry.pause, FIRST_OUTAGE_PAUSE * 2);
+        assert_eq!(
+            retry.retry_at,
+            first.retry_at + ms(10) + FIRST_OUTAGE_PAUSE * 2
+        );
+        // Up to the longest pause.
+        let mut outage = retry;
+        for _ in 0..8 {
+            outage = Outage::after_failure(Some(&outage), outage.retry_at, outage.retry_at);
+        }
+        assert_eq!(outage.pause, LONGEST_OUTAGE_PAUSE);
     }
 
     #[test]

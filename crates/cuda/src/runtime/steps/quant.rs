@@ -590,17 +590,23 @@ impl Runtime {
         let own: Vec<bool> = (prepared.iter())
             .map(|p| matches!(p, Prepared::OwnEightBit(_)))
             .collect();
+        let scales: Vec<Option<f32>> = (steps.iter())
+            .map(|s| EightBit::of(s).map(|e| e.quant.x_scale))
+            .collect();
         let mut passed = 0;
-        for (w, r) in int8_chains(steps, &own) {
-            let Some(reader) = EightBit::of(&steps[r]) else {
+        for (w, readers) in int8_chains(steps, &own, &scales) {
+            // Every reader takes all of the value as its input, so its first byte.
+            let Some(reader) = EightBit::of(&steps[readers[0]]) else {
                 continue;
             };
             // cp.async copies 16 aligned bytes.
             if !self.ptr(reader.x).is_multiple_of(16) {
                 continue;
             }
-            if let Prepared::OwnEightBit(own) = &mut prepared[r] {
-                own.int8_input = true;
+            for &r in &readers {
+                if let Prepared::OwnEightBit(own) = &mut prepared[r] {
+                    own.int8_input = true;
+                }
             }
             if let Prepared::OwnEightBit(own) = &mut prepared[w] {
                 own.int8_output = Some(reader.quant.x_scale);
@@ -608,9 +614,6 @@ impl Runtime {
             passed += 1;
         }
         // The values others read too: a copy in int8 for the own steps that take them as input.
-        let scales: Vec<Option<f32>> = (steps.iter())
-            .map(|s| EightBit::of(s).map(|e| e.quant.x_scale))
-            .collect();
         for (w, readers, slot) in int8_copies(steps, &own, &scales) {
             let (Some(writer), Some(scale)) = (EightBit::of(&steps[w]), scales[readers[0]]) else {
                 continue;
@@ -733,31 +736,41 @@ impl Runtime {
     }
 }
 
-/// The pairs of steps of `steps` that may pass a value in int8, among those the engine's own
-/// kernel runs (`own`, parallel): the first writes it in the arena, and the second, a later
-/// step, is the only one that reads it before it is written over, reading all of it as its
-/// input and nothing else of it (not as its residual).
-fn int8_chains(steps: &[Step], own: &[bool]) -> Vec<(usize, usize)> {
-    let mut chains = Vec::new();
-    for (w, writer) in steps.iter().enumerate() {
-        if !own[w] {
-            continue;
-        }
-        let Some(out) = arena_range(writer.written()) else {
-            continue;
-        };
-        // Its int8 bytes would land on a residual it reads in the plan's type.
-        if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
-            continue;
-        }
-        let [r] = readers_of(steps, w, out)[..] else {
-            continue;
-        };
-        if own[r] && takes_as_input(&steps[r], out) {
-            chains.push((w, r));
-        }
+/// The steps of `steps` that may pass a value in int8, among those the engine's own kernel
+/// runs (`own`, parallel; `scales`: each 8-bit step's input scale): the writer, and its
+/// readers (`int8_readers`).
+fn int8_chains(steps: &[Step], own: &[bool], scales: &[Option<f32>]) -> Vec<(usize, Vec<usize>)> {
+    (0..steps.len())
+        .filter_map(|w| Some((w, int8_readers(steps, own, scales, w)?)))
+        .collect()
+}
+
+/// The readers of the value that step `w` writes in the arena, where it may write it in
+/// int8 alone: each later step that reads it before it is written over reads all of it as
+/// its input, nothing else of it (not as its residual), at one scale, and runs in the own
+/// kernel, as `w` does. One reader, or several: a stage's first block, whose first product
+/// and downsampling both take the stage's input.
+fn int8_readers(
+    steps: &[Step],
+    own: &[bool],
+    scales: &[Option<f32>],
+    w: usize,
+) -> Option<Vec<usize>> {
+    if !own[w] {
+        return None;
     }
-    chains
+    let writer = &steps[w];
+    let out = arena_range(writer.written())?;
+    // Its int8 bytes would land on a residual it reads in the plan's type.
+    if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
+        return None;
+    }
+    let readers = readers_of(steps, w, out);
+    let scale = |r: usize| scales[r].map(f32::to_bits);
+    let first = *readers.first()?;
+    (readers.iter())
+        .all(|&r| own[r] && takes_as_input(&steps[r], out) && scale(r) == scale(first))
+        .then_some(readers)
 }
 
 /// The steps after `w` that read any of `out` (its output's place in the arena) before it is
@@ -788,12 +801,11 @@ fn takes_as_input(step: &Step, out: (i128, i128)) -> bool {
 /// The values that a step of the engine's own kernel (`own`, parallel to `steps`) may write
 /// a second time in int8, beside the plan's type, for the own steps that read all of it as
 /// their input at one scale (`scales`: each 8-bit step's input scale), where it has more than
-/// one reader, so that it cannot pass in int8 alone (`int8_chains`): the writer, those
-/// readers, and the slot of `Runtime::int8_copies` the copy goes in. The plan's type is
-/// written too, for the readers that take it so (a residual); where every reader takes the
-/// copy (a stage's first block: its first product and its downsampling) it is written for
-/// none, which costs a write. A slot holds a copy from its writer to its last reader; two, so
-/// that a copy may be written before the last reader of the one before has run.
+/// one reader and cannot pass in int8 alone (`int8_readers`: some reader takes it in the
+/// plan's type, as a residual, or at another scale): the writer, those readers, and the slot
+/// of `Runtime::int8_copies` the copy goes in. A slot holds a copy from its writer to its
+/// last reader; two, so that a copy may be written before the last reader of the one before
+/// has run.
 fn int8_copies(
     steps: &[Step],
     own: &[bool],
@@ -810,7 +822,7 @@ fn int8_copies(
             continue;
         };
         let readers = readers_of(steps, w, out);
-        if readers.len() < 2 {
+        if readers.len() < 2 || int8_readers(steps, own, scales, w).is_some() {
             continue;
         }
         let takes_int8 = |&r: &usize| own[r] && takes_as_input(&steps[r], out);
@@ -1001,22 +1013,65 @@ mod tests {
         let steps = &plans[0].steps;
         // Every step that may be quantized taken as run by the own kernel.
         let own: Vec<bool> = steps.iter().map(|s| input_of(s).is_some()).collect();
-        let chains = int8_chains(steps, &own);
+        let scales: Vec<Option<f32>> = steps.iter().map(|_| Some(0.5)).collect();
+        let chains = int8_chains(steps, &own, &scales);
         let described: Vec<(String, String)> = (chains.iter())
-            .map(|&(w, r)| (steps[w].describe(), steps[r].describe()))
+            .map(|(w, r)| (steps[*w].describe(), steps[r[0]].describe()))
             .collect();
         // A 3×3 convolution into the next, and an MLP's GELU product into its second; not
         // the values also read as a residual, nor those read by several steps.
         assert_eq!(chains.len(), 2, "{described:?}");
         assert!(described[0].0.starts_with("conv") && described[0].1.starts_with("conv"));
         assert!(described[1].0.contains("Gelu") && described[1].1.starts_with("gemm"));
-        for &(w, r) in &chains {
-            assert_eq!(steps[r].spans()[0], steps[w].written(), "{described:?}");
+        for (w, readers) in &chains {
+            assert_eq!(readers.len(), 1, "{described:?}");
+            assert_eq!(
+                steps[readers[0]].spans()[0],
+                steps[*w].written(),
+                "{described:?}"
+            );
         }
         // A reader the own kernel does not run takes its input in the plan's type.
         let mut fewer = own.clone();
-        fewer[chains[0].1] = false;
-        assert_eq!(int8_chains(steps, &fewer), chains[1..]);
+        fewer[chains[0].1[0]] = false;
+        assert_eq!(int8_chains(steps, &fewer, &scales), chains[1..]);
+    }
+
+    #[test]
+    fn int8_passes_to_several_readers_where_each_takes_it_as_input_at_one_scale() {
+        let chains = |steps: &[Step], scales: &[f32]| {
+            let own = vec![true; steps.len()];
+            let scales: Vec<Option<f32>> = scales.iter().map(|&s| Some(s)).collect();
+            let chains = int8_chains(steps, &own, &scales);
+            (chains, int8_copies(steps, &own, &scales))
+        };
+        // A stage's first block: its input (100) read by its first product and by its
+        // downsampling, which the block's last product reads as its residual.
+        let steps = [
+            product_at(0, 100, None),
+            product_at(100, 200, None),
+            product_at(100, 300, None),
+            product_at(200, 400, Some(300)),
+        ];
+        let (passed, copied) = chains(&steps, &[0.5; 4]);
+        assert_eq!(passed[0], (0, vec![1, 2]));
+        // Passed alone, so not copied as well.
+        assert!(copied.iter().all(|c| c.0 != 0), "{copied:?}");
+        // At two scales it cannot pass alone: a copy at the first reader's, for it.
+        let (passed, copied) = chains(&steps, &[0.5, 0.5, 0.25, 0.5]);
+        assert!(passed.iter().all(|c| c.0 != 0), "{passed:?}");
+        assert_eq!(copied[0], (0, vec![1], 0));
+        // Nor where another reader takes it as its residual: each reader then reads what
+        // it read before (the copy, or the plan's type).
+        let steps = [
+            product_at(0, 100, None),
+            product_at(100, 200, None),
+            product_at(100, 300, None),
+            product_at(300, 400, Some(100)),
+        ];
+        let (passed, copied) = chains(&steps, &[0.5; 4]);
+        assert!(passed.iter().all(|c| c.0 != 0), "{passed:?}");
+        assert_eq!(copied[0], (0, vec![1, 2], 0));
     }
 
     #[test]
@@ -1062,7 +1117,7 @@ mod tests {
                 .all(|c| c.0 != *w)
         );
         // Nor is a value copied that passes in int8 alone.
-        let chains = int8_chains(steps, &own);
+        let chains = int8_chains(steps, &own, &scales);
         assert!(
             chains
                 .iter()

@@ -4,11 +4,10 @@
 // call the functions here in place of their PTX), each thread a fiber (ucontext), switched
 // only where threads wait for each other: `__syncthreads`; the warp-wide instructions
 // (`ldmatrix`, `mma.sync`), which gather their 32 lanes' operands and give each lane its part
-// of the result as the PTX ISA defines it; and an atomic, after which the block stands aside
-// for the others. The blocks of a tile (those that differ only in z: the parts of a split
-// sum) run side by side, each with its shared memory, taking turns in alternating order; the
-// tiles one after another. Within a block a warp runs as far as it goes before the next, so a
-// barrier missing between warps shows. cp.async copies land either as they are issued
+// of the result as the PTX ISA defines it. The blocks of a tile (those that differ only in z)
+// run side by side, each with its shared memory, taking turns in alternating order; the tiles
+// one after another. Within a block a warp runs as far as it goes before the next, so a
+// barrier missing between warps shows; and two blocks that store the same output fail. cp.async copies land either as they are issued
 // (`Order::Early`, which exposes a stage overwritten while warps still read it) or as late as
 // the kernel may wait for them (`Order::Late`, which exposes a read before the wait); blocks
 // and warps run the other way round in each, and every shared memory access is checked to
@@ -106,7 +105,6 @@ struct Block {
     unsigned arrived = 0, turn = 0;
     std::vector<Warp> warps;
     std::unique_ptr<unsigned char[]> shared;  // 16-byte aligned (new[]), as the kernels need
-    bool aside = false;  // stood aside after an atomic, until the next round
 };
 
 struct State {
@@ -120,8 +118,8 @@ struct State {
     ucontext_t scheduler;
     unsigned long progress = 0;  // arrivals, so that a round without any is a deadlock
     const std::function<void()> *body = nullptr;
-    // The outputs stored, and by which of the tile's blocks (`wrote`).
-    std::unordered_map<const void *, unsigned> written;
+    // The outputs stored during the launch, and by which block (`wrote`: its tile and z).
+    std::unordered_map<const void *, unsigned long> written;
 };
 inline State state;
 
@@ -166,6 +164,7 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
     state.order = order;
     state.body = &body;
     state.shared_given = shared_bytes;
+    state.written.clear();
     state.blocks.clear();
     state.blocks.resize(side);
     for (Block &b : state.blocks) b.shared.reset(new unsigned char[shared_bytes + 16]);
@@ -182,11 +181,9 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
             b.idx = {tile % grid.x, tile / grid.x, z};
             b.arrived = b.turn = 0;
             b.warps.assign((n + 31) / 32, Warp{});
-            b.aside = false;
             // Garbage, as the hardware's is: a kernel must not read what it did not write.
             std::memset(b.shared.get(), 0xa5, shared_bytes);
         }
-        state.written.clear();
         for (unsigned i = 0; i < n * side; ++i) {
             Thread &t = state.threads[i];
             t = Thread{};
@@ -204,17 +201,14 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
             const unsigned long before = state.progress;
             // The tile's blocks in turn, in alternating order from round to round (so that
             // the block that reaches a point last goes on first); in each, a warp at a time
-            // as far as it goes (to a barrier of the block, its end, or an atomic, after
-            // which its block stands aside) before the next.
+            // as far as it goes (to a barrier of the block, or its end) before the next.
             const bool forward = early == (round % 2 == 0);
             const unsigned warps = (n + 31) / 32;
             for (unsigned kb = 0; kb < side; ++kb) {
                 const unsigned bz = forward ? kb : side - 1 - kb;
-                Block &blk = state.blocks[bz];
-                blk.aside = false;
-                for (unsigned kw = 0; kw < warps && !blk.aside; ++kw) {
+                for (unsigned kw = 0; kw < warps; ++kw) {
                     const unsigned w = early ? kw : warps - 1 - kw;
-                    for (unsigned long went = ~0ul; went != state.progress && !blk.aside;) {
+                    for (unsigned long went = ~0ul; went != state.progress;) {
                         went = state.progress;
                         for (unsigned i = 32 * w; i < 32 * w + 32 && i < n; ++i) {
                             Thread &t = state.threads[bz * n + i];
@@ -234,13 +228,12 @@ inline void launch(Dim3 grid, Dim3 block, size_t shared_bytes, Order order,
     state.current = nullptr;
 }
 
-// Where two blocks of a tile (of a split sum) store the same output: an error, only the one
-// that sums the parts may.
+// Where two blocks of a launch store the same output (tiles that overlap): an error.
 inline void wrote(const void *p) {
-    if (state.blocks.size() < 2) return;
-    const auto [at, added] = state.written.emplace(p, state.current->block);
-    if (!added && at->second != state.current->block)
-        fail("two blocks of a launch write the same output");
+    const Dim3 b = current_block().idx;
+    const unsigned long block = (b.z * state.grid.y + b.y) * (unsigned long)state.grid.x + b.x;
+    const auto [at, added] = state.written.emplace(p, block);
+    if (!added && at->second != block) fail("two blocks of a launch write the same output");
 }
 
 // Waits for every thread of the block (threads that have returned count as arrived).
@@ -374,18 +367,6 @@ struct alignas(16) int4 {
     int x, y, z, w;
 };
 
-// Each memory access happens as the thread makes it, so a fence has nothing to order; an
-// atomic sets its block aside until the next round, so that the tile's other blocks get on.
-inline void __threadfence() {}
-inline unsigned atomicAdd(unsigned *at, unsigned v) {
-    const unsigned old = *at;
-    *at = old + v;
-    ++emu::state.progress;
-    emu::current_block().aside = true;
-    emu::yield();
-    return old;
-}
-inline int4 __ldcg(const int4 *at) { return *at; }
 inline int min(int a, int b) { return a < b ? a : b; }
 
 inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }

@@ -118,7 +118,7 @@ struct Way {
     const char *name, *kernel;
     int rows, cols, threads;
     size_t shared;
-    bool rounded_first, split;
+    bool rounded_first;
 };
 #include "ways.h"
 
@@ -145,28 +145,16 @@ void own(const Case &k, const Way &way, emu::Order order, const T *x, float x_sc
     p.y_int8 = k.y_int8;
     p.y_scale = k.y_int8 || k.copy ? y_scale : 0.f;
     p.y8 = k.copy ? reinterpret_cast<unsigned long long>(y8) : 0;
-    // A split way's parts: 3, or as many as there are chunks of 64 (the runtime's own
-    // choice depends on the GPU).
-    const int chunks = (k.summed() + C8_CHUNK - 1) / C8_CHUNK;
-    p.splits = way.split ? std::min(3, chunks) : 1;
-    p.split_chunks = (chunks + p.splits - 1) / p.splits;
-    p.splits = (chunks + p.split_chunks - 1) / p.split_chunks;
     const unsigned row_blocks = unsigned((k.rows() + way.rows - 1) / way.rows);
     const unsigned col_blocks = unsigned((k.n + way.cols - 1) / way.cols);
-    const size_t tiles = size_t(row_blocks) * col_blocks;
-    Buffer parts(size_t(p.splits) * tiles * way.rows * way.cols * 4);
-    Buffer arrived(tiles * 4, 0, 0);
     const auto *x8 = static_cast<const unsigned char *>(input);
     const auto *xt = static_cast<const T *>(input);
     const std::string kernel = way.kernel;
-    emu::launch({row_blocks, col_blocks, unsigned(p.splits)}, {unsigned(way.threads)}, way.shared,
-                order, [&] {
-                    int *pp = parts.as<int>();
-                    unsigned *ap = arrived.as<unsigned>();
+    emu::launch({row_blocks, col_blocks}, {unsigned(way.threads)}, way.shared, order, [&] {
                     if (kernel == "conv8_wide_256x64")
-                        conv8_wide_256x64(p, x8, wq, w_scales, bias, z, y, pp, ap);
+                        conv8_wide_256x64(p, x8, wq, w_scales, bias, z, y);
                     else if (kernel == "conv8_wide_128x128")
-                        conv8_wide_128x128(p, x8, wq, w_scales, bias, z, y, pp, ap);
+                        conv8_wide_128x128(p, x8, wq, w_scales, bias, z, y);
                     else if (kernel == "conv8_64_int8_input")
                         conv8_64_int8_input(p, x8, wq, w_scales, bias, z, y);
                     else if (kernel == "conv8_64") conv8_64(p, xt, wq, w_scales, bias, z, y);
@@ -175,9 +163,6 @@ void own(const Case &k, const Way &way, emu::Order order, const T *x, float x_sc
                     else if (kernel == "conv8_128") conv8_128(p, xt, wq, w_scales, bias, z, y);
                     else emu::fail("a way names a kernel the harness does not know");
                 });
-    // The counters are back at 0 for the next launch.
-    for (size_t i = 0; i < tiles; ++i)
-        if (arrived.as<unsigned>()[i] != 0) emu::fail("a split step left a tile's counter set");
 }
 
 std::mt19937 rng(48);

@@ -44,9 +44,6 @@ pub const OWN_STRIDE: usize = OWN_CHUNK + 16;
 /// The threads of a block of the own int8 kernel in warps of 64 × 64 outputs
 /// (`C8_WIDE_THREADS`: `conv8_wide_*`, four warps whatever their block's shape).
 pub const OWN_WIDE_THREADS: usize = 128;
-/// The most tiles (blocks but for the split) of a step whose summed dimension the own int8
-/// kernel splits: the counters of the blocks that have summed their part.
-pub const OWN_SPLIT_TILES: usize = 4096;
 
 /// The dynamic shared memory of the own int8 kernel in blocks of `rows` × `cols` outputs:
 /// a chunk's input and weights in each stage.
@@ -383,10 +380,6 @@ pub struct Conv8Params {
     pub y_int8: i32,
     /// That step's input scale.
     pub y_scale: f32,
-    /// `conv8_wide_*`: the parts the summed dimension is split in (the grid's z), and the
-    /// chunks of 64 of each.
-    pub splits: i32,
-    pub split_chunks: i32,
     /// Where the output is also written in int8 (by `y_scale`), beside the plan's type: the
     /// copy its readers that take it as their input read (0: none).
     pub y8: u64,
@@ -394,14 +387,13 @@ pub struct Conv8Params {
 // SAFETY: plain old data laid out as the kernels' `struct Conv8` (asserted below).
 unsafe impl DeviceRepr for Conv8Params {}
 const _: () = assert!(
-    size_of::<Conv8Params>() == 120
+    size_of::<Conv8Params>() == 112
         && align_of::<Conv8Params>() == 8
         && offset_of!(Conv8Params, n) == 64
         && offset_of!(Conv8Params, x_scale) == 72
         && offset_of!(Conv8Params, vec) == 92
         && offset_of!(Conv8Params, y_scale) == 100
-        && offset_of!(Conv8Params, splits) == 104
-        && offset_of!(Conv8Params, y8) == 112
+        && offset_of!(Conv8Params, y8) == 104
 );
 
 /// Whether `v` fits in the kernels' `int`.

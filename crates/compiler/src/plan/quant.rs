@@ -166,23 +166,17 @@ pub enum EightBitKernel {
     /// its input in int8 (rounded by a pass first, as `OwnRoundedFirst`): fewer loads from
     /// shared memory a product, for long sums.
     OwnWide(OwnTile),
-    /// As `OwnWide`, the summed dimension split in parts that blocks of their own sum, where
-    /// the step's blocks would leave SMs idle (few rows, a long sum); the last block of a
-    /// tile adds up the parts (ints: the same sums in any order).
-    OwnWideSplit(OwnTile),
 }
 
 impl EightBitKernel {
     /// The ways of the engine's own kernel, as a build times them.
-    pub const OWN: [EightBitKernel; 8] = [
+    pub const OWN: [EightBitKernel; 6] = [
         EightBitKernel::Own(OwnWidth::Cols64),
         EightBitKernel::Own(OwnWidth::Cols128),
         EightBitKernel::OwnRoundedFirst(OwnWidth::Cols64),
         EightBitKernel::OwnRoundedFirst(OwnWidth::Cols128),
         EightBitKernel::OwnWide(OwnTile::Rows256Cols64),
         EightBitKernel::OwnWide(OwnTile::Rows128Cols128),
-        EightBitKernel::OwnWideSplit(OwnTile::Rows256Cols64),
-        EightBitKernel::OwnWideSplit(OwnTile::Rows128Cols128),
     ];
 
     /// Whether the engine's own kernel runs it.
@@ -195,16 +189,14 @@ impl EightBitKernel {
     pub fn reads_int8(self) -> bool {
         matches!(
             self,
-            EightBitKernel::OwnRoundedFirst(_)
-                | EightBitKernel::OwnWide(_)
-                | EightBitKernel::OwnWideSplit(_)
+            EightBitKernel::OwnRoundedFirst(_) | EightBitKernel::OwnWide(_)
         )
     }
 
     /// The block of the engine's own kernel in warps of 64 × 64 that runs it, if one does.
     pub fn wide_tile(self) -> Option<OwnTile> {
         match self {
-            EightBitKernel::OwnWide(t) | EightBitKernel::OwnWideSplit(t) => Some(t),
+            EightBitKernel::OwnWide(t) => Some(t),
             _ => None,
         }
     }
@@ -214,7 +206,7 @@ impl EightBitKernel {
         match self {
             EightBitKernel::Library => 0,
             EightBitKernel::Own(w) | EightBitKernel::OwnRoundedFirst(w) => w.cols(),
-            EightBitKernel::OwnWide(t) | EightBitKernel::OwnWideSplit(t) => t.cols(),
+            EightBitKernel::OwnWide(t) => t.cols(),
         }
     }
 }

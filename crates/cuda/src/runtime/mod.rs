@@ -37,7 +37,6 @@ use cudarc::driver::{
 };
 
 use super::error::{Error, Result};
-use crate::abi::OWN_SPLIT_TILES;
 pub use device::{Gpu, open_gpu};
 pub use device::{library_versions, missing_libraries};
 use kernels::Kernels;
@@ -147,9 +146,6 @@ pub struct Runtime {
     /// Sized for the largest 8-bit step (1 byte where there is none).
     patches: CudaSlice<u8>,
     sums: CudaSlice<u8>,
-    /// A counter a tile of a step whose sum the own int8 kernel splits: how many of its
-    /// blocks have summed their part (0 between launches: the last resets it).
-    own_arrived: CudaSlice<u32>,
     /// Two slots for the int8 copies of values that several steps read (`int8_copies` in
     /// steps/quant.rs), sized once every plan is prepared, each to what its copies need
     /// (`int8_copy_bytes`; 1 byte where none uses it).
@@ -325,7 +321,7 @@ impl Runtime {
                         }
                         kernel => kernel,
                     };
-                    e.scratch_bytes(kernel, sm_count as usize)[i]
+                    e.scratch_bytes(kernel)[i]
                 })
                 .max()
                 .unwrap_or(1)
@@ -337,13 +333,6 @@ impl Runtime {
         let sums = stream
             .alloc_zeros::<u8>(most(1))
             .map_err(Error::driver("8-bit sums allocation"))?;
-        let own_arrived = stream
-            .alloc_zeros::<u32>(if eight_bit.is_empty() {
-                1
-            } else {
-                OWN_SPLIT_TILES
-            })
-            .map_err(Error::driver("8-bit counters allocation"))?;
         let fp8_rows = (eight_bit.iter())
             .filter(|e| e.quant.format == QuantFormat::Fp8)
             .map(|e| e.rows)
@@ -389,7 +378,6 @@ impl Runtime {
             eight_bit_weights,
             patches,
             sums,
-            own_arrived,
             int8_copies: [alloc_bytes(&stream, 1)?, alloc_bytes(&stream, 1)?],
             int8_copy_bytes: [0; 2],
             ones,
@@ -504,11 +492,6 @@ impl Runtime {
 
     /// The device address of a byte buffer.
     fn ptr_u8(&self, s: &CudaSlice<u8>) -> u64 {
-        s.device_ptr(&self.stream).0
-    }
-
-    /// The device address of `s`.
-    fn ptr_u32(&self, s: &CudaSlice<u32>) -> u64 {
         s.device_ptr(&self.stream).0
     }
 

@@ -242,12 +242,9 @@ impl Runtime {
             per_run(library_ms)
         )];
         // Blocks no wider than the output channels (a wider one computes zeros), and whose
-        // shared memory this GPU has; a split way only where it splits.
-        let sm_count = self.sm_count as usize;
+        // shared memory this GPU has.
         let ways = (EightBitKernel::OWN.iter()).filter(|&&k| {
-            k.cols() <= e.n.max(64)
-                && e.own_way_fits(k, self.arch, self.shared_optin)
-                && (!matches!(k, EightBitKernel::OwnWideSplit(_)) || e.splits(k, sm_count).0 > 1)
+            k.cols() <= e.n.max(64) && e.own_way_fits(k, self.arch, self.shared_optin)
         });
         for &kernel in ways {
             let how = format!(
@@ -257,11 +254,6 @@ impl Runtime {
                     EightBitKernel::OwnWide(tile) => format!(
                         "{} rows, warps of 64 × 64, the input rounded first",
                         tile.rows()
-                    ),
-                    EightBitKernel::OwnWideSplit(tile) => format!(
-                        "{} rows, warps of 64 × 64, the sum split in {}, the input rounded first",
-                        tile.rows(),
-                        e.splits(kernel, sm_count).0
                     ),
                     k if k.reads_int8() => "the input rounded first".into(),
                     _ => "rounding as it reads".into(),

@@ -33,9 +33,8 @@ fn ways() -> String {
     );
     for kernel in EightBitKernel::OWN {
         let l = OwnLaunch::of(kernel, false);
-        let split = matches!(kernel, EightBitKernel::OwnWideSplit(_));
         s += &format!(
-            "    {{\"{kernel:?}\", \"{}\", {}, {}, {}, {}, {}, {split}}},\n",
+            "    {{\"{kernel:?}\", \"{}\", {}, {}, {}, {}, {}}},\n",
             l.name,
             l.rows,
             l.cols,

@@ -194,14 +194,11 @@ struct Conv8 {
     int vec;        // 1 where a thread's 8 channels of x are 16 aligned bytes (fp16)
     int y_int8;     // 1: y is written in int8, as the next step rounds its input
     float y_scale;  // that step's input scale
-    // `conv8_wide_*` only: the summed dimension split in `splits` parts (the grid's z) of
-    // `split_chunks` chunks of 64, summed by the last block of each tile to finish.
-    int splits, split_chunks;
     // Where y is also written in int8, as the steps that read it as their input round it
     // (by y_scale), beside y in the plan's type for its other readers (0: nowhere).
     unsigned long long y8;
 };
-static_assert(sizeof(Conv8) == 120, "struct Conv8 no longer matches Conv8Params (abi.rs)");
+static_assert(sizeof(Conv8) == 112, "struct Conv8 no longer matches Conv8Params (abi.rs)");
 
 // C8_ROWS and C8_THREADS come from abi.rs: the launch's grid and block.
 static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 across");
@@ -660,54 +657,6 @@ struct C8Eight {
     }
 };
 
-// A split step's parts summed (`EightBitKernel::OwnWideSplit`): each block of a tile stores
-// its part of the sums (`sums`, BM × BN ints in shared memory, rows SUMS_STRIDE apart) in
-// `partials` (a slot a block: z, then the tile), and counts itself in `arrived` (the tile's
-// counter, 0 before the launch); the last to arrive adds the others' parts to its own and goes
-// on to the epilogue (returns true), leaving the counter at 0 again for the next launch. The
-// sums are of ints, so the order of the parts does not change them: the bits are those of one
-// block that sums all.
-template <int BM, int BN, int THREADS, int SUMS_STRIDE>
-__device__ __forceinline__ bool sum_the_parts(const Conv8 &p, int *sums, int *partials,
-                                              unsigned *arrived) {
-    const int tid = threadIdx.x;
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-    const long long tiles = (long long)gridDim.x * gridDim.y;
-    auto slot = [&](int part) {
-        return reinterpret_cast<int4 *>(partials + (part * tiles + tile) * (BM * BN));
-    };
-    constexpr int QUADS = BM * BN / 4, ROW_QUADS = BN / 4;
-    auto in_tile = [&](int i) {
-        return reinterpret_cast<int4 *>(sums + i / ROW_QUADS * SUMS_STRIDE + i % ROW_QUADS * 4);
-    };
-    int4 *mine = slot(blockIdx.z);
-    for (int i = tid; i < QUADS; i += THREADS) mine[i] = *in_tile(i);
-    // Every thread's stores seen by the device before the block counts itself.
-    __threadfence();
-    __syncthreads();
-    int *last = sums + BM * SUMS_STRIDE;
-    if (tid == 0) *last = atomicAdd(arrived + tile, 1u) == (unsigned)p.splits - 1;
-    __syncthreads();
-    if (!*last) return false;
-    // The other parts, read past L1 (written by other SMs during this launch).
-    __threadfence();
-    for (int i = tid; i < QUADS; i += THREADS) {
-        int4 sum = *in_tile(i);
-        for (int part = 0; part < p.splits; ++part) {
-            if (part == (int)blockIdx.z) continue;
-            const int4 other = __ldcg(slot(part) + i);
-            sum.x += other.x;
-            sum.y += other.y;
-            sum.z += other.z;
-            sum.w += other.w;
-        }
-        *in_tile(i) = sum;
-    }
-    if (tid == 0) arrived[tile] = 0;
-    __syncthreads();
-    return true;
-}
-
 // The own kernel in warps of 64 × 64 outputs (`EightBitKernel::OwnWide`): for an int8 input
 // only (rounded by a pass first, or passed by the step before), WARPS_M × WARPS_N warps, so a
 // block of 64·WARPS_M rows × 64·WARPS_N channels (128 × 128 or 256 × 64), with the same
@@ -719,14 +668,11 @@ __device__ __forceinline__ bool sum_the_parts(const Conv8 &p, int *sums, int *pa
 // counting taps, not dividing. 128 threads a block, 4 stages of 64 of the summed dimension,
 // so that on sm_90 two blocks fit an SM (their registers and 80 or 100 KiB of shared memory
 // each) and one's barriers hide behind the other's products; sm_80 and sm_87 hold one of
-// 256 × 64, and sm_86 and sm_89 (99 KiB a block) only 128 × 128 (`OwnLaunch::fits`). Where
-// the summed dimension is split (`EightBitKernel::OwnWideSplit`), the grid's z takes its
-// parts and `sum_the_parts` adds them up.
+// 256 × 64, and sm_86 and sm_89 (99 KiB a block) only 128 × 128 (`OwnLaunch::fits`).
 template <int WARPS_M, int WARPS_N>
 __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned char *x,
                                                 const unsigned char *wq, const float *w_scales,
-                                                const T *bias, const T *z, void *y,
-                                                int *partials, unsigned *arrived) {
+                                                const T *bias, const T *z, void *y) {
     constexpr int THREADS = 32 * WARPS_M * WARPS_N, BM = 64 * WARPS_M, BN = 64 * WARPS_N;
     constexpr int STAGES = C8_STAGES_INT8_INPUT, STAGE_BYTES = (BM + BN) * C8_STRIDE;
     static_assert(THREADS == C8_WIDE_THREADS, "abi.rs launches the wide kernels so");
@@ -752,13 +698,10 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
         iy0[i] = (pix - img * p.s.oh) * p.s.sh - p.s.ph;
         ix0[i] = (r - pix * p.s.ow) * p.s.sw - p.s.pw;
     }
-    // This block's part of the summed dimension (all of it where it is not split).
-    const int first_chunk = blockIdx.z * p.split_chunks;
-    const int chunks =
-        min((p.summed + C8_CHUNK - 1) / C8_CHUNK, first_chunk + p.split_chunks) - first_chunk;
+    const int chunks = (p.summed + C8_CHUNK - 1) / C8_CHUNK;
     // The next chunk this thread copies: its part's place in the summed dimension, as a
     // channel of a tap (r, s), advanced a chunk at a time.
-    int k = first_chunk * C8_CHUNK + part * 16, c0 = k % p.s.c, tap = k / p.s.c;
+    int k = part * 16, c0 = k % p.s.c, tap = k / p.s.c;
     int tr = tap / p.s.kw, ts = tap - tr * p.s.kw;
     const unsigned char *zero = x;  // a valid address for the copies that read nothing
 
@@ -830,8 +773,7 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
     // Ints a row of the tile: 8 of padding, so that a warp's 8 rows of sums fall on
     // different banks.
     constexpr int SUMS_STRIDE = BN + 8;
-    // The sums, and after them the flag of `sum_the_parts`.
-    static_assert(BM * SUMS_STRIDE * 4 + 16 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
+    static_assert(BM * SUMS_STRIDE * 4 <= STAGES * STAGE_BYTES, "the sums fit in the stages");
     int *sums = reinterpret_cast<int *>(c8_shared);
     {
         const int g = lane >> 2, t = lane & 3;
@@ -847,8 +789,6 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
             }
     }
     __syncthreads();
-    if (p.splits > 1 && !sum_the_parts<BM, BN, THREADS, SUMS_STRIDE>(p, sums, partials, arrived))
-        return;
     constexpr int GROUPS = BN / 8, ROW_STEP = THREADS / GROUPS;
     const int group = tid % GROUPS;
     const int j = n0 + group * 8;
@@ -877,17 +817,14 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
     }
 }
 
-// Launched with C8_WIDE_THREADS threads, a grid of ⌈rows / ROWS⌉ × ⌈n / COLS⌉ × p.splits
-// blocks; x is int8 (16-byte aligned), y as `conv8_*`'s; `partials` (p.splits ints a sum) and
-// `arrived` (a zeroed counter a tile) where p.splits > 1.
+// Launched with C8_WIDE_THREADS threads, a grid of ⌈rows / ROWS⌉ × ⌈n / COLS⌉ blocks; x is
+// int8 (16-byte aligned), y as `conv8_*`'s.
 #define CONV8_WIDE(ROWS, COLS)                                                                  \
     extern "C" __global__ void __launch_bounds__(C8_WIDE_THREADS, 2)                           \
         conv8_wide_##ROWS##x##COLS(const Conv8 p, const unsigned char *x,                       \
                                    const unsigned char *wq, const float *w_scales,              \
-                                   const T *bias, const T *z, void *y, int *partials,           \
-                                   unsigned *arrived) {                                         \
-        conv8_wide_body<ROWS / 64, COLS / 64>(p, x, wq, w_scales, bias, z, y, partials,         \
-                                              arrived);                                         \
+                                   const T *bias, const T *z, void *y) {                        \
+        conv8_wide_body<ROWS / 64, COLS / 64>(p, x, wq, w_scales, bias, z, y);                  \
     }
 CONV8_WIDE(256, 64)
 CONV8_WIDE(128, 128)

@@ -21,8 +21,8 @@ use super::super::kernels::kernel_set;
 use super::super::{Prepared, Runtime};
 use super::launch;
 use crate::abi::{
-    Conv8Params, ConvShape, OWN_CHUNK, OWN_ROWS, OWN_SPLIT_TILES, OWN_THREADS, OWN_WIDE_THREADS,
-    PatchParams, act_params, divider, own_shared_bytes,
+    Conv8Params, ConvShape, OWN_ROWS, OWN_THREADS, OWN_WIDE_THREADS, PatchParams, act_params,
+    divider, own_shared_bytes,
 };
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
@@ -325,72 +325,14 @@ impl EightBit {
         }
     }
 
-    /// The parts `kernel` splits its summed dimension in on a GPU of `sm_count` SMs, and the
-    /// chunks of 64 of each part: for `OwnWideSplit`, enough parts for its tiles to fill two
-    /// blocks an SM, each of at least 4 chunks, at most 16; else one part of every chunk.
-    pub(in crate::runtime) fn splits(
-        &self,
-        kernel: EightBitKernel,
-        sm_count: usize,
-    ) -> (usize, usize) {
-        let chunks = self.summed().div_ceil(OWN_CHUNK).max(1);
-        let (EightBitKernel::OwnWideSplit(_), Some(tiles)) = (kernel, self.wide_tiles(kernel))
-        else {
-            return (1, chunks);
-        };
-        if tiles > OWN_SPLIT_TILES {
-            return (1, chunks);
-        }
-        let wanted = (2 * sm_count).div_ceil(tiles);
-        let splits = wanted.min(chunks / 4).clamp(1, 16);
-        let per = chunks.div_ceil(splits);
-        (chunks.div_ceil(per), per)
-    }
-
-    /// The blocks of `kernel` in warps of 64 × 64, but for a split: `None` for the others.
-    fn wide_tiles(&self, kernel: EightBitKernel) -> Option<usize> {
-        let tile = kernel.wide_tile()?;
-        Some(self.rows.div_ceil(tile.rows()) * self.n.div_ceil(tile.cols()))
-    }
-
-    /// The bytes of the parts of the sums that `kernel` keeps where it splits the summed
-    /// dimension on a GPU of `sm_count` SMs (a slot of ints a block), or 0.
-    fn part_bytes(&self, kernel: EightBitKernel, sm_count: usize) -> usize {
-        if self.quant.format != QuantFormat::Int8 {
-            return 0;
-        }
-        match (self.splits(kernel, sm_count), kernel.wide_tile()) {
-            ((splits, _), Some(tile)) if splits > 1 => {
-                let tiles = self.wide_tiles(kernel).unwrap_or(0);
-                splits * tiles * tile.rows() * tile.cols() * 4
-            }
-            _ => 0,
-        }
-    }
-
-    /// The bytes of patches and of sums it needs on a GPU of `sm_count` SMs, run as `kernel`
-    /// says (`None`: not chosen yet, so any way).
-    pub(in crate::runtime) fn scratch_bytes(
-        &self,
-        kernel: Option<EightBitKernel>,
-        sm_count: usize,
-    ) -> [usize; 2] {
+    /// The bytes of patches and of sums it needs, run as `kernel` says (`None`: not chosen
+    /// yet, so any way).
+    pub(in crate::runtime) fn scratch_bytes(&self, kernel: Option<EightBitKernel>) -> [usize; 2] {
         let input = self.input_pixels() * self.hwc[2];
-        let parts = |k| self.part_bytes(k, sm_count);
         match kernel {
-            None => {
-                let most_parts = EightBitKernel::OWN
-                    .into_iter()
-                    .map(parts)
-                    .max()
-                    .unwrap_or(0);
-                [
-                    self.patch_bytes().max(input),
-                    self.sum_bytes().max(most_parts),
-                ]
-            }
+            None => [self.patch_bytes().max(input), self.sum_bytes()],
             Some(EightBitKernel::Library) => [self.patch_bytes(), self.sum_bytes()],
-            Some(k) if k.reads_int8() => [input, parts(k)],
+            Some(k) if k.reads_int8() => [input, 0],
             Some(_) => [0, 0],
         }
     }
@@ -645,7 +587,7 @@ impl Runtime {
                 _ => continue,
             };
             if let Some(e) = EightBit::of(step) {
-                let bytes = e.scratch_bytes(Some(kernel), self.sm_count as usize);
+                let bytes = e.scratch_bytes(Some(kernel));
                 most = [most[0].max(bytes[0]), most[1].max(bytes[1])];
             }
         }
@@ -683,7 +625,6 @@ impl Runtime {
         };
         let i = |v: usize| v as i32;
         let (act_id, p0, p1) = act_params(e.act, dtype);
-        let (splits, split_chunks) = e.splits(own.kernel, self.sm_count as usize);
         let p = Conv8Params {
             shape: e.shape(),
             n: i(e.n),
@@ -697,8 +638,6 @@ impl Runtime {
             vec: i32::from(dtype == DType::F16 && x.is_multiple_of(16)),
             y_int8: i32::from(own.int8_output.is_some()),
             y_scale: (own.int8_output.or(own.int8_copy.map(|(_, scale)| scale))).unwrap_or(0.0),
-            splits: i(splits),
-            split_chunks: i(split_chunks),
             // A slot's start: aligned for the kernels' 8- and 16-byte stores.
             y8: own
                 .int8_copy
@@ -717,18 +656,9 @@ impl Runtime {
             .arg(&bias)
             .arg(&z)
             .arg(&y);
-        // The wide kernels' parts of a split sum, and their tiles' counters.
-        let (parts, arrived) = (self.ptr_u8(&self.sums), self.ptr_u32(&self.own_arrived));
-        if own.kernel.wide_tile().is_some() {
-            b.arg(&parts).arg(&arrived);
-        }
         let blocks = |len: usize, tile: usize| len.div_ceil(tile) as u32;
         let cfg = LaunchConfig {
-            grid_dim: (
-                blocks(e.rows, block.rows),
-                blocks(e.n, block.cols),
-                splits as u32,
-            ),
+            grid_dim: (blocks(e.rows, block.rows), blocks(e.n, block.cols), 1),
             block_dim: (block.threads as u32, 1, 1),
             shared_mem_bytes: block.shared as u32,
         };
@@ -936,43 +866,6 @@ mod tests {
             algo: None,
         };
         EightBit::of_gemm(&g).expect("quantized")
-    }
-
-    #[test]
-    fn a_split_fills_the_gpu_with_parts_of_at_least_four_chunks() {
-        // ResNet-50's layer4 3×3 512→512 at batch 64, as a product of its patches: 3136 rows,
-        // 4608 summed (72 chunks of 64), 512 channels.
-        let mut e = product(true, QuantFormat::Int8);
-        (e.rows, e.n, e.hwc, e.out) = (3136, 512, [1, 3136, 4608], [1, 3136]);
-        let split = EightBitKernel::OwnWideSplit(OwnTile::Rows128Cols128);
-        // 25 × 4 = 100 tiles; two blocks an SM of 132 want 3 parts of 24 chunks.
-        assert_eq!(e.splits(split, 132), (3, 24));
-        // The same shape unsplit, and in any way but a split one.
-        assert_eq!(
-            e.splits(EightBitKernel::OwnWide(OwnTile::Rows128Cols128), 132),
-            (1, 72)
-        );
-        assert_eq!(e.splits(EightBitKernel::Library, 132), (1, 72));
-        // The parts' slots: 3 parts of 100 tiles of 128 × 128 ints.
-        assert_eq!(
-            e.scratch_bytes(Some(split), 132),
-            [3136 * 4608, 3 * 100 * 128 * 128 * 4]
-        );
-        // Enough tiles to fill the GPU: no split.
-        (e.rows, e.hwc, e.out) = (64 * 3136, [1, 64 * 3136, 4608], [1, 64 * 3136]);
-        assert_eq!(e.splits(split, 132).0, 1);
-        // Few chunks: at least 4 each, at most 16 parts, none of them empty.
-        for (rows, summed, sms) in [(49, 4608, 132), (49, 300, 132), (128, 64 * 70, 2000)] {
-            (e.rows, e.hwc, e.out) = (rows, [1, rows, summed], [1, rows]);
-            let (splits, per) = e.splits(split, sms);
-            let chunks = summed.div_ceil(64);
-            assert!((1..=16).contains(&splits), "{rows} {summed}: {splits}");
-            assert!(per >= 4 || splits == 1, "{rows} {summed}: {per} a part");
-            assert!(
-                (splits - 1) * per < chunks && splits * per >= chunks,
-                "{rows} {summed}"
-            );
-        }
     }
 
     #[test]

@@ -170,11 +170,11 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
 // taps), the last chunk padded with zeros; a 3×3 convolution reads its input from the cache
 // nine times instead of writing it out nine times as patches.
 //
-// Where such a step's output is read by one later such step only, as its input, it passes in
-// int8 (`Runtime::chain_int8`): the first writes y as the second would round it (rounded to
-// the plan's type, then by the second's input scale, `quantize_int8`: the same bytes again),
-// into the start of its buffer, and the second (`conv8_*_int8_input`) copies it into shared
-// memory as it is, with nothing to round.
+// Where such a step's output is read only by later such steps, each as its input at one
+// scale, it passes in int8 (`Runtime::chain_int8`): the first writes y as they would round it
+// (rounded to the plan's type, then by their input scale, `quantize_int8`: the same bytes
+// again), into the start of its buffer, and they (`conv8_*_int8_input`, `conv8_wide_*`) copy
+// it into shared memory as it is, with nothing to round.
 //
 // A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at
 // build), each of its 8 warps 32 rows × COLS / 2. An int8 input (passed by the step before,

@@ -520,10 +520,11 @@ impl OwnStep {
 
 impl Runtime {
     /// Has the int8 steps of the engine's own kernel (`prepared`, parallel to `steps`) pass
-    /// a value in int8 where one writes it and the next is its only reader, reading it as its
-    /// input: the first then writes it as the second would round it, and the second reads it
+    /// a value in int8 where one writes it and every later reader reads it as its input
+    /// (`int8_readers`): the writer then writes it as they would round it, and they read it
     /// as it is, with nothing to round (the scores are the same bits). The value's buffer
-    /// holds it in its first bytes. Returns how many values pass so.
+    /// holds it in its first bytes. Where other steps read it too, a copy in int8 for those
+    /// that take it as input (`int8_copies`). Returns how many values pass either way.
     pub(in crate::runtime) fn chain_int8(
         &mut self,
         steps: &[Step],
@@ -535,7 +536,7 @@ impl Runtime {
         let scales: Vec<Option<f32>> = (steps.iter())
             .map(|s| EightBit::of(s).map(|e| e.quant.x_scale))
             .collect();
-        let mut passed = 0;
+        let mut alone = Vec::new();
         for (w, readers) in int8_chains(steps, &own, &scales) {
             // Every reader takes all of the value as its input, so its first byte.
             let Some(reader) = EightBit::of(&steps[readers[0]]) else {
@@ -553,10 +554,11 @@ impl Runtime {
             if let Prepared::OwnEightBit(own) = &mut prepared[w] {
                 own.int8_output = Some(reader.quant.x_scale);
             }
-            passed += 1;
+            alone.push(w);
         }
+        let mut passed = alone.len();
         // The values others read too: a copy in int8 for the own steps that take them as input.
-        for (w, readers, slot) in int8_copies(steps, &own, &scales) {
+        for (w, readers, slot) in int8_copies(steps, &own, &scales, &alone) {
             let (Some(writer), Some(scale)) = (EightBit::of(&steps[w]), scales[readers[0]]) else {
                 continue;
             };
@@ -731,8 +733,8 @@ fn takes_as_input(step: &Step, out: (i128, i128)) -> bool {
 /// The values that a step of the engine's own kernel (`own`, parallel to `steps`) may write
 /// a second time in int8, beside the plan's type, for the own steps that read all of it as
 /// their input at one scale (`scales`: each 8-bit step's input scale), where it has more than
-/// one reader and cannot pass in int8 alone (`int8_readers`: some reader takes it in the
-/// plan's type, as a residual, or at another scale): the writer, those readers, and the slot
+/// one reader and does not pass in int8 alone (`alone`: the writers of those that do): the
+/// writer, those readers, and the slot
 /// of `Runtime::int8_copies` the copy goes in. A slot holds a copy from its writer to its
 /// last reader; two, so that a copy may be written before the last reader of the one before
 /// has run.
@@ -740,6 +742,7 @@ fn int8_copies(
     steps: &[Step],
     own: &[bool],
     scales: &[Option<f32>],
+    alone: &[usize],
 ) -> Vec<(usize, Vec<usize>, usize)> {
     let mut copies = Vec::new();
     // The last reader of each slot's copy.
@@ -752,7 +755,7 @@ fn int8_copies(
             continue;
         };
         let readers = readers_of(steps, w, out);
-        if readers.len() < 2 || int8_readers(steps, own, scales, w).is_some() {
+        if readers.len() < 2 || alone.contains(&w) {
             continue;
         }
         let takes_int8 = |&r: &usize| own[r] && takes_as_input(&steps[r], out);
@@ -936,7 +939,7 @@ mod tests {
             let own = vec![true; steps.len()];
             let scales: Vec<Option<f32>> = scales.iter().map(|&s| Some(s)).collect();
             let chains = int8_chains(steps, &own, &scales);
-            (chains, int8_copies(steps, &own, &scales))
+            (chains, copies_beside_chains(steps, &own, &scales))
         };
         // A stage's first block: its input (100) read by its first product and by its
         // downsampling, which the block's last product reads as its residual.
@@ -948,8 +951,15 @@ mod tests {
         ];
         let (passed, copied) = chains(&steps, &[0.5; 4]);
         assert_eq!(passed[0], (0, vec![1, 2]));
-        // Passed alone, so not copied as well.
+        // Passed alone, so not copied as well; where it cannot pass (its buffer misaligned
+        // for cp.async), copied for both readers instead.
         assert!(copied.iter().all(|c| c.0 != 0), "{copied:?}");
+        let scales = [Some(0.5); 4];
+        let own = [true; 4];
+        assert_eq!(
+            int8_copies(&steps, &own, &scales, &[])[0],
+            (0, vec![1, 2], 0)
+        );
         // At two scales it cannot pass alone: a copy at the first reader's, for it.
         let (passed, copied) = chains(&steps, &[0.5, 0.5, 0.25, 0.5]);
         assert!(passed.iter().all(|c| c.0 != 0), "{passed:?}");
@@ -967,6 +977,19 @@ mod tests {
         assert_eq!(copied[0], (0, vec![1, 2], 0));
     }
 
+    /// `int8_copies` beside the values that `int8_chains` passes alone (all of them, as a
+    /// runtime whose buffers are all aligned passes them).
+    fn copies_beside_chains(
+        steps: &[Step],
+        own: &[bool],
+        scales: &[Option<f32>],
+    ) -> Vec<(usize, Vec<usize>, usize)> {
+        let alone: Vec<usize> = (int8_chains(steps, own, scales).iter())
+            .map(|c| c.0)
+            .collect();
+        int8_copies(steps, own, scales, &alone)
+    }
+
     #[test]
     fn values_several_steps_read_are_copied_in_int8_for_those_that_take_them_as_input() {
         use trtclassify_compiler::{OnnxModel, quant::input_of, testing::models};
@@ -977,7 +1000,7 @@ mod tests {
         let steps = &plans[0].steps;
         let own: Vec<bool> = steps.iter().map(|s| input_of(s).is_some()).collect();
         let scales: Vec<Option<f32>> = steps.iter().map(|_| Some(0.5)).collect();
-        let copies = int8_copies(steps, &own, &scales);
+        let copies = copies_beside_chains(steps, &own, &scales);
         // The transformer blocks' residual stream, written by a product with a residual and
         // read again as a residual: a copy for the product that takes it as its input.
         assert_eq!(copies.len(), 2, "{copies:?}");
@@ -1005,7 +1028,7 @@ mod tests {
         let mut fewer = own.clone();
         fewer[readers[0]] = false;
         assert!(
-            int8_copies(steps, &fewer, &scales)
+            copies_beside_chains(steps, &fewer, &scales)
                 .iter()
                 .all(|c| c.0 != *w)
         );
@@ -1058,7 +1081,7 @@ mod tests {
         let copies = |steps: &[Step], scales: &[f32]| {
             let own = vec![true; steps.len()];
             let scales: Vec<Option<f32>> = scales.iter().map(|&s| Some(s)).collect();
-            int8_copies(steps, &own, &scales)
+            copies_beside_chains(steps, &own, &scales)
         };
         // a block's output (100) read as input by the next product and as its residual; that
         // product's output (300) the same: each copy frees slot 0 before the next needs it,

@@ -367,7 +367,6 @@ struct alignas(16) int4 {
     int x, y, z, w;
 };
 
-inline int min(int a, int b) { return a < b ? a : b; }
 
 inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned((uint64_t(a) * b) >> 32); }
 inline float __fmul_rn(float a, float b) { return a * b; }

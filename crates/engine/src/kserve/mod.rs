@@ -237,7 +237,7 @@ struct InFlight {
 }
 
 /// A server that did not answer: when it is tried again, and the pause before that.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Outage {
     retry_at: Instant,
     pause: Duration,
@@ -253,12 +253,7 @@ impl Outage {
     fn after_failure(known: Option<&Outage>, sent: Instant, at: Instant) -> Outage {
         let pause = match known {
             None => FIRST_OUTAGE_PAUSE,
-            Some(o) if sent < o.retry_at => {
-                return Outage {
-                    retry_at: o.retry_at,
-                    pause: o.pause,
-                };
-            }
+            Some(o) if sent < o.retry_at => return *o,
             Some(o) => (o.pause * 2).min(LONGEST_OUTAGE_PAUSE),
         };
         Outage {

@@ -734,10 +734,9 @@ fn takes_as_input(step: &Step, out: (i128, i128)) -> bool {
 /// a second time in int8, beside the plan's type, for the own steps that read all of it as
 /// their input at one scale (`scales`: each 8-bit step's input scale), where it has more than
 /// one reader and does not pass in int8 alone (`alone`: the writers of those that do): the
-/// writer, those readers, and the slot
-/// of `Runtime::int8_copies` the copy goes in. A slot holds a copy from its writer to its
-/// last reader; two, so that a copy may be written before the last reader of the one before
-/// has run.
+/// writer, those readers, and the slot of `Runtime::int8_copies` the copy goes in. A slot
+/// holds a copy from its writer to its last reader; two, so that a copy may be written before
+/// the last reader of the one before has run.
 fn int8_copies(
     steps: &[Step],
     own: &[bool],
@@ -941,14 +940,18 @@ mod tests {
             let chains = int8_chains(steps, &own, &scales);
             (chains, copies_beside_chains(steps, &own, &scales))
         };
-        // A stage's first block: its input (100) read by its first product and by its
+        // A value (100) read by two products as their input, then the last step.
+        let after = |last: Step| {
+            [
+                product_at(0, 100, None),
+                product_at(100, 200, None),
+                product_at(100, 300, None),
+                last,
+            ]
+        };
+        // A stage's first block: its input read by its first product and by its
         // downsampling, which the block's last product reads as its residual.
-        let steps = [
-            product_at(0, 100, None),
-            product_at(100, 200, None),
-            product_at(100, 300, None),
-            product_at(200, 400, Some(300)),
-        ];
+        let steps = after(product_at(200, 400, Some(300)));
         let (passed, copied) = chains(&steps, &[0.5; 4]);
         assert_eq!(passed[0], (0, vec![1, 2]));
         // Passed alone, so not copied as well; where it cannot pass (its buffer misaligned
@@ -966,12 +969,7 @@ mod tests {
         assert_eq!(copied[0], (0, vec![1], 0));
         // Nor where another reader takes it as its residual: each reader then reads what
         // it read before (the copy, or the plan's type).
-        let steps = [
-            product_at(0, 100, None),
-            product_at(100, 200, None),
-            product_at(100, 300, None),
-            product_at(300, 400, Some(100)),
-        ];
+        let steps = after(product_at(300, 400, Some(100)));
         let (passed, copied) = chains(&steps, &[0.5; 4]);
         assert!(passed.iter().all(|c| c.0 != 0), "{passed:?}");
         assert_eq!(copied[0], (0, vec![1, 2], 0));

@@ -178,3 +178,41 @@ impl Digits {
         );
     }
 }
+
+/// A 4 × 16 · 16 × 16 int8 product (input scale 0.5) of the arena's values at `x` (and the
+/// residual at `residual`) into `y`: a step of the plans that passing values in int8 is
+/// tested on.
+pub fn int8_product_at(x: usize, y: usize, residual: Option<usize>) -> crate::plan::Step {
+    use crate::plan::{GemmStep, Loc, Quant, QuantFormat, Step};
+    Step::Gemm(GemmStep {
+        batch: 1,
+        alpha: 1.0,
+        rows: 4,
+        n: 16,
+        k: 16,
+        x: Loc::Arena(x),
+        x_batch: 0,
+        w: Loc::Weight {
+            index: 0,
+            offset: 0,
+        },
+        w_transposed: true,
+        bias: None,
+        residual: residual.map(Loc::Arena),
+        act: crate::ir::Act::None,
+        y: Loc::Arena(y),
+        y_batch: 0,
+        quant: Some(Quant {
+            format: QuantFormat::Int8,
+            x_scale: 0.5,
+            w_scales: Loc::Weight {
+                index: 1,
+                offset: 0,
+            },
+            out_scale: None,
+            algo: None,
+            kernel: None,
+        }),
+        algo: None,
+    })
+}

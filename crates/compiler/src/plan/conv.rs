@@ -205,7 +205,8 @@ impl crate::sim::Simulate for ConvStep {
                         if let Some(z) = c.residual {
                             acc += m.read(z, o);
                         }
-                        m.write(c.y, o, c.act.apply(acc));
+                        let v = c.act.apply(acc);
+                        m.write(c.y, o, c.quant.map_or(v, |q| q.output(v)));
                     }
                 }
             }

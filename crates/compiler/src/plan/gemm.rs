@@ -224,7 +224,8 @@ impl crate::sim::Simulate for GemmStep {
                     if let Some(z) = residual {
                         acc += m.read(z, yo + r * n + j);
                     }
-                    m.write(y, yo + r * n + j, act.apply(acc));
+                    let v = act.apply(acc);
+                    m.write(y, yo + r * n + j, quant.map_or(v, |q| q.output(v)));
                 }
             }
         }

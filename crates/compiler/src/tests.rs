@@ -1437,7 +1437,6 @@ fn plans_keep_the_engine_file_format() {
                             index: 9,
                             offset: 0,
                         },
-                        out_scale: None,
                         algo: Some([8, 7, 6, 5, 4, 3, 2, 1]),
                         kernel: None,
                     }),
@@ -1451,8 +1450,6 @@ fn plans_keep_the_engine_file_format() {
                 let own = GemmStep {
                     quant: (q.quant).map(|quant| super::plan::Quant {
                         format: super::plan::QuantFormat::Int8,
-                        // ResNet's residual stream, rounded to int8 as its readers read it.
-                        out_scale: Some(0.25),
                         algo: None,
                         kernel: Some(super::plan::EightBitKernel::Own(
                             super::plan::OwnWidth::Cols64,

@@ -383,23 +383,17 @@ pub struct Conv8Params {
     /// Where the output is also written in int8 (by `y_scale`), beside the plan's type: the
     /// copy its readers that take it as their input read (0: none).
     pub y8: u64,
-    /// Where the plan rounds the output to int8 (`Quant::out_scale`): the scale (0: not).
-    pub y_round: f32,
-    /// Where the residual comes in int8, passed by the step that wrote it: its scale (0: the
-    /// residual is of the plan's type).
-    pub z_scale: f32,
 }
 // SAFETY: plain old data laid out as the kernels' `struct Conv8` (asserted below).
 unsafe impl DeviceRepr for Conv8Params {}
 const _: () = assert!(
-    size_of::<Conv8Params>() == 120
+    size_of::<Conv8Params>() == 112
         && align_of::<Conv8Params>() == 8
         && offset_of!(Conv8Params, n) == 64
         && offset_of!(Conv8Params, x_scale) == 72
         && offset_of!(Conv8Params, vec) == 92
         && offset_of!(Conv8Params, y_scale) == 100
         && offset_of!(Conv8Params, y8) == 104
-        && offset_of!(Conv8Params, z_scale) == 116
 );
 
 /// Whether `v` fits in the kernels' `int`.

@@ -563,14 +563,8 @@ fn quantized_note(done: &quant::Quantized, q: &Quantization) -> String {
     let kept: Vec<String> = (done.kept.iter())
         .map(|(node, why)| format!("{node} ({why})"))
         .collect();
-    let rounded = match done.outputs.len() {
-        0 => String::new(),
-        n => format!(
-            " ({n} of them round their output to int8 for readers that add it as their residual)"
-        ),
-    };
     format!(
-        "precision={}: {} product(s) and convolution(s) quantized with {}{rounded}; {}",
+        "precision={}: {} product(s) and convolution(s) quantized with {}; {}",
         q.key.format,
         done.nodes.len(),
         q.path.display(),

@@ -205,8 +205,7 @@ impl crate::sim::Simulate for ConvStep {
                         if let Some(z) = c.residual {
                             acc += m.read(z, o);
                         }
-                        let v = c.act.apply(acc);
-                        m.write(c.y, o, c.quant.map_or(v, |q| q.output(v)));
+                        m.write(c.y, o, c.act.apply(acc));
                     }
                 }
             }

@@ -224,8 +224,7 @@ impl crate::sim::Simulate for GemmStep {
                     if let Some(z) = residual {
                         acc += m.read(z, yo + r * n + j);
                     }
-                    let v = act.apply(acc);
-                    m.write(y, yo + r * n + j, quant.map_or(v, |q| q.output(v)));
+                    m.write(y, yo + r * n + j, act.apply(acc));
                 }
             }
         }

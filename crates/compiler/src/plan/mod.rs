@@ -13,7 +13,6 @@ mod ew;
 mod gemm;
 mod pool;
 mod quant;
-pub mod readers;
 mod rows;
 
 pub use attention::{ATTENTION_HEAD_DIMS, AttentionStep, Rows, attention_takes};
@@ -248,11 +247,7 @@ fn residual_note(residual: Option<Loc>, y: Loc) -> &'static str {
 }
 /// A quantized step's format in its description.
 fn quant_note(quant: Option<Quant>) -> String {
-    match quant {
-        Some(q) if q.out_scale.is_some() => format!(" {} out {}", q.format, q.format),
-        Some(q) => format!(" {}", q.format),
-        None => String::new(),
-    }
+    quant.map_or(String::new(), |q| format!(" {}", q.format))
 }
 
 /// The rules of a quantized product or convolution: it computes in the plan's type (a node
@@ -271,13 +266,7 @@ fn check_quant(step: &impl StepKind, quant: Option<Quant>, t: &Types) -> Result<
     if !matches!(q.w_scales, Loc::Weight { .. }) || !(t.plain() || (t.is_f32)(q.w_scales)) {
         return Err("weight scales that are not an f32 constant".into());
     }
-    match q.out_scale {
-        Some(s) if q.format != QuantFormat::Int8 => {
-            Err(format!("an {} output scale of {s}", q.format))
-        }
-        Some(s) if !s.is_normal() || s < 0.0 => Err(format!("an output scale of {s}")),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// The weights that `plans`' 8-bit steps read as their per-channel scales: f32 constants
@@ -300,15 +289,6 @@ impl Step {
         match self {
             Step::Gemm(g) => g.quant,
             Step::Conv(c) => c.quant,
-            _ => None,
-        }
-    }
-
-    /// The residual a product or convolution adds, if it adds one.
-    pub fn residual(&self) -> Option<Loc> {
-        match self {
-            Step::Gemm(g) => g.residual,
-            Step::Conv(c) => c.residual,
             _ => None,
         }
     }

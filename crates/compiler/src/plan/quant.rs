@@ -128,7 +128,7 @@ fn pow2(e: i32) -> f32 {
 
 /// How a product or convolution reads its operands when it is quantized: `x` with one
 /// scale for the whole tensor (from calibration), each output channel's weights with their
-/// own (from the weights); and, where `out_scale`, how its output is rounded.
+/// own (from the weights).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Quant {
     /// The format both operands are rounded to.
@@ -138,13 +138,6 @@ pub struct Quant {
     /// One f32 scale per output channel (a product's `n` columns, per product where it runs
     /// several; a convolution's `k` filters), a constant that stays f32 on the device.
     pub w_scales: Loc,
-    /// Where its output is rounded to int8 too (`out_scale`, int8 only): a value that every
-    /// reader reads in int8, some as their input at this scale and some as their residual
-    /// (ResNet's residual stream), so that the GPU may keep it in int8 alone, half the
-    /// bytes of fp16 (`quant::round_outputs`). The output is `format.fake(y, out_scale)` of
-    /// the step's result; `None` where its output is read as it is computed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub out_scale: Option<f32>,
     /// The algorithm the GPU runs its 8-bit product with, chosen by timing at build, as
     /// `GemmStep::algo` holds a product's. `None` until tuned, and on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,13 +146,6 @@ pub struct Quant {
     /// timing at build; `None` before, elsewhere, and on the CPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<EightBitKernel>,
-}
-
-impl Quant {
-    /// `v`, the step's result, as it writes it: rounded where `out_scale` says.
-    pub fn output(&self, v: f32) -> f32 {
-        self.out_scale.map_or(v, |s| self.format.fake(v, s))
-    }
 }
 
 /// How the GPU runs an int8 step (`Quant::kernel`); each way is meant to give the same

@@ -23,7 +23,6 @@ pub use calibration::{Calibrator, Stepper};
 pub use heldout::HeldOut;
 pub use table::{CalibrationTable, HEADER as TABLE_HEADER, NodeRange, TableError};
 
-use crate::plan::readers::{arena_range, readers_of, takes_as_input, takes_as_residual};
 use crate::plan::{ConvStep, GemmStep, Loc, Plan, Quant, Span, Step, Weights};
 
 /// The largest relative error (root-mean-square error over root-mean-square value) a step's
@@ -66,8 +65,6 @@ pub struct Quantized {
     pub nodes: Vec<String>,
     /// The nodes that might have been and stay in the plan's type, with why.
     pub kept: Vec<(String, Kept)>,
-    /// The quantized nodes whose output is rounded to int8 too (`round_outputs`).
-    pub outputs: Vec<String>,
 }
 
 /// The input a step reads, where the step is one that may be quantized: a product or a
@@ -128,7 +125,6 @@ pub fn quantize(
             format,
             x_scale: format.scale(range.range(format)),
             w_scales: weight_scales(weights, &channels(step), format),
-            out_scale: None,
             algo: None,
             kernel: None,
         });
@@ -141,63 +137,7 @@ pub fn quantize(
             done.nodes.push(origin.clone());
         }
     }
-    for w in round_outputs(&mut plan.steps) {
-        let origin = &plan.origins[w];
-        if !done.outputs.contains(origin) {
-            done.outputs.push(origin.clone());
-        }
-    }
     done
-}
-
-/// Rounds to int8 the output of each int8 step whose every reader reads it in int8, as its
-/// input (at one scale) or as its residual, at least one of each: ResNet's residual stream,
-/// which the next block reads as its first convolution's input and adds to its last one's
-/// result. The residual is then read as the input is, rounded by the same scale (as
-/// TensorRT's int8 engines read it), so that the GPU may hold the value in int8 alone and
-/// move half fp16's bytes (`Quant::out_scale`). Values read otherwise (by a pool, in the
-/// plan's type, at another scale, or only as residuals) are left as they are. Returns the
-/// steps whose outputs are rounded.
-pub fn round_outputs(steps: &mut [Step]) -> Vec<usize> {
-    let int8 = |s: &Step| s.quant().filter(|q| q.format == QuantFormat::Int8);
-    let mut rounded = Vec::new();
-    for w in 0..steps.len() {
-        let Some(out) = int8(&steps[w]).and(arena_range(steps[w].written())) else {
-            continue;
-        };
-        let readers = readers_of(steps, w, out);
-        let mut scales = Vec::new();
-        let mut residuals = 0;
-        let every = readers.iter().all(|&r| {
-            let step = &steps[r];
-            match int8(step) {
-                Some(q) if takes_as_input(step, out) => {
-                    scales.push(q.x_scale.to_bits());
-                    true
-                }
-                Some(_) if takes_as_residual(step, out) => {
-                    residuals += 1;
-                    true
-                }
-                _ => false,
-            }
-        });
-        scales.dedup();
-        let scale = match scales[..] {
-            [one] if every && residuals > 0 => f32::from_bits(one),
-            _ => continue,
-        };
-        if !scale.is_normal() {
-            continue;
-        }
-        match &mut steps[w] {
-            Step::Gemm(GemmStep { quant: Some(q), .. })
-            | Step::Conv(ConvStep { quant: Some(q), .. }) => q.out_scale = Some(scale),
-            _ => unreachable!("an int8 step is a quantized product or convolution"),
-        }
-        rounded.push(w);
-    }
-    rounded
 }
 
 /// Where each output channel's weights are: the constant, and for each channel the offsets

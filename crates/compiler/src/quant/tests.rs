@@ -179,7 +179,6 @@ fn a_quantized_product_rounds_its_input_and_each_columns_weights() {
         format: QuantFormat::Int8,
         x_scale: 0.01,
         w_scales,
-        out_scale: None,
         algo: None,
         kernel: None,
     });
@@ -457,81 +456,4 @@ fn agreement_counts_top1_and_the_largest_probability_and_logit_errors() {
         b.to_string()
             .starts_with("top-1 agreement 100.00 % (1 of 1 frames)")
     );
-}
-
-#[test]
-fn a_residual_stream_is_rounded_where_every_reader_reads_it_in_int8() {
-    use crate::testing::int8_product_at as at;
-    let rounded = |mut steps: Vec<Step>| {
-        let which = round_outputs(&mut steps);
-        let scales: Vec<Option<f32>> = (steps.iter())
-            .map(|s| s.quant().and_then(|q| q.out_scale))
-            .collect();
-        (which, scales)
-    };
-    let with = |mut step: Step, change: &dyn Fn(&mut Quant)| {
-        if let Step::Gemm(GemmStep { quant: Some(q), .. }) = &mut step {
-            change(q);
-        }
-        step
-    };
-    // A block's output (100), read by the next block's first product as its input and by
-    // its last as its residual: rounded at the input's scale. The first product's output
-    // (200), read as an input only, is left as it is: its reader rounds it anyway.
-    let block = |last: Step| vec![at(0, 100, None), at(100, 200, None), last];
-    let (which, scales) = rounded(block(at(200, 300, Some(100))));
-    assert_eq!(which, [0]);
-    assert_eq!(scales, [Some(0.5), None, None]);
-    // Any reader that does not read it in int8 leaves it as it is: the residual's reader in
-    // the plan's type or in FP8, an input reader at a second scale, a reader that takes it
-    // as both its input and its residual, or readers that all take it as a residual.
-    let unquantized = with(at(200, 300, Some(100)), &|q| q.format = QuantFormat::Fp8);
-    let mut plain = at(200, 300, Some(100));
-    if let Step::Gemm(g) = &mut plain {
-        g.quant = None;
-    }
-    for steps in [
-        block(plain),
-        block(unquantized),
-        vec![
-            at(0, 100, None),
-            at(100, 200, None),
-            with(at(100, 250, None), &|q| q.x_scale = 0.25),
-            at(200, 300, Some(100)),
-        ],
-        vec![at(0, 100, None), at(100, 200, Some(100))],
-        vec![at(0, 100, None), at(0, 200, None), at(200, 300, Some(100))],
-    ] {
-        let described: Vec<String> = steps.iter().map(Step::describe).collect();
-        assert_eq!(rounded(steps).0, Vec::<usize>::new(), "{described:?}");
-    }
-    // An FP8 writer's output is never rounded (its readers' residual runs through
-    // cuBLASLt's epilogue in the plan's type).
-    let fp8 = |s: Step| with(s, &|q| q.format = QuantFormat::Fp8);
-    let (which, _) = rounded(vec![
-        fp8(at(0, 100, None)),
-        fp8(at(100, 200, None)),
-        fp8(at(200, 300, Some(100))),
-    ]);
-    assert!(which.is_empty());
-}
-
-#[test]
-fn a_rounded_output_is_written_as_its_readers_read_it() {
-    let mut q = Quant {
-        format: QuantFormat::Int8,
-        x_scale: 1.0,
-        w_scales: Loc::Weight {
-            index: 0,
-            offset: 0,
-        },
-        out_scale: None,
-        algo: None,
-        kernel: None,
-    };
-    assert_eq!(q.output(0.26), 0.26);
-    q.out_scale = Some(0.1);
-    assert_eq!(q.output(0.26), QuantFormat::Int8.fake(0.26, 0.1));
-    assert_eq!(q.output(0.26), 0.3);
-    assert_eq!(q.output(100.0), 12.7);
 }

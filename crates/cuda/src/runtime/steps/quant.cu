@@ -24,20 +24,6 @@ __device__ __forceinline__ unsigned int quantize_int8(float v, float s, float in
     return round_int8(__fmaf_rn(__fmaf_rn(-q, s, held), inv, q));
 }
 
-// v, a step's output of the plan's type, as `Quant::output` rounds it where the plan rounds it
-// to int8 (`out_scale` s > 0, `inv` 1 / s): the int8 value times s, in the plan's type, which
-// its readers round back to the same int8 value. s of 0: v as it is.
-__device__ __forceinline__ T round_output(float s, float inv, T v) {
-    if (!(s > 0.f)) return v;
-    return st(__fmul_rn((float)(signed char)quantize_int8(ld(v), s, inv), s));
-}
-
-// An int8 residual's byte b (a value `round_output` rounded by s, passed in int8) as the value
-// of the plan's type it stands for: the same bits as that value read from memory.
-__device__ __forceinline__ T residual_int8(float s, unsigned b) {
-    return st(__fmul_rn((float)(signed char)(unsigned char)b, s));
-}
-
 // v rounded as `QuantFormat::Fp8` rounds: E4M3, to nearest even, saturated at ±448.
 __device__ __forceinline__ unsigned int round_fp8(float v) {
 #if __CUDA_ARCH__ >= 890
@@ -136,16 +122,14 @@ extern "C" __global__ void quantize_patches(const Patches p, const T *x, unsigne
 
 // y[p, j] = act(sums[p, j] · scale · w_scales[j] + bias[j] + z[p, j]) over `len` values in
 // rows of n: an 8-bit product's sums scaled back (`scale`: the input's scale times the
-// product's alpha), then its bias, residual and activation, and rounded to int8 by `y_round`
-// where the plan says (`round_output`).
+// product's alpha), then its bias, residual and activation.
 // `n_mul` and `n_shift`: abi.rs's `divider` of n, used where len fits in 31 bits.
 template <typename S>
 __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_scales,
                                            const T *bias, const T *z, long long len, int n,
                                            unsigned n_mul, unsigned n_shift, float scale,
-                                           int act_id, float p0, float p1, float y_round) {
+                                           int act_id, float p0, float p1) {
     const bool narrow = len <= 0x7fffffffLL;
-    const float y_round_inv = 1.f / y_round;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < len;
          i += (long long)gridDim.x * blockDim.x) {
         const int j = narrow ? (int)i - (int)fast_div((unsigned)i, n_mul, n_shift) * n
@@ -155,7 +139,7 @@ __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_s
         float v = __fmul_rn((float)sums[i], scale * w_scales[j]);
         if (bias) v += ld(bias[j]);
         if (z) v += ld(z[i]);
-        y[i] = round_output(y_round, y_round_inv, st(act(act_id, v, p0, p1)));
+        y[i] = st(act(act_id, v, p0, p1));
     }
 }
 
@@ -163,18 +147,16 @@ __device__ __forceinline__ void dequantize(const S *sums, T *y, const float *w_s
 extern "C" __global__ void dequantize_int32(const int *sums, T *y, const float *w_scales,
                                             const T *bias, const T *z, long long len, int n,
                                             unsigned n_mul, unsigned n_shift, float scale,
-                                            int act_id, float p0, float p1, float y_round) {
-    dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1,
-               y_round);
+                                            int act_id, float p0, float p1) {
+    dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1);
 }
 
 // `dequantize` of FP8 products' f32 sums.
 extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *w_scales,
                                           const T *bias, const T *z, long long len, int n,
                                           unsigned n_mul, unsigned n_shift, float scale,
-                                          int act_id, float p0, float p1, float y_round) {
-    dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1,
-               y_round);
+                                          int act_id, float p0, float p1) {
+    dequantize(sums, y, w_scales, bias, z, len, n, n_mul, n_shift, scale, act_id, p0, p1);
 }
 
 // An int8 convolution or product in one kernel (implicit GEMM): each block reads its rows'
@@ -192,9 +174,7 @@ extern "C" __global__ void dequantize_f32(const float *sums, T *y, const float *
 // scale, it passes in int8 (`Runtime::chain_int8`): the first writes y as they would round it
 // (rounded to the plan's type, then by their input scale, `quantize_int8`: the same bytes
 // again), into the start of its buffer, and they (`conv8_*_int8_input`, `conv8_wide_*`) copy
-// it into shared memory as it is, with nothing to round. A value the plan rounds to int8
-// (`Quant::out_scale`: ResNet's residual stream) passes so to the steps that add it as their
-// residual too, which read its bytes as the values they stand for (`residual_int8`).
+// it into shared memory as it is, with nothing to round.
 //
 // A block of 256 threads computes 128 rows × COLS output channels (64 or 128, timed at
 // build), each of its 8 warps 32 rows × COLS / 2. An int8 input (passed by the step before,
@@ -217,13 +197,8 @@ struct Conv8 {
     // Where y is also written in int8, as the steps that read it as their input round it
     // (by y_scale), beside y in the plan's type for its other readers (0: nowhere).
     unsigned long long y8;
-    // Where the plan rounds y to int8 (`Quant::out_scale`, `round_output`): the scale (0: not).
-    float y_round;
-    // Where the residual z comes in int8, passed by the step that wrote it rounded by this
-    // scale (`residual_int8`; 0: in the plan's type).
-    float z_scale;
 };
-static_assert(sizeof(Conv8) == 120, "struct Conv8 no longer matches Conv8Params (abi.rs)");
+static_assert(sizeof(Conv8) == 112, "struct Conv8 no longer matches Conv8Params (abi.rs)");
 
 // C8_ROWS and C8_THREADS come from abi.rs: the launch's grid and block.
 static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 across");
@@ -322,12 +297,12 @@ struct __align__(2 * sizeof(T)) C8Pair {
 
 // y[at] and y[at + 1] (of a row, j and j + 1) from their sums, as `dequantize` writes them:
 // `scale` the sums' scale times each channel's, `bias` its bias, `z` the residual's two values
-// (loaded beforehand), `round_inv` 1 / p.y_round; in int8 where `y_int8`, as
-// `quantize_patches` would round them for the next step (`y_inv` 1 / y_scale).
+// (loaded beforehand); in int8 where `y_int8`, as `quantize_patches` would round them for the
+// next step (`y_inv` 1 / y_scale).
 __device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const float (&scale)[2],
                                          const float (&bias)[2], const T *z, C8Pair zv,
-                                         void *y, bool pairs, float y_inv, float round_inv,
-                                         long long at, int s0, int s1) {
+                                         void *y, bool pairs, float y_inv, long long at, int s0,
+                                         int s1) {
     const int sums[2] = {s0, s1};
     C8Pair out;
 #pragma unroll
@@ -336,7 +311,7 @@ __device__ __forceinline__ void c8_store(const Conv8 &p, bool has_bias, const fl
         float v = __fmul_rn((float)sums[k], scale[k]);
         if (has_bias) v += bias[k];
         if (z) v += ld(zv.v[k]);
-        out.v[k] = round_output(p.y_round, round_inv, st(c8_act(p, v)));
+        out.v[k] = st(c8_act(p, v));
     }
     if (p.y_int8 || p.y8) {
         const unsigned b[2] = {c8_output_int8(p.y_scale, y_inv, out.v[0]),
@@ -546,8 +521,8 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
     const bool has_bias = bias != nullptr;
     const bool pairs =
         (reinterpret_cast<size_t>(y) % (p.y_int8 ? 2 : 2 * sizeof(T))) == 0 &&
-        (p.z_scale > 0.f || (reinterpret_cast<size_t>(z) % (2 * sizeof(T))) == 0);
-    const float y_inv = 1.f / p.y_scale, round_inv = 1.f / p.y_round;
+        (reinterpret_cast<size_t>(z) % (2 * sizeof(T))) == 0;
+    const float y_inv = 1.f / p.y_scale;
     C8Pair zv[NI][4];
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni)
@@ -558,12 +533,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
             // n is a multiple of 8: j < n means j + 1 < n too.
             if (!z || row >= p.s.rows || j >= p.n) continue;
             const T *at = z + (long long)row * p.n + j;
-            if (p.z_scale > 0.f) {
-                const unsigned char *z8 =
-                    reinterpret_cast<const unsigned char *>(z) + (long long)row * p.n + j;
-                zv[ni][h].v[0] = residual_int8(p.z_scale, z8[0]);
-                zv[ni][h].v[1] = residual_int8(p.z_scale, z8[1]);
-            } else if (pairs) {
+            if (pairs) {
                 zv[ni][h] = *reinterpret_cast<const C8Pair *>(at);
             } else {
                 zv[ni][h].v[0] = at[0];
@@ -584,7 +554,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
             const int row = m0 + wm * 32 + mi * 16 + g + 8 * half;
             if (row >= p.s.rows) continue;
             const int *s = &acc[mi][ni][2 * half];
-            c8_store(p, has_bias, scale, b, z, zv[ni][h], y, pairs, y_inv, round_inv,
+            c8_store(p, has_bias, scale, b, z, zv[ni][h], y, pairs, y_inv,
                      (long long)row * p.n + j, s[0], s[1]);
         }
     }
@@ -611,8 +581,8 @@ struct C8Eight {
     float scale[8], bias[8];
     int j;
     bool has_bias;
-    bool vec;  // y and z at 16 bytes (8 for an int8 y or z): whole groups of 8 at once
-    float y_inv, round_inv;
+    bool vec;  // y and z at 16 bytes (8 for an int8 y): whole groups of 8 at once
+    float y_inv;
 
     __device__ __forceinline__ void start(const Conv8 &p, int j0, const float *w_scales,
                                           const T *b, const void *y, const T *z) {
@@ -624,28 +594,12 @@ struct C8Eight {
             bias[k] = b ? ld(b[j + k]) : 0.f;
         }
         vec = reinterpret_cast<size_t>(y) % (p.y_int8 ? 8 : 16) == 0 &&
-              reinterpret_cast<size_t>(z) % (p.z_scale > 0.f ? 8 : 16) == 0;
+              reinterpret_cast<size_t>(z) % 16 == 0;
         y_inv = 1.f / p.y_scale;
-        round_inv = 1.f / p.y_round;
     }
 
-    __device__ __forceinline__ void load(const Conv8 &p, const T *z, int row,
-                                         T (&zv)[8]) const {
-        if (p.z_scale > 0.f) {
-            const unsigned char *z8 =
-                reinterpret_cast<const unsigned char *>(z) + (long long)row * p.n + j;
-            __align__(8) unsigned char b[8];
-            if (vec) {
-                *reinterpret_cast<uint2 *>(b) = *reinterpret_cast<const uint2 *>(z8);
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) b[k] = z8[k];
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) zv[k] = residual_int8(p.z_scale, b[k]);
-            return;
-        }
-        const T *at = z + (long long)row * p.n + j;
+    __device__ __forceinline__ void load(const T *z, int row, int n, T (&zv)[8]) const {
+        const T *at = z + (long long)row * n + j;
         if (vec) {
 #pragma unroll
             for (int k = 0; k < 8; k += VEC)
@@ -665,7 +619,7 @@ struct C8Eight {
             float v = __fmul_rn((float)sums[k], scale[k]);
             if (has_bias) v += bias[k];  // not + 0, which would turn −0 into +0
             if (has_z) v += ld(zv[k]);
-            out[k] = round_output(p.y_round, round_inv, st(c8_act(p, v)));
+            out[k] = st(c8_act(p, v));
         }
         const long long at = (long long)row * p.n + j;
         if (p.y_int8 || p.y8) {
@@ -848,7 +802,7 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int row = m0 + r + q * ROW_STEP;
-            if (z && r + q * ROW_STEP < BM && row < p.s.rows) e.load(p, z, row, zv[q]);
+            if (z && r + q * ROW_STEP < BM && row < p.s.rows) e.load(z, row, p.n, zv[q]);
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {

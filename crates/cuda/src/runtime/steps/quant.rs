@@ -26,9 +26,6 @@ use crate::abi::{
 };
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
-use trtclassify_compiler::plan::readers::{
-    arena_range, overlaps, readers_of, takes_as_input, takes_as_residual,
-};
 use trtclassify_compiler::plan::{
     ConvStep, DType, EightBitKernel, GemmStep, Loc, OwnTile, Quant, QuantFormat, Span, Step,
 };
@@ -459,11 +456,10 @@ impl Runtime {
         let (len, n) = ((e.rows * e.n) as i64, e.n as i32);
         let (n_mul, n_shift) = divider(e.n as u32);
         let scale = e.alpha * e.quant.x_scale;
-        let y_round = e.quant.out_scale.unwrap_or(0.0);
         let mut b = self.stream.launch_builder(func);
         b.arg(&sums).arg(&y).arg(&w_scales).arg(&bias).arg(&z);
         b.arg(&len).arg(&n).arg(&n_mul).arg(&n_shift);
-        b.arg(&scale).arg(&id).arg(&p0).arg(&p1).arg(&y_round);
+        b.arg(&scale).arg(&id).arg(&p0).arg(&p1);
         launch(b, self.launch_cfg(e.rows * e.n))
     }
 }
@@ -505,9 +501,6 @@ pub(in crate::runtime) struct OwnStep {
     pub(in crate::runtime) int8_copy: Option<(usize, f32)>,
     /// Where it reads its input in int8 from such a copy: the slot.
     pub(in crate::runtime) int8_from: Option<usize>,
-    /// Where it reads its residual in int8, written so by the step before (a value the plan
-    /// rounds to int8, `Quant::out_scale`): the scale it was rounded by.
-    pub(in crate::runtime) int8_residual: Option<f32>,
 }
 
 impl OwnStep {
@@ -521,19 +514,17 @@ impl OwnStep {
             int8_output: None,
             int8_copy: None,
             int8_from: None,
-            int8_residual: None,
         }
     }
 }
 
 impl Runtime {
     /// Has the int8 steps of the engine's own kernel (`prepared`, parallel to `steps`) pass
-    /// a value in int8 where one writes it and every later reader reads it as its input, or
-    /// as its residual where the plan rounds the value to int8 (`int8_readers`): the writer
-    /// then writes it as they would round it, and they read it as it is, with nothing to
-    /// round (the scores are the same bits). The value's buffer holds it in its first bytes.
-    /// Where other steps read it too, a copy in int8 for those that take it as input
-    /// (`int8_copies`). Returns how many values pass either way.
+    /// a value in int8 where one writes it and every later reader reads it as its input
+    /// (`int8_readers`): the writer then writes it as they would round it, and they read it
+    /// as it is, with nothing to round (the scores are the same bits). The value's buffer
+    /// holds it in its first bytes. Where other steps read it too, a copy in int8 for those
+    /// that take it as input (`int8_copies`). Returns how many values pass either way.
     pub(in crate::runtime) fn chain_int8(
         &mut self,
         steps: &[Step],
@@ -545,27 +536,23 @@ impl Runtime {
         let scales: Vec<Option<f32>> = (steps.iter())
             .map(|s| EightBit::of(s).map(|e| e.quant.x_scale))
             .collect();
-        // cp.async copies 16 aligned bytes: the value's buffer, which its readers read all of.
-        let aligned =
-            |w: usize| EightBit::of(&steps[w]).is_some_and(|e| self.ptr(e.y).is_multiple_of(16));
         let mut alone = Vec::new();
-        for (w, readers) in int8_chains(steps, &own, &scales, &aligned) {
-            let Some(out) = arena_range(steps[w].written()) else {
+        for (w, readers) in int8_chains(steps, &own, &scales) {
+            // Every reader takes all of the value as its input, so its first byte.
+            let Some(reader) = EightBit::of(&steps[readers[0]]) else {
                 continue;
             };
-            let scale = (readers.iter())
-                .find(|&&r| takes_as_input(&steps[r], out))
-                .and_then(|&r| scales[r]);
+            // cp.async copies 16 aligned bytes.
+            if !self.ptr(reader.x).is_multiple_of(16) {
+                continue;
+            }
             for &r in &readers {
                 if let Prepared::OwnEightBit(own) = &mut prepared[r] {
-                    match takes_as_input(&steps[r], out) {
-                        true => own.int8_input = true,
-                        false => own.int8_residual = scale,
-                    }
+                    own.int8_input = true;
                 }
             }
             if let Prepared::OwnEightBit(own) = &mut prepared[w] {
-                own.int8_output = scale;
+                own.int8_output = Some(reader.quant.x_scale);
             }
             alone.push(w);
         }
@@ -657,8 +644,6 @@ impl Runtime {
             y8: own
                 .int8_copy
                 .map_or(0, |(slot, _)| self.ptr_u8(&self.int8_copies[slot])),
-            y_round: e.quant.out_scale.unwrap_or(0.0),
-            z_scale: own.int8_residual.unwrap_or(0.0),
         };
         debug_assert!(p.y8.is_multiple_of(16));
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));
@@ -684,54 +669,19 @@ impl Runtime {
 }
 
 /// The steps of `steps` that may pass a value in int8, among those the engine's own kernel
-/// runs (`own`, parallel; `scales`: each 8-bit step's input scale) whose output's buffer the
-/// kernels can read in int8 (`aligned`): the writer, and its readers (`int8_readers`). A step
-/// that adds its residual in place, over the value it writes, passes only with that residual:
-/// an int8 value written over one of the plan's type would land on bytes of it that other
-/// threads have yet to read.
-fn int8_chains(
-    steps: &[Step],
-    own: &[bool],
-    scales: &[Option<f32>],
-    aligned: &dyn Fn(usize) -> bool,
-) -> Vec<(usize, Vec<usize>)> {
-    let mut chains: Vec<(usize, Vec<usize>)> = (0..steps.len())
-        .filter(|&w| aligned(w))
+/// runs (`own`, parallel; `scales`: each 8-bit step's input scale): the writer, and its
+/// readers (`int8_readers`).
+fn int8_chains(steps: &[Step], own: &[bool], scales: &[Option<f32>]) -> Vec<(usize, Vec<usize>)> {
+    (0..steps.len())
         .filter_map(|w| Some((w, int8_readers(steps, own, scales, w)?)))
-        .collect();
-    let out = |w: usize| arena_range(steps[w].written());
-    loop {
-        let passes = |w: usize| chains.iter().any(|c| c.0 == w);
-        // Whether step r, which writes its output over the value at `at`, reads that value
-        // passed in int8 (as its residual: `int8_readers` allows no other read in place).
-        let reads_passed = |r: usize, at: (i128, i128)| {
-            (chains.iter()).any(|(w, readers)| out(*w) == Some(at) && readers.contains(&r))
-        };
-        let keep: Vec<bool> = (chains.iter())
-            .map(|&(w, ref readers)| {
-                let Some(at) = out(w) else { return false };
-                let reads_over =
-                    |r: usize| (steps[r].reads().into_iter()).any(|s| overlaps(arena_range(s), at));
-                // Its own output written over a value it reads; its readers' over it.
-                (!reads_over(w) || reads_passed(w, at))
-                    && (readers.iter()).all(|&r| !overlaps(out(r), at) || passes(r))
-            })
-            .collect();
-        if keep.iter().all(|&k| k) {
-            return chains;
-        }
-        let mut keep = keep.into_iter();
-        chains.retain(|_| keep.next() == Some(true));
-    }
+        .collect()
 }
 
 /// The readers of the value that step `w` writes in the arena, where it may write it in
-/// int8 alone: each later step that reads it before it is written over runs in the own
-/// kernel, as `w` does, and reads all of it and nothing else of it, as its input at one
-/// scale, or as its residual where the plan rounds the value to int8 at that scale
-/// (`Quant::out_scale`); one reader at least takes it as its input. One reader, or several:
-/// a stage's first block, whose first product and downsampling both take the stage's input;
-/// ResNet's residual stream, the next block's input and its last product's residual.
+/// int8 alone: each later step that reads it before it is written over reads all of it as
+/// its input, nothing else of it (not as its residual), at one scale, and runs in the own
+/// kernel, as `w` does. One reader, or several: a stage's first block, whose first product
+/// and downsampling both take the stage's input.
 fn int8_readers(
     steps: &[Step],
     own: &[bool],
@@ -743,25 +693,41 @@ fn int8_readers(
     }
     let writer = &steps[w];
     let out = arena_range(writer.written())?;
-    // Its int8 bytes may land on a value it reads only where that is its residual, read in
-    // place (`int8_chains` sees that it comes in int8 too).
-    let own_residual = |s: Span| Some(s.loc) == writer.residual() && arena_range(s) == Some(out);
-    if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out) && !own_residual(s)) {
+    // Its int8 bytes would land on a residual it reads in the plan's type.
+    if (writer.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
         return None;
     }
     let readers = readers_of(steps, w, out);
-    let bits = |r: usize| scales[r].map(f32::to_bits);
-    let first = *(readers.iter()).find(|&&r| takes_as_input(&steps[r], out))?;
-    let rounded = writer.quant().and_then(|q| q.out_scale).map(f32::to_bits);
+    let scale = |r: usize| scales[r].map(f32::to_bits);
+    let first = *readers.first()?;
     (readers.iter())
-        .all(|&r| {
-            own[r]
-                && match takes_as_input(&steps[r], out) {
-                    true => bits(r) == bits(first),
-                    false => takes_as_residual(&steps[r], out) && rounded == bits(first),
-                }
-        })
+        .all(|&r| own[r] && takes_as_input(&steps[r], out) && scale(r) == scale(first))
         .then_some(readers)
+}
+
+/// The steps after `w` that read any of `out` (its output's place in the arena) before it is
+/// written over: the arena places nothing over a value before its last read, so the first
+/// step that writes over any of it comes after every reader.
+fn readers_of(steps: &[Step], w: usize, out: (i128, i128)) -> Vec<usize> {
+    let mut readers = Vec::new();
+    for (r, step) in steps.iter().enumerate().skip(w + 1) {
+        if (step.reads().into_iter()).any(|s| overlaps(arena_range(s), out)) {
+            readers.push(r);
+        }
+        if overlaps(arena_range(step.written()), out) {
+            break;
+        }
+    }
+    readers
+}
+
+/// Whether `step` reads all of `out` as its input and nothing else of it (not as its
+/// residual). A product's and a convolution's first span is their input (`StepKind::spans`).
+fn takes_as_input(step: &Step, out: (i128, i128)) -> bool {
+    let reads_of_it = (step.reads().into_iter())
+        .filter(|s| overlaps(arena_range(*s), out))
+        .count();
+    reads_of_it == 1 && step.spans().first().and_then(|s| arena_range(*s)) == Some(out)
 }
 
 /// The values that a step of the engine's own kernel (`own`, parallel to `steps`) may write
@@ -808,10 +774,22 @@ fn int8_copies(
     copies
 }
 
+/// The elements of the arena that `span` covers, where it is in the arena.
+fn arena_range(span: Span) -> Option<(i128, i128)> {
+    match span.loc {
+        Loc::Arena(at) => Some((at as i128 + span.start, at as i128 + span.end)),
+        _ => None,
+    }
+}
+
+/// Whether two ranges of the arena share an element.
+fn overlaps(a: Option<(i128, i128)>, b: (i128, i128)) -> bool {
+    a.is_some_and(|a| a.0 < b.1 && b.0 < a.1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trtclassify_compiler::testing::int8_product_at;
 
     /// quant.cu's `quantize_int8` before its rounding to an integer: v / s as v · (1 / s) and
     /// Markstein's correction, v first held to ±128·s.
@@ -884,7 +862,6 @@ mod tests {
                     index: 1,
                     offset: 0,
                 },
-                out_scale: None,
                 algo: None,
                 kernel: None,
             }),
@@ -932,7 +909,7 @@ mod tests {
         // Every step that may be quantized taken as run by the own kernel.
         let own: Vec<bool> = steps.iter().map(|s| input_of(s).is_some()).collect();
         let scales: Vec<Option<f32>> = steps.iter().map(|_| Some(0.5)).collect();
-        let chains = int8_chains(steps, &own, &scales, &|_| true);
+        let chains = int8_chains(steps, &own, &scales);
         let described: Vec<(String, String)> = (chains.iter())
             .map(|(w, r)| (steps[*w].describe(), steps[r[0]].describe()))
             .collect();
@@ -952,7 +929,7 @@ mod tests {
         // A reader the own kernel does not run takes its input in the plan's type.
         let mut fewer = own.clone();
         fewer[chains[0].1[0]] = false;
-        assert_eq!(int8_chains(steps, &fewer, &scales, &|_| true), chains[1..]);
+        assert_eq!(int8_chains(steps, &fewer, &scales), chains[1..]);
     }
 
     #[test]
@@ -960,21 +937,21 @@ mod tests {
         let chains = |steps: &[Step], scales: &[f32]| {
             let own = vec![true; steps.len()];
             let scales: Vec<Option<f32>> = scales.iter().map(|&s| Some(s)).collect();
-            let chains = int8_chains(steps, &own, &scales, &|_| true);
+            let chains = int8_chains(steps, &own, &scales);
             (chains, copies_beside_chains(steps, &own, &scales))
         };
         // A value (100) read by two products as their input, then the last step.
         let after = |last: Step| {
             [
-                int8_product_at(0, 100, None),
-                int8_product_at(100, 200, None),
-                int8_product_at(100, 300, None),
+                product_at(0, 100, None),
+                product_at(100, 200, None),
+                product_at(100, 300, None),
                 last,
             ]
         };
         // A stage's first block: its input read by its first product and by its
         // downsampling, which the block's last product reads as its residual.
-        let steps = after(int8_product_at(200, 400, Some(300)));
+        let steps = after(product_at(200, 400, Some(300)));
         let (passed, copied) = chains(&steps, &[0.5; 4]);
         assert_eq!(passed[0], (0, vec![1, 2]));
         // Passed alone, so not copied as well; where it cannot pass (its buffer misaligned
@@ -992,78 +969,10 @@ mod tests {
         assert_eq!(copied[0], (0, vec![1], 0));
         // Nor where another reader takes it as its residual: each reader then reads what
         // it read before (the copy, or the plan's type).
-        let steps = after(int8_product_at(300, 400, Some(100)));
+        let steps = after(product_at(300, 400, Some(100)));
         let (passed, copied) = chains(&steps, &[0.5; 4]);
         assert!(passed.iter().all(|c| c.0 != 0), "{passed:?}");
         assert_eq!(copied[0], (0, vec![1, 2], 0));
-    }
-
-    /// `step` with its output rounded to int8 at `scale` (`Quant::out_scale`).
-    fn rounded(mut step: Step, scale: f32) -> Step {
-        if let Step::Gemm(GemmStep { quant: Some(q), .. }) = &mut step {
-            q.out_scale = Some(scale);
-        }
-        step
-    }
-
-    #[test]
-    fn a_residual_stream_passes_in_int8_where_the_plan_rounds_it() {
-        let chains = |steps: &[Step]| {
-            let own = vec![true; steps.len()];
-            int8_chains(steps, &own, &vec![Some(0.5); steps.len()], &|_| true)
-        };
-        // A block's output (100), rounded as the plan says, read by the next block's first
-        // product as its input and by its last as its residual: passed to both.
-        let block = |first: Step| {
-            vec![
-                first,
-                int8_product_at(100, 200, None),
-                int8_product_at(200, 300, Some(100)),
-            ]
-        };
-        let stream = chains(&block(rounded(int8_product_at(0, 100, None), 0.5)));
-        assert_eq!(stream, [(0, vec![1, 2]), (1, vec![2])]);
-        // Not rounded, or rounded at another scale than its input readers read: not passed.
-        for first in [
-            int8_product_at(0, 100, None),
-            rounded(int8_product_at(0, 100, None), 0.25),
-        ] {
-            assert_eq!(chains(&block(first)), [(1, vec![2])]);
-        }
-        // The last product adds its residual in place, over the block's output, which the
-        // next block reads: it passes its output in int8 where its residual comes in int8,
-        // and the residual passes only where that product passes its output, so that no int8
-        // bytes land on a value of the plan's type before it is read, nor the plan's type
-        // on int8.
-        let in_place = |first: Step, next_own: bool| {
-            let steps = [
-                first,
-                int8_product_at(100, 200, None),
-                rounded(int8_product_at(200, 100, Some(100)), 0.5),
-                int8_product_at(100, 400, None),
-            ];
-            let own = [true, true, true, next_own];
-            int8_chains(&steps, &own, &[Some(0.5); 4], &|_| true)
-        };
-        let rounded_first = || rounded(int8_product_at(0, 100, None), 0.5);
-        assert_eq!(
-            in_place(rounded_first(), true),
-            [(0, vec![1, 2]), (1, vec![2]), (2, vec![3])]
-        );
-        assert_eq!(
-            in_place(int8_product_at(0, 100, None), true),
-            [(1, vec![2])]
-        );
-        assert_eq!(in_place(rounded_first(), false), [(1, vec![2])]);
-        // A buffer the kernels cannot read in int8 passes nothing, nor what depends on it.
-        let steps = [
-            rounded_first(),
-            int8_product_at(100, 200, None),
-            rounded(int8_product_at(200, 100, Some(100)), 0.5),
-            int8_product_at(100, 400, None),
-        ];
-        let not_first = int8_chains(&steps, &[true; 4], &[Some(0.5); 4], &|w| w != 0);
-        assert_eq!(not_first, [(1, vec![2])]);
     }
 
     /// `int8_copies` beside the values that `int8_chains` passes alone (all of them, as a
@@ -1073,7 +982,7 @@ mod tests {
         own: &[bool],
         scales: &[Option<f32>],
     ) -> Vec<(usize, Vec<usize>, usize)> {
-        let alone: Vec<usize> = (int8_chains(steps, own, scales, &|_| true).iter())
+        let alone: Vec<usize> = (int8_chains(steps, own, scales).iter())
             .map(|c| c.0)
             .collect();
         int8_copies(steps, own, scales, &alone)
@@ -1122,12 +1031,47 @@ mod tests {
                 .all(|c| c.0 != *w)
         );
         // Nor is a value copied that passes in int8 alone.
-        let chains = int8_chains(steps, &own, &scales, &|_| true);
+        let chains = int8_chains(steps, &own, &scales);
         assert!(
             chains
                 .iter()
                 .all(|(cw, _)| copies.iter().all(|c| c.0 != *cw))
         );
+    }
+
+    /// A 4 × 16 · 16 × 16 int8 product of the arena's values at `x` (and the residual at
+    /// `residual`) into `y`.
+    fn product_at(x: usize, y: usize, residual: Option<usize>) -> Step {
+        Step::Gemm(GemmStep {
+            batch: 1,
+            alpha: 1.0,
+            rows: 4,
+            n: 16,
+            k: 16,
+            x: Loc::Arena(x),
+            x_batch: 0,
+            w: Loc::Weight {
+                index: 0,
+                offset: 0,
+            },
+            w_transposed: true,
+            bias: None,
+            residual: residual.map(Loc::Arena),
+            act: Act::None,
+            y: Loc::Arena(y),
+            y_batch: 0,
+            quant: Some(Quant {
+                format: QuantFormat::Int8,
+                x_scale: 0.5,
+                w_scales: Loc::Weight {
+                    index: 1,
+                    offset: 0,
+                },
+                algo: None,
+                kernel: None,
+            }),
+            algo: None,
+        })
     }
 
     #[test]
@@ -1141,11 +1085,11 @@ mod tests {
         // product's output (300) the same: each copy frees slot 0 before the next needs it,
         // and the second's writer reads the first copy.
         let steps = [
-            int8_product_at(0, 100, None),
-            int8_product_at(100, 200, None),
-            int8_product_at(200, 300, Some(100)),
-            int8_product_at(300, 400, None),
-            int8_product_at(400, 500, Some(300)),
+            product_at(0, 100, None),
+            product_at(100, 200, None),
+            product_at(200, 300, Some(100)),
+            product_at(300, 400, None),
+            product_at(400, 500, Some(300)),
         ];
         assert_eq!(
             copies(&steps, &[0.5; 5]),
@@ -1153,15 +1097,15 @@ mod tests {
         );
         // Three values written before any is read: two slots, so the third is not copied.
         let steps = [
-            int8_product_at(0, 100, None),
-            int8_product_at(0, 300, None),
-            int8_product_at(0, 800, None),
-            int8_product_at(100, 400, None),
-            int8_product_at(300, 500, None),
-            int8_product_at(800, 900, None),
-            int8_product_at(400, 600, Some(100)),
-            int8_product_at(500, 700, Some(300)),
-            int8_product_at(900, 1000, Some(800)),
+            product_at(0, 100, None),
+            product_at(0, 300, None),
+            product_at(0, 800, None),
+            product_at(100, 400, None),
+            product_at(300, 500, None),
+            product_at(800, 900, None),
+            product_at(400, 600, Some(100)),
+            product_at(500, 700, Some(300)),
+            product_at(900, 1000, Some(800)),
         ];
         assert_eq!(
             copies(&steps, &[0.5; 9]),
@@ -1169,10 +1113,10 @@ mod tests {
         );
         // Two readers at different scales: the copy is at the first's, for it alone.
         let steps = [
-            int8_product_at(0, 100, None),
-            int8_product_at(100, 200, None),
-            int8_product_at(100, 300, None),
-            int8_product_at(200, 400, Some(100)),
+            product_at(0, 100, None),
+            product_at(100, 200, None),
+            product_at(100, 300, None),
+            product_at(200, 400, Some(100)),
         ];
         assert_eq!(copies(&steps, &[0.5, 0.5, 0.25, 0.5]), [(0, vec![1], 0)]);
         assert_eq!(copies(&steps, &[0.5; 4]), [(0, vec![1, 2], 0)]);

@@ -173,23 +173,30 @@ def conv(form, n, h, c, k, r, stride):
 
 
 VERBOSE = "-v" in sys.argv
-batches = [int(b) for b in sys.argv[1:] if b != "-v"] or [64, 1]
-print(f"{name.value.decode()}, cuDNN {dnn.cudnnGetVersion()}")
-for n in batches:
-    totals, refused = {}, {}
-    for form in ("fp16", "int8", "int8x32"):
-        total = 0.0
-        for count, h, c, k, r, stride in RESNET50:
-            try:
-                t = conv(form, n, h, c, k, r, stride)
-            except RuntimeError as e:
-                t = str(e)
-            if isinstance(t, float):
-                total += count * t
-            else:
-                refused.setdefault(form, []).append(f"{h}x{h}x{c}->{k} {r}x{r}/{stride}: {t}")
-        totals[form] = total
-    print(f"\nbatch {n}: ResNet-50's convolutions after the stem, summed (ms; img/s by them alone)")
-    for form, total in totals.items():
-        note = f"; refused: {refused[form][:3]}" if form in refused else ""
-        print(f"  {form:8} {total:8.3f} ms  {n / total * 1e3:10,.0f} img/s{note}")
+
+
+def main():
+    batches = [int(b) for b in sys.argv[1:] if b != "-v"] or [64, 1]
+    print(f"{name.value.decode()}, cuDNN {dnn.cudnnGetVersion()}")
+    for n in batches:
+        totals, refused = {}, {}
+        for form in ("fp16", "int8", "int8x32"):
+            total = 0.0
+            for count, h, c, k, r, stride in RESNET50:
+                try:
+                    t = conv(form, n, h, c, k, r, stride)
+                except RuntimeError as e:
+                    t = str(e)
+                if isinstance(t, float):
+                    total += count * t
+                else:
+                    refused.setdefault(form, []).append(f"{h}x{h}x{c}->{k} {r}x{r}/{stride}: {t}")
+            totals[form] = total
+        print(f"\nbatch {n}: ResNet-50's convolutions after the stem, summed (ms; img/s by them alone)")
+        for form, total in totals.items():
+            note = f"; refused: {refused[form][:3]}" if form in refused else ""
+            print(f"  {form:8} {total:8.3f} ms  {n / total * 1e3:10,.0f} img/s{note}")
+
+
+if __name__ == "__main__":
+    main()

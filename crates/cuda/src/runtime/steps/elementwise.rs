@@ -26,7 +26,7 @@ kernel_set! {
 
 /// Elements of the last dimension a thread of the scalar kernels takes at a time: a short
 /// last dimension (an image's 3 channels) whole, so its row's offsets are worked out once.
-const SCALAR_CHUNK: usize = 4;
+pub(super) const SCALAR_CHUNK: usize = 4;
 
 impl GpuStep for EwStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MPL-2.0
-// A CPU emulator of the CUDA the int8 kernels use, for their tests where there is no GPU: the
-// kernels' own source compiled as C++ (`TRTCLASSIFY_EMULATOR`: prelude.cu and quant.cu then
-// call the functions here in place of their PTX), each thread a fiber (ucontext), switched
-// only where threads wait for each other: `__syncthreads`; the warp-wide instructions
-// (`ldmatrix`, `mma.sync`), which gather their 32 lanes' operands and give each lane its part
-// of the result as the PTX ISA defines it. The blocks of a tile (those that differ only in z)
+// A CPU emulator of the CUDA the int8, element-wise and pooling kernels use, for their tests
+// where there is no GPU: the kernels' own source compiled as C++ (`TRTCLASSIFY_EMULATOR`:
+// prelude.cu and quant.cu then call the functions here in place of their PTX), each thread
+// a fiber (ucontext), switched only where threads wait for each other: `__syncthreads`; the
+// warp-wide instructions (`ldmatrix`, `mma.sync`), which gather their 32 lanes' operands and
+// give each lane its part of the result as the PTX ISA defines it. The blocks of a tile (those that differ only in z)
 // run side by side, each with its shared memory, taking turns in alternating order; the tiles
 // one after another. Within a block a warp runs as far as it goes before the next, so a
 // barrier missing between warps shows; and two blocks that store the same output fail. cp.async copies land either as they are issued

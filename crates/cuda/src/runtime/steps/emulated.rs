@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The int8 kernels run where there is no GPU: their source compiled as C++ for the CPU
-//! emulator of `crates/cuda/emulator/emu.h` (by the host's C++ compiler, `$CXX` or `c++`),
-//! with the harness `emulator/quant_test.cpp`, which compares every way of the engine's own
-//! int8 kernel (launched as `OwnLaunch::of` says) with the way through cuBLASLt to the bit,
-//! in fp16 and in f32.
+//! Kernels run where there is no GPU: their source compiled as C++ for the CPU emulator of
+//! `crates/cuda/emulator/emu.h` (by the host's C++ compiler, `$CXX` or `c++`), with a
+//! harness: `emulator/quant_test.cpp` compares every way of the engine's own int8 kernel
+//! (launched as `OwnLaunch::of` says) with the way through cuBLASLt to the bit;
+//! `emulator/ew_pool_test.cpp` compares the element-wise and pooling kernels with their
+//! definition to the bit. Both in fp16 and in f32.
 
 use std::path::Path;
 use std::process::Command;

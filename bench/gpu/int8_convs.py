@@ -52,6 +52,7 @@ def alloc(size):
     return p.value
 
 
+VERBOSE = "-v" in sys.argv
 WORKSPACE = 512 << 20
 ws = alloc(WORKSPACE)
 
@@ -108,6 +109,46 @@ def timed(call, reps=20):
     return statistics.median(samples)
 
 
+def ranked_algorithms(x, w, cd, y):
+    """cuDNN's ranked forward algorithms for these descriptors, those it supports (status 0)."""
+    perf = (ctypes.c_ubyte * 48 * 8)()
+    count = c_int()
+    ok(dnn.cudnnGetConvolutionForwardAlgorithm_v7(handle, x, w, cd, y, 8, ctypes.byref(count), perf),
+       "ranked algorithms")
+    field = lambda i, at: int.from_bytes(bytes(perf[i][at:at + 4]), "little")
+    return [field(i, 0) for i in range(count.value) if field(i, 4) == 0]
+
+
+def fastest_fused(algos, x, w, cd, y, bias, act, label):
+    """The fastest of `algos` in cuDNN's fused call (convolution, bias, ReLU) on x, w, y and
+    bias (each a descriptor and a device address), in ms, each `timed`; where none ran, the
+    status of a refused call, or None where none fits the workspace."""
+    one, zero = c_float(1.0), c_float(0.0)
+    best = None
+    for algo in algos:
+        need = c_size_t()
+        if dnn.cudnnGetConvolutionForwardWorkspaceSize(handle, x[0], w[0], cd, y[0], algo, ctypes.byref(need)) != 0:
+            continue
+        if need.value > WORKSPACE:
+            continue
+
+        def call():
+            return dnn.cudnnConvolutionBiasActivationForward(
+                handle, ctypes.byref(one), x[0], c_void_p(x[1]), w[0], c_void_p(w[1]), cd, algo,
+                c_void_p(ws), need, ctypes.byref(zero), y[0], c_void_p(y[1]), bias[0],
+                c_void_p(bias[1]), act, y[0], c_void_p(y[1]))
+
+        rc = call()
+        if rc != 0:
+            best = best or f"status {rc}"
+            continue
+        t = timed(call)
+        if VERBOSE:
+            print(f"    {label} algo {algo}: {t * 1e3:.1f} us")
+        best = t if not isinstance(best, float) or t < best else best
+    return best
+
+
 def conv(form, n, h, c, k, r, stride):
     pad = r // 2
     oh = (h + 2 * pad - r) // stride + 1
@@ -133,46 +174,18 @@ def conv(form, n, h, c, k, r, stride):
     dnn.cudnnSetActivationDescriptor(act, RELU, 0, ctypes.c_double(0.0))
     px, pw, py = alloc(n * c * h * h * size), alloc(k * c * r * r * size), alloc(n * k * oh * oh * size)
     pb = alloc(k * 4)
-    one, zero = c_float(1.0), c_float(0.0)
 
     if form == "fp16":
-        perf = (ctypes.c_ubyte * 48 * 8)()
-        count = c_int()
-        ok(dnn.cudnnGetConvolutionForwardAlgorithm_v7(handle, x, w, cd, y, 8, ctypes.byref(count), perf),
-           "ranked algorithms")
-        field = lambda i, at: int.from_bytes(bytes(perf[i][at:at + 4]), "little")
-        # Supported ones (status 0), less FFT and direct, which the engine never picks.
-        algos = [field(i, 0) for i in range(count.value) if field(i, 4) == 0]
-        algos = [a for a in algos if a not in (3, 4, 5)][:3] or [IMPLICIT_PRECOMP_GEMM]
+        # Less FFT and direct, which the engine never picks.
+        algos = [a for a in ranked_algorithms(x, w, cd, y) if a not in (3, 4, 5)][:3]
+        algos = algos or [IMPLICIT_PRECOMP_GEMM]
     else:
         algos = [IMPLICIT_PRECOMP_GEMM]
-    best = None
-    for algo in algos:
-        need = c_size_t()
-        if dnn.cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, cd, y, algo, ctypes.byref(need)) != 0:
-            continue
-        if need.value > WORKSPACE:
-            continue
-
-        def call():
-            return dnn.cudnnConvolutionBiasActivationForward(
-                handle, ctypes.byref(one), x, c_void_p(px), w, c_void_p(pw), cd, algo, c_void_p(ws),
-                need, ctypes.byref(zero), y, c_void_p(py), bias, c_void_p(pb), act, y, c_void_p(py))
-
-        rc = call()
-        if rc != 0:
-            best = best or f"status {rc}"
-            continue
-        t = timed(call)
-        if VERBOSE:
-            print(f"    {form} n{n} {h}x{h}x{c}->{k} {r}x{r}/{stride} algo {algo}: {t * 1e3:.1f} us")
-        best = t if not isinstance(best, float) or t < best else best
+    best = fastest_fused(algos, (x, px), (w, pw), cd, (y, py), (bias, pb), act,
+                         f"{form} n{n} {h}x{h}x{c}->{k} {r}x{r}/{stride}")
     for p in (px, pw, py, pb):
         cu.cuMemFree_v2(ctypes.c_uint64(p))
     return best
-
-
-VERBOSE = "-v" in sys.argv
 
 
 def main():

@@ -16,14 +16,13 @@ On the GPU host, ctypes on its own libraries (no build, no PyTorch):
 """
 import ctypes, sys
 
-from int8_convs import (CROSS_CORRELATION, FLOAT, HALF, NCHW, NHWC, RELU, TENSOR_OP, WORKSPACE,
-                        alloc, cu, dnn, handle, name, ok, tensor, timed, ws)
-
-VERBOSE = "-v" in sys.argv
+from int8_convs import (CROSS_CORRELATION, FLOAT, HALF, NCHW, NHWC, RELU, TENSOR_OP, alloc, cu, dnn,
+                        fastest_fused, name, ok, ranked_algorithms, tensor)
 
 
 def conv(n, c, h, k, r, stride, pad):
-    """The fastest of cuDNN's ranked algorithms for one fp16 NHWC convolution, in ms."""
+    """The fastest of cuDNN's ranked algorithms for one fp16 NHWC convolution, in ms (else
+    why none ran: `fastest_fused`)."""
     oh = (h + 2 * pad - r) // stride + 1
     x, y = tensor(NHWC, HALF, n, c, h, h), tensor(NHWC, HALF, n, k, oh, oh)
     bias = tensor(NCHW, HALF, 1, k, 1, 1)
@@ -40,32 +39,8 @@ def conv(n, c, h, k, r, stride, pad):
     dnn.cudnnSetActivationDescriptor(act, RELU, 0, ctypes.c_double(0.0))
     px, pw, py = alloc(n * c * h * h * 2), alloc(k * c * r * r * 2), alloc(n * k * oh * oh * 2)
     pb = alloc(k * 2)
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    perf = (ctypes.c_ubyte * 48 * 8)()
-    count = ctypes.c_int()
-    ok(dnn.cudnnGetConvolutionForwardAlgorithm_v7(handle, x, w, cd, y, 8, ctypes.byref(count), perf),
-       "ranked algorithms")
-    field = lambda i, at: int.from_bytes(bytes(perf[i][at:at + 4]), "little")
-    best = None
-    for algo in [field(i, 0) for i in range(count.value) if field(i, 4) == 0]:
-        need = ctypes.c_size_t()
-        if dnn.cudnnGetConvolutionForwardWorkspaceSize(handle, x, w, cd, y, algo, ctypes.byref(need)) != 0:
-            continue
-        if need.value > WORKSPACE:
-            continue
-
-        def call():
-            return dnn.cudnnConvolutionBiasActivationForward(
-                handle, ctypes.byref(one), x, ctypes.c_void_p(px), w, ctypes.c_void_p(pw), cd, algo,
-                ctypes.c_void_p(ws), need, ctypes.byref(zero), y, ctypes.c_void_p(py), bias,
-                ctypes.c_void_p(pb), act, y, ctypes.c_void_p(py))
-
-        if call() != 0:
-            continue
-        t = timed(call)
-        if VERBOSE:
-            print(f"    n{n} {h}x{h}x{c}->{k} {r}x{r}/{stride} pad {pad} algo {algo}: {t * 1e3:.1f} us")
-        best = t if best is None or t < best else best
+    best = fastest_fused(ranked_algorithms(x, w, cd, y), (x, px), (w, pw), cd, (y, py), (bias, pb), act,
+                         f"n{n} {h}x{h}x{c}->{k} {r}x{r}/{stride} pad {pad}")
     for p in (px, pw, py, pb):
         cu.cuMemFree_v2(ctypes.c_uint64(p))
     return best
@@ -97,7 +72,7 @@ def main():
         times = []
         for n in batches:
             t = conv(n, c, h, k, r, stride, pad)
-            times.append("refused" if t is None else f"{t * 1e3:.1f} µs")
+            times.append(f"{t * 1e3:.1f} µs" if isinstance(t, float) else "refused")
         print(f"| {stem} | {form} | " + " | ".join(times) + " |")
 
 

@@ -13,15 +13,19 @@ use super::quant::OwnLaunch;
 use crate::abi;
 use trtclassify_compiler::plan::{DType, EightBitKernel};
 
-/// The kernels the harness runs, as `runtime::kernels::source` puts them together.
-fn source() -> String {
+/// The kernel files a harness runs (`families`), after what every kernel needs, as
+/// `runtime::kernels::source` puts them together.
+fn source(families: &[&str]) -> String {
     [
         abi::prelude().as_str(),
         include_str!("../prelude.cu"),
         include_str!("activations.cu"),
         abi::dispatchers().as_str(),
-        include_str!("quant.cu"),
     ]
+    .iter()
+    .chain(families)
+    .copied()
+    .collect::<Vec<_>>()
     .join("\n")
 }
 
@@ -98,7 +102,7 @@ fn build_and_run(dir: &Path, name: &str, half: bool) -> String {
 fn the_own_int8_kernels_match_cublaslts_path() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     for (file, text) in [
-        ("kernels.cu", source()),
+        ("kernels.cu", source(&[include_str!("quant.cu")])),
         ("ways.h", ways()),
         ("emu.h", include_str!("../../../emulator/emu.h").into()),
         (
@@ -264,15 +268,7 @@ fn ew_pool_cases(dtype: DType) -> String {
 #[test]
 fn the_element_wise_and_pooling_kernels_match_their_definition() {
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let kernels = [
-        abi::prelude().as_str(),
-        include_str!("../prelude.cu"),
-        include_str!("activations.cu"),
-        abi::dispatchers().as_str(),
-        include_str!("elementwise.cu"),
-        include_str!("pool.cu"),
-    ]
-    .join("\n");
+    let kernels = source(&[include_str!("elementwise.cu"), include_str!("pool.cu")]);
     for (file, text) in [
         ("kernels.cu", kernels),
         ("emu.h", include_str!("../../../emulator/emu.h").into()),

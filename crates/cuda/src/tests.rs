@@ -28,7 +28,7 @@ fn the_kernels_take_their_ids_and_sizes_from_the_rust_side() {
     let source = runtime::source();
     let prelude = abi::prelude();
     assert!(source.starts_with(&prelude));
-    for name in ["MAX_RANK", "WARP_ROW_MAX", "PRE_SPAN"] {
+    for name in ["MAX_RANK", "EW_SCALAR_CHUNK", "WARP_ROW_MAX", "PRE_SPAN"] {
         assert_eq!(
             source.matches(&format!("#define {name} ")).count(),
             1,

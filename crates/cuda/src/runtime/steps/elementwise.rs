@@ -6,7 +6,7 @@ use cudarc::driver::PushKernelArg;
 use super::super::Runtime;
 use super::super::kernels::kernel_set;
 use super::{GpuStep, launch};
-use crate::abi::EwParams;
+use crate::abi::{EW_SCALAR_CHUNK, EwParams};
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
 use trtclassify_compiler::plan::{Cast, DType, EwStep, Loc, Strided, ZeroStep};
@@ -23,10 +23,6 @@ kernel_set! {
         ew_vec: "ew_vec",
     }
 }
-
-/// Elements of the last dimension a thread of the scalar kernels takes at a time: a short
-/// last dimension (an image's 3 channels) whole, so its row's offsets are worked out once.
-pub(super) const SCALAR_CHUNK: usize = 4;
 
 impl GpuStep for EwStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
@@ -81,7 +77,7 @@ impl Runtime {
             Cast::ToF32 => &self.kernels.ew.ew_to_f32,
             Cast::F32 => &self.kernels.ew.ew_f32,
         };
-        let p = p.chunked(if vectorised { vec } else { SCALAR_CHUNK });
+        let p = p.chunked(if vectorised { vec } else { EW_SCALAR_CHUNK });
         let mut l = self.stream.launch_builder(func);
         l.arg(&p).arg(&o).arg(&x).arg(&y);
         launch(l, self.launch_cfg(p.items as usize))

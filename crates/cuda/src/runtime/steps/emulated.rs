@@ -126,8 +126,7 @@ fn the_own_int8_kernels_match_cublaslts_path() {
 /// each as the runtime launches it (`EwParams` chunked as `Runtime::elementwise` chunks it,
 /// the grid `launch_cfg` gives, here for a GPU of one SM so that threads loop over the grid).
 fn ew_pool_cases(dtype: DType) -> String {
-    use super::elementwise::SCALAR_CHUNK;
-    use crate::abi::EwParams;
+    use crate::abi::{EW_SCALAR_CHUNK, EwParams};
     use trtclassify_compiler::ir::{Act, BinOp};
     use trtclassify_compiler::plan::{Loc, Strided};
 
@@ -173,7 +172,7 @@ fn ew_pool_cases(dtype: DType) -> String {
         let chunk = if kernel == "EW_VEC" {
             vec
         } else {
-            SCALAR_CHUNK
+            EW_SCALAR_CHUNK
         };
         let p = EwParams::new(
             op,

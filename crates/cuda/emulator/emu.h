@@ -275,6 +275,19 @@ inline const Lane &warp_exchange(const Lane &mine, Finish finish) {
     return set[i % 32];
 }
 
+// fp16 as the GPU converts it (cvt.f32.f16; cvt.rn.f16.f32: to nearest even).
+inline float half_to_float(unsigned short h) {
+    _Float16 v;
+    std::memcpy(&v, &h, 2);
+    return float(v);
+}
+inline unsigned short float_to_half(float f) {
+    const _Float16 v = _Float16(f);
+    unsigned short h;
+    std::memcpy(&h, &v, 2);
+    return h;
+}
+
 inline unsigned lane_id() { return thread_index(state.current) % 32; }
 
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j to 8j + 7 give the rows of matrix j;
@@ -319,7 +332,38 @@ inline void mma_m16n8k32_s8(int (&acc)[4], const unsigned (&a)[4], unsigned b0, 
             out[i] = uint32_t(sum);  // s32 wraps, without .satfinite
         }
     });
-    std::memcpy(acc, done.out, sizeof acc);
+    std::memcpy(acc, done.out, 4 * sizeof *acc);
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: d = a · b + c, fp16 values into f32
+// sums (groupID g = lane / 4, t = lane % 4): a's registers hold A[g][2t..], A[g + 8][2t..],
+// A[g][8 + 2t..], A[g + 8][8 + 2t..]; b's B[2t..][g] and B[8 + 2t..][g]; c's and d's as
+// m16n8k32's. The products are exact in f32 and added in k's order: the tensor cores' own
+// order and rounding of the sum are not the PTX ISA's to say, so a test allows for them.
+inline void mma_m16n8k16_f16(float *acc, const unsigned *a, unsigned b0, unsigned b1) {
+    Lane mine{};
+    mine.op = 3;
+    std::memcpy(mine.a, a, sizeof mine.a);
+    mine.b[0] = b0;
+    mine.b[1] = b1;
+    std::memcpy(mine.c, acc, sizeof mine.c);
+    const Lane &done = warp_exchange(mine, [](const Lane *set, int l, unsigned (&out)[4]) {
+        auto half = [](unsigned r, int k) { return half_to_float((unsigned short)(r >> (16 * k))); };
+        const int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            float sum;
+            std::memcpy(&sum, &set[l].c[i], 4);
+            for (int k = 0; k < 16; ++k) {
+                // A[row][k] and B[k][col], from the lanes that hold them.
+                const int kt = k % 8 / 2, kh = k % 2, hi = k / 8;
+                const Lane &av = set[4 * (row % 8) + kt], &bv = set[4 * col + kt];
+                sum += half(av.a[2 * hi + row / 8], kh) * half(bv.b[hi], kh);
+            }
+            std::memcpy(&out[i], &sum, 4);
+        }
+    });
+    std::memcpy(acc, done.out, 4 * sizeof *acc);
 }
 
 // cp.async.cg.shared.global, 16 bytes (zeros where !valid).
@@ -381,17 +425,3 @@ inline unsigned __cvta_generic_to_shared(const void *p) {
     return unsigned(static_cast<const unsigned char *>(p) - emu::block_shared());
 }
 
-namespace emu {
-// fp16 as the GPU converts it (cvt.f32.f16; cvt.rn.f16.f32: to nearest even).
-inline float half_to_float(unsigned short h) {
-    _Float16 v;
-    std::memcpy(&v, &h, 2);
-    return float(v);
-}
-inline unsigned short float_to_half(float f) {
-    const _Float16 v = _Float16(f);
-    unsigned short h;
-    std::memcpy(&h, &v, 2);
-    return h;
-}
-}  // namespace emu

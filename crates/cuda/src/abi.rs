@@ -56,6 +56,14 @@ pub fn own_shared_bytes(rows: usize, cols: usize, int8_input: bool) -> usize {
     stages * (rows + cols) * OWN_STRIDE
 }
 
+/// The threads of a block of the own stem convolution (`STEM_THREADS` in stem.cu): four
+/// warps.
+pub const STEM_THREADS: usize = 128;
+/// The output pixels of one of its tiles: 8 rows of 16, a warp two rows (`STEM_TILE_H`,
+/// `STEM_TILE_W`).
+pub const STEM_TILE_H: usize = 8;
+pub const STEM_TILE_W: usize = 16;
+
 /// The activations the kernels apply, in the order of their ids.
 pub const ACTIVATIONS: [&str; 18] = [
     "none",
@@ -132,6 +140,9 @@ pub fn prelude() -> String {
         ("C8_STAGES", OWN_STAGES),
         ("C8_STRIDE", OWN_STRIDE),
         ("C8_CHUNK", OWN_CHUNK),
+        ("STEM_THREADS", STEM_THREADS),
+        ("STEM_TILE_H", STEM_TILE_H),
+        ("STEM_TILE_W", STEM_TILE_W),
     ] {
         s += &format!("#define {name} {value}\n");
     }
@@ -401,6 +412,67 @@ const _: () = assert!(
         && offset_of!(Conv8Params, y_scale) == 100
         && offset_of!(Conv8Params, y8) == 104
 );
+
+/// The own stem convolution's parameters: stem.cu's `struct StemConv`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StemParams {
+    /// The input, NHWC: images, height, width and channels (1 to 4).
+    pub n: i32,
+    pub h: i32,
+    pub w: i32,
+    pub c: i32,
+    /// Output channels, height and width.
+    pub k: i32,
+    pub oh: i32,
+    pub ow: i32,
+    /// Kernel height and width.
+    pub r: i32,
+    pub s: i32,
+    /// Strides (`sw` even) and pads.
+    pub sh: i32,
+    pub sw: i32,
+    pub ph: i32,
+    pub pw: i32,
+    pub act_id: i32,
+    pub p0: f32,
+    pub p1: f32,
+}
+// SAFETY: plain old data laid out as the kernels' `struct StemConv` (asserted below).
+unsafe impl DeviceRepr for StemParams {}
+const _: () = assert!(
+    size_of::<StemParams>() == 64
+        && align_of::<StemParams>() == 4
+        && offset_of!(StemParams, act_id) == 52
+);
+
+impl StemParams {
+    /// The output channels a pass of the kernel computes (`stem_conv64` or `stem_conv32`).
+    pub fn pass(&self) -> usize {
+        if self.k % 64 == 0 { 64 } else { 32 }
+    }
+
+    /// The tiles of the output, each a block's turn.
+    pub fn tiles(&self) -> usize {
+        let (n, oh, ow) = (self.n as usize, self.oh as usize, self.ow as usize);
+        n * oh.div_ceil(STEM_TILE_H) * ow.div_ceil(STEM_TILE_W)
+    }
+
+    /// A block's dynamic shared memory, as stem.cu's `stem_layout` lays it out: the
+    /// weights (steps of 16 of the summed dimension × `k` × 32 bytes), a tile's input (4
+    /// channels a pixel, 16-byte aligned) and the stage of a pass's outputs.
+    pub fn shared_bytes(&self) -> usize {
+        let [r, s, k] = [self.r, self.s, self.k].map(|v| v as usize);
+        let [sh, sw] = [self.sh, self.sw].map(|v| v as usize);
+        let groups = s.div_ceil(4);
+        let weights = r * groups * k * 32;
+        let patch_h = (STEM_TILE_H - 1) * sh + r;
+        let patch_w = (STEM_TILE_W - 1) * sw + 4 * groups;
+        let patch = (patch_h * patch_w * 8).next_multiple_of(16);
+        let stage = STEM_TILE_H * STEM_TILE_W * (self.pass() + 8) * 2;
+        weights + patch + stage
+    }
+}
 
 /// Whether `v` fits in the kernels' `int`.
 fn fits_int(v: i64) -> bool {

@@ -75,7 +75,7 @@ fn kernels_defined(cu: &str) -> Vec<String> {
         assert!(cu[..at].ends_with("extern \"C\" "), "{line:?}");
         let rest = &cu[at + "__global__ void ".len()..];
         let rest = match rest.strip_prefix("__launch_bounds__(") {
-            Some(rest) => rest.split_once(") ").expect("launch bounds").1,
+            Some(rest) => rest.split_once(')').expect("launch bounds").1,
             None => rest,
         };
         // A macro's kernel may name itself on the next line (after a `\`).

@@ -54,10 +54,12 @@ pub struct ConvStep {
     pub quant: Option<Quant>,
 }
 
-/// The cuDNN algorithm a convolution runs with, chosen by timing.
+/// The algorithm a convolution runs with, chosen by timing: cuDNN's, or the engine's own
+/// kernel for an image's few channels (`Tuned::OWN_STEM`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tuned {
-    /// cuDNN's `cudnnConvolutionFwdAlgo_t`, as an integer: the engine file holds no cuDNN type.
+    /// cuDNN's `cudnnConvolutionFwdAlgo_t`, as an integer (the engine file holds no cuDNN
+    /// type), or `OWN_STEM`.
     pub algo: i32,
     /// cuDNN's `cudnnMathType_t` (whether tensor cores may be used), as an integer.
     pub math: i32,
@@ -65,6 +67,27 @@ pub struct Tuned {
     pub workspace: usize,
     /// Whether cuDNN's fused convolution + bias + activation (+ residual) runs it.
     pub fused: bool,
+}
+
+impl Tuned {
+    /// `algo` of the CUDA engine's own convolution over an image's few channels (a
+    /// network's stem: stem.cu), where the build's timing found it faster than cuDNN's.
+    pub const OWN_STEM: i32 = -1;
+
+    /// The engine's own stem convolution, which takes its bias and activation itself.
+    pub const fn own_stem() -> Tuned {
+        Tuned {
+            algo: Tuned::OWN_STEM,
+            math: 0,
+            workspace: 0,
+            fused: true,
+        }
+    }
+
+    /// Whether the convolution runs in the engine's own stem kernel.
+    pub fn is_own_stem(&self) -> bool {
+        self.algo == Tuned::OWN_STEM
+    }
 }
 
 impl StepKind for ConvStep {
@@ -84,12 +107,15 @@ impl StepKind for ConvStep {
             c.act,
             residual_note(c.residual, c.y),
             super::quant_note(c.quant),
-            c.algo.map_or("untuned".into(), |t| format!(
-                "algo {} math {}{}",
-                t.algo,
-                t.math,
-                if t.fused { " fused" } else { "" }
-            ))
+            c.algo.map_or("untuned".into(), |t| match t.is_own_stem() {
+                true => "own stem kernel".into(),
+                false => format!(
+                    "algo {} math {}{}",
+                    t.algo,
+                    t.math,
+                    if t.fused { " fused" } else { "" }
+                ),
+            })
         )
     }
 

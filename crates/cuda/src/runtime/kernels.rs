@@ -12,7 +12,7 @@ use cudarc::nvrtc::{self, CompileError};
 
 use super::staging::PreprocessKernels;
 use super::steps::{
-    Attention, ConvKernels, ElementwiseKernels, PoolKernels, QuantKernels, RowKernels,
+    Attention, ConvKernels, ElementwiseKernels, PoolKernels, QuantKernels, RowKernels, StemKernels,
 };
 use crate::abi;
 use crate::error::{Error, Result};
@@ -30,6 +30,7 @@ pub fn source() -> &'static str {
             abi::dispatchers().as_str(),
             include_str!("steps/elementwise.cu"),
             include_str!("steps/conv.cu"),
+            include_str!("steps/stem.cu"),
             include_str!("steps/quant.cu"),
             include_str!("steps/pool.cu"),
             include_str!("steps/rows.cu"),
@@ -134,6 +135,7 @@ unsafe fn take_output(
 pub(super) struct Kernels {
     pub(super) ew: ElementwiseKernels,
     pub(super) conv: ConvKernels,
+    pub(super) stem: StemKernels,
     pub(super) quant: QuantKernels,
     pub(super) pool: PoolKernels,
     pub(super) rows: RowKernels,
@@ -158,6 +160,7 @@ impl Kernels {
             major,
         };
         let quant = QuantKernels::load(&module)?;
+        let stem = StemKernels::load(&module)?;
         if major >= 8 {
             let shared_optin = ctx
                 .attribute(
@@ -165,10 +168,12 @@ impl Kernels {
                 )
                 .map_err(Error::driver("attribute"))?;
             quant.allow_own_shared_memory(shared_optin as usize)?;
+            stem.allow_shared_memory(shared_optin as usize)?;
         }
         Ok(Kernels {
             ew: ElementwiseKernels::load(&module)?,
             conv: ConvKernels::load(&module)?,
+            stem,
             quant,
             pool: PoolKernels::load(&module)?,
             rows: RowKernels::load(&module)?,
@@ -233,7 +238,7 @@ pub(super) use kernel_set;
 /// attention's in fp16 only): for the tests, which find each kernel defined in that file and
 /// as an entry of the PTX.
 #[cfg(test)]
-pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 7] {
+pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 8] {
     let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
     [
         (
@@ -245,6 +250,11 @@ pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec
             "steps/conv.cu",
             include_str!("steps/conv.cu"),
             names(ConvKernels::NAMES),
+        ),
+        (
+            "steps/stem.cu",
+            include_str!("steps/stem.cu"),
+            names(StemKernels::NAMES),
         ),
         (
             "steps/quant.cu",

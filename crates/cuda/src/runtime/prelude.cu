@@ -83,3 +83,33 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" : : "n"(N));
 #endif
 }
+
+// The tensor cores' instructions of the kernels that use them (quant.cu, stem.cu,
+// attention.cu), sm_80 on; below it they compile empty, and those kernels are never launched.
+// Four 8×8 matrices of 16-bit values from shared memory, each lane giving one row's address
+// (16 aligned bytes): lanes 8j to 8j + 7 name matrix j's rows, and lane l gets, of each
+// matrix, row l / 4's values 2·(l % 4) and 2·(l % 4) + 1.
+__device__ __forceinline__ void ldmatrix4(unsigned (&d)[4], const void *smem) {
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::ldmatrix_x4(d, smem);
+#elif __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(s));
+#endif
+}
+
+// D += A·B for a 16×16 A (row-major fragments), a 16×8 B (column-major), fp16 values into
+// f32 accumulators.
+__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::mma_m16n8k16_f16(d, a, b0, b1);
+#elif __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}

@@ -14,7 +14,7 @@ use super::{BatchPlan, OwnStep, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    ConvStep, EightBitKernel, Loc, Plan, Quant, QuantFormat, Step, Tuned,
+    ConvStep, EightBitKernel, Loc, Plan, Quant, QuantFormat, Step, StepKind, Tuned,
 };
 
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
@@ -428,14 +428,21 @@ impl Runtime {
                 })
             })
             // The fused call applies ReLU or nothing; other activations need our kernel.
-            .filter(|t| !t.fused || matches!(c.act, Act::Relu | Act::None));
+            .filter(|t| !t.fused || matches!(c.act, Act::Relu | Act::None))
+            // A stem over an image's few channels, which cuDNN runs slowly, may be faster
+            // in the engine's own kernel.
+            .chain(self.stem_params(c).map(|_| Tuned::own_stem()));
         let mut best: Option<(f32, Tuned)> = None;
+        let (mut own, mut cudnn_best) = (None::<String>, None::<f32>);
         let mut refused = Vec::new();
         for tuned in candidates {
             // The fused call refuses some algorithms and activations: those are skipped.
             let ms = match self.time_conv(c, d, &tuned) {
                 Ok(ms) => ms,
                 Err(e) => {
+                    if tuned.is_own_stem() {
+                        own = Some(format!("does not run ({e})"));
+                    }
                     refused.push(format!(
                         "algorithm {} (fused: {}): {e}",
                         tuned.algo, tuned.fused
@@ -446,6 +453,17 @@ impl Runtime {
             if best.is_none_or(|(fastest, _)| ms < fastest) {
                 best = Some((ms, tuned));
             }
+            match tuned.is_own_stem() {
+                true => own = Some(format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32)),
+                false => cudnn_best = Some(cudnn_best.map_or(ms, |b| b.min(ms))),
+            }
+        }
+        if let Some(own) = own {
+            let chosen = best.is_some_and(|(_, t)| t.is_own_stem());
+            log::debug!(target: trtclassify_compiler::LOG_TARGET,
+                "{}: the engine's own stem kernel {own}{}, cuDNN's fastest {}",
+                c.describe(), if chosen { " (chosen)" } else { "" },
+                cudnn_best.map_or("none".into(), |ms| format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32)));
         }
         Ok(best.map(|(_, tuned)| tuned).ok_or_else(|| {
             let offered: Vec<String> = offered

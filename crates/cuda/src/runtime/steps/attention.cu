@@ -44,17 +44,6 @@ __device__ __forceinline__ long long batch_offset(const Attn &p, const long long
     return i0 * s[0] + i1 * s[1] + i2 * s[2];
 }
 
-// D += A·B for a 16×16 A (row-major fragments), a 16×8 B (column-major), f32 accumulators.
-__device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
 // 64 rows of WIDTH values (row stride `stride`) into shared memory rows of WIDTH + 8 (the
 // padding spreads the fragments' reads over the banks); zeros past `valid` rows.
 template <int WIDTH>

@@ -40,14 +40,17 @@ impl GpuStep for ConvStep {
 }
 
 impl Runtime {
-    /// The convolution `c` as `tuned` says: cuDNN's fused call, or cuDNN's convolution then
-    /// our bias + activation (+ residual) kernel.
+    /// The convolution `c` as `tuned` says: cuDNN's fused call, cuDNN's convolution then
+    /// our bias + activation (+ residual) kernel, or the engine's own stem kernel.
     pub(in crate::runtime) fn conv(
         &self,
         c: &ConvStep,
         d: &ConvDescs,
         tuned: &Tuned,
     ) -> Result<()> {
+        if tuned.is_own_stem() {
+            return self.stem_conv(c);
+        }
         let (one, zero) = (1.0f32, 0.0f32);
         let ws = self.ptr_u8(&self.workspace) as *mut c_void;
         let (x, w, y) = (

@@ -19,6 +19,7 @@ mod gemm;
 mod pool;
 mod quant;
 mod rows;
+mod stem;
 
 pub(super) use attention::Attention;
 pub(super) use conv::ConvKernels;
@@ -26,6 +27,7 @@ pub(super) use elementwise::ElementwiseKernels;
 pub(super) use pool::PoolKernels;
 pub(super) use quant::{EightBit, OwnStep, QuantKernels};
 pub(super) use rows::RowKernels;
+pub(super) use stem::StemKernels;
 
 /// A kind of step as the GPU runs it. Every kind implements it (`Runtime::step` dispatches
 /// with `with_step!`), so a new kind does not build until it runs here.

@@ -206,20 +206,9 @@ static_assert(C8_THREADS == 256, "conv8_body has 8 warps: 4 down the rows, 2 acr
 // the 8 rows an ldmatrix reads fall on 8 different 16-byte groups of banks.
 static_assert(C8_STRIDE == C8_CHUNK + 16, "a chunk's row and its padding");
 
-// The sm_80 instructions the kernel is made of (and prelude.cu's cp.async); below sm_80 it
-// compiles empty and is never launched (`EightBit::own_kernel_fits`).
-// Four 8×16-byte matrices from shared memory, each lane giving one row's address.
-__device__ __forceinline__ void c8_ldmatrix4(unsigned (&d)[4], const void *smem) {
-#if defined(TRTCLASSIFY_EMULATOR)
-    emu::ldmatrix_x4(d, smem);
-#elif __CUDA_ARCH__ >= 800
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"(s));
-#endif
-}
-
+// The sm_80 instructions the kernel is made of (prelude.cu's `ldmatrix4` and cp.async, and
+// mma.sync below); below sm_80 it compiles empty and is never launched
+// (`EightBit::own_kernel_fits`).
 // acc += a · b over 32 of the summed dimension, int8 into int32.
 __device__ __forceinline__ void c8_mma(int (&acc)[4], const unsigned (&a)[4], unsigned b0,
                                        unsigned b1) {
@@ -242,7 +231,7 @@ __device__ __forceinline__ void c8_weight_tiles(unsigned (&b0)[2], unsigned (&b1
                                                 int lane) {
     const int col = col0 + (lane & 7) + ((lane >> 4) << 3);
     unsigned d[4];
-    c8_ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
+    ldmatrix4(d, bs + col * C8_STRIDE + ks + ((lane >> 3) & 1) * 16);
     b0[0] = d[0];
     b0[1] = d[1];
     b1[0] = d[2];
@@ -481,7 +470,7 @@ __device__ __forceinline__ void conv8_body(const Conv8 &p, const void *x,
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi) {
                 const int row = wm * 32 + mi * 16 + (lane & 15);
-                c8_ldmatrix4(a[mi], as + row * C8_STRIDE + ks + (lane >> 4) * 16);
+                ldmatrix4(a[mi], as + row * C8_STRIDE + ks + (lane >> 4) * 16);
             }
             // B: two tiles of 8 channels at once.
 #pragma unroll
@@ -754,7 +743,7 @@ __device__ __forceinline__ void conv8_wide_body(const Conv8 &p, const unsigned c
             for (int mi = 0; mi < 4; ++mi) {
                 unsigned a[4];
                 const int row = wm * 64 + mi * 16 + (lane & 15);
-                c8_ldmatrix4(a, as + row * C8_STRIDE + ks + (lane >> 4) * 16);
+                ldmatrix4(a, as + row * C8_STRIDE + ks + (lane >> 4) * 16);
 #pragma unroll
                 for (int ni = 0; ni < 8; ++ni) c8_mma(acc[mi][ni], a, b[ni][0], b[ni][1]);
             }

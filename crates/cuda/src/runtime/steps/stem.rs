@@ -39,18 +39,19 @@ impl StemKernels {
 }
 
 /// The stem kernel's parameters for `c` in a plan of `dtype` on a GPU of compute capability
-/// `arch`, where the kernel can run it: fp16 in and out, sm_80 on (mma.sync m16n8k16), 1 to 4
-/// input channels, a plain convolution (one group, no dilation, no residual, not 8-bit) with
-/// an even stride across (so that two neighbouring input pixels of 4 channels are an
-/// aligned A row of 16 bytes), output channels by the 32, and its weights and a tile within
-/// `shared_optin` bytes.
+/// `arch`, where the kernel can run it: fp16 in and out (both in the arena), sm_80 on
+/// (mma.sync m16n8k16), 1 to 4 input channels, a plain convolution (one group, no dilation,
+/// no residual, not 8-bit) with an even stride across (so that two neighbouring input pixels
+/// of 4 channels are an aligned A row of 16 bytes), output channels by the 32, and its
+/// weights and a tile within `shared_optin` bytes.
 pub(in crate::runtime) fn stem_params(
     c: &ConvStep,
     dtype: DType,
     arch: (i32, i32),
     shared_optin: usize,
 ) -> Option<StemParams> {
-    let wide = |l: Loc| matches!(l, Loc::Wide(_));
+    // In the arena, so in the plan's type: not the f32 frames, scores or values kept in f32.
+    let in_arena = |l: Loc| matches!(l, Loc::Arena(_));
     let fits = dtype == DType::F16
         && arch.0 >= 8
         && (1..=4).contains(&c.c)
@@ -60,8 +61,8 @@ pub(in crate::runtime) fn stem_params(
         && c.quant.is_none()
         && c.strides[1].is_multiple_of(2)
         && c.k.is_multiple_of(32)
-        && !wide(c.x)
-        && !wide(c.y);
+        && in_arena(c.x)
+        && in_arena(c.y);
     let int = |v: usize| i32::try_from(v).ok();
     let (act_id, p0, p1) = act_params(c.act, dtype);
     let p = StemParams {
@@ -135,5 +136,77 @@ impl Runtime {
             shared_mem_bytes: shared as u32,
         };
         launch(b, cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trtclassify_compiler::ir::Act;
+
+    /// ResNet's stem at batch `n`.
+    fn resnet_stem(n: usize) -> ConvStep {
+        ConvStep {
+            n,
+            c: 3,
+            h: 224,
+            w: 224,
+            k: 64,
+            oh: 112,
+            ow: 112,
+            kernel: [7, 7],
+            pads: [3, 3],
+            strides: [2, 2],
+            dilations: [1, 1],
+            group: 1,
+            act: Act::Relu,
+            x: Loc::Arena(0),
+            weight: Loc::Weight {
+                index: 0,
+                offset: 0,
+            },
+            bias: Loc::Weight {
+                index: 1,
+                offset: 0,
+            },
+            residual: None,
+            y: Loc::Arena(1 << 20),
+            algo: None,
+            quant: None,
+        }
+    }
+
+    #[test]
+    fn the_stem_kernel_takes_image_stems_and_nothing_else() {
+        const H100: (i32, i32) = (9, 0);
+        const OPTIN: usize = 227 * 1024;
+        let p = stem_params(&resnet_stem(64), DType::F16, H100, OPTIN).expect("ResNet's stem");
+        assert_eq!((p.pass(), p.tiles()), (64, 64 * 14 * 7));
+        // 14 steps of 16 × 64 filters × 32 bytes, 21 × 38 pixels of 8 bytes, 128 × 72 fp16.
+        assert_eq!(p.shared_bytes(), 28_672 + 6_384 + 18_432);
+        type Change = fn(&mut ConvStep);
+        let refused: [(&str, Change); 9] = [
+            ("8 channels", |c| c.c = 8),
+            ("grouped", |c| c.group = 3),
+            ("dilated", |c| c.dilations = [2, 2]),
+            ("odd stride across", |c| c.strides = [2, 1]),
+            ("48 filters", |c| c.k = 48),
+            ("a residual", |c| c.residual = Some(Loc::Arena(0))),
+            ("the f32 frames", |c| c.x = Loc::Input(0)),
+            ("kept in f32", |c| c.y = Loc::Wide(0)),
+            ("weights past shared memory", |c| c.k = 1024),
+        ];
+        for (why, change) in refused {
+            let mut c = resnet_stem(1);
+            change(&mut c);
+            assert_eq!(stem_params(&c, DType::F16, H100, OPTIN), None, "{why}");
+        }
+        let c = resnet_stem(1);
+        assert_eq!(stem_params(&c, DType::F32, H100, OPTIN), None, "f32");
+        assert_eq!(
+            stem_params(&c, DType::F16, (7, 5), 64 * 1024),
+            None,
+            "sm_75"
+        );
     }
 }

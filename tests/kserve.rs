@@ -10,6 +10,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,24 @@ fn mlserver() -> Option<PathBuf> {
     path.exists().then_some(path)
 }
 
+/// A loopback port nothing listens on, below Linux's ephemeral range (32768 on): a port the
+/// kernel hands out for port 0 comes from that range, where client connections take their
+/// own too, and one was seen to take a server's port between this test choosing it and
+/// MLServer binding it. Each call of the process tries other ports than the calls before.
 fn free_port() -> u16 {
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..100 {
+        // 7919 is prime to 12,000: 12,000 calls in a row name 12,000 different ports.
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (seed.wrapping_add(call.wrapping_mul(7919)) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -84,15 +102,6 @@ impl Server {
             return None;
         };
         let dir = tempfile::tempdir().unwrap();
-        let (grpc, http, metrics) = (free_port(), free_port(), free_port());
-        let settings = serde_json::json!({
-            "host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics,
-            // Inference in the server's own process: MLServer 1.7's worker processes fail
-            // to start with uvloop 0.22 (SeldonIO/MLServer#2286).
-            "parallel_workers": 0,
-            "grpc_max_message_length": 64 << 20,
-        });
-        std::fs::write(dir.path().join("settings.json"), settings.to_string()).unwrap();
         for model in models {
             let folder = dir.path().join("models").join(model.name);
             std::fs::create_dir_all(&folder).unwrap();
@@ -120,15 +129,38 @@ impl Server {
         let mut server = Self {
             child: None,
             dir,
-            grpc,
-            http,
+            grpc: 0,
+            http: 0,
         };
-        server.run(models[0].name);
-        Some(server)
+        // A port taken by another process between its choice and the server's bind means
+        // other ports, not a failed test.
+        for _ in 0..3 {
+            let (grpc, http, metrics) = (free_port(), free_port(), free_port());
+            let settings = serde_json::json!({
+                "host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics,
+                // Inference in the server's own process: MLServer 1.7's worker processes fail
+                // to start with uvloop 0.22 (SeldonIO/MLServer#2286).
+                "parallel_workers": 0,
+                "grpc_max_message_length": 64 << 20,
+            });
+            let path = server.dir.path().join("settings.json");
+            std::fs::write(path, settings.to_string()).unwrap();
+            (server.grpc, server.http) = (grpc, http);
+            if server.try_run(models[0].name) {
+                return Some(server);
+            }
+            server.kill();
+        }
+        panic!("MLServer found each of three sets of ports taken");
     }
 
     /// Starts (again) the server process, and waits until `model` is ready.
     fn run(&mut self, model: &str) {
+        assert!(self.try_run(model), "MLServer found its ports taken");
+    }
+
+    /// `run`, or false where the server could not bind a port it was given.
+    fn try_run(&mut self, model: &str) -> bool {
         let log = std::fs::File::create(self.dir.path().join("log.txt")).unwrap();
         let child = Command::new(mlserver().unwrap())
             .arg("start")
@@ -141,12 +173,19 @@ impl Server {
         self.child = Some(child);
         let started = Instant::now();
         while !self.ready(model) {
+            let log = std::fs::read_to_string(self.dir.path().join("log.txt"));
+            if log
+                .as_ref()
+                .is_ok_and(|l| l.contains("address already in use"))
+            {
+                return false;
+            }
             if started.elapsed() > Duration::from_secs(120) {
-                let log = std::fs::read_to_string(self.dir.path().join("log.txt"));
                 panic!("MLServer not ready in 2 minutes: {log:?}");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        true
     }
 
     /// Whether the server's REST endpoint says `model` is ready.

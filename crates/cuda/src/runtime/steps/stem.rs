@@ -139,6 +139,47 @@ impl Runtime {
     }
 }
 
+/// A stem convolution for the tests: `[n, c, h, w, k]` with its kernel, strides and pads,
+/// reading and writing the arena.
+#[cfg(test)]
+pub(super) fn stem_step(
+    [n, c, h, w, k]: [usize; 5],
+    kernel: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 2],
+    act: trtclassify_compiler::ir::Act,
+) -> ConvStep {
+    let out = |size: usize, a: usize| (size + 2 * pads[a] - kernel[a]) / strides[a] + 1;
+    ConvStep {
+        n,
+        c,
+        h,
+        w,
+        k,
+        oh: out(h, 0),
+        ow: out(w, 1),
+        kernel,
+        pads,
+        strides,
+        dilations: [1, 1],
+        group: 1,
+        act,
+        x: Loc::Arena(0),
+        weight: Loc::Weight {
+            index: 0,
+            offset: 0,
+        },
+        bias: Loc::Weight {
+            index: 1,
+            offset: 0,
+        },
+        residual: None,
+        y: Loc::Arena(1 << 20),
+        algo: None,
+        quant: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,34 +187,7 @@ mod tests {
 
     /// ResNet's stem at batch `n`.
     fn resnet_stem(n: usize) -> ConvStep {
-        ConvStep {
-            n,
-            c: 3,
-            h: 224,
-            w: 224,
-            k: 64,
-            oh: 112,
-            ow: 112,
-            kernel: [7, 7],
-            pads: [3, 3],
-            strides: [2, 2],
-            dilations: [1, 1],
-            group: 1,
-            act: Act::Relu,
-            x: Loc::Arena(0),
-            weight: Loc::Weight {
-                index: 0,
-                offset: 0,
-            },
-            bias: Loc::Weight {
-                index: 1,
-                offset: 0,
-            },
-            residual: None,
-            y: Loc::Arena(1 << 20),
-            algo: None,
-            quant: None,
-        }
+        stem_step([n, 3, 224, 224, 64], [7, 7], [2, 2], [3, 3], Act::Relu)
     }
 
     #[test]

@@ -1552,3 +1552,94 @@ fn the_project_map_names_files_that_exist() {
     assert!(checked > 50, "only {checked} paths found in the map");
     assert!(missing.is_empty(), "docs/architecture.md names {missing:?}");
 }
+
+/// The first convolution of a plan in fp16 may read the f32 frames itself where it alone
+/// reads their cast: `frames_cast` names the cast and how the frames lie, NCHW or NHWC.
+#[test]
+fn a_stem_may_read_the_frames_where_it_alone_reads_their_cast() {
+    let model = OnnxModel::load(&models().join("cnn.onnx")).expect("loads");
+    let spec = model.input_spec(None).expect("fixed input size");
+    let first_conv = |plan: &Plan| {
+        (plan.steps.iter())
+            .position(|s| matches!(s, Step::Conv(_)))
+            .expect("a convolution")
+    };
+    let channels_last = crate::spec::InputSpec {
+        layout: crate::spec::Layout::Nhwc,
+        ..spec
+    };
+    // 3 × 32 × 32 frames, NCHW as the model takes them, or NHWC as the CPU engine gives them.
+    let layouts = [
+        (spec, [3 * 32 * 32, 32 * 32, 32, 1]),
+        (channels_last, [32 * 32 * 3, 1, 32 * 3, 3]),
+    ];
+    for (spec, strides) in layouts {
+        let (plans, _) = super::compile(&model, &[1, 2], spec, DType::F16).expect("compiles");
+        for plan in &plans {
+            let conv = first_conv(plan);
+            let cast = plan
+                .frames_cast(conv)
+                .expect("the stem reads the frames' cast alone");
+            assert_eq!((cast.step, cast.offset), (0, 0), "{:?}", spec.layout);
+            assert!(matches!(&plan.steps[0], Step::Ew(e) if e.cast == Cast::FromF32));
+            // Along an axis of one (a batch of 1) the stride is 0.
+            let images = if plan.batch > 1 { strides[0] } else { 0 };
+            let want = [images, strides[1], strides[2], strides[3]];
+            assert_eq!(cast.strides, want, "{:?} batch {}", spec.layout, plan.batch);
+            // No other step is a convolution over the cast.
+            let others = (0..plan.steps.len()).filter(|&i| i != conv);
+            assert!(others.into_iter().all(|i| plan.frames_cast(i).is_none()));
+        }
+    }
+    // An f32 plan reads channels-last frames where they lie: there is no cast.
+    let (plans, _) = super::compile(&model, &[1], channels_last, DType::F32).expect("compiles");
+    assert!((0..plans[0].steps.len()).all(|i| plans[0].frames_cast(i).is_none()));
+
+    // The built classifier's convolution reads the image alone; once a concatenation after
+    // it reads the image too, the cast must run.
+    use prost::Message;
+    use tract_onnx::pb;
+    let compile = |proto: &pb::ModelProto| {
+        let model = OnnxModel::from_bytes(&models().join("built.onnx"), &proto.encode_to_vec())
+            .expect("loads");
+        let spec = model.input_spec(None).expect("fixed input size");
+        let (plans, _) = super::compile(&model, &[2], spec, DType::F16).expect("compiles");
+        let plan = plans.into_iter().next().expect("a plan");
+        plan.frames_cast(first_conv(&plan))
+    };
+    // Its convolution made 3×3 (padded to keep 4 × 4): a pointwise one runs as a product.
+    let mut proto = built_classifier();
+    let weights = built_initializer(&mut proto, "cw");
+    weights.dims = vec![8, 3, 3, 3];
+    weights.float_data = (0..8 * 27)
+        .map(|i| (i % 7) as f32 * 0.125 - 0.375)
+        .collect();
+    built_node(&mut proto, "conv")
+        .attribute
+        .push(pb::AttributeProto {
+            name: "pads".into(),
+            r#type: pb::attribute_proto::AttributeType::Ints as i32,
+            ints: vec![1; 4],
+            ..Default::default()
+        });
+    let strides = [3 * 4 * 4, 4 * 4, 4, 1];
+    assert_eq!(compile(&proto).map(|c| c.strides), Some(strides));
+    let graph = proto.graph.as_mut().expect("a graph");
+    let concat = pb::NodeProto {
+        name: "mix".into(),
+        op_type: "Concat".into(),
+        input: vec!["c".into(), "image".into()],
+        output: vec!["m".into()],
+        attribute: vec![pb::AttributeProto {
+            name: "axis".into(),
+            r#type: pb::attribute_proto::AttributeType::Int as i32,
+            i: 1,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    graph.node.insert(1, concat);
+    built_node(&mut proto, "split").input[0] = "m".into();
+    built_initializer(&mut proto, "sizes").int64_data = vec![3, 8];
+    assert_eq!(compile(&proto), None, "the image read again after the stem");
+}

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaEvent, CudaGraph, DevicePtr, sys as drv};
 
-use super::Runtime;
+use super::{Prepared, Runtime};
 use crate::error::{Error, Result};
 use crate::frames::Pre;
 
@@ -106,10 +106,18 @@ impl Runtime {
             .steps
             .iter()
             .zip(&bp.plan.origins)
+            .zip(&bp.prepared)
             .zip(times)
-            .map(|((step, node), mut t)| {
+            .map(|(((step, node), prepared), mut t)| {
                 t.sort_by(f64::total_cmp);
-                (format!("{} ({node})", step.describe()), t[t.len() / 2])
+                let done = match prepared {
+                    Prepared::DoneByConv => ", done by the stem reading the frames",
+                    _ => "",
+                };
+                (
+                    format!("{}{done} ({node})", step.describe()),
+                    t[t.len() / 2],
+                )
             })
             .collect())
     }

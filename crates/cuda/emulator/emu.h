@@ -69,12 +69,11 @@ struct Copy {
     void *dst;
     const void *src;
     bool valid;
-    size_t bytes = 16;
 };
 
 inline void land(const Copy &c) {
-    if (c.valid) std::memcpy(c.dst, c.src, c.bytes);
-    else std::memset(c.dst, 0, c.bytes);
+    if (c.valid) std::memcpy(c.dst, c.src, 16);
+    else std::memset(c.dst, 0, 16);
 }
 
 struct Thread {
@@ -291,14 +290,6 @@ inline unsigned short float_to_half(float f) {
 
 inline unsigned lane_id() { return thread_index(state.current) % 32; }
 
-// __syncwarp(): waits for the warp's 32 lanes (what each wrote to shared memory before it is
-// then seen by all).
-inline void syncwarp() {
-    Lane mine{};
-    mine.op = 5;
-    warp_exchange(mine, [](const Lane *, int, unsigned (&)[4]) {});
-}
-
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8j to 8j + 7 give the rows of matrix j;
 // lane l gets, of each matrix, row l / 4's bytes 4·(l % 4) to 4·(l % 4) + 3.
 inline void ldmatrix_x4(unsigned (&d)[4], const void *smem) {
@@ -385,16 +376,6 @@ inline void cp_async16(void *dst, const void *src, bool valid) {
     else state.current->open.push_back(c);
 }
 
-// cp.async.ca.shared.global, 4 bytes (zeros where !valid).
-inline void cp_async4(void *dst, const void *src, bool valid) {
-    check_shared(dst, 4, 4);
-    if (valid && reinterpret_cast<uintptr_t>(src) % 4) fail("misaligned cp.async source");
-    if (valid) check_global(src, 4);
-    const Copy c{dst, src, valid, 4};
-    if (state.order == Order::Early) land(c);
-    else state.current->open.push_back(c);
-}
-
 inline void cp_async_commit() {
     auto &t = *state.current;
     t.pending.push_back(std::move(t.open));
@@ -416,7 +397,6 @@ inline void cp_async_wait(int n) {
 #define blockDim (emu::state.block)
 #define gridDim (emu::state.grid)
 #define __syncthreads() emu::syncthreads()
-#define __syncwarp() emu::syncwarp()
 
 // CUDA's vector types, as much of them as the kernels use.
 struct alignas(8) uint2 {

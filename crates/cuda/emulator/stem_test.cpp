@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: MPL-2.0
 // The own stem convolution (stem.cu) on the CPU emulator, fp16: each case of `cases.h`
 // (written by emulated.rs with the runtime's `stem_params`, on fewer blocks than tiles so
-// that blocks take several tiles in turn) runs with its blocks in both orders, reading its
-// input from the arena (fp16, NHWC) and from the f32 frames (NCHW or NHWC, as the case
-// says), and each output must be, to the bit, the convolution's definition: the same fp16
-// values summed, with the bias and activation, rounded to fp16; nothing past the output is
-// written. The inputs are multiples of 1/16 and the weights of 1/256 and small, so that every
-// sum is exact in f32 whatever its order: a difference is the kernel's, not the rounding's.
+// that blocks take several tiles in turn) runs with its blocks in both orders, and each
+// output must be, to the bit, the convolution's definition: the same fp16 values summed,
+// with the bias and activation, rounded to fp16; nothing past the output is written. The
+// inputs are multiples of 1/16 and the weights of 1/256 and small, so that every sum is exact
+// in f32 whatever its order: a difference is the kernel's, not the rounding's.
 #include "emu.h"
 #include "kernels.cu"
 
@@ -15,8 +14,6 @@ struct StemCase {
     StemConv p;
     unsigned blocks;
     unsigned shared;
-    StemConv frames;  // the same reading the frames: `fs` their strides
-    unsigned frames_shared;
 };
 
 inline float from_bits(unsigned u) {
@@ -54,51 +51,28 @@ float definition(const StemConv &p, const T *x, const T *w, const T *bias, long 
     return act(p.act_id, float(sum + ld(bias[ch])), p.p0, p.p1);
 }
 
-// f32 frames of `n` values, each `fill(i)`, registered as device memory.
-float *frames(long long n, float (*fill)(long long)) {
-    float *p = new float[n];
-    emu::device_memory.push_back({reinterpret_cast<unsigned char *>(p), size_t(n * sizeof(float))});
-    for (long long i = 0; i < n; ++i) p[i] = fill(i);
-    return p;
-}
-
 bool run(const StemCase &c) {
     const StemConv &p = c.p;
     const long long in = (long long)p.n * p.h * p.w * p.c, out = (long long)p.n * p.oh * p.ow * p.k;
-    // The frames, and their cast into the arena as the plan's cast step writes it (NHWC).
-    const float *f = frames(in, wave);
-    T *x = buffer(in, nullptr);
-    const int *fs = c.frames.fs;
-    for (int b = 0; b < p.n; ++b)
-        for (int yy = 0; yy < p.h; ++yy)
-            for (int xx = 0; xx < p.w; ++xx)
-                for (int ch = 0; ch < p.c; ++ch)
-                    x[(((long long)b * p.h + yy) * p.w + xx) * p.c + ch] =
-                        st(f[(long long)b * fs[0] + ch * fs[1] + yy * fs[2] + xx * fs[3]]);
+    const T *x = buffer(in, wave);
     const T *w = buffer((long long)p.k * p.r * p.s * p.c, small);
     const T *bias = buffer(p.k, small);
     bool ok = true;
-    for (bool from_frames : {false, true})
-        for (emu::Order order : {emu::Order::Early, emu::Order::Late}) {
-            T *y = buffer(out, nullptr, 64);
-            const StemConv &q = from_frames ? c.frames : p;
-            emu::launch({c.blocks, 1, 1}, {STEM_THREADS, 1, 1}, from_frames ? c.frames_shared : c.shared,
-                        order, [&] {
-                            if (from_frames && p.k % 64 == 0) stem_frames64(q, f, w, bias, y);
-                            else if (from_frames) stem_frames32(q, f, w, bias, y);
-                            else if (p.k % 64 == 0) stem_conv64(q, x, w, bias, y);
-                            else stem_conv32(q, x, w, bias, y);
-                        });
-            long long wrong = 0, past = 0;
-            for (long long i = 0; i < out; ++i) wrong += y[i] != st(definition(p, x, w, bias, i));
-            for (long long i = out; i < out + 64; ++i) past += y[i] != T(0xffff);
-            const bool same = wrong == 0 && past == 0;
-            if (!same)
-                std::printf("  %s, %s: %lld of %lld outputs differ, %lld written past the end\n",
-                            from_frames ? "from the frames" : "from the arena",
-                            order == emu::Order::Early ? "early" : "late", wrong, out, past);
-            ok = ok && same;
-        }
+    for (emu::Order order : {emu::Order::Early, emu::Order::Late}) {
+        T *y = buffer(out, nullptr, 64);
+        emu::launch({c.blocks, 1, 1}, {STEM_THREADS, 1, 1}, c.shared, order, [&] {
+            if (p.k % 64 == 0) stem_conv64(p, x, w, bias, y);
+            else stem_conv32(p, x, w, bias, y);
+        });
+        long long wrong = 0, past = 0;
+        for (long long i = 0; i < out; ++i) wrong += y[i] != st(definition(p, x, w, bias, i));
+        for (long long i = out; i < out + 64; ++i) past += y[i] != T(0xffff);
+        const bool same = wrong == 0 && past == 0;
+        if (!same)
+            std::printf("  %s: %lld of %lld outputs differ, %lld written past the end\n",
+                        order == emu::Order::Early ? "early" : "late", wrong, out, past);
+        ok = ok && same;
+    }
     return ok;
 }
 
@@ -109,6 +83,6 @@ int main() {
         std::printf("%s: %s\n", c.name, same ? "same" : "DIFFERS");
         differ += !same;
     }
-    std::printf("emulated: %zu stem cases, each from the arena and from the frames, %d differ\n",
-                sizeof(STEM_CASES) / sizeof(STEM_CASES[0]), differ);
+    std::printf("emulated: %zu stem cases, %d differ\n", sizeof(STEM_CASES) / sizeof(STEM_CASES[0]),
+                differ);
 }

@@ -437,17 +437,13 @@ pub struct StemParams {
     pub act_id: i32,
     pub p0: f32,
     pub p1: f32,
-    /// For the kernels that read the f32 frames (`stem_frames64`, `stem_frames32`): the
-    /// frames' strides along images, channels, rows and columns, in f32 values; else zeros.
-    pub frame_strides: [i32; 4],
 }
 // SAFETY: plain old data laid out as the kernels' `struct StemConv` (asserted below).
 unsafe impl DeviceRepr for StemParams {}
 const _: () = assert!(
-    size_of::<StemParams>() == 80
+    size_of::<StemParams>() == 64
         && align_of::<StemParams>() == 4
         && offset_of!(StemParams, act_id) == 52
-        && offset_of!(StemParams, frame_strides) == 64
 );
 
 impl StemParams {
@@ -462,29 +458,19 @@ impl StemParams {
         n * oh.div_ceil(STEM_TILE_H) * ow.div_ceil(STEM_TILE_W)
     }
 
-    /// Whether the kernel reads the f32 frames (`frame_strides` set).
-    pub fn reads_frames(&self) -> bool {
-        self.frame_strides != [0; 4]
-    }
-
     /// A block's dynamic shared memory, as stem.cu's `stem_layout` lays it out: the
     /// weights (steps of 16 of the summed dimension × `k` × 32 bytes), a tile's input (4
-    /// channels a pixel, 16-byte aligned), each warp's stage of a row's outputs, and where
-    /// the kernel reads the frames, the next tile's input as they give it (f32).
+    /// channels a pixel, 16-byte aligned) and the stage of a pass's outputs.
     pub fn shared_bytes(&self) -> usize {
-        let [r, s, k, c] = [self.r, self.s, self.k, self.c].map(|v| v as usize);
+        let [r, s, k] = [self.r, self.s, self.k].map(|v| v as usize);
         let [sh, sw] = [self.sh, self.sw].map(|v| v as usize);
         let groups = s.div_ceil(4);
         let weights = r * groups * k * 32;
         let patch_h = (STEM_TILE_H - 1) * sh + r;
         let patch_w = (STEM_TILE_W - 1) * sw + 4 * groups;
         let patch = (patch_h * patch_w * 8).next_multiple_of(16);
-        let stage = STEM_THREADS / 32 * STEM_TILE_W * (self.pass() + 8) * 2;
-        let raw = match self.reads_frames() {
-            true => c * patch_h * patch_w * 4,
-            false => 0,
-        };
-        weights + patch + stage + raw
+        let stage = STEM_TILE_H * STEM_TILE_W * (self.pass() + 8) * 2;
+        weights + patch + stage
     }
 }
 

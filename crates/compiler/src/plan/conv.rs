@@ -73,18 +73,11 @@ impl Tuned {
     /// `algo` of the CUDA engine's own convolution over an image's few channels (a
     /// network's stem: stem.cu), where the build's timing found it faster than cuDNN's.
     pub const OWN_STEM: i32 = -1;
-    /// `algo` of the same kernel reading the f32 frames itself in place of the cast before
-    /// it, which then does not run (`Plan::frames_cast`).
-    pub const OWN_STEM_FROM_FRAMES: i32 = -2;
 
-    /// The engine's own stem convolution, which takes its bias and activation itself; it
-    /// reads the frames itself where `from_frames`.
-    pub const fn own_stem(from_frames: bool) -> Tuned {
+    /// The engine's own stem convolution, which takes its bias and activation itself.
+    pub const fn own_stem() -> Tuned {
         Tuned {
-            algo: match from_frames {
-                true => Tuned::OWN_STEM_FROM_FRAMES,
-                false => Tuned::OWN_STEM,
-            },
+            algo: Tuned::OWN_STEM,
             math: 0,
             workspace: 0,
             fused: true,
@@ -93,12 +86,7 @@ impl Tuned {
 
     /// Whether the convolution runs in the engine's own stem kernel.
     pub fn is_own_stem(&self) -> bool {
-        matches!(self.algo, Tuned::OWN_STEM | Tuned::OWN_STEM_FROM_FRAMES)
-    }
-
-    /// Whether the convolution reads the frames itself (`OWN_STEM_FROM_FRAMES`).
-    pub fn reads_frames(&self) -> bool {
-        self.algo == Tuned::OWN_STEM_FROM_FRAMES
+        self.algo == Tuned::OWN_STEM
     }
 }
 
@@ -120,7 +108,6 @@ impl StepKind for ConvStep {
             residual_note(c.residual, c.y),
             super::quant_note(c.quant),
             c.algo.map_or("untuned".into(), |t| match t.is_own_stem() {
-                true if t.reads_frames() => "own stem kernel, from the frames".into(),
                 true => "own stem kernel".into(),
                 false => format!(
                     "algo {} math {}{}",

@@ -45,8 +45,8 @@ pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
 use steps::{EightBit, OwnStep};
 use trtclassify_compiler::plan::{
-    ConvStep, DType, EightBitKernel, FramesCast, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat,
-    Step, scale_weights, weight_type,
+    ConvStep, DType, EightBitKernel, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step,
+    scale_weights, weight_type,
 };
 pub use warmup::{Warmup, warm_libraries};
 
@@ -61,17 +61,13 @@ pub struct Wide<'a> {
 }
 
 enum Prepared {
-    /// A convolution's descriptors, and the cast of the frames it does itself where it
-    /// reads them (`Tuned::OWN_STEM_FROM_FRAMES`).
-    Conv(Box<cudnn::ConvDescs>, Option<FramesCast>),
+    Conv(Box<cudnn::ConvDescs>),
     Gemm(Box<cublaslt::GemmDescs>),
     /// An 8-bit product or convolution: its product's descriptors and the device address of
     /// its rounded weights.
     EightBit(Box<cublaslt::GemmDescs>, u64),
     /// An int8 step run by the engine's own kernel (`Quant::kernel`).
     OwnEightBit(steps::OwnStep),
-    /// A cast of the frames that the convolution after it does itself: nothing to enqueue.
-    DoneByConv,
     None,
 }
 

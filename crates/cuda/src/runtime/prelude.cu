@@ -66,19 +66,6 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
 #endif
 }
 
-// 4 bytes from global to shared memory, as cp_async16 (through L1: cp.async.ca).
-__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
-#if defined(TRTCLASSIFY_EMULATOR)
-    emu::cp_async4(dst, src, valid);
-#elif __CUDA_ARCH__ >= 800
-    unsigned addr;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-                 :
-                 : "r"(addr), "l"(src), "r"(valid ? 4 : 0));
-#endif
-}
-
 // Closes this thread's group of copies issued since the last one.
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(TRTCLASSIFY_EMULATOR)

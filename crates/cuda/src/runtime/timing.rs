@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaEvent, CudaGraph, DevicePtr, sys as drv};
 
-use super::{Prepared, Runtime};
+use super::Runtime;
 use crate::error::{Error, Result};
 use crate::frames::Pre;
 
@@ -106,18 +106,10 @@ impl Runtime {
             .steps
             .iter()
             .zip(&bp.plan.origins)
-            .zip(&bp.prepared)
             .zip(times)
-            .map(|(((step, node), prepared), mut t)| {
+            .map(|((step, node), mut t)| {
                 t.sort_by(f64::total_cmp);
-                let done = match prepared {
-                    Prepared::DoneByConv => ", done by the stem reading the frames",
-                    _ => "",
-                };
-                (
-                    format!("{}{done} ({node})", step.describe()),
-                    t[t.len() / 2],
-                )
+                (format!("{} ({node})", step.describe()), t[t.len() / 2])
             })
             .collect())
     }

@@ -14,7 +14,7 @@ use super::{BatchPlan, OwnStep, Prepared, Runtime};
 use crate::error::{Error, Result};
 use trtclassify_compiler::ir::Act;
 use trtclassify_compiler::plan::{
-    ConvStep, EightBitKernel, FramesCast, Loc, Plan, Quant, QuantFormat, Step, StepKind, Tuned,
+    ConvStep, EightBitKernel, Loc, Plan, Quant, QuantFormat, Step, StepKind, Tuned,
 };
 
 /// How much faster than the plan's type an 8-bit step must time, alone, to run in 8 bits.
@@ -29,10 +29,6 @@ type Tunings = std::collections::HashMap<String, [u64; 8]>;
 
 /// How each shape of int8 step a plan holds runs (`EightBit::kernel_key`).
 type KernelChoices = std::collections::HashMap<String, EightBitKernel>;
-
-/// The cast of the frames that a convolution may do itself (`Plan::frames_cast`), with the
-/// cast's step.
-type FrameSource = (FramesCast, Step);
 
 /// Runs of a step in the graph that times it: enough that a small step's time is not lost
 /// in the replay's own start.
@@ -58,17 +54,9 @@ impl Runtime {
         let mut unquantized = Vec::new();
         let mut tuned = Tunings::new();
         let mut kernels = KernelChoices::new();
-        // The casts of the frames that a convolution may do itself, with the cast's step.
-        let casts: Vec<Option<FrameSource>> = (0..plan.steps.len())
-            .map(|i| {
-                let cast = plan.frames_cast(i)?;
-                Some((cast, plan.steps[cast.step].clone()))
-            })
-            .collect();
-        for ((step, origin), cast) in plan.steps.iter_mut().zip(&plan.origins).zip(&casts) {
-            let cast = cast.as_ref();
+        for (step, origin) in plan.steps.iter_mut().zip(&plan.origins) {
             let Some(e) = EightBit::of(step) else {
-                prepared.push(self.prepare_step(step, &mut tuned, cast)?);
+                prepared.push(self.prepare_step(step, &mut tuned)?);
                 continue;
             };
             let (quantized, timed) = self.prepare_eight_bit(step, &e, &mut tuned, &mut kernels)?;
@@ -82,7 +70,7 @@ impl Runtime {
                 Step::Conv(c) => c.quant = None,
                 _ => unreachable!("8-bit steps are products and convolutions"),
             }
-            let plain_prepared = self.prepare_step(&mut plain, &mut tuned, cast)?;
+            let plain_prepared = self.prepare_step(&mut plain, &mut tuned)?;
             let eight_bit_ms = match timed {
                 Some(ms) => ms,
                 None => self.time(|| self.step(step, &quantized))?,
@@ -104,17 +92,6 @@ impl Runtime {
         if !unquantized.is_empty() {
             self.unquantized.push((plan.batch, unquantized));
         }
-        // A convolution that reads the frames itself does their cast: it does not run.
-        for (step, cast) in plan.steps.iter().zip(&casts) {
-            if let Step::Conv(ConvStep { algo: Some(t), .. }) = step
-                && t.reads_frames()
-            {
-                let (cast, _) = cast.as_ref().ok_or(Error::Plan(
-                    "a convolution tuned to read the frames, with no cast of them to do",
-                ))?;
-                prepared[cast.step] = Prepared::DoneByConv;
-            }
-        }
         let passed = self.chain_int8(&plan.steps, &mut prepared);
         let own = (prepared.iter())
             .filter(|p| matches!(p, Prepared::OwnEightBit(_)))
@@ -133,23 +110,15 @@ impl Runtime {
     }
 
     /// The descriptors of `step` in the plan's type; a convolution or product without an
-    /// algorithm is tuned (a product as one of the same shape in `tuned` was, if any; a
-    /// convolution that may do the cast of the frames `cast` also reading them itself).
-    fn prepare_step(
-        &mut self,
-        step: &mut Step,
-        tuned: &mut Tunings,
-        cast: Option<&FrameSource>,
-    ) -> Result<Prepared> {
+    /// algorithm is tuned (a product as one of the same shape in `tuned` was, if any).
+    fn prepare_step(&mut self, step: &mut Step, tuned: &mut Tunings) -> Result<Prepared> {
         Ok(match step {
             Step::Conv(c) => {
                 let descs = ConvDescs::new(c, self.writes(c.y).1)?;
                 if c.algo.is_none() {
-                    c.algo = Some(self.tune(c, &descs, cast)?);
+                    c.algo = Some(self.tune(c, &descs)?);
                 }
-                let reads_frames = c.algo.is_some_and(|t| t.reads_frames());
-                let frames = cast.filter(|_| reads_frames).map(|(f, _)| *f);
-                Prepared::Conv(Box::new(descs), frames)
+                Prepared::Conv(Box::new(descs))
             }
             Step::Gemm(g) => {
                 let shape = GemmShape {
@@ -394,11 +363,11 @@ impl Runtime {
     /// the workspace. A search that finds none is tried again a few times: with other
     /// engines busy on the GPU, one was seen to come back empty where the next finds
     /// several; the error says what each search found.
-    fn tune(&mut self, c: &ConvStep, d: &ConvDescs, cast: Option<&FrameSource>) -> Result<Tuned> {
+    fn tune(&mut self, c: &ConvStep, d: &ConvDescs) -> Result<Tuned> {
         const SEARCHES: u64 = 3;
         let mut found = Vec::new();
         for search in 1..=SEARCHES {
-            match self.search(c, d, cast)? {
+            match self.search(c, d)? {
                 Ok(tuned) => return Ok(tuned),
                 Err(why) => found.push(format!("search {search}: {why}")),
             }
@@ -407,14 +376,11 @@ impl Runtime {
         Err(Error::NoConvAlgorithm(found.join("; ")))
     }
 
-    /// One search for `tune`: the fastest algorithm, or what the search found instead. The
-    /// own stem kernel reading the frames (where `cast` says it may) is timed less the time
-    /// of the cast it saves.
+    /// One search for `tune`: the fastest algorithm, or what the search found instead.
     fn search(
         &mut self,
         c: &ConvStep,
         d: &ConvDescs,
-        cast: Option<&FrameSource>,
     ) -> Result<std::result::Result<Tuned, String>> {
         let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; 8] =
             // SAFETY: a plain C struct for cuDNN to fill.
@@ -464,32 +430,18 @@ impl Runtime {
             // The fused call applies ReLU or nothing; other activations need our kernel.
             .filter(|t| !t.fused || matches!(c.act, Act::Relu | Act::None))
             // A stem over an image's few channels, which cuDNN runs slowly, may be faster
-            // in the engine's own kernel, and faster still reading the frames itself.
-            .chain(self.stem_params(c, None).map(|_| Tuned::own_stem(false)))
-            .chain(
-                cast.and_then(|(f, _)| self.stem_params(c, Some(f)).map(|_| Tuned::own_stem(true))),
-            );
-        // What the cast of the frames takes, which a stem reading them saves.
-        let cast_ms = match cast {
-            Some((_, step)) => self.time(|| self.step(step, &Prepared::None))?,
-            None => 0.0,
-        };
-        let frames = cast.map(|(f, _)| *f);
-        let per_run = |ms: f32| format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32);
+            // in the engine's own kernel.
+            .chain(self.stem_params(c).map(|_| Tuned::own_stem()));
         let mut best: Option<(f32, Tuned)> = None;
-        let (mut own, mut cudnn_best) = (Vec::new(), None::<f32>);
+        let (mut own, mut cudnn_best) = (None::<String>, None::<f32>);
         let mut refused = Vec::new();
         for tuned in candidates {
-            let way = match tuned.reads_frames() {
-                true => "reading the frames ",
-                false => "",
-            };
             // The fused call refuses some algorithms and activations: those are skipped.
-            let ms = match self.time_conv(c, d, &tuned, frames.as_ref()) {
+            let ms = match self.time_conv(c, d, &tuned) {
                 Ok(ms) => ms,
                 Err(e) => {
                     if tuned.is_own_stem() {
-                        own.push((tuned, format!("{way}does not run ({e})")));
+                        own = Some(format!("does not run ({e})"));
                     }
                     refused.push(format!(
                         "algorithm {} (fused: {}): {e}",
@@ -498,33 +450,20 @@ impl Runtime {
                     continue;
                 }
             };
-            let saved = match tuned.reads_frames() {
-                true => cast_ms,
-                false => 0.0,
-            };
-            if best.is_none_or(|(fastest, _)| ms - saved < fastest) {
-                best = Some((ms - saved, tuned));
+            if best.is_none_or(|(fastest, _)| ms < fastest) {
+                best = Some((ms, tuned));
             }
             match tuned.is_own_stem() {
-                true => own.push((tuned, format!("{way}{}", per_run(ms)))),
+                true => own = Some(format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32)),
                 false => cudnn_best = Some(cudnn_best.map_or(ms, |b| b.min(ms))),
             }
         }
-        if !own.is_empty() {
-            let own: Vec<String> = (own.into_iter())
-                .map(|(tuned, time)| match best {
-                    Some((_, t)) if t == tuned => format!("{time} (chosen)"),
-                    _ => time,
-                })
-                .collect();
-            let cast_note = match cast {
-                Some(_) => format!(", the frames' cast {}", per_run(cast_ms)),
-                None => String::new(),
-            };
+        if let Some(own) = own {
+            let chosen = best.is_some_and(|(_, t)| t.is_own_stem());
             log::debug!(target: trtclassify_compiler::LOG_TARGET,
-                "{}: the engine's own stem kernel {}, cuDNN's fastest {}{cast_note}",
-                c.describe(), own.join(", "),
-                cudnn_best.map_or("none".into(), per_run));
+                "{}: the engine's own stem kernel {own}{}, cuDNN's fastest {}",
+                c.describe(), if chosen { " (chosen)" } else { "" },
+                cudnn_best.map_or("none".into(), |ms| format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32)));
         }
         Ok(best.map(|(_, tuned)| tuned).ok_or_else(|| {
             let offered: Vec<String> = offered
@@ -541,14 +480,8 @@ impl Runtime {
     }
 
     /// GPU milliseconds of `TIMED_RUNS` runs of the convolution `c` as `tuned` says.
-    fn time_conv(
-        &self,
-        c: &ConvStep,
-        d: &ConvDescs,
-        tuned: &Tuned,
-        frames: Option<&FramesCast>,
-    ) -> Result<f32> {
-        self.time(|| self.conv(c, d, tuned, frames))
+    fn time_conv(&self, c: &ConvStep, d: &ConvDescs, tuned: &Tuned) -> Result<f32> {
+        self.time(|| self.conv(c, d, tuned))
     }
 
     /// GPU milliseconds of `TIMED_RUNS` runs of what `enqueue` enqueues, as the engine runs

@@ -15,7 +15,7 @@ use super::{EightBit, GpuStep, launch};
 use crate::abi::act_params;
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
-use trtclassify_compiler::plan::{ConvStep, FramesCast, Tuned};
+use trtclassify_compiler::plan::{ConvStep, Tuned};
 
 kernel_set! {
     /// conv.cu's kernels: the epilogue of cuDNN's unfused convolution.
@@ -31,33 +31,25 @@ impl GpuStep for ConvStep {
         if let Some(enqueued) = rt.quantized(EightBit::of_conv(self), prepared) {
             return enqueued;
         }
-        let Prepared::Conv(d, frames) = prepared else {
+        let Prepared::Conv(d) = prepared else {
             return Err(Error::Plan("a step without its prepared descriptors"));
         };
         let tuned = self.algo.ok_or(Error::Plan("an untuned convolution"))?;
-        rt.conv(self, d, &tuned, frames.as_ref())
+        rt.conv(self, d, &tuned)
     }
 }
 
 impl Runtime {
     /// The convolution `c` as `tuned` says: cuDNN's fused call, cuDNN's convolution then
-    /// our bias + activation (+ residual) kernel, or the engine's own stem kernel (reading
-    /// the frames where `tuned` says so: `frames` is the cast it then does).
+    /// our bias + activation (+ residual) kernel, or the engine's own stem kernel.
     pub(in crate::runtime) fn conv(
         &self,
         c: &ConvStep,
         d: &ConvDescs,
         tuned: &Tuned,
-        frames: Option<&FramesCast>,
     ) -> Result<()> {
         if tuned.is_own_stem() {
-            let frames = match tuned.reads_frames() {
-                true => Some(frames.ok_or(Error::Plan(
-                    "a convolution tuned to read the frames, with no cast of them to do",
-                ))?),
-                false => None,
-            };
-            return self.stem_conv(c, frames);
+            return self.stem_conv(c);
         }
         let (one, zero) = (1.0f32, 0.0f32);
         let ws = self.ptr_u8(&self.workspace) as *mut c_void;

@@ -57,9 +57,6 @@ impl Runtime {
 
     /// Enqueues `step`, with the descriptors `prepared` for it.
     pub(super) fn step(&self, step: &Step, prepared: &Prepared) -> Result<()> {
-        if let Prepared::DoneByConv = prepared {
-            return Ok(());
-        }
         trtclassify_compiler::with_step!(step, s => s.enqueue(self, prepared))
     }
 

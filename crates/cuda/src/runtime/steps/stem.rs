@@ -11,7 +11,7 @@ use super::super::kernels::kernel_set;
 use super::launch;
 use crate::abi::{STEM_THREADS, StemParams, act_params};
 use crate::error::{Error, Result};
-use trtclassify_compiler::plan::{ConvStep, DType, FramesCast, Loc};
+use trtclassify_compiler::plan::{ConvStep, DType, Loc};
 
 kernel_set! {
     /// stem.cu's kernels: a network's first convolution, over an image's few channels.
@@ -20,18 +20,14 @@ kernel_set! {
         conv64: "stem_conv64",
         /// 32 output channels a pass.
         conv32: "stem_conv32",
-        /// 64 output channels a pass, reading the f32 frames.
-        frames64: "stem_frames64",
-        /// 32 output channels a pass, reading the f32 frames.
-        frames32: "stem_frames32",
     }
 }
 
 impl StemKernels {
     /// Lets the kernels have as much shared memory as a block may (`shared_optin`): a 7×7
-    /// stem's weights, tiles and outputs take about 53 KB, past the 48 KB given without asking.
+    /// stem's weights, tile and outputs take about 54 KB, past the 48 KB given without asking.
     pub(in crate::runtime) fn allow_shared_memory(&self, shared_optin: usize) -> Result<()> {
-        for f in [&self.conv64, &self.conv32, &self.frames64, &self.frames32] {
+        for f in [&self.conv64, &self.conv32] {
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared_optin as i32,
@@ -47,14 +43,12 @@ impl StemKernels {
 /// (mma.sync m16n8k16), 1 to 4 input channels, a plain convolution (one group, no dilation,
 /// no residual, not 8-bit) with an even stride across (so that two neighbouring input pixels
 /// of 4 channels are an aligned A row of 16 bytes), output channels by the 32, and its
-/// weights and a tile within `shared_optin` bytes. With `frames` (the cast of the frames
-/// that `c` reads, `Plan::frames_cast`), the kernel reads the f32 frames in its place.
+/// weights and a tile within `shared_optin` bytes.
 pub(in crate::runtime) fn stem_params(
     c: &ConvStep,
     dtype: DType,
     arch: (i32, i32),
     shared_optin: usize,
-    frames: Option<&FramesCast>,
 ) -> Option<StemParams> {
     // In the arena, so in the plan's type: not the f32 frames, scores or values kept in f32.
     let in_arena = |l: Loc| matches!(l, Loc::Arena(_));
@@ -71,11 +65,6 @@ pub(in crate::runtime) fn stem_params(
         && in_arena(c.y);
     let int = |v: usize| i32::try_from(v).ok();
     let (act_id, p0, p1) = act_params(c.act, dtype);
-    // Along an axis of one any stride reads the same; none is 0, which says "not the frames".
-    let frame_strides = match frames {
-        Some(f) => f.strides.map(|s| int(s.max(1))).map(|s| s.unwrap_or(-1)),
-        None => [0; 4],
-    };
     let p = StemParams {
         n: int(c.n)?,
         h: int(c.h)?,
@@ -93,54 +82,32 @@ pub(in crate::runtime) fn stem_params(
         act_id,
         p0,
         p1,
-        frame_strides,
     };
-    // Offsets within an image and the weights are ints in the kernel; so are those within
-    // a frame.
-    let frame = frames.map_or(0, |f| {
-        let [_, sc, sy, sx] = f.strides;
-        (c.c - 1) * sc + (c.h - 1) * sy + (c.w - 1) * sx + 1
-    });
+    // Offsets within an image and the weights are ints in the kernel.
     let ints = [
         c.h * c.w * c.c,
         c.oh * c.ow * c.k,
         c.k * c.kernel[0] * c.kernel[1] * c.c,
-        frame,
     ];
-    (fits
-        && !frame_strides.contains(&-1)
-        && ints.iter().all(|&v| int(v).is_some())
-        && p.shared_bytes() <= shared_optin)
+    (fits && ints.iter().all(|&v| int(v).is_some()) && p.shared_bytes() <= shared_optin)
         .then_some(p)
 }
 
 impl Runtime {
-    /// The stem kernel's parameters for `c` on this GPU (reading the frames, with `frames`),
-    /// where it can run it.
-    pub(in crate::runtime) fn stem_params(
-        &self,
-        c: &ConvStep,
-        frames: Option<&FramesCast>,
-    ) -> Option<StemParams> {
-        stem_params(c, self.writes(c.y).1, self.arch, self.shared_optin, frames)
+    /// The stem kernel's parameters for `c` on this GPU, where it can run it.
+    pub(in crate::runtime) fn stem_params(&self, c: &ConvStep) -> Option<StemParams> {
+        stem_params(c, self.writes(c.y).1, self.arch, self.shared_optin)
     }
 
-    /// The convolution `c` (with its bias and activation) in the stem kernel, reading the
-    /// f32 frames with `frames` (in place of their cast, which then does not run).
-    pub(in crate::runtime) fn stem_conv(
-        &self,
-        c: &ConvStep,
-        frames: Option<&FramesCast>,
-    ) -> Result<()> {
-        let p = self.stem_params(c, frames).ok_or(Error::Plan(
+    /// The convolution `c` (with its bias and activation) in the stem kernel.
+    pub(in crate::runtime) fn stem_conv(&self, c: &ConvStep) -> Result<()> {
+        let p = self.stem_params(c).ok_or(Error::Plan(
             "a convolution tuned for the engine's own stem kernel, which cannot run it on this GPU",
         ))?;
         let kernels = &self.kernels.stem;
-        let func = match (p.pass(), frames.is_some()) {
-            (64, false) => &kernels.conv64,
-            (_, false) => &kernels.conv32,
-            (64, true) => &kernels.frames64,
-            (_, true) => &kernels.frames32,
+        let func = match p.pass() {
+            64 => &kernels.conv64,
+            _ => &kernels.conv32,
         };
         let shared = p.shared_bytes();
         // As many blocks as stay on the GPU at once, each taking tiles in turn: a block lays
@@ -150,11 +117,12 @@ impl Runtime {
             .map_err(Error::driver("the stem kernel's occupancy"))?
             .max(1);
         let blocks = p.tiles().min((self.sm_count * per_sm) as usize).max(1);
-        let x = match frames {
-            Some(f) => self.ptr(Loc::Input(f.offset)),
-            None => self.ptr(c.x),
-        };
-        let (w, bias, y) = (self.ptr(c.weight), self.ptr(c.bias), self.ptr(c.y));
+        let (x, w, bias, y) = (
+            self.ptr(c.x),
+            self.ptr(c.weight),
+            self.ptr(c.bias),
+            self.ptr(c.y),
+        );
         if !y.is_multiple_of(16) {
             return Err(Error::Plan(
                 "the stem kernel's output is not 16-byte aligned",
@@ -226,30 +194,10 @@ mod tests {
     fn the_stem_kernel_takes_image_stems_and_nothing_else() {
         const H100: (i32, i32) = (9, 0);
         const OPTIN: usize = 227 * 1024;
-        let p =
-            stem_params(&resnet_stem(64), DType::F16, H100, OPTIN, None).expect("ResNet's stem");
+        let p = stem_params(&resnet_stem(64), DType::F16, H100, OPTIN).expect("ResNet's stem");
         assert_eq!((p.pass(), p.tiles()), (64, 64 * 14 * 7));
-        // 14 steps of 16 × 64 filters × 32 bytes, 21 × 38 pixels of 8 bytes, 4 warps' stages
-        // of 16 pixels × 72 fp16.
-        assert_eq!(p.shared_bytes(), 28_672 + 6_384 + 9_216);
-        // Reading NCHW frames: their strides, and the next tile's 3 × 21 × 38 values in f32.
-        let nchw = FramesCast {
-            step: 0,
-            offset: 0,
-            strides: [3 * 224 * 224, 224 * 224, 224, 1],
-        };
-        let f = stem_params(&resnet_stem(64), DType::F16, H100, OPTIN, Some(&nchw))
-            .expect("ResNet's stem from the frames");
-        assert_eq!(f.frame_strides, [3 * 224 * 224, 224 * 224, 224, 1]);
-        assert_eq!(f.shared_bytes(), p.shared_bytes() + 9_576);
-        // A batch of one: the images' stride, 0, is given as 1 (0s say "not the frames").
-        let one = FramesCast {
-            strides: [0, 224 * 224, 224, 1],
-            ..nchw
-        };
-        let f = stem_params(&resnet_stem(1), DType::F16, H100, OPTIN, Some(&one)).expect("batch 1");
-        assert!(f.reads_frames());
-        assert_eq!(f.frame_strides, [1, 224 * 224, 224, 1]);
+        // 14 steps of 16 × 64 filters × 32 bytes, 21 × 38 pixels of 8 bytes, 128 × 72 fp16.
+        assert_eq!(p.shared_bytes(), 28_672 + 6_384 + 18_432);
         type Change = fn(&mut ConvStep);
         let refused: [(&str, Change); 9] = [
             ("8 channels", |c| c.c = 8),
@@ -265,29 +213,12 @@ mod tests {
         for (why, change) in refused {
             let mut c = resnet_stem(1);
             change(&mut c);
-            assert_eq!(
-                stem_params(&c, DType::F16, H100, OPTIN, None),
-                None,
-                "{why}"
-            );
+            assert_eq!(stem_params(&c, DType::F16, H100, OPTIN), None, "{why}");
         }
         let c = resnet_stem(1);
+        assert_eq!(stem_params(&c, DType::F32, H100, OPTIN), None, "f32");
         assert_eq!(
-            stem_params(&c, DType::F16, H100, OPTIN, Some(&nchw)).map(|_| ()),
-            Some(())
-        );
-        let huge = FramesCast {
-            strides: [0, 1 << 31, 224, 1],
-            ..nchw
-        };
-        assert_eq!(
-            stem_params(&c, DType::F16, H100, OPTIN, Some(&huge)),
-            None,
-            "a frame past an int"
-        );
-        assert_eq!(stem_params(&c, DType::F32, H100, OPTIN, None), None, "f32");
-        assert_eq!(
-            stem_params(&c, DType::F16, (7, 5), 64 * 1024, None),
+            stem_params(&c, DType::F16, (7, 5), 64 * 1024),
             None,
             "sm_75"
         );

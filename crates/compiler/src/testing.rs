@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::frame::FrameView;
-use crate::ir::Tensor;
+use crate::ir::{Act, Tensor};
+use crate::plan::{ConvStep, Loc};
 
 /// The repository's root (this crate lives in `crates/compiler`).
 pub fn repo() -> PathBuf {
@@ -66,6 +67,52 @@ pub fn assert_close(got: &[f32], want: &[f32], tolerance: f32) {
             "value {i}: got {g}, want {w}"
         );
     }
+}
+
+/// A convolution step for tests: input `[n, c, h, w]` to `k` channels with `kernel`,
+/// `strides`, `pads` and `dilations` (one group, no activation, no residual), from `x` to
+/// `y`, its filters and bias the plan's weights 0 and 1; its output size follows. `None`
+/// where the kernel does not fit the padded input.
+pub fn conv_step(
+    [n, c, h, w, k]: [usize; 5],
+    [kernel, strides, pads, dilations]: [[usize; 2]; 4],
+    x: Loc,
+    y: Loc,
+) -> Option<ConvStep> {
+    let out = |size: usize, d: usize| {
+        let reach = (kernel[d] - 1) * dilations[d] + 1;
+        (size + 2 * pads[d])
+            .checked_sub(reach)
+            .map(|v| v / strides[d] + 1)
+    };
+    Some(ConvStep {
+        n,
+        c,
+        h,
+        w,
+        k,
+        oh: out(h, 0)?,
+        ow: out(w, 1)?,
+        kernel,
+        pads,
+        strides,
+        dilations,
+        group: 1,
+        act: Act::None,
+        x,
+        weight: Loc::Weight {
+            index: 0,
+            offset: 0,
+        },
+        bias: Loc::Weight {
+            index: 1,
+            offset: 0,
+        },
+        residual: None,
+        y,
+        algo: None,
+        quant: None,
+    })
 }
 
 /// The side of the digits classifier's frames (`models/digits/`).

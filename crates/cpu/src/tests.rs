@@ -221,46 +221,23 @@ fn random_conv(rng: &mut Rng, shape: Shape) -> (Plan, Weights, Vec<f32>, String)
     let mut size = || sizes.start + rng.below(sizes.len());
     let (h, w) = (size(), size());
     let n = 1 + rng.below(2);
-    let out = |size: usize, d: usize| {
-        let reach = (kernel[d] - 1) * dilations[d] + 1;
-        (size + 2 * pads[d])
-            .checked_sub(reach)
-            .map(|v| v / strides[d] + 1)
-    };
-    let (Some(oh), Some(ow)) = (out(h, 0), out(w, 1)) else {
+    let Some(step) = trtclassify_compiler::testing::conv_step(
+        [n, c, h, w, k],
+        [kernel, strides, pads, dilations],
+        Loc::Input(0),
+        Loc::Output(0),
+    ) else {
         return random_conv(rng, shape);
     };
     let residual = rng.below(2) == 0;
     let act = ACTS[rng.below(ACTS.len())];
     let x_len = n * h * w * c;
-    let y_len = n * oh * ow * k;
+    let y_len = n * step.oh * step.ow * k;
     let step = ConvStep {
-        n,
-        c,
-        h,
-        w,
-        k,
-        oh,
-        ow,
-        kernel,
-        pads,
-        strides,
-        dilations,
         group,
         act,
-        x: Loc::Input(0),
-        weight: Loc::Weight {
-            index: 0,
-            offset: 0,
-        },
-        bias: Loc::Weight {
-            index: 1,
-            offset: 0,
-        },
         residual: residual.then_some(Loc::Input(x_len)),
-        y: Loc::Output(0),
-        algo: None,
-        quant: None,
+        ..step
     };
     let what = Step::Conv(step.clone()).describe();
     let weight = rng.values(k * kernel[0] * kernel[1] * (c / group));
@@ -821,21 +798,16 @@ fn products_write_into_their_concatenation_where_nothing_else_reads_their_output
             b: None,
         });
         // Branch 2: a padded 3×3 convolution (grouped for some seeds) of the input's copy.
+        let conv = trtclassify_compiler::testing::conv_step(
+            [1, 2 * c, h, w, k2],
+            [[3, 3], [1, 1], [1, 1], [1, 1]],
+            Loc::Arena(x),
+            Loc::Arena(t2),
+        )
+        .expect("a padded 3×3 convolution keeps the size");
         let conv = Step::Conv(ConvStep {
-            n: 1,
-            c: 2 * c,
-            h,
-            w,
-            k: k2,
-            oh: h,
-            ow: w,
-            kernel: [3, 3],
-            pads: [1, 1],
-            strides: [1, 1],
-            dilations: [1, 1],
             group,
             act: Act::Relu,
-            x: Loc::Arena(x),
             weight: Loc::Weight {
                 index: 2,
                 offset: 0,
@@ -845,9 +817,7 @@ fn products_write_into_their_concatenation_where_nothing_else_reads_their_output
                 offset: 0,
             },
             residual: residual.then_some(Loc::Input(0)),
-            y: Loc::Arena(t2),
-            algo: None,
-            quant: None,
+            ..conv
         });
         let into_concat = |from: usize, len: usize, at: usize| {
             Step::Ew(EwStep {

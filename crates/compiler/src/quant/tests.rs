@@ -222,34 +222,13 @@ fn int8_clips_a_long_tail_and_fp8_keeps_it() {
 
 /// A 1×1 convolution of 16 channels to 16, over 8×8 pixels of one frame.
 fn conv_step_16() -> Step {
-    Step::Conv(crate::plan::ConvStep {
-        n: 1,
-        c: 16,
-        h: 8,
-        w: 8,
-        k: 16,
-        oh: 8,
-        ow: 8,
-        kernel: [1, 1],
-        pads: [0, 0],
-        strides: [1, 1],
-        dilations: [1, 1],
-        group: 1,
-        act: Act::None,
-        x: Loc::Arena(0),
-        weight: Loc::Weight {
-            index: 0,
-            offset: 0,
-        },
-        bias: Loc::Weight {
-            index: 1,
-            offset: 0,
-        },
-        residual: None,
-        y: Loc::Arena(1024),
-        algo: None,
-        quant: None,
-    })
+    let step = crate::testing::conv_step(
+        [1, 16, 8, 8, 16],
+        [[1, 1], [1, 1], [0, 0], [1, 1]],
+        Loc::Arena(0),
+        Loc::Arena(1024),
+    );
+    Step::Conv(step.expect("a 1×1 convolution fits"))
 }
 
 fn weights_for_conv_16() -> Weights {

@@ -143,40 +143,21 @@ impl Runtime {
 /// reading and writing the arena.
 #[cfg(test)]
 pub(super) fn stem_step(
-    [n, c, h, w, k]: [usize; 5],
+    shape: [usize; 5],
     kernel: [usize; 2],
     strides: [usize; 2],
     pads: [usize; 2],
     act: trtclassify_compiler::ir::Act,
 ) -> ConvStep {
-    let out = |size: usize, a: usize| (size + 2 * pads[a] - kernel[a]) / strides[a] + 1;
+    let step = trtclassify_compiler::testing::conv_step(
+        shape,
+        [kernel, strides, pads, [1, 1]],
+        Loc::Arena(0),
+        Loc::Arena(1 << 20),
+    );
     ConvStep {
-        n,
-        c,
-        h,
-        w,
-        k,
-        oh: out(h, 0),
-        ow: out(w, 1),
-        kernel,
-        pads,
-        strides,
-        dilations: [1, 1],
-        group: 1,
         act,
-        x: Loc::Arena(0),
-        weight: Loc::Weight {
-            index: 0,
-            offset: 0,
-        },
-        bias: Loc::Weight {
-            index: 1,
-            offset: 0,
-        },
-        residual: None,
-        y: Loc::Arena(1 << 20),
-        algo: None,
-        quant: None,
+        ..step.expect("the stem fits its input")
     }
 }
 

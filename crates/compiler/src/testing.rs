@@ -79,20 +79,17 @@ pub fn conv_step(
     x: Loc,
     y: Loc,
 ) -> Option<ConvStep> {
-    let out = |size: usize, d: usize| {
-        let reach = (kernel[d] - 1) * dilations[d] + 1;
-        (size + 2 * pads[d])
-            .checked_sub(reach)
-            .map(|v| v / strides[d] + 1)
-    };
+    let pads4 = [pads[0], pads[1], pads[0], pads[1]];
+    let [oh, ow] =
+        crate::ops::conv::conv_out(&[h, w], &kernel, &strides, &dilations, &pads4).ok()?;
     Some(ConvStep {
         n,
         c,
         h,
         w,
         k,
-        oh: out(h, 0)?,
-        ow: out(w, 1)?,
+        oh,
+        ow,
         kernel,
         pads,
         strides,

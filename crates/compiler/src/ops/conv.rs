@@ -193,7 +193,7 @@ fn global_pool(im: &mut Importer, node: &OnnxNode) -> Result<(), String> {
 }
 
 /// The output size of a window of `kernel` sliding over `input` (height, width).
-fn conv_out(
+pub(crate) fn conv_out(
     input: &[usize],
     kernel: &[usize; 2],
     strides: &[usize; 2],

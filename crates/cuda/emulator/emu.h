@@ -1,17 +1,18 @@
 // SPDX-License-Identifier: MPL-2.0
-// A CPU emulator of the CUDA the int8, element-wise and pooling kernels use, for their tests
-// where there is no GPU: the kernels' own source compiled as C++ (`TRTCLASSIFY_EMULATOR`:
-// prelude.cu and quant.cu then call the functions here in place of their PTX), each thread
-// a fiber (ucontext), switched only where threads wait for each other: `__syncthreads`; the
-// warp-wide instructions (`ldmatrix`, `mma.sync`), which gather their 32 lanes' operands and
-// give each lane its part of the result as the PTX ISA defines it. The blocks of a tile (those that differ only in z)
-// run side by side, each with its shared memory, taking turns in alternating order; the tiles
-// one after another. Within a block a warp runs as far as it goes before the next, so a
-// barrier missing between warps shows; and two blocks that store the same output fail. cp.async copies land either as they are issued
-// (`Order::Early`, which exposes a stage overwritten while warps still read it) or as late as
-// the kernel may wait for them (`Order::Late`, which exposes a read before the wait); blocks
-// and warps run the other way round in each, and every shared memory access is checked to
-// fall in what the launch gave.
+// A CPU emulator of the CUDA the int8, element-wise, pooling and softmax kernels use, for
+// their tests where there is no GPU: the kernels' own source compiled as C++
+// (`TRTCLASSIFY_EMULATOR`: prelude.cu and quant.cu then call the functions here in place of
+// their PTX), each thread a fiber (ucontext), switched only where threads wait for each
+// other: `__syncthreads`; the warp-wide instructions (`ldmatrix`, `mma.sync`, `shfl.sync`),
+// which gather their 32 lanes' operands and give each lane its part of the result as the
+// PTX ISA defines it. The blocks of a tile (those that differ only in z) run side by side,
+// each with its shared memory, taking turns in alternating order; the tiles one after
+// another. Within a block a warp runs as far as it goes before the next, so a barrier
+// missing between warps shows; and two blocks that store the same output fail. cp.async
+// copies land either as they are issued (`Order::Early`, which exposes a stage overwritten
+// while warps still read it) or as late as the kernel may wait for them (`Order::Late`, which
+// exposes a read before the wait); blocks and warps run the other way round in each, and
+// every shared memory access is checked to fall in what the launch gave.
 #pragma once
 
 #include <cmath>
@@ -366,6 +367,21 @@ inline void mma_m16n8k16_f16(float *acc, const unsigned *a, unsigned b0, unsigne
     std::memcpy(acc, done.out, 4 * sizeof *acc);
 }
 
+// shfl.sync.bfly.b32 over the whole warp: lane l gets lane (l ^ lane_mask)'s value.
+inline float shfl_xor(float v, int lane_mask) {
+    Lane mine{};
+    mine.op = 4;
+    std::memcpy(&mine.a[0], &v, 4);
+    mine.b[0] = unsigned(lane_mask);
+    const Lane &done = warp_exchange(mine, [](const Lane *set, int l, unsigned (&out)[4]) {
+        if (set[l].b[0] != set[0].b[0]) fail("lanes of a warp shuffle by different masks");
+        out[0] = set[(l ^ set[l].b[0]) % 32].a[0];
+    });
+    float r;
+    std::memcpy(&r, &done.out[0], 4);
+    return r;
+}
+
 // cp.async.cg.shared.global, 16 bytes (zeros where !valid).
 inline void cp_async16(void *dst, const void *src, bool valid) {
     check_shared(dst, 16, 16);
@@ -421,6 +437,12 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+// Only whole warps shuffle here (the kernels' mask is every lane).
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    if (mask != 0xffffffffu) emu::fail("a shuffle of part of a warp");
+    return emu::shfl_xor(v, lane_mask);
+}
 inline unsigned __cvta_generic_to_shared(const void *p) {
     return unsigned(static_cast<const unsigned char *>(p) - emu::block_shared());
 }

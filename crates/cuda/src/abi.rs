@@ -16,9 +16,22 @@ use std::mem::{align_of, offset_of, size_of};
 use trtclassify_compiler::ir::{Act, BinOp};
 use trtclassify_compiler::plan::{DType, MAX_RANK, Strided};
 
-/// The longest row that the one-warp-per-row kernels (`softmax_warp`, `layernorm_warp`) hold
-/// in registers (`WARP_ROW_MAX` in their source). Longer rows take a block each.
+/// The longest row that the one-warp-per-row kernels (`layernorm_warp`, `mean_warp`) hold
+/// in registers (`WARP_ROW_MAX` in their source), and `softmax_block` with a block a row.
+/// Longer rows take a block each and read the row again for each pass.
 pub const WARP_ROW_MAX: usize = 1024;
+
+/// The longest row `softmax_warp` takes a warp for (`SOFTMAX_WARP_MAX` in its source): 8
+/// values a lane. Longer rows, up to `WARP_ROW_MAX`, take a block of `ROW_BLOCK` threads
+/// (`softmax_block`): a lane's 32 loads of a row of 1000 took 8.9 µs where a block's 4 take
+/// 1.8 (docs/benchmarks.md, "the scores' softmax").
+pub const SOFTMAX_WARP_MAX: usize = 256;
+
+/// The threads of the kernels that take a block a row (`ROW_BLOCK` in their source).
+pub const ROW_BLOCK: usize = 256;
+
+const _: () = assert!(SOFTMAX_WARP_MAX.is_multiple_of(32) && SOFTMAX_WARP_MAX <= WARP_ROW_MAX);
+const _: () = assert!(ROW_BLOCK.is_multiple_of(32) && WARP_ROW_MAX.is_multiple_of(ROW_BLOCK));
 
 /// The most source pixels of a row one block of `preprocess_rows` converts and keeps
 /// (`PRE_SPAN` in its source).
@@ -122,7 +135,8 @@ const fn same(a: &[u8], b: &[u8]) -> bool {
 pub const EW_SCALAR_CHUNK: usize = 4;
 
 /// What the kernels' source starts with, generated from the lists and constants here: the
-/// sizes (`MAX_RANK`, `EW_SCALAR_CHUNK`, `WARP_ROW_MAX`, `PRE_SPAN`) and ids (`FRAME_*`, `ACT_*`, `BINOP_*`) as
+/// sizes (`MAX_RANK`, `EW_SCALAR_CHUNK`, `WARP_ROW_MAX`, `SOFTMAX_WARP_MAX`, `ROW_BLOCK`,
+/// `PRE_SPAN`, ...) and ids (`FRAME_*`, `ACT_*`, `BINOP_*`) as
 /// defines, and the `act` and `binop` dispatchers, which come after the activations'
 /// functions (`dispatchers`).
 pub fn prelude() -> String {
@@ -132,6 +146,8 @@ pub fn prelude() -> String {
         ("MAX_RANK", MAX_RANK),
         ("EW_SCALAR_CHUNK", EW_SCALAR_CHUNK),
         ("WARP_ROW_MAX", WARP_ROW_MAX),
+        ("SOFTMAX_WARP_MAX", SOFTMAX_WARP_MAX),
+        ("ROW_BLOCK", ROW_BLOCK),
         ("PRE_SPAN", PRE_SPAN),
         ("C8_ROWS", OWN_ROWS),
         ("C8_THREADS", OWN_THREADS),

@@ -28,7 +28,14 @@ fn the_kernels_take_their_ids_and_sizes_from_the_rust_side() {
     let source = runtime::source();
     let prelude = abi::prelude();
     assert!(source.starts_with(&prelude));
-    for name in ["MAX_RANK", "EW_SCALAR_CHUNK", "WARP_ROW_MAX", "PRE_SPAN"] {
+    for name in [
+        "MAX_RANK",
+        "EW_SCALAR_CHUNK",
+        "WARP_ROW_MAX",
+        "SOFTMAX_WARP_MAX",
+        "ROW_BLOCK",
+        "PRE_SPAN",
+    ] {
         assert_eq!(
             source.matches(&format!("#define {name} ")).count(),
             1,
@@ -36,6 +43,7 @@ fn the_kernels_take_their_ids_and_sizes_from_the_rust_side() {
         );
     }
     assert!(prelude.contains(&format!("#define WARP_ROW_MAX {}\n", abi::WARP_ROW_MAX)));
+    assert!(prelude.contains(&format!("#define ROW_BLOCK {}\n", abi::ROW_BLOCK)));
     assert!(prelude.contains(&format!("#define PRE_SPAN {}\n", abi::PRE_SPAN)));
     for name in abi::ACTIVATIONS {
         let function = format!("float act_{name}(float x, float p0, float p1)");

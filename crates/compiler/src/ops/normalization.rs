@@ -341,6 +341,7 @@ impl Lowering<'_> {
             rows,
             len,
             x: x.loc,
+            bias: None,
             y: y.loc,
         });
         self.push(step, &[x.loc, y.loc]);

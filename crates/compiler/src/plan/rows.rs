@@ -11,7 +11,7 @@ fn positive(values: &[usize]) -> bool {
     values.iter().all(|&v| v >= 1 && i32::try_from(v).is_ok())
 }
 
-/// Softmax over each row of `x`, `[rows, len]` in and out.
+/// Softmax over each row of `x` plus `bias`, `[rows, len]` in and out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SoftmaxStep {
     /// Rows, each normalised on its own.
@@ -20,17 +20,25 @@ pub struct SoftmaxStep {
     pub len: usize,
     /// The input, `[rows, len]`.
     pub x: Loc,
+    /// `len` values in the plan's type added to every row first: the bias of the product
+    /// that wrote the scores (`lower::scores`), which then takes no step of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias: Option<Loc>,
     /// The output, `[rows, len]`.
     pub y: Loc,
 }
 
 impl StepKind for SoftmaxStep {
     fn describe(&self) -> String {
-        format!("softmax {}x{}", self.rows, self.len)
+        let bias = if self.bias.is_some() { " +bias" } else { "" };
+        format!("softmax {}x{}{bias}", self.rows, self.len)
     }
 
     fn spans(&self) -> Vec<Span> {
-        vec![Span::dense(self.x, &[self.rows, self.len]), self.written()]
+        let mut spans = vec![Span::dense(self.x, &[self.rows, self.len])];
+        spans.extend(self.bias.map(|b| Span::dense(b, &[self.len])));
+        spans.push(self.written());
+        spans
     }
 
     fn written(&self) -> Span {
@@ -42,17 +50,24 @@ impl StepKind for SoftmaxStep {
     }
 
     fn locs_mut(&mut self) -> Vec<&mut Loc> {
-        vec![&mut self.x, &mut self.y]
+        let mut locs = vec![&mut self.x];
+        locs.extend(self.bias.as_mut());
+        locs.push(&mut self.y);
+        locs
     }
 
     fn sizes_fit(&self) -> bool {
         positive(&[self.rows, self.len])
     }
 
-    /// A softmax of the scores reads and writes them in f32, in place.
+    /// A softmax of the scores reads and writes them in f32, in place, and its bias in the
+    /// plan's type.
     fn types_fit(&self, t: &Types) -> bool {
+        let bias_fits = || {
+            (self.bias).is_none_or(|b| t.plain() || !(t.is_f32)(b) && !matches!(b, Loc::Input(_)))
+        };
         match (self.x, self.y) {
-            (Loc::Output(a), Loc::Output(b)) => t.plain() || a == b,
+            (Loc::Output(a), Loc::Output(b)) => t.plain() || a == b && bias_fits(),
             (Loc::Output(_), _) | (_, Loc::Output(_)) => t.plain(),
             _ => t.uniform(self),
         }
@@ -62,9 +77,17 @@ impl StepKind for SoftmaxStep {
 #[cfg(any(test, feature = "testing"))]
 impl crate::sim::Simulate for SoftmaxStep {
     fn simulate(&self, m: &mut crate::sim::Memory) {
-        let SoftmaxStep { rows, len, x, y } = *self;
+        let SoftmaxStep {
+            rows,
+            len,
+            x,
+            bias,
+            y,
+        } = *self;
         for r in 0..rows {
-            let row: Vec<f32> = (0..len).map(|i| m.read(x, r * len + i)).collect();
+            let row: Vec<f32> = (0..len)
+                .map(|i| m.read(x, r * len + i) + bias.map_or(0.0, |b| m.read(b, i)))
+                .collect();
             let max = row.iter().copied().fold(f32::MIN, f32::max);
             let sum: f32 = row.iter().map(|v| (v - max).exp()).sum();
             for (i, v) in row.iter().enumerate() {

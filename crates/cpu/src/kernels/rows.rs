@@ -18,11 +18,30 @@ impl CpuStep for SoftmaxStep {
         _scratch: &mut Scratch,
         _threads: Threads,
     ) {
-        let SoftmaxStep { rows, len, x, y } = self;
+        let SoftmaxStep {
+            rows,
+            len,
+            x: x_loc,
+            bias,
+            y: y_loc,
+        } = self;
+        let bias = bias.map(|b| unsafe { std::slice::from_raw_parts(buf.at(b), *len) });
         for r in 0..*rows {
-            let (x, y) = (rows_in(buf, *x, r, *len), rows_out(buf, *y, r, *len));
-            let max = x.iter().copied().fold(f32::MIN, f32::max);
-            y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - max);
+            let (x, y) = (
+                rows_in(buf, *x_loc, r, *len),
+                rows_out(buf, *y_loc, r, *len),
+            );
+            match bias {
+                Some(b) => {
+                    (y.iter_mut().zip(x).zip(b)).for_each(|((o, &v), &b)| *o = v + b);
+                    let max = y.iter().copied().fold(f32::MIN, f32::max);
+                    y.iter_mut().for_each(|o| *o -= max);
+                }
+                None => {
+                    let max = x.iter().copied().fold(f32::MIN, f32::max);
+                    y.iter_mut().zip(x).for_each(|(o, &v)| *o = v - max);
+                }
+            }
             activate_with::<FMA>(Act::Exp, y);
             let scale = 1.0 / y.iter().sum::<f32>();
             y.iter_mut().for_each(|o| *o *= scale);

@@ -303,11 +303,12 @@ pub(super) fn warp_rows(rows: usize) -> LaunchConfig {
     }
 }
 
-/// One block of 256 threads per row (`softmax_rows`, `layernorm_rows`, `mean_rows`).
+/// One block of `ROW_BLOCK` threads per row (`softmax_block`, `softmax_rows`,
+/// `layernorm_rows`, `mean_rows`).
 pub(super) fn block_rows(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (crate::abi::ROW_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     }
 }

@@ -52,6 +52,14 @@ __device__ __forceinline__ unsigned char *dynamic_shared() {
 #endif
 }
 
+// A block's array of N floats in shared memory: in the emulator, whose threads are fibers
+// each with a stack of its own, the block's dynamic shared memory (the launch gives it).
+#if defined(TRTCLASSIFY_EMULATOR)
+#define SHARED_FLOATS(name, n) float *name = reinterpret_cast<float *>(dynamic_shared())
+#else
+#define SHARED_FLOATS(name, n) __shared__ float name[n]
+#endif
+
 // 16 bytes from global to shared memory without passing through registers (cp.async, sm_80
 // on), zeros where `valid` is false (then nothing is read: `src` need only be an address).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {

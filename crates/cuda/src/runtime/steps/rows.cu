@@ -34,27 +34,75 @@ __device__ __forceinline__ float load(T v) { return ld(v); }
 __device__ __forceinline__ void store(T *p, float v) { *p = st(v); }
 #endif
 
-// One block per row; in place is safe: each thread writes only the elements it read last.
-template <typename S> __device__ void softmax_rows_body(const S *x, S *y, int len) {
-    __shared__ float shared[32];
+// A row's element i plus the bias's (null: none), in f32.
+template <typename S>
+__device__ __forceinline__ float biased(const S *row, const T *bias, int i) {
+    return bias ? load(row[i]) + ld(bias[i]) : load(row[i]);
+}
+
+// Rows longer than WARP_ROW_MAX: one block per row, reading the row once a pass; in place
+// is safe: each thread writes only the elements it read last.
+template <typename S> __device__ void softmax_rows_body(const S *x, const T *bias, S *y, int len) {
+    SHARED_FLOATS(shared, 32);
     const S *row = x + (long long)blockIdx.x * len;
     S *out = y + (long long)blockIdx.x * len;
     float m = -3.402823466e38f;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) m = fmaxf(m, load(row[i]));
+    for (int i = threadIdx.x; i < len; i += blockDim.x) m = fmaxf(m, biased(row, bias, i));
     m = block_max(m, shared);
     float s = 0.f;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) s += __expf(load(row[i]) - m);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) s += __expf(biased(row, bias, i) - m);
     s = block_sum(s, shared);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) store(out + i, __expf(load(row[i]) - m) / s);
+    for (int i = threadIdx.x; i < len; i += blockDim.x)
+        store(out + i, __expf(biased(row, bias, i) - m) / s);
 }
-extern "C" __global__ void softmax_rows(const T *x, T *y, int len) { softmax_rows_body(x, y, len); }
-extern "C" __global__ void softmax_rows_f32(const float *x, float *y, int len) {
-    softmax_rows_body(x, y, len);
+extern "C" __global__ void softmax_rows(const T *x, const T *bias, T *y, int len) {
+    softmax_rows_body(x, bias, y, len);
+}
+extern "C" __global__ void softmax_rows_f32(const float *x, const T *bias, float *y, int len) {
+    softmax_rows_body(x, bias, y, len);
+}
+
+// Rows of SOFTMAX_WARP_MAX to WARP_ROW_MAX (a classifier's scores): one block of ROW_BLOCK
+// threads per row, which holds it in registers: read once, written once. The row is read
+// whole before the first barrier: in place is safe.
+template <typename S>
+__device__ void softmax_block_body(const S *x, const T *bias, S *y, int len) {
+    SHARED_FLOATS(shared, 32);
+    const S *in = x + (long long)blockIdx.x * len;
+    S *out = y + (long long)blockIdx.x * len;
+    float v[WARP_ROW_MAX / ROW_BLOCK];
+    float m = -3.402823466e38f;
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / ROW_BLOCK; ++k) {
+        const int i = k * ROW_BLOCK + threadIdx.x;
+        v[k] = i < len ? biased(in, bias, i) : -3.402823466e38f;
+    }
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / ROW_BLOCK; ++k) m = fmaxf(m, v[k]);
+    m = block_max(m, shared);
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / ROW_BLOCK; ++k) {
+        v[k] = k * ROW_BLOCK + threadIdx.x < len ? __expf(v[k] - m) : 0.f;
+        s += v[k];
+    }
+    const float inv = 1.f / block_sum(s, shared);
+#pragma unroll
+    for (int k = 0; k < WARP_ROW_MAX / ROW_BLOCK; ++k) {
+        const int i = k * ROW_BLOCK + threadIdx.x;
+        if (i < len) store(out + i, v[k] * inv);
+    }
+}
+extern "C" __global__ void softmax_block(const T *x, const T *bias, T *y, int len) {
+    softmax_block_body(x, bias, y, len);
+}
+extern "C" __global__ void softmax_block_f32(const float *x, const T *bias, float *y, int len) {
+    softmax_block_body(x, bias, y, len);
 }
 
 extern "C" __global__ void layernorm_rows(const T *x, T *y, const T *scale, const T *bias,
                                           int len, float eps) {
-    __shared__ float shared[32];
+    SHARED_FLOATS(shared, 32);
     const T *row = x + (long long)blockIdx.x * len;
     T *out = y + (long long)blockIdx.x * len;
     float s = 0.f;
@@ -73,11 +121,12 @@ extern "C" __global__ void layernorm_rows(const T *x, T *y, const T *scale, cons
     }
 }
 
-// Rows of up to WARP_ROW_MAX elements take one warp each, held in registers: read once,
-// written once, reduced with shuffles. Attention rows (197 in ViT-B/16, 49 in Swin's windows)
-// and LayerNorm over channels are this short; a block of 256 threads per such row leaves
-// most of them idle and pays two block-wide synchronisations per reduction.
-// WARP_ROW_MAX: abi.rs's, generated.
+// Rows of up to WARP_ROW_MAX elements (SOFTMAX_WARP_MAX for the softmax) take one warp
+// each, held in registers: read once, written once, reduced with shuffles. Attention rows
+// (197 in ViT-B/16, 49 in Swin's windows) and LayerNorm over channels are this short; a
+// block of 256 threads per such row leaves most of them idle and pays two block-wide
+// synchronisations per reduction. WARP_ROW_MAX, SOFTMAX_WARP_MAX, ROW_BLOCK: abi.rs's,
+// generated.
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -89,42 +138,45 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// The row is read whole into registers before it is written: in place is safe.
-template <typename S> __device__ void softmax_warp_body(const S *x, S *y, int rows, int len) {
+// Rows of up to SOFTMAX_WARP_MAX (attention's, ViT-B/16's 197 and Swin's 49): a warp a
+// row, held in registers. Every load is issued before the first value is used, so that a
+// lane waits for the row once, not once a load. The row is read whole before it is
+// written: in place is safe.
+template <typename S>
+__device__ void softmax_warp_body(const S *x, const T *bias, S *y, int rows, int len) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     const S *in = x + (long long)row * len;
     S *out = y + (long long)row * len;
-    float v[WARP_ROW_MAX / 32];
-    float m = -3.402823466e38f;
+    float v[SOFTMAX_WARP_MAX / 32];
 #pragma unroll
-    for (int k = 0; k < WARP_ROW_MAX / 32; ++k) {
-        if (k * 32 >= len) break;  // the same for the whole warp
-        int i = k * 32 + lane;
-        v[k] = i < len ? load(in[i]) : -3.402823466e38f;
-        m = fmaxf(m, v[k]);
+    for (int k = 0; k < SOFTMAX_WARP_MAX / 32; ++k) {
+        const int i = k * 32 + lane;
+        v[k] = i < len ? biased(in, bias, i) : -3.402823466e38f;
     }
+    float m = v[0];
+#pragma unroll
+    for (int k = 1; k < SOFTMAX_WARP_MAX / 32; ++k) m = fmaxf(m, v[k]);
     m = warp_max(m);
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < WARP_ROW_MAX / 32; ++k) {
-        if (k * 32 >= len) break;
+    for (int k = 0; k < SOFTMAX_WARP_MAX / 32; ++k) {
         v[k] = k * 32 + lane < len ? __expf(v[k] - m) : 0.f;
         s += v[k];
     }
-    float inv = 1.f / warp_sum(s);
+    const float inv = 1.f / warp_sum(s);
 #pragma unroll
-    for (int k = 0; k < WARP_ROW_MAX / 32; ++k) {
-        if (k * 32 >= len) break;
-        int i = k * 32 + lane;
+    for (int k = 0; k < SOFTMAX_WARP_MAX / 32; ++k) {
+        const int i = k * 32 + lane;
         if (i < len) store(out + i, v[k] * inv);
     }
 }
-extern "C" __global__ void softmax_warp(const T *x, T *y, int rows, int len) {
-    softmax_warp_body(x, y, rows, len);
+extern "C" __global__ void softmax_warp(const T *x, const T *bias, T *y, int rows, int len) {
+    softmax_warp_body(x, bias, y, rows, len);
 }
-extern "C" __global__ void softmax_warp_f32(const float *x, float *y, int rows, int len) {
-    softmax_warp_body(x, y, rows, len);
+extern "C" __global__ void softmax_warp_f32(const float *x, const T *bias, float *y, int rows,
+                                            int len) {
+    softmax_warp_body(x, bias, y, rows, len);
 }
 
 extern "C" __global__ void layernorm_warp(const T *x, T *y, const T *scale, const T *bias,
@@ -239,7 +291,7 @@ extern "C" __global__ void mean_warp(const T *x, T *y, int rows, int len) {
 }
 
 extern "C" __global__ void mean_rows(const T *x, T *y, int len) {
-    __shared__ float shared[32];
+    SHARED_FLOATS(shared, 32);
     const T *row = x + (long long)blockIdx.x * len;
     float s = 0.f;
     for (int i = threadIdx.x; i < len; i += blockDim.x) s += ld(row[i]);

@@ -413,6 +413,20 @@ impl Runtime {
             pre: Default::default(),
             done_signal: None,
         };
+        // Where the buffers lie, for the debug log: two builds whose code differs only in
+        // kernels a plan does not run have run it 6-7 % apart at batch 1 (docs/benchmarks.md,
+        // "what the two states are not"), and the buffers' places are what is left to compare.
+        let weights_at = (rt.weights.iter()).map(|w| rt.ptr_u8(w));
+        let (first, last) = (weights_at.clone().min(), weights_at.max());
+        let (arena, arena_bytes) = (rt.ptr_u8(&rt.arena), rt.arena.len());
+        let (input, output) = (rt.ptr(Loc::Input(0)), rt.ptr(Loc::Output(0)));
+        log::debug!(
+            target: trtclassify_compiler::LOG_TARGET,
+            "runtime: arena at {arena:#x} ({arena_bytes} bytes), weights from {:#x} to {:#x}, \
+             input at {input:#x}, output at {output:#x}",
+            first.unwrap_or(0),
+            last.unwrap_or(0)
+        );
         let untuned = |f: fn(&Step) -> bool| plans.iter().any(|p| p.steps.iter().any(f));
         let tune_convs = untuned(|s| matches!(s, Step::Conv(c) if c.algo.is_none()));
         let tune = tune_convs || untuned(untuned_product);

@@ -17,11 +17,7 @@ set -uo pipefail
 out=${GPU_OUT:-/tmp/gpu-out}/ab
 rm -rf "$out"
 mkdir -p "$out"
-models=("$@")
-[ ${#models[@]} -gt 0 ] || models=(/tmp/tv/resnet50.onnx /tmp/tv/vit_b_16.onnx)
-for m in "${models[@]}"; do
-    [ -e "$m" ] || { echo "$m: no such model (bench/gpu/torch_models.py export /tmp/tv)" >&2; exit 2; }
-done
+. "$(dirname "$0")/models.sh"
 bins=("$BEFORE" trtclassify-engine)
 names=(before this)
 failed=0

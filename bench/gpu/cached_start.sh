@@ -18,11 +18,7 @@ set -uo pipefail
 out=${GPU_OUT:-/tmp/gpu-out}/cached-start
 rm -rf "$out"
 mkdir -p "$out"
-models=("$@")
-[ ${#models[@]} -gt 0 ] || models=(/tmp/tv/resnet50.onnx /tmp/tv/vit_b_16.onnx)
-for m in "${models[@]}"; do
-    [ -e "$m" ] || { echo "$m: no such model (bench/gpu/torch_models.py export /tmp/tv)" >&2; exit 2; }
-done
+. "$(dirname "$0")/models.sh"
 bins=(trtclassify-engine)
 [ -n "${BEFORE:-}" ] && bins+=("$BEFORE")
 for round in $(seq 0 "${ROUNDS:-5}"); do

@@ -31,6 +31,21 @@ fn source(families: &[&str]) -> String {
     .join("\n")
 }
 
+/// A folder holding the emulator, the kernels of `families` (`kernels.cu`, as `source`
+/// gives them) and `files`: a harness and the headers generated for it.
+fn harness(families: &[&str], files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let kernels = source(families);
+    let emulator = include_str!("../../../emulator/emu.h");
+    for (file, text) in [("kernels.cu", kernels.as_str()), ("emu.h", emulator)]
+        .iter()
+        .chain(files)
+    {
+        std::fs::write(dir.path().join(file), text).expect("the harness written");
+    }
+    dir
+}
+
 /// The harness's table of the ways it runs: each of `EightBitKernel::OWN` as the runtime
 /// launches it.
 fn ways() -> String {
@@ -102,18 +117,16 @@ fn build_and_run(dir: &Path, name: &str, half: bool) -> String {
 
 #[test]
 fn the_own_int8_kernels_match_cublaslts_path() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    for (file, text) in [
-        ("kernels.cu", source(&[include_str!("quant.cu")])),
-        ("ways.h", ways()),
-        ("emu.h", include_str!("../../../emulator/emu.h").into()),
-        (
-            "quant_test.cpp",
-            include_str!("../../../emulator/quant_test.cpp").into(),
-        ),
-    ] {
-        std::fs::write(dir.path().join(file), text).expect("the harness written");
-    }
+    let dir = harness(
+        &[include_str!("quant.cu")],
+        &[
+            ("ways.h", &ways()),
+            (
+                "quant_test.cpp",
+                include_str!("../../../emulator/quant_test.cpp"),
+            ),
+        ],
+    );
     let ways = 2 * EightBitKernel::OWN.len();
     for half in [true, false] {
         let out = build_and_run(dir.path(), "quant_test", half);
@@ -268,18 +281,13 @@ fn ew_pool_cases(dtype: DType) -> String {
 /// definition gives element by element, in fp16 and in f32, and write nothing else.
 #[test]
 fn the_element_wise_and_pooling_kernels_match_their_definition() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let kernels = source(&[include_str!("elementwise.cu"), include_str!("pool.cu")]);
-    for (file, text) in [
-        ("kernels.cu", kernels),
-        ("emu.h", include_str!("../../../emulator/emu.h").into()),
-        (
+    let dir = harness(
+        &[include_str!("elementwise.cu"), include_str!("pool.cu")],
+        &[(
             "ew_pool_test.cpp",
-            include_str!("../../../emulator/ew_pool_test.cpp").into(),
-        ),
-    ] {
-        std::fs::write(dir.path().join(file), text).expect("the harness written");
-    }
+            include_str!("../../../emulator/ew_pool_test.cpp"),
+        )],
+    );
     for (half, dtype) in [(true, DType::F16), (false, DType::F32)] {
         std::fs::write(dir.path().join("cases.h"), ew_pool_cases(dtype)).expect("cases written");
         let out = build_and_run(dir.path(), "ew_pool_test", half);
@@ -347,19 +355,16 @@ fn stem_cases() -> String {
 /// 32 and 64 channels, 1 to 3 input channels and odd strides down.
 #[test]
 fn the_stem_kernel_matches_the_convolutions_definition() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let kernels = source(&[include_str!("stem.cu")]);
-    for (file, text) in [
-        ("kernels.cu", kernels),
-        ("emu.h", include_str!("../../../emulator/emu.h").into()),
-        ("cases.h", stem_cases()),
-        (
-            "stem_test.cpp",
-            include_str!("../../../emulator/stem_test.cpp").into(),
-        ),
-    ] {
-        std::fs::write(dir.path().join(file), text).expect("the harness written");
-    }
+    let dir = harness(
+        &[include_str!("stem.cu")],
+        &[
+            ("cases.h", &stem_cases()),
+            (
+                "stem_test.cpp",
+                include_str!("../../../emulator/stem_test.cpp"),
+            ),
+        ],
+    );
     let out = build_and_run(dir.path(), "stem_test", true);
     print!("{out}");
     assert_eq!(
@@ -412,18 +417,16 @@ fn softmax_cases() -> String {
 /// bias, in place and not, and write nothing past the rows: rows of 1 to 3000.
 #[test]
 fn the_softmax_kernels_match_their_definition() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    for (file, text) in [
-        ("kernels.cu", source(&[include_str!("rows.cu")])),
-        ("cases.h", softmax_cases()),
-        ("emu.h", include_str!("../../../emulator/emu.h").into()),
-        (
-            "rows_test.cpp",
-            include_str!("../../../emulator/rows_test.cpp").into(),
-        ),
-    ] {
-        std::fs::write(dir.path().join(file), text).expect("the harness written");
-    }
+    let dir = harness(
+        &[include_str!("rows.cu")],
+        &[
+            ("cases.h", &softmax_cases()),
+            (
+                "rows_test.cpp",
+                include_str!("../../../emulator/rows_test.cpp"),
+            ),
+        ],
+    );
     for half in [true, false] {
         let out = build_and_run(dir.path(), "rows_test", half);
         print!("{out}");

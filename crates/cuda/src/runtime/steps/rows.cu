@@ -71,14 +71,14 @@ __device__ void softmax_block_body(const S *x, const T *bias, S *y, int len) {
     const S *in = x + (long long)blockIdx.x * len;
     S *out = y + (long long)blockIdx.x * len;
     float v[WARP_ROW_MAX / ROW_BLOCK];
-    float m = -3.402823466e38f;
 #pragma unroll
     for (int k = 0; k < WARP_ROW_MAX / ROW_BLOCK; ++k) {
         const int i = k * ROW_BLOCK + threadIdx.x;
         v[k] = i < len ? biased(in, bias, i) : -3.402823466e38f;
     }
+    float m = v[0];
 #pragma unroll
-    for (int k = 0; k < WARP_ROW_MAX / ROW_BLOCK; ++k) m = fmaxf(m, v[k]);
+    for (int k = 1; k < WARP_ROW_MAX / ROW_BLOCK; ++k) m = fmaxf(m, v[k]);
     m = block_max(m, shared);
     float s = 0.f;
 #pragma unroll

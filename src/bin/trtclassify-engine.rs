@@ -6,7 +6,7 @@
 //!                            [--input-size HxW] [--gpu-id 0]
 //!   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16] [--runs 200]
 //!                            [--calibration TABLE] [--strict-precision] [--engine-dir DIR]
-//!                            [--check] [--profile]
+//!                            [--check] [--profile] [--hold-gpu-memory MIB]
 //!   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames 256]
 //!                            [--input-size HxW]
 //!
@@ -23,7 +23,12 @@
 //! size and compares with `MODEL.ref.json` (written by `bench/gpu/torch_models.py export`);
 //! `--profile` prints the GPU time of each plan by kind of step, and its costliest steps (the
 //! same step in every block of a transformer counted together), timed inside the plan's graph;
-//! every step in order goes to standard error.
+//! every step in order goes to standard error. `--hold-gpu-memory` takes MIB of GPU memory
+//! from the device's pool before the first engine is built and holds it to the end, as
+//! another program's memory would: it moves where the engines' weights and buffers lie,
+//! which the engine's debug log gives (`GST_DEBUG=trtclassify-engine:5`), so that a batch-1
+//! latency can be compared across placements (docs/benchmarks.md, "what the two states are
+//! not").
 //! `calibrate` runs the model on the CPU over frames decoded by GStreamer from SOURCE (image
 //! or video files, or folders of them; at most `--frames`; `.bin` files are model inputs
 //! already preprocessed, float32 NCHW, as `bench --check` reads), preprocessed as the element's
@@ -46,7 +51,7 @@ const USAGE: &str = "usage:
                            [--gpu-id N]
   trtclassify-engine bench MODEL.onnx... [--batches 1,8,64] [--precision fp16|fp32|int8|fp8]
                            [--calibration TABLE] [--strict-precision] [--runs N]
-                           [--engine-dir DIR] [--check] [--profile]
+                           [--engine-dir DIR] [--check] [--profile] [--hold-gpu-memory MIB]
   trtclassify-engine calibrate MODEL.onnx SOURCE... [--table FILE] [--frames N]
                            [--input-size HxW]";
 
@@ -71,6 +76,8 @@ struct Args {
     runs: usize,
     check: bool,
     profile: bool,
+    /// MiB of GPU memory `bench` holds before its first engine.
+    hold_mib: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -97,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
         runs: 200,
         check: false,
         profile: false,
+        hold_mib: 0,
     };
     fn number<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
         let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -141,6 +149,7 @@ fn parse_args() -> Result<Args, String> {
             "--frames" => a.frames = number::<usize>(&arg, it.next())?.max(1),
             "--check" => a.check = true,
             "--profile" => a.profile = true,
+            "--hold-gpu-memory" => a.hold_mib = number(&arg, it.next())?,
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
             model => a.models.push(model.into()),
         }
@@ -292,6 +301,27 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `--hold-gpu-memory`: MiB taken from the device's default memory pool, from which the
+/// engine allocates its weights and buffers too (stream-ordered allocations), so that they
+/// lie past it.
+fn hold_gpu_memory(args: &Args) -> Result<Option<cudarc::driver::CudaSlice<u8>>, String> {
+    use gsttrtclassify::engine::cuda::{runtime, unavailable_reason};
+    if args.hold_mib == 0 {
+        return Ok(None);
+    }
+    if let Some(reason) = unavailable_reason() {
+        return Err(format!("--hold-gpu-memory: {reason}"));
+    }
+    let gpu = runtime::open_gpu(args.gpu_id).map_err(|e| e.to_string())?;
+    let stream = gpu.ctx.default_stream();
+    let held = stream
+        .alloc_zeros::<u8>(args.hold_mib << 20)
+        .map_err(|e| format!("--hold-gpu-memory {}: {e}", args.hold_mib))?;
+    let (at, _) = cudarc::driver::DevicePtr::device_ptr(&held, &stream);
+    eprintln!("holding {} MiB of GPU memory at {at:#x}", args.hold_mib);
+    Ok(Some(held))
+}
+
 fn bench(args: &Args) -> Result<(), String> {
     let dir = match &args.engine_dir {
         Some(dir) => dir.clone(),
@@ -301,6 +331,7 @@ fn bench(args: &Args) -> Result<(), String> {
         "| model | precision | batch | build | cached start | latency (median) | images/s | infer() median | check |".to_owned(),
         "|---|---|---|---|---|---|---|---|---|".to_owned(),
     ];
+    let _held = hold_gpu_memory(args)?;
     let mut preprocess = vec![
         "| model | batch | frame in GPU memory | preprocessing per frame (mean of 20 batches) |"
             .to_owned(),

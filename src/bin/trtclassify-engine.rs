@@ -309,13 +309,19 @@ fn hold_gpu_memory(args: &Args) -> Result<Option<cudarc::driver::CudaSlice<u8>>,
     if args.hold_mib == 0 {
         return Ok(None);
     }
+    let bytes = (args.hold_mib.checked_mul(1 << 20)).ok_or_else(|| {
+        format!(
+            "--hold-gpu-memory {}: more bytes than this machine can address",
+            args.hold_mib
+        )
+    })?;
     if let Some(reason) = unavailable_reason() {
         return Err(format!("--hold-gpu-memory: {reason}"));
     }
     let gpu = runtime::open_gpu(args.gpu_id).map_err(|e| e.to_string())?;
     let stream = gpu.ctx.default_stream();
     let held = stream
-        .alloc_zeros::<u8>(args.hold_mib << 20)
+        .alloc_zeros::<u8>(bytes)
         .map_err(|e| format!("--hold-gpu-memory {}: {e}", args.hold_mib))?;
     let (at, _) = cudarc::driver::DevicePtr::device_ptr(&held, &stream);
     eprintln!("holding {} MiB of GPU memory at {at:#x}", args.hold_mib);

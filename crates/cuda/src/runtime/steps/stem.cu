@@ -46,7 +46,11 @@ __device__ __forceinline__ StemLayout stem_layout(const StemConv &p) {
     return l;
 }
 
-template <int NB>
+// ACT: the activation, an `ACT_*` id, fixed at compile time so that the epilogue's 64
+// values a pass inline that one function (the 18-way switch inlined for each of them was
+// 360 KB of machine code, past what the SM's instruction cache holds); -1 for `p.act_id`'s
+// at run time, for activations a stem rarely has.
+template <int NB, int ACT>
 __device__ __forceinline__ void stem_conv_body(const StemConv &p, const T *x, const T *weight,
                                                const T *bias, T *y) {
 #if defined(HALF)
@@ -63,13 +67,27 @@ __device__ __forceinline__ void stem_conv_body(const StemConv &p, const T *x, co
 
     // The weights (KRSC) as [kstep][k][16]: value j of a row is tap 4·(kstep % groups) + j / 4
     // of tap row kstep / groups, channel j % 4. A row's two 16-byte halves trade places where
-    // bit 2 of its channel is set, so that ldmatrix's 8 rows fall on different banks.
-    for (int i = threadIdx.x; i < l.ksteps * p.k * 16; i += blockDim.x) {
-        const int j = i % 16, row = i / 16;
-        const int n = row % p.k, kstep = row / p.k;
-        const int ky = kstep / l.groups, kx = kstep % l.groups * 4 + j / 4, ch = j % 4;
-        const T v = kx < p.s && ch < p.c ? weight[((n * p.r + ky) * p.s + kx) * p.c + ch] : T(0);
-        ws[row * 16 + ((j / 8) ^ (n >> 2 & 1)) * 8 + j % 8] = v;
+    // bit 2 of its channel is set, so that ldmatrix's 8 rows fall on different banks. A
+    // thread has 16 loads in flight before it stores any: one at a time, a 7×7 stem's 112
+    // loads a thread were most of its time at batch 1.
+    constexpr int LOADS = 16;
+    const int values = l.ksteps * p.k * 16;
+    for (int first = threadIdx.x; first < values; first += LOADS * blockDim.x) {
+        T v[LOADS];
+        int to[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int i = first + u * blockDim.x;
+            const int j = i % 16, row = i / 16;
+            const int n = row % p.k, kstep = row / p.k;
+            const int ky = kstep / l.groups, kx = kstep % l.groups * 4 + j / 4, ch = j % 4;
+            const bool tap = i < values && kx < p.s && ch < p.c;
+            v[u] = tap ? weight[((n * p.r + ky) * p.s + kx) * p.c + ch] : T(0);
+            to[u] = i < values ? row * 16 + ((j / 8) ^ (n >> 2 & 1)) * 8 + j % 8 : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u)
+            if (to[u] >= 0) ws[to[u]] = v[u];
     }
 
     const int tiles_x = (p.ow + STEM_TILE_W - 1) / STEM_TILE_W;
@@ -140,8 +158,8 @@ __device__ __forceinline__ void stem_conv_body(const StemConv &p, const T *x, co
                         const int pix = (2 * warp + mt) * 16 + lane / 4 + half * 8;
                         const int ch = nt * 8 + lane % 4 * 2;
                         const T *b = bias + pass * NB + ch;
-                        const T v0 = st(act(p.act_id, acc[mt][nt][2 * half] + ld(b[0]), p.p0, p.p1));
-                        const T v1 = st(act(p.act_id, acc[mt][nt][2 * half + 1] + ld(b[1]), p.p0, p.p1));
+                        const T v0 = st(act(ACT < 0 ? p.act_id : ACT, acc[mt][nt][2 * half] + ld(b[0]), p.p0, p.p1));
+                        const T v1 = st(act(ACT < 0 ? p.act_id : ACT, acc[mt][nt][2 * half + 1] + ld(b[1]), p.p0, p.p1));
                         *reinterpret_cast<unsigned *>(stage + pix * PITCH + ch) =
                             unsigned(v0) | unsigned(v1) << 16;
                     }
@@ -160,14 +178,27 @@ __device__ __forceinline__ void stem_conv_body(const StemConv &p, const T *x, co
 #endif
 }
 
+// The body for `p.act_id`: its own instance for the activations stems have.
+template <int NB>
+__device__ __forceinline__ void stem_conv(const StemConv &p, const T *x, const T *weight,
+                                          const T *bias, T *y) {
+    switch (p.act_id) {
+    case ACT_NONE: return stem_conv_body<NB, ACT_NONE>(p, x, weight, bias, y);
+    case ACT_RELU: return stem_conv_body<NB, ACT_RELU>(p, x, weight, bias, y);
+    case ACT_CLIP: return stem_conv_body<NB, ACT_CLIP>(p, x, weight, bias, y);
+    case ACT_SILU: return stem_conv_body<NB, ACT_SILU>(p, x, weight, bias, y);
+    default: return stem_conv_body<NB, -1>(p, x, weight, bias, y);
+    }
+}
+
 // 64 output channels a pass (k a multiple of 64).
 extern "C" __global__ void __launch_bounds__(STEM_THREADS)
     stem_conv64(const StemConv p, const T *x, const T *weight, const T *bias, T *y) {
-    stem_conv_body<64>(p, x, weight, bias, y);
+    stem_conv<64>(p, x, weight, bias, y);
 }
 
 // 32 output channels a pass (k a multiple of 32).
 extern "C" __global__ void __launch_bounds__(STEM_THREADS)
     stem_conv32(const StemConv p, const T *x, const T *weight, const T *bias, T *y) {
-    stem_conv_body<32>(p, x, weight, bias, y);
+    stem_conv<32>(p, x, weight, bias, y);
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Two builds of the engine side by side on the GPU host, from the repository root, after
+# Builds of the engine side by side on the GPU host, from the repository root, after
 # pack.sh (see bench/gpu/README.md): `trtclassify-engine bench` of this build and of
-# BEFORE=OTHER_BINARY (an earlier commit's) alternating, each with engine files of its own,
-# so that a change's gain is measured in one run on one GPU.
+# BEFORE=OTHER_BINARY (an earlier commit's; several, separated by spaces, for more builds,
+# each named by its file's name) alternating, each with engine files of its own, so that a
+# change's gain is measured in one run on one GPU.
 #
 #   BEFORE=/tmp/gpubin/trtclassify-engine-base bench/gpu/ab.sh [MODEL.onnx...]
 #
@@ -18,11 +19,15 @@ out=${GPU_OUT:-/tmp/gpu-out}/ab
 rm -rf "$out"
 mkdir -p "$out"
 . "$(dirname "$0")/models.sh"
-bins=("$BEFORE" trtclassify-engine)
-names=(before this)
+read -ra bins <<<"$BEFORE"
+names=()
+for b in "${bins[@]}"; do names+=("$(basename "$b")"); done
+[ ${#bins[@]} -gt 1 ] || names=(before)
+bins+=(trtclassify-engine)
+names+=(this)
 failed=0
 for round in $(seq 0 "${ROUNDS:-2}"); do
-    for b in 0 1; do
+    for b in "${!bins[@]}"; do
         log=$out/${names[$b]}-$round
         # Round 0 builds the engine files, untimed.
         runs=${RUNS:-500}

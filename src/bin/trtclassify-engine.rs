@@ -309,7 +309,7 @@ fn hold_gpu_memory(args: &Args) -> Result<Option<cudarc::driver::CudaSlice<u8>>,
     if args.hold_mib == 0 {
         return Ok(None);
     }
-    let bytes = (args.hold_mib.checked_mul(1 << 20)).ok_or_else(|| {
+    let bytes = args.hold_mib.checked_mul(1 << 20).ok_or_else(|| {
         format!(
             "--hold-gpu-memory {}: more bytes than this machine can address",
             args.hold_mib

@@ -7,11 +7,13 @@ error, or 2e-3) and times both (medians of CUDA-event timings, same run).
 
 The kernel is compiled by NVRTC (-DHALF, as the engine does) from the repository's source, in
 blocks of 4 warps and of 8 (64 and 128 queries; the engine takes 8 where there are many rows:
-steps/attention.rs), or from other versions given as FILE[:WARPS] (16 queries a warp; 4
-by default), e.g. the kernel before a change:
-`git show COMMIT:crates/cuda/src/runtime/steps/attention.cu > /tmp/before.cu`.
+steps/attention.rs's `Shape::of`), or from other versions given as FILE[:WARPS[:QUERIES[:NAME]]]
+(each file compiled once): WARPS warps a block (4 by default) of QUERIES queries each (16 by
+default), the kernel `attention_{dk}_{dv}_{WARPS}w` followed by NAME, if given; e.g. the
+kernel before a change: `git show COMMIT:crates/cuda/src/runtime/steps/attention.cu >
+/tmp/before.cu`. A shape without such a kernel shows as –.
 
-Usage (on the GPU host): python3 bench/gpu/attention.py [FILE[:WARPS] ...]
+Usage (on the GPU host): python3 bench/gpu/attention.py [FILE[:WARPS[:QUERIES[:NAME]]] ...]
 """
 
 import ctypes
@@ -105,36 +107,50 @@ def check(status, what):
         raise RuntimeError(f"{what}: CUDA error {status}")
 
 
-class Kernel:
-    """One version of attention.cu, compiled for this GPU and loaded into torch's context."""
+MODULES = {}
 
-    def __init__(self, path, warps):
-        self.label = f"{os.path.relpath(path, ROOT)} ({warps} warps a block)"
-        self.warps = warps
-        self.rows, self.threads = 16 * warps, 32 * warps
+
+def module(path, cuda):
+    """The file at `path` compiled for this GPU (once a file) and loaded into torch's
+    context, and the compiler's log."""
+    if path not in MODULES:
         prelude = open(os.path.join(RUNTIME, "prelude.cu")).read()
         source = "#define HALF\n" + prelude + warp_reductions() + open(path).read()
         major, minor = torch.cuda.get_device_capability()
         cubin, log = nvrtc_cubin(source, f"sm_{major}{minor}")
-        self.cuda = ctypes.CDLL("libcuda.so.1")
         torch.zeros(1, device="cuda")  # torch's context, current on this thread
-        self.module = ctypes.c_void_p()
-        check(self.cuda.cuModuleLoadData(ctypes.byref(self.module), cubin), "load")
+        loaded = ctypes.c_void_p()
+        check(cuda.cuModuleLoadData(ctypes.byref(loaded), cubin), "load")
+        MODULES[path] = (loaded, log)
+    return MODULES[path]
+
+
+class Kernel:
+    """One version of attention.cu, compiled for this GPU and loaded into torch's context."""
+
+    def __init__(self, path, warps, queries=16, suffix=""):
+        kind = f"{warps} warps of {queries} queries"
+        self.label = f"{os.path.relpath(path, ROOT)} ({kind}{suffix and ', ' + suffix})"
+        self.warps = warps
+        self.rows, self.threads = queries * warps, 32 * warps
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.module, log = module(path, self.cuda)
         self.functions = {}
         # Kernels are named by their block's warps (`attention_64_64_8w`); before that they
         # were not (`attention_64_64`), which older versions given to compare still are.
-        self.name = f"attention_{{}}_{{}}_{self.warps}w"
+        self.name = f"attention_{{}}_{{}}_{self.warps}w{suffix}"
         f = ctypes.c_void_p()
         if self.cuda.cuModuleGetFunction(ctypes.byref(f), self.module, b"attention_64_64") == 0:
             self.name = "attention_{}_{}"
         self.resources = resources(log, self.name.format(64, 64))
 
     def function(self, dk, dv):
+        """The kernel for heads of dk and dv, or None where this version has none."""
         name = self.name.format(dk, dv).encode()
         if name not in self.functions:
             f = ctypes.c_void_p()
-            check(self.cuda.cuModuleGetFunction(ctypes.byref(f), self.module, name), name)
-            self.functions[name] = f
+            found = self.cuda.cuModuleGetFunction(ctypes.byref(f), self.module, name) == 0
+            self.functions[name] = f if found else None
         return self.functions[name]
 
     def launch(self, p, q, k, v, y, matrices, queries, dk, dv):
@@ -206,8 +222,9 @@ def main():
     specs = sys.argv[1:] or [f"{here}:4", f"{here}:8"]
     kernels = []
     for spec in specs:
-        path, _, warps = spec.partition(":")
-        kernels.append(Kernel(path, int(warps or 4)))
+        path, *rest = spec.split(":")
+        warps, queries = (int(x) if x else d for x, d in zip(rest + ["", ""], (4, 16)))
+        kernels.append(Kernel(path, warps, queries, rest[2] if len(rest) > 2 else ""))
     print(torch.cuda.get_device_name(), f"torch {torch.__version__}")
     for i, k in enumerate(kernels):
         print(f"  kernel {i}: {k.label}; {k.name.format(64, 64)}: {k.resources}")
@@ -228,6 +245,10 @@ def main():
         flops = 4 * images * heads * tokens * tokens * d
         cells, errors = [], []
         for i, kern in enumerate(kernels):
+            if kern.function(d, d) is None:
+                cells.append("–")
+                errors.append("–")
+                continue
             run = lambda: kern.launch(p, q, k, v, y, images * heads, tokens, d, d)  # noqa: E731
             y.fill_(float("nan"))
             run()

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
-// A CPU emulator of the CUDA the int8, element-wise, pooling and softmax kernels use, for
-// their tests where there is no GPU: the kernels' own source compiled as C++
+// A CPU emulator of the CUDA the int8, element-wise, pooling, softmax, stem and attention
+// kernels use, for their tests where there is no GPU: the kernels' own source compiled as C++
 // (`TRTCLASSIFY_EMULATOR`: prelude.cu and quant.cu then call the functions here in place of
 // their PTX), each thread a fiber (ucontext), switched only where threads wait for each
 // other: `__syncthreads`; the warp-wide instructions (`ldmatrix`, `mma.sync`, `shfl.sync`),
@@ -306,6 +306,26 @@ inline void ldmatrix_x4(unsigned (&d)[4], const void *smem) {
     std::memcpy(d, done.out, sizeof d);
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lanes 8j to 8j + 7 give the rows of matrix
+// j; lane l gets, of each matrix, the 16-bit values of column l / 4 in rows 2·(l % 4) and
+// 2·(l % 4) + 1.
+inline void ldmatrix_x4_trans(unsigned (&d)[4], const void *smem) {
+    check_shared(smem, 16, 16);
+    Lane mine{};
+    mine.op = 5;
+    mine.addr = smem;
+    const Lane &done = warp_exchange(mine, [](const Lane *set, int l, unsigned (&out)[4]) {
+        for (int j = 0; j < 4; ++j) {
+            unsigned short lo, hi;
+            const int r = 2 * (l % 4), c = l / 4;
+            std::memcpy(&lo, static_cast<const unsigned char *>(set[8 * j + r].addr) + 2 * c, 2);
+            std::memcpy(&hi, static_cast<const unsigned char *>(set[8 * j + r + 1].addr) + 2 * c, 2);
+            out[j] = unsigned(lo) | unsigned(hi) << 16;
+        }
+    });
+    std::memcpy(d, done.out, sizeof d);
+}
+
 // mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: d = a · b + c, as the PTX ISA lays the
 // fragments out (groupID g = lane / 4, t = lane % 4): a's registers hold A[g][4t..],
 // A[g + 8][4t..], A[g][16 + 4t..], A[g + 8][16 + 4t..]; b's B[4t..][g] and B[16 + 4t..][g];
@@ -382,6 +402,20 @@ inline float shfl_xor(float v, int lane_mask) {
     return r;
 }
 
+// shfl.sync.idx.b32 over the whole warp: each lane gets lane `src`'s value.
+inline float shfl_idx(float v, int src) {
+    Lane mine{};
+    mine.op = 6;
+    std::memcpy(&mine.a[0], &v, 4);
+    mine.b[0] = unsigned(src);
+    const Lane &done = warp_exchange(mine, [](const Lane *set, int l, unsigned (&out)[4]) {
+        out[0] = set[set[l].b[0] % 32].a[0];
+    });
+    float r;
+    std::memcpy(&r, &done.out[0], 4);
+    return r;
+}
+
 // cp.async.cg.shared.global, 16 bytes (zeros where !valid).
 inline void cp_async16(void *dst, const void *src, bool valid) {
     check_shared(dst, 16, 16);
@@ -438,10 +472,19 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
 // Only whole warps shuffle here (the kernels' mask is every lane).
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
     if (mask != 0xffffffffu) emu::fail("a shuffle of part of a warp");
     return emu::shfl_xor(v, lane_mask);
+}
+inline float __shfl_sync(unsigned mask, float v, int src) {
+    if (mask != 0xffffffffu) emu::fail("a shuffle of part of a warp");
+    return emu::shfl_idx(v, src);
 }
 inline unsigned __cvta_generic_to_shared(const void *p) {
     return unsigned(static_cast<const unsigned char *>(p) - emu::block_shared());

@@ -108,6 +108,19 @@ __device__ __forceinline__ void ldmatrix4(unsigned (&d)[4], const void *smem) {
 #endif
 }
 
+// The same four matrices transposed: lane l gets, of each matrix, column l / 4's values in
+// rows 2·(l % 4) and 2·(l % 4) + 1 (a B fragment of m16n8k16 from a row-major tile).
+__device__ __forceinline__ void ldmatrix4_trans(unsigned (&d)[4], const void *smem) {
+#if defined(TRTCLASSIFY_EMULATOR)
+    emu::ldmatrix_x4_trans(d, smem);
+#elif __CUDA_ARCH__ >= 800
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(s));
+#endif
+}
+
 // D += A·B for a 16×16 A (row-major fragments), a 16×8 B (column-major), fp16 values into
 // f32 accumulators.
 __device__ __forceinline__ void mma_16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {

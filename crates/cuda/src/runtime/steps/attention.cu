@@ -8,8 +8,8 @@
 // operands are read through their strides, so the heads need not be copied out of the
 // projections first. On tensor cores (mma.sync, sm_80 and newer): a warp takes 16 queries,
 // a block 4 or 8 warps (attention.rs chooses), against tiles of 64 keys held in shared
-// memory. `attention_rows` is the same computation without tensor cores, a warp per query,
-// for older GPUs.
+// memory. `attention_rows` is the same computation without tensor cores, a warp per
+// query, for older GPUs.
 struct Attn {
     int batch[3];
     int queries, keys, dk, dv;
@@ -27,9 +27,13 @@ static_assert(sizeof(Attn) == 200, "struct Attn no longer matches AttnParams (ab
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ float fast_exp2(float x) {
+#if defined(TRTCLASSIFY_EMULATOR)
+    return std::exp2(x);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
@@ -45,22 +49,13 @@ __device__ __forceinline__ long long batch_offset(const Attn &p, const long long
 }
 
 // 64 rows of WIDTH values (row stride `stride`) into shared memory rows of WIDTH + 8 (the
-// padding spreads the fragments' reads over the banks); zeros past `valid` rows.
+// padding spreads the fragments' reads over the banks) by plain loads, for rows not 16-byte
+// aligned; zeros past `valid` rows.
 template <int WIDTH>
-__device__ __forceinline__ void attn_rows_in(T *dst, const T *src, long long stride, int valid, bool vec) {
-    const int pitch = WIDTH + 8;
-    if (vec) {
-        for (int i = threadIdx.x; i < 64 * WIDTH / 8; i += blockDim.x) {
-            int r = i / (WIDTH / 8), c = i % (WIDTH / 8) * 8;
-            uint4 x = make_uint4(0, 0, 0, 0);
-            if (r < valid) x = *(const uint4 *)(src + r * stride + c);
-            *(uint4 *)(dst + r * pitch + c) = x;
-        }
-        return;
-    }
+__device__ __forceinline__ void attn_rows_in(T *dst, const T *src, long long stride, int valid) {
     for (int i = threadIdx.x; i < 64 * WIDTH; i += blockDim.x) {
         int r = i / WIDTH, c = i % WIDTH;
-        dst[r * pitch + c] = r < valid ? src[r * stride + c] : (T)0;
+        dst[r * (WIDTH + 8) + c] = r < valid ? src[r * stride + c] : (T)0;
     }
 }
 
@@ -74,8 +69,8 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
     k += t0 * p.k[3];
     v += t0 * p.v[3];
     if (!vec) {
-        attn_rows_in<DK>(kd, k, p.k[3], valid, false);
-        attn_rows_in<DV>(vd, v, p.v[3], valid, false);
+        attn_rows_in<DK>(kd, k, p.k[3], valid);
+        attn_rows_in<DV>(vd, v, p.v[3], valid);
         return;
     }
     for (int i = threadIdx.x; i < ATTN_KEYS * DK / 8; i += blockDim.x) {
@@ -86,10 +81,12 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
         int r = i / (DV / 8), c = i % (DV / 8) * 8;
         cp_async16(vd + r * (DV + 8) + c, r < valid ? v + r * p.v[3] + c : v, r < valid);
     }
-#if __CUDA_ARCH__ >= 800
     cp_async_commit();
-#endif
 }
+
+// Tiles of keys and values held at once: two of each (one in use while the next arrives)
+// where they fit in 48 KB of shared memory, the most a launch gets without asking.
+template <int DK, int DV> __device__ constexpr int attn_stages() { return DK + DV <= 128 ? 2 : 1; }
 
 // Two B fragments of m16n8k16 from shared memory, by one ldmatrix of four 8×8 matrices, each
 // lane naming one matrix row (`row0` points at the first matrix's first element). Keys (not
@@ -97,22 +94,12 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
 // `l` naming row `l % 8` of matrix `l / 8`. Values (transposed): 16 keys × dimensions
 // dn·8 … dn·8 + 15, matrices 1 and 3 8 rows down, 2 and 3 8 columns on, lane `l` naming
 // row `l % 16` of the columns `l / 16` × 8 on.
-__device__ __forceinline__ void ldmatrix_x4(unsigned b[4], const T *row0, int pitch, bool trans) {
-#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&b)[4], const T *row0, int pitch, bool trans) {
     const int lane = threadIdx.x % 32;
-    const T *row = trans ? row0 + (lane % 16) * pitch + lane / 16 * 8
-                         : row0 + (lane % 8) * pitch + lane / 8 * 8;
-    unsigned addr;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
     if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                     : "r"(addr));
+        ldmatrix4_trans(b, row0 + (lane % 16) * pitch + lane / 16 * 8);
     else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                     : "r"(addr));
-#endif
+        ldmatrix4(b, row0 + (lane % 8) * pitch + lane / 8 * 8);
 }
 
 // Two neighbouring values as the 32 bits of a fragment: one load where `aligned`.
@@ -224,15 +211,19 @@ __device__ __forceinline__ void attn_tile(const unsigned (&qa)[DK / 16][4], floa
     }
 }
 
+// A warp takes 16 queries, the block as many warps as it has, against tiles of 64 keys and
+// values, `attn_stages` of each in shared memory (in the emulator, the launch's dynamic
+// shared memory).
 template <int DK, int DV>
 __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v, const T *bias, T *y) {
-#if __CUDA_ARCH__ >= 800
-    // Tiles of keys and values, two of each where they fit in static shared memory (48 KB):
-    // one in use while the next arrives.
-    constexpr int STAGES = DK + DV <= 128 ? 2 : 1;
-    __shared__ __align__(16) T ks[STAGES][ATTN_KEYS * (DK + 8)];
-    __shared__ __align__(16) T vs[STAGES][ATTN_KEYS * (DV + 8)];
-    // A warp takes 16 queries; the block as many warps as it has.
+#if __CUDA_ARCH__ >= 800 || defined(TRTCLASSIFY_EMULATOR)
+    constexpr int STAGES = attn_stages<DK, DV>();
+#if defined(TRTCLASSIFY_EMULATOR)
+    T *const ks = (T *)dynamic_shared();  // each thread of the emulator has a stack of its own
+#else
+    __shared__ __align__(16) T ks[STAGES * ATTN_KEYS * (DK + DV + 16)];
+#endif
+    T *const vs = ks + STAGES * ATTN_KEYS * (DK + 8);
     const int m = blockIdx.x, q0 = blockIdx.y * (blockDim.x / 32) * 16;
     q += batch_offset(p, p.q, m);
     k += batch_offset(p, p.k, m);
@@ -242,7 +233,7 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
     const bool vec = p.vec;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tg = lane % 4;
     const int tiles = (p.keys + ATTN_KEYS - 1) / ATTN_KEYS;
-    if (STAGES == 2) attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, 0, vec);
+    if (STAGES == 2) attn_tile_in<DK, DV>(ks, vs, k, v, p, 0, vec);
 
     const int row0 = q0 + warp * 16 + g;
     // The last block's last warps may have no query: they only help load the tiles.
@@ -271,26 +262,28 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
 
     for (int t = 0; t < tiles; ++t) {
         const int t0 = t * ATTN_KEYS, stage = STAGES == 2 ? t & 1 : 0;
-        const int valid = min(ATTN_KEYS, p.keys - t0);
         // Every warp is done with the stage about to be filled (that of tile t - 1).
         if (t > 0) __syncthreads();
         if (STAGES == 1) {
-            attn_tile_in<DK, DV>(ks[0], vs[0], k, v, p, t0, vec);
+            attn_tile_in<DK, DV>(ks, vs, k, v, p, t0, vec);
             cp_async_wait<0>();
         } else if (t + 1 < tiles) {
-            attn_tile_in<DK, DV>(ks[stage ^ 1], vs[stage ^ 1], k, v, p, t0 + ATTN_KEYS, vec);
+            attn_tile_in<DK, DV>(ks + (stage ^ 1) * ATTN_KEYS * (DK + 8), vs + (stage ^ 1) * ATTN_KEYS * (DV + 8),
+                                 k, v, p, t0 + ATTN_KEYS, vec);
             cp_async_wait<1>();  // tile t is in, tile t + 1 may still be on its way
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
         if (!active) continue;
+        const T *kt = ks + stage * ATTN_KEYS * (DK + 8), *vt = vs + stage * ATTN_KEYS * (DV + 8);
+        const int valid = min(ATTN_KEYS, p.keys - t0);
         // A whole tile without a bias (every tile but the last, in a ViT) runs as straight
         // code: no mask, no group of keys to skip, its scores scaled as they are raised.
         if (!bias && valid == ATTN_KEYS && scale > 0.f)
-            attn_tile<DK, DV, true>(qa, o, mx, l, ks[stage], vs[stage], p, bias, t0, valid, row0, scale);
+            attn_tile<DK, DV, true>(qa, o, mx, l, kt, vt, p, bias, t0, valid, row0, scale);
         else
-            attn_tile<DK, DV, false>(qa, o, mx, l, ks[stage], vs[stage], p, bias, t0, valid, row0, scale);
+            attn_tile<DK, DV, false>(qa, o, mx, l, kt, vt, p, bias, t0, valid, row0, scale);
     }
     if (!active) return;
 #pragma unroll
@@ -306,6 +299,7 @@ __device__ void attention_body(const Attn &p, const T *q, const T *k, const T *v
 #pragma unroll
         for (int dn = 0; dn < DV / 8; ++dn) {
             float a = o[dn][2 * r] * inv, b = o[dn][2 * r + 1] * inv;
+            WROTE(out + dn * 8);
             if (aligned) {
                 *(unsigned *)(out + dn * 8) = pack_half2(a, b);
             } else {
@@ -350,6 +344,7 @@ ATTENTION(64, 128, 4, 1)
 ATTENTION(64, 128, 8, 1)
 ATTENTION(128, 128, 4, 1)
 ATTENTION(128, 128, 8, 1)
+
 
 // Without tensor cores: a warp per query (8 a block), a key per lane at a time; the lanes
 // then hold the value dimensions d, d + 32, ... (up to 128).

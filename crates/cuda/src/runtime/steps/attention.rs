@@ -22,8 +22,45 @@ pub(in crate::runtime) enum Attention {
     None,
     /// A GPU without mma.sync's fp16 m16n8k16 (before sm_80).
     Rows(CudaFunction),
-    /// Tensor-core kernels by (dk, dv) and warps a block (`WARPS`).
-    TensorCores(Vec<((usize, usize, u32), CudaFunction)>),
+    /// Tensor-core kernels by their shape.
+    TensorCores(Vec<(Shape, CudaFunction)>),
+}
+
+/// A tensor-core kernel of attention.cu: its heads' sizes (dk, dv) and the warps of its
+/// block, each taking 16 queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::runtime) struct Shape {
+    pub dk: usize,
+    pub dv: usize,
+    pub warps: u32,
+}
+
+impl Shape {
+    /// The kernel for heads of `dk` and `dv` elements, `queries` queries against as many
+    /// keys in each of `matrices` heads, on a GPU of `sm_count` SMs. 8 warps a block share
+    /// each tile of keys and values where the queries are many (a ViT's 197 at batch 64 on an
+    /// H200: 76 µs against 79 with 4, `bench/gpu/attention.py`); 4 where fewer blocks would
+    /// leave the GPU idle (batch 1) or idle warps would hold the block (Swin's windows of
+    /// 49).
+    pub fn of(dk: usize, dv: usize, matrices: usize, queries: usize, sm_count: usize) -> Shape {
+        let wide = queries > 64 && matrices * queries.div_ceil(128) >= 2 * sm_count;
+        Shape {
+            dk,
+            dv,
+            warps: if wide { 8 } else { 4 },
+        }
+    }
+
+    /// The queries a block takes.
+    pub fn queries(self) -> usize {
+        16 * self.warps as usize
+    }
+
+    /// attention.cu's name for it.
+    pub fn kernel(self) -> String {
+        let Shape { dk, dv, warps } = self;
+        format!("attention_{dk}_{dv}_{warps}w")
+    }
 }
 
 impl Attention {
@@ -33,19 +70,13 @@ impl Attention {
     /// The sizes of block, in warps of 16 queries, that the tensor-core kernels come in.
     const WARPS: [u32; 2] = [4, 8];
 
-    /// The head sizes (dk, dv) and warps a block with a tensor-core kernel: attention.cu's
-    /// `ATTENTION(dk, dv, warps, min_blocks)`.
-    fn shapes() -> impl Iterator<Item = (usize, usize, u32)> {
+    /// The tensor-core kernels: attention.cu's `ATTENTION(dk, dv, warps, min_blocks)`.
+    fn shapes() -> impl Iterator<Item = Shape> {
         let dims = ATTENTION_HEAD_DIMS;
         dims.into_iter()
             .flat_map(move |dk| dims.into_iter().map(move |dv| (dk, dv)))
             .filter(|&(dk, dv)| attention_takes(dk, dv))
-            .flat_map(|(dk, dv)| Self::WARPS.map(|warps| (dk, dv, warps)))
-    }
-
-    /// The tensor-core kernel for heads of `dk` and `dv` elements in blocks of `warps`.
-    fn tensor_core_kernel((dk, dv, warps): (usize, usize, u32)) -> String {
-        format!("attention_{dk}_{dv}_{warps}w")
+            .flat_map(|(dk, dv)| Self::WARPS.map(|warps| Shape { dk, dv, warps }))
     }
 
     /// Takes from `module` the kernels its type and GPU run: none in fp32 (attention.cu is
@@ -56,7 +87,7 @@ impl Attention {
             (DType::F16, false) => Attention::Rows(module.function(Self::ROWS)?),
             (DType::F16, true) => Attention::TensorCores(
                 Self::shapes()
-                    .map(|shape| Ok((shape, module.function(&Self::tensor_core_kernel(shape))?)))
+                    .map(|shape| Ok((shape, module.function(&shape.kernel())?)))
                     .collect::<Result<_>>()?,
             ),
         })
@@ -68,7 +99,7 @@ impl Attention {
         match dtype {
             DType::F32 => Vec::new(),
             DType::F16 => std::iter::once(Self::ROWS.to_string())
-                .chain(Self::shapes().map(Self::tensor_core_kernel))
+                .chain(Self::shapes().map(Shape::kernel))
                 .collect(),
         }
     }
@@ -81,7 +112,7 @@ impl GpuStep for AttentionStep {
 }
 
 impl Runtime {
-    /// Fused attention: a block per matrix and 64 or 128 queries (4 or 8 warps) on tensor
+    /// Fused attention: a block per matrix and 64 or 128 queries (`Shape::of`) on tensor
     /// cores, else a block per matrix and 8 queries.
     fn attention(&self, a: &AttentionStep) -> Result<()> {
         let (q, k, v, y) = (
@@ -119,19 +150,19 @@ impl Runtime {
         let matrices = a.batch.iter().product::<usize>() as u32;
         let (func, queries_per_block, threads) = match &self.kernels.attention {
             Attention::TensorCores(kernels) => {
-                // 8 warps a block share each tile of keys and values where the queries are
-                // many (a ViT's 197 at batch 64 on an H200: 76 µs against 79 with 4,
-                // `bench/gpu/attention.py`); 4 where fewer blocks would leave the GPU idle
-                // (batch 1) or idle warps would hold the block (Swin's windows of 49).
-                let wide = a.queries > 64
-                    && matrices as usize * a.queries.div_ceil(128) >= 2 * self.sm_count as usize;
-                let warps = if wide { 8 } else { 4 };
+                let shape = Shape::of(
+                    a.dk,
+                    a.dv,
+                    matrices as usize,
+                    a.queries,
+                    self.sm_count as usize,
+                );
                 let func = kernels
                     .iter()
-                    .find(|(shape, _)| *shape == (a.dk, a.dv, warps))
+                    .find(|(s, _)| *s == shape)
                     .map(|(_, f)| f)
                     .ok_or(Error::Plan("attention heads without a kernel"))?;
-                (func, 16 * warps as usize, 32 * warps)
+                (func, shape.queries(), 32 * shape.warps)
             }
             Attention::Rows(func) => (func, 8, 256),
             Attention::None => return Err(Error::Plan("fused attention in an fp32 engine")),

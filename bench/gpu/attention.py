@@ -6,12 +6,13 @@ each output against fp32 (exits 1 where one is off by more than 4 times SDPA's o
 error, or 2e-3) and times both (medians of CUDA-event timings, same run).
 
 The kernel is compiled by NVRTC (-DHALF, as the engine does) from the repository's source, in
-blocks of 4 warps and of 8 (64 and 128 queries; the engine takes 8 where there are many rows:
-steps/attention.rs's `Shape::of`), or from other versions given as FILE[:WARPS[:QUERIES[:NAME]]]
-(each file compiled once): WARPS warps a block (4 by default) of QUERIES queries each (16 by
-default), the kernel `attention_{dk}_{dv}_{WARPS}w` followed by NAME, if given; e.g. the
-kernel before a change: `git show COMMIT:crates/cuda/src/runtime/steps/attention.cu >
-/tmp/before.cu`. A shape without such a kernel shows as –.
+blocks of 4 warps and of 8 (64 and 128 queries; the engine takes 8 where there are many
+rows: steps/attention.rs's `AttentionLaunch::of`), or from other versions given as
+FILE[:WARPS[:QUERIES[:NAME]]] (each file compiled once): WARPS warps a block (4 by default)
+of QUERIES queries each (16 by default), the kernel `attention_{dk}_{dv}_{WARPS}w` followed
+by NAME, if given; e.g. the kernel before a change: `git show
+COMMIT:crates/cuda/src/runtime/steps/attention.cu > /tmp/before.cu`. A shape without such a
+kernel shows as –.
 
 Usage (on the GPU host): python3 bench/gpu/attention.py [FILE[:WARPS[:QUERIES[:NAME]]] ...]
 """
@@ -142,6 +143,8 @@ class Kernel:
         f = ctypes.c_void_p()
         if self.cuda.cuModuleGetFunction(ctypes.byref(f), self.module, b"attention_64_64") == 0:
             self.name = "attention_{}_{}"
+        if self.function(64, 64) is None:
+            sys.exit(f"{self.label}: no kernel {self.name.format(64, 64)}")
         self.resources = resources(log, self.name.format(64, 64))
 
     def function(self, dk, dv):

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 // The fused attention kernels (attention.cu) on the CPU emulator, fp16: each case of
-// `cases.h` (written by emulated.rs, each launched with the kernel and blocks the runtime's
-// `Shape::of` gives it) reads its heads in place from a projection of q, k and v, as the
+// `cases.h` (written by emulated.rs, each launched with the kernel and blocks the runtime
+// gives it) reads its heads in place from a projection of q, k and v, as the
 // engine does, and runs with its blocks in both orders. Each output must match the
 // definition, softmax(alpha·q·kᵀ + bias)·v worked in double from the same fp16 inputs, within
 // the rounding of the weights and the output to fp16; nothing outside the heads' outputs may
@@ -33,14 +33,26 @@ T *buffer(long long n) {
     std::fill(p, p + n, T(0xffff));
     return p;
 }
-float wave(long long i, int period, float step) { return float((i * 7919) % period - period / 2) * step; }
+// Multiples of `step` from -period/2 to period/2, hashed so that no row of keys repeats
+// another (keys that repeat with a short period would hold the running maximum still from
+// the first tile of keys on, and so hide a rescale gone wrong).
+float wave(long long i, int period, float step) {
+    uint32_t h = uint32_t(i) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    return float(int(h % unsigned(period)) - period / 2) * step;
+}
 
 bool run(const AttnCase &c) {
+    emu::device_memory.clear();  // only this case's buffers may be read
     const int heads = c.heads, n = c.tokens;
     // The projection: each token's q of every head, then its k, then its v (and one value
     // more where the rows are to be unaligned).
     const long long width = (long long)heads * (2 * c.dk + c.dv) + (c.unaligned ? 1 : 0);
-    const long long out_width = (long long)heads * c.dv + 8;  // 8 values no head writes
+    // 8 values (9 where the rows are unaligned: every other row's outputs start at an odd
+    // value) that no head writes.
+    const long long out_width = (long long)heads * c.dv + (c.unaligned ? 9 : 8);
     T *qkv = buffer(c.images * n * width);
     T *y = buffer(c.images * n * out_width);
     T *bias = c.bias ? buffer((long long)heads * n * n) : nullptr;
@@ -72,7 +84,8 @@ bool run(const AttnCase &c) {
     bool same = true;
     for (emu::Order order : {emu::Order::Early, emu::Order::Late}) {
         std::fill(y, y + c.images * n * out_width, T(0xffff));
-        const size_t shared = 2 * 64 * (c.dk + c.dv + 16) * sizeof(T);
+        // What the kernel's shared array holds on a GPU: attn_stages tiles of each.
+        const size_t shared = (c.dk + c.dv <= 128 ? 2 : 1) * 64 * (c.dk + c.dv + 16) * sizeof(T);
         emu::launch({unsigned(c.images * heads), c.blocks_y, 1}, {c.threads, 1, 1}, shared, order,
                     [&] { c.kernel(p, q, k, v, bias, y); });
         double worst = 0;

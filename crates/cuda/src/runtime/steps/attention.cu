@@ -8,8 +8,8 @@
 // operands are read through their strides, so the heads need not be copied out of the
 // projections first. On tensor cores (mma.sync, sm_80 and newer): a warp takes 16 queries,
 // a block 4 or 8 warps (attention.rs chooses), against tiles of 64 keys held in shared
-// memory. `attention_rows` is the same computation without tensor cores, a warp per
-// query, for older GPUs.
+// memory. `attention_rows` is the same computation without tensor cores, a warp per query,
+// for older GPUs.
 struct Attn {
     int batch[3];
     int queries, keys, dk, dv;
@@ -85,7 +85,8 @@ __device__ __forceinline__ void attn_tile_in(T *kd, T *vd, const T *k, const T *
 }
 
 // Tiles of keys and values held at once: two of each (one in use while the next arrives)
-// where they fit in 48 KB of shared memory, the most a launch gets without asking.
+// for heads of up to 64 (36 KB), one of each for larger ones, within the 48 KB of shared
+// memory a launch gets without asking.
 template <int DK, int DV> __device__ constexpr int attn_stages() { return DK + DV <= 128 ? 2 : 1; }
 
 // Two B fragments of m16n8k16 from shared memory, by one ldmatrix of four 8×8 matrices, each
@@ -344,7 +345,6 @@ ATTENTION(64, 128, 4, 1)
 ATTENTION(64, 128, 8, 1)
 ATTENTION(128, 128, 4, 1)
 ATTENTION(128, 128, 8, 1)
-
 
 // Without tensor cores: a warp per query (8 a block), a key per lane at a time; the lanes
 // then hold the value dimensions d, d + 32, ... (up to 128).

@@ -23,28 +23,34 @@ pub(in crate::runtime) enum Attention {
     /// A GPU without mma.sync's fp16 m16n8k16 (before sm_80).
     Rows(CudaFunction),
     /// Tensor-core kernels by their shape.
-    TensorCores(Vec<(Shape, CudaFunction)>),
+    TensorCores(Vec<(AttentionLaunch, CudaFunction)>),
 }
 
-/// A tensor-core kernel of attention.cu: its heads' sizes (dk, dv) and the warps of its
-/// block, each taking 16 queries.
+/// A tensor-core kernel of attention.cu, as a step launches it: its heads' sizes (dk, dv)
+/// and the warps of its block, each taking 16 queries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::runtime) struct Shape {
+pub(in crate::runtime) struct AttentionLaunch {
     pub dk: usize,
     pub dv: usize,
     pub warps: u32,
 }
 
-impl Shape {
+impl AttentionLaunch {
     /// The kernel for heads of `dk` and `dv` elements, `queries` queries against as many
     /// keys in each of `matrices` heads, on a GPU of `sm_count` SMs. 8 warps a block share
     /// each tile of keys and values where the queries are many (a ViT's 197 at batch 64 on an
-    /// H200: 76 µs against 79 with 4, `bench/gpu/attention.py`); 4 where fewer blocks would
+    /// H100: 74 µs against 82 with 4, `bench/gpu/attention.py`); 4 where fewer blocks would
     /// leave the GPU idle (batch 1) or idle warps would hold the block (Swin's windows of
     /// 49).
-    pub fn of(dk: usize, dv: usize, matrices: usize, queries: usize, sm_count: usize) -> Shape {
+    pub fn of(
+        dk: usize,
+        dv: usize,
+        matrices: usize,
+        queries: usize,
+        sm_count: usize,
+    ) -> AttentionLaunch {
         let wide = queries > 64 && matrices * queries.div_ceil(128) >= 2 * sm_count;
-        Shape {
+        AttentionLaunch {
             dk,
             dv,
             warps: if wide { 8 } else { 4 },
@@ -58,25 +64,28 @@ impl Shape {
 
     /// attention.cu's name for it.
     pub fn kernel(self) -> String {
-        let Shape { dk, dv, warps } = self;
+        let AttentionLaunch { dk, dv, warps } = self;
         format!("attention_{dk}_{dv}_{warps}w")
     }
 }
 
 impl Attention {
     /// The kernel a warp per query, for GPUs without tensor cores' fp16 products.
-    const ROWS: &str = "attention_rows";
+    pub(in crate::runtime) const ROWS: &str = "attention_rows";
+
+    /// The row kernel's queries and threads a block: a warp a query.
+    pub(in crate::runtime) const ROWS_BLOCK: (usize, u32) = (8, 256);
 
     /// The sizes of block, in warps of 16 queries, that the tensor-core kernels come in.
     const WARPS: [u32; 2] = [4, 8];
 
     /// The tensor-core kernels: attention.cu's `ATTENTION(dk, dv, warps, min_blocks)`.
-    fn shapes() -> impl Iterator<Item = Shape> {
+    fn shapes() -> impl Iterator<Item = AttentionLaunch> {
         let dims = ATTENTION_HEAD_DIMS;
         dims.into_iter()
             .flat_map(move |dk| dims.into_iter().map(move |dv| (dk, dv)))
             .filter(|&(dk, dv)| attention_takes(dk, dv))
-            .flat_map(|(dk, dv)| Self::WARPS.map(|warps| Shape { dk, dv, warps }))
+            .flat_map(|(dk, dv)| Self::WARPS.map(|warps| AttentionLaunch { dk, dv, warps }))
     }
 
     /// Takes from `module` the kernels its type and GPU run: none in fp32 (attention.cu is
@@ -99,7 +108,7 @@ impl Attention {
         match dtype {
             DType::F32 => Vec::new(),
             DType::F16 => std::iter::once(Self::ROWS.to_string())
-                .chain(Self::shapes().map(Shape::kernel))
+                .chain(Self::shapes().map(AttentionLaunch::kernel))
                 .collect(),
         }
     }
@@ -112,7 +121,7 @@ impl GpuStep for AttentionStep {
 }
 
 impl Runtime {
-    /// Fused attention: a block per matrix and 64 or 128 queries (`Shape::of`) on tensor
+    /// Fused attention: a block per matrix and 64 or 128 queries (`AttentionLaunch::of`) on tensor
     /// cores, else a block per matrix and 8 queries.
     fn attention(&self, a: &AttentionStep) -> Result<()> {
         let (q, k, v, y) = (
@@ -150,7 +159,7 @@ impl Runtime {
         let matrices = a.batch.iter().product::<usize>() as u32;
         let (func, queries_per_block, threads) = match &self.kernels.attention {
             Attention::TensorCores(kernels) => {
-                let shape = Shape::of(
+                let shape = AttentionLaunch::of(
                     a.dk,
                     a.dv,
                     matrices as usize,
@@ -164,7 +173,7 @@ impl Runtime {
                     .ok_or(Error::Plan("attention heads without a kernel"))?;
                 (func, shape.queries(), 32 * shape.warps)
             }
-            Attention::Rows(func) => (func, 8, 256),
+            Attention::Rows(func) => (func, Attention::ROWS_BLOCK.0, Attention::ROWS_BLOCK.1),
             Attention::None => return Err(Error::Plan("fused attention in an fp32 engine")),
         };
         let mut l = self.stream.launch_builder(func);

@@ -96,6 +96,7 @@ pub fn conv_step(
         dilations,
         group: 1,
         act: Act::None,
+        act_in: Act::None,
         x,
         weight: Loc::Weight {
             index: 0,

@@ -135,6 +135,44 @@ fn lowered_plans_match_reference() {
     check_lowering("ops_rare.onnx", "ops_rare_reference.json");
 }
 
+/// ops.onnx's two depthwise convolutions after an expansion product and its activation
+/// (SiLU, and a clip before a hard swish) take that activation into their input in the
+/// GPU's plans, whose scores `lowered_plans_match_reference` checks; the CPU's keep it as a
+/// step of its own.
+#[test]
+fn depthwise_convolutions_take_the_activation_before_them_on_the_gpu() {
+    let taken = |in_place: bool| -> Vec<(Act, Act)> {
+        let graph = {
+            let mut g = import_model("ops.onnx", 1);
+            passes::optimise(&mut g);
+            g
+        };
+        let mut weights = Weights::default();
+        let plan = lower::lower(
+            &graph,
+            DType::F32,
+            &Default::default(),
+            &mut weights,
+            in_place,
+        )
+        .expect("lowers");
+        (plan.steps.iter())
+            .filter_map(|s| match s {
+                Step::Conv(c) if !c.act_in.is_none() => Some((c.act_in, c.act)),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        taken(false),
+        [
+            (Act::Silu, Act::Silu),
+            (Act::Clip(0.0, 6.0), Act::HardSwish)
+        ]
+    );
+    assert_eq!(taken(true), []);
+}
+
 /// The committed models whose import and plans the tests above check against onnxruntime's
 /// outputs (`lowered_plans_match_reference`, `vision_transformers_import_lower_and_match_
 /// onnxruntime`), and the CPU engine runs against them too (`tests/engine.rs`).
@@ -1404,6 +1442,9 @@ fn plans_keep_the_engine_file_format() {
                 }
                 if let Step::Softmax(SoftmaxStep { bias: Some(_), .. }) = step {
                     keep("Softmax with bias".into(), value.clone());
+                }
+                if matches!(step, Step::Conv(c) if !c.act_in.is_none()) {
+                    keep("Conv with its input's activation".into(), value.clone());
                 }
                 keep(kind, value);
             }

@@ -77,6 +77,11 @@ pub const STEM_THREADS: usize = 128;
 pub const STEM_TILE_H: usize = 8;
 pub const STEM_TILE_W: usize = 16;
 
+/// The threads of a block of the own depthwise convolution (`DW_THREADS` in depthwise.cu).
+pub const DW_THREADS: usize = 256;
+/// The most taps (kernel height × width) it takes: 7×7.
+pub const DW_MAX_TAPS: usize = 49;
+
 /// The activations the kernels apply, in the order of their ids.
 pub const ACTIVATIONS: [&str; 18] = [
     "none",
@@ -159,6 +164,7 @@ pub fn prelude() -> String {
         ("STEM_THREADS", STEM_THREADS),
         ("STEM_TILE_H", STEM_TILE_H),
         ("STEM_TILE_W", STEM_TILE_W),
+        ("DW_THREADS", DW_THREADS),
     ] {
         s += &format!("#define {name} {value}\n");
     }
@@ -487,6 +493,68 @@ impl StemParams {
         let patch = (patch_h * patch_w * 8).next_multiple_of(16);
         let stage = STEM_TILE_H * STEM_TILE_W * (self.pass() + 8) * 2;
         weights + patch + stage
+    }
+}
+
+/// The own depthwise convolution's parameters: depthwise.cu's `struct DepthwiseConv`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DepthwiseParams {
+    /// The input, NHWC: images, height, width and channels (the output's too).
+    pub n: i32,
+    pub h: i32,
+    pub w: i32,
+    pub c: i32,
+    /// Output height and width.
+    pub oh: i32,
+    pub ow: i32,
+    /// Kernel height and width.
+    pub r: i32,
+    pub s: i32,
+    /// Strides and pads.
+    pub sh: i32,
+    pub sw: i32,
+    pub ph: i32,
+    pub pw: i32,
+    /// Channel vectors (16 bytes each) a block takes.
+    pub group: i32,
+    /// The activation of the output, and its parameters.
+    pub act_id: i32,
+    pub p0: f32,
+    pub p1: f32,
+    /// The activation of each input value as it is read (`ConvStep::act_in`).
+    pub act_in_id: i32,
+    pub q0: f32,
+    pub q1: f32,
+}
+// SAFETY: plain old data laid out as the kernel's `struct DepthwiseConv` (asserted below).
+unsafe impl DeviceRepr for DepthwiseParams {}
+const _: () = assert!(
+    size_of::<DepthwiseParams>() == 76
+        && align_of::<DepthwiseParams>() == 4
+        && offset_of!(DepthwiseParams, act_id) == 52
+        && offset_of!(DepthwiseParams, act_in_id) == 64
+);
+
+impl DepthwiseParams {
+    /// The channels a block takes.
+    pub fn lanes(&self, dtype: DType) -> usize {
+        self.group as usize * 16 / dtype.size()
+    }
+
+    /// A block's dynamic shared memory: its channels' weights in f32, tap by tap.
+    pub fn shared_bytes(&self, dtype: DType) -> usize {
+        (self.r * self.s) as usize * self.lanes(dtype) * 4
+    }
+
+    /// The blocks along the channels (`blockIdx.y`).
+    pub fn channel_blocks(&self, dtype: DType) -> usize {
+        self.c as usize / self.lanes(dtype)
+    }
+
+    /// The output pixels a block takes at a time.
+    pub fn slots(&self) -> usize {
+        DW_THREADS / self.group as usize
     }
 }
 

@@ -16,6 +16,7 @@
 //! type reads it. Views (reshapes, transposes, slices) keep their input's type.
 
 pub(crate) mod arena;
+mod depthwise;
 mod scores;
 
 use std::collections::{HashMap, HashSet};
@@ -166,8 +167,9 @@ pub(super) fn lower_frames(
         .map_err(CompileError::Model)?;
     origins.resize(l.steps.len(), graph.output.clone());
 
-    if in_place {
-        early_concats(&l.steps, &mut l.storages);
+    match in_place {
+        true => early_concats(&l.steps, &mut l.storages),
+        false => depthwise::activations_into_depthwise(&mut l.steps, &mut origins, &mut l.storages),
     }
     let shared = match in_place {
         true => over_residuals(&l.steps, &l.storages),

@@ -454,6 +454,7 @@ impl Lowering<'_> {
                 dilations: c.dilations,
                 group: c.group,
                 act: c.act,
+                act_in: Act::None,
                 x: x.loc,
                 weight: weight.loc,
                 bias: bias.loc,

@@ -16,9 +16,10 @@ use crate::reference::broadcast_index;
 // them.
 
 /// Element-wise functions of one value; `None` where an operator has no activation.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Act {
     /// x unchanged.
+    #[default]
     None,
     /// max(x, 0).
     Relu,
@@ -57,6 +58,11 @@ pub enum Act {
 }
 
 impl Act {
+    /// Whether it is `Act::None` (serde's test for an activation left out of a file).
+    pub fn is_none(&self) -> bool {
+        *self == Act::None
+    }
+
     /// The function at `x` (what the reference and the CPU kernels compute).
     pub fn apply(self, x: f32) -> f32 {
         match self {

@@ -36,6 +36,11 @@ pub struct ConvStep {
     pub group: usize,
     /// Applied last, after the bias and the residual.
     pub act: Act,
+    /// Applied to each input value as it is read (not to the padding): the activation of
+    /// the step before, taken into a depthwise convolution (`lower::depthwise`). Absent
+    /// from engine files where it is `Act::None`.
+    #[serde(default, skip_serializing_if = "Act::is_none")]
+    pub act_in: Act,
     /// The input, `[n, h, w, c]`.
     pub x: Loc,
     /// KRSC.
@@ -54,12 +59,13 @@ pub struct ConvStep {
     pub quant: Option<Quant>,
 }
 
-/// The algorithm a convolution runs with, chosen by timing: cuDNN's, or the engine's own
-/// kernel for an image's few channels (`Tuned::OWN_STEM`).
+/// The algorithm a convolution runs with, chosen by timing: cuDNN's, or one of the engine's
+/// own kernels: for an image's few channels (`Tuned::OWN_STEM`), or a group a channel
+/// (`Tuned::OWN_DEPTHWISE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tuned {
     /// cuDNN's `cudnnConvolutionFwdAlgo_t`, as an integer (the engine file holds no cuDNN
-    /// type), or `OWN_STEM`.
+    /// type), `OWN_STEM` or `OWN_DEPTHWISE`.
     pub algo: i32,
     /// cuDNN's `cudnnMathType_t` (whether tensor cores may be used), as an integer.
     pub math: i32,
@@ -74,19 +80,58 @@ impl Tuned {
     /// network's stem: stem.cu), where the build's timing found it faster than cuDNN's.
     pub const OWN_STEM: i32 = -1;
 
-    /// The engine's own stem convolution, which takes its bias and activation itself.
-    pub const fn own_stem() -> Tuned {
+    /// `algo` of the CUDA engine's own depthwise convolution (depthwise.cu), where the
+    /// build's timing found it faster than cuDNN's convolution and the bias and activation
+    /// after it.
+    pub const OWN_DEPTHWISE: i32 = -2;
+
+    /// The engine's own kernel `algo` (`OWN_STEM` or `OWN_DEPTHWISE`), which takes its bias
+    /// and activation itself.
+    const fn own(algo: i32) -> Tuned {
         Tuned {
-            algo: Tuned::OWN_STEM,
+            algo,
             math: 0,
             workspace: 0,
             fused: true,
         }
     }
 
+    /// The engine's own stem convolution.
+    pub const fn own_stem() -> Tuned {
+        Tuned::own(Tuned::OWN_STEM)
+    }
+
+    /// The engine's own depthwise convolution.
+    pub const fn own_depthwise() -> Tuned {
+        Tuned::own(Tuned::OWN_DEPTHWISE)
+    }
+
     /// Whether the convolution runs in the engine's own stem kernel.
     pub fn is_own_stem(&self) -> bool {
         self.algo == Tuned::OWN_STEM
+    }
+
+    /// Whether the convolution runs in the engine's own depthwise kernel.
+    pub fn is_own_depthwise(&self) -> bool {
+        self.algo == Tuned::OWN_DEPTHWISE
+    }
+
+    /// Whether the convolution runs in one of the engine's own kernels.
+    pub fn is_own(&self) -> bool {
+        self.is_own_stem() || self.is_own_depthwise()
+    }
+
+    /// What it is, for profiles and the build's log.
+    pub fn describe(&self) -> String {
+        match self.algo {
+            Tuned::OWN_STEM => "own stem kernel".into(),
+            Tuned::OWN_DEPTHWISE => "own depthwise kernel".into(),
+            algo => format!(
+                "algo {algo} math {}{}",
+                self.math,
+                if self.fused { " fused" } else { "" }
+            ),
+        }
     }
 }
 
@@ -94,7 +139,11 @@ impl StepKind for ConvStep {
     fn describe(&self) -> String {
         let c = self;
         format!(
-            "conv {}x{}x{}x{} k{}x{} s{} g{} -> {} {:?}{}{} {}",
+            "conv {}{}x{}x{}x{} k{}x{} s{} g{} -> {} {:?}{}{} {}",
+            match c.act_in {
+                Act::None => String::new(),
+                act => format!("{act:?} of "),
+            },
             c.n,
             c.c,
             c.h,
@@ -107,15 +156,7 @@ impl StepKind for ConvStep {
             c.act,
             residual_note(c.residual, c.y),
             super::quant_note(c.quant),
-            c.algo.map_or("untuned".into(), |t| match t.is_own_stem() {
-                true => "own stem kernel".into(),
-                false => format!(
-                    "algo {} math {}{}",
-                    t.algo,
-                    t.math,
-                    if t.fused { " fused" } else { "" }
-                ),
-            })
+            c.algo.map_or("untuned".into(), |t| t.describe())
         )
     }
 
@@ -181,8 +222,13 @@ impl StepKind for ConvStep {
         })
     }
 
+    /// A quantized convolution's own rules (`super::check_quant`), and no activation of
+    /// its input beside them: the 8-bit kernels round the input as it lies.
     fn check(&self, t: &Types) -> Result<(), String> {
         super::check_quant(self, self.quant, t)?;
+        if self.quant.is_some() && !self.act_in.is_none() {
+            return Err(format!("quantized, with {:?} of its input", self.act_in));
+        }
         crate::check::sizes_and_types(self, t)
     }
 }
@@ -193,9 +239,12 @@ impl crate::sim::Simulate for ConvStep {
         let c = self;
         let (cig, kg) = (c.c / c.group, c.k / c.group);
         // What the kernel reads: the operands as they are, or rounded to 8 bits.
-        let read_x = |m: &crate::sim::Memory, i| match c.quant {
-            Some(q) => q.format.fake(m.read(c.x, i), q.x_scale),
-            None => m.read(c.x, i),
+        let read_x = |m: &crate::sim::Memory, i| {
+            let x = c.act_in.apply(m.read(c.x, i));
+            match c.quant {
+                Some(q) => q.format.fake(x, q.x_scale),
+                None => x,
+            }
         };
         let read_w = |m: &crate::sim::Memory, i, k| match c.quant {
             Some(q) => q.format.fake(m.read(c.weight, i), m.read(q.w_scales, k)),

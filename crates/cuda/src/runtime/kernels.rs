@@ -12,7 +12,8 @@ use cudarc::nvrtc::{self, CompileError};
 
 use super::staging::PreprocessKernels;
 use super::steps::{
-    Attention, ConvKernels, ElementwiseKernels, PoolKernels, QuantKernels, RowKernels, StemKernels,
+    Attention, ConvKernels, DepthwiseKernels, ElementwiseKernels, PoolKernels, QuantKernels,
+    RowKernels, StemKernels,
 };
 use crate::abi;
 use crate::error::{Error, Result};
@@ -31,6 +32,7 @@ pub fn source() -> &'static str {
             include_str!("steps/elementwise.cu"),
             include_str!("steps/conv.cu"),
             include_str!("steps/stem.cu"),
+            include_str!("steps/depthwise.cu"),
             include_str!("steps/quant.cu"),
             include_str!("steps/pool.cu"),
             include_str!("steps/rows.cu"),
@@ -136,6 +138,7 @@ pub(super) struct Kernels {
     pub(super) ew: ElementwiseKernels,
     pub(super) conv: ConvKernels,
     pub(super) stem: StemKernels,
+    pub(super) depthwise: DepthwiseKernels,
     pub(super) quant: QuantKernels,
     pub(super) pool: PoolKernels,
     pub(super) rows: RowKernels,
@@ -174,6 +177,7 @@ impl Kernels {
             ew: ElementwiseKernels::load(&module)?,
             conv: ConvKernels::load(&module)?,
             stem,
+            depthwise: DepthwiseKernels::load(&module)?,
             quant,
             pool: PoolKernels::load(&module)?,
             rows: RowKernels::load(&module)?,
@@ -238,7 +242,7 @@ pub(super) use kernel_set;
 /// attention's in fp16 only): for the tests, which find each kernel defined in that file and
 /// as an entry of the PTX.
 #[cfg(test)]
-pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 8] {
+pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec<String>); 9] {
     let names = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
     [
         (
@@ -255,6 +259,11 @@ pub(crate) fn kernel_families(dtype: DType) -> [(&'static str, &'static str, Vec
             "steps/stem.cu",
             include_str!("steps/stem.cu"),
             names(StemKernels::NAMES),
+        ),
+        (
+            "steps/depthwise.cu",
+            include_str!("steps/depthwise.cu"),
+            names(DepthwiseKernels::NAMES),
         ),
         (
             "steps/quant.cu",

@@ -430,8 +430,10 @@ impl Runtime {
             // The fused call applies ReLU or nothing; other activations need our kernel.
             .filter(|t| !t.fused || matches!(c.act, Act::Relu | Act::None))
             // A stem over an image's few channels, which cuDNN runs slowly, may be faster
-            // in the engine's own kernel.
-            .chain(self.stem_params(c).map(|_| Tuned::own_stem()));
+            // in the engine's own kernel; so may a depthwise convolution, which cuDNN's
+            // fused call cannot give the clip or SiLU that MobileNet and EfficientNet have.
+            .chain(self.stem_params(c).map(|_| Tuned::own_stem()))
+            .chain(self.depthwise_params(c).map(|_| Tuned::own_depthwise()));
         let mut best: Option<(f32, Tuned)> = None;
         let (mut own, mut cudnn_best) = (None::<String>, None::<f32>);
         let mut refused = Vec::new();
@@ -440,7 +442,7 @@ impl Runtime {
             let ms = match self.time_conv(c, d, &tuned) {
                 Ok(ms) => ms,
                 Err(e) => {
-                    if tuned.is_own_stem() {
+                    if tuned.is_own() {
                         own = Some(format!("does not run ({e})"));
                     }
                     refused.push(format!(
@@ -453,15 +455,19 @@ impl Runtime {
             if best.is_none_or(|(fastest, _)| ms < fastest) {
                 best = Some((ms, tuned));
             }
-            match tuned.is_own_stem() {
+            match tuned.is_own() {
                 true => own = Some(format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32)),
                 false => cudnn_best = Some(cudnn_best.map_or(ms, |b| b.min(ms))),
             }
         }
         if let Some(own) = own {
-            let chosen = best.is_some_and(|(_, t)| t.is_own_stem());
+            let chosen = best.is_some_and(|(_, t)| t.is_own());
+            let kernel = match self.stem_params(c) {
+                Some(_) => "stem",
+                None => "depthwise",
+            };
             log::debug!(target: trtclassify_compiler::LOG_TARGET,
-                "{}: the engine's own stem kernel {own}{}, cuDNN's fastest {}",
+                "{}: the engine's own {kernel} kernel {own}{}, cuDNN's fastest {}",
                 c.describe(), if chosen { " (chosen)" } else { "" },
                 cudnn_best.map_or("none".into(), |ms| format!("{:.1} µs", 1e3 * ms / TIMED_RUNS as f32)));
         }

@@ -126,6 +126,7 @@ fn first_convolution() -> Result<()> {
         dilations: [1, 1],
         group: 1,
         act: Act::Relu,
+        act_in: Act::None,
         x: Loc::Arena(0),
         weight: Loc::Arena(0),
         bias: Loc::Arena(0),

@@ -14,6 +14,12 @@ pub fn pack(step: &Step, weights: &[Arc<Vec<f32>>]) -> Packed {
     let Step::Conv(c) = step else {
         return Packed::None;
     };
+    // Only the GPU's plans take an activation into a convolution's input
+    // (`compile_for_cpu` never does), and no kernel here applies one.
+    assert!(
+        c.act_in.is_none(),
+        "a CPU plan with an activation in a convolution's input"
+    );
     let Loc::Weight { index, offset } = c.weight else {
         // A weight computed by the plan is read as it is, at run time.
         return Packed::None;

@@ -12,10 +12,10 @@ use super::super::Runtime;
 use super::super::cudnn::{self, ConvDescs};
 use super::super::kernels::kernel_set;
 use super::{EightBit, GpuStep, launch};
-use crate::abi::act_params;
+use crate::abi::{EwParams, act_params};
 use crate::error::{Error, Result};
 use crate::runtime::Prepared;
-use trtclassify_compiler::plan::{ConvStep, Tuned};
+use trtclassify_compiler::plan::{Cast, ConvStep, Strided, Tuned};
 
 kernel_set! {
     /// conv.cu's kernels: the epilogue of cuDNN's unfused convolution.
@@ -41,7 +41,8 @@ impl GpuStep for ConvStep {
 
 impl Runtime {
     /// The convolution `c` as `tuned` says: cuDNN's fused call, cuDNN's convolution then
-    /// our bias + activation (+ residual) kernel, or the engine's own stem kernel.
+    /// our bias + activation (+ residual) kernel, or the engine's own stem or depthwise
+    /// kernel.
     pub(in crate::runtime) fn conv(
         &self,
         c: &ConvStep,
@@ -50,6 +51,12 @@ impl Runtime {
     ) -> Result<()> {
         if tuned.is_own_stem() {
             return self.stem_conv(c);
+        }
+        if tuned.is_own_depthwise() {
+            return self.depthwise_conv(c);
+        }
+        if !c.act_in.is_none() {
+            self.activate_input(c)?;
         }
         let (one, zero) = (1.0f32, 0.0f32);
         let ws = self.ptr_u8(&self.workspace) as *mut c_void;
@@ -111,6 +118,18 @@ impl Runtime {
             )?;
         }
         self.bias_act(c)
+    }
+
+    /// The activation of the input of the convolution `c` (`ConvStep::act_in`), in place
+    /// before cuDNN's call: the plan has the convolution read that buffer last.
+    fn activate_input(&self, c: &ConvStep) -> Result<()> {
+        let dims = [c.n * c.h * c.w * c.c];
+        let whole = Strided {
+            loc: c.x,
+            strides: vec![1],
+        };
+        let p = EwParams::new(None, c.act_in, self.dtype, &dims, &whole, &whole, None);
+        self.elementwise(&p, Cast::None, &dims, &whole, &whole, None)
     }
 
     /// The bias, activation and residual of the convolution `c`, after cuDNN's unfused call.

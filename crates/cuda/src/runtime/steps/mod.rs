@@ -12,6 +12,7 @@ use trtclassify_compiler::plan::{DType, Loc, Step};
 
 mod attention;
 mod conv;
+mod depthwise;
 mod elementwise;
 #[cfg(test)]
 mod emulated;
@@ -23,6 +24,7 @@ mod stem;
 
 pub(super) use attention::Attention;
 pub(super) use conv::ConvKernels;
+pub(super) use depthwise::DepthwiseKernels;
 pub(super) use elementwise::ElementwiseKernels;
 pub(super) use pool::PoolKernels;
 pub(super) use quant::{EightBit, OwnStep, QuantKernels};

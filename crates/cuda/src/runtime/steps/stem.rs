@@ -59,6 +59,7 @@ pub(in crate::runtime) fn stem_params(
         && c.dilations == [1, 1]
         && c.residual.is_none()
         && c.quant.is_none()
+        && c.act_in.is_none()
         && c.strides[1].is_multiple_of(2)
         && c.k.is_multiple_of(32)
         && in_arena(c.x)
@@ -180,13 +181,14 @@ mod tests {
         // 14 steps of 16 × 64 filters × 32 bytes, 21 × 38 pixels of 8 bytes, 128 × 72 fp16.
         assert_eq!(p.shared_bytes(), 28_672 + 6_384 + 18_432);
         type Change = fn(&mut ConvStep);
-        let refused: [(&str, Change); 9] = [
+        let refused: [(&str, Change); 10] = [
             ("8 channels", |c| c.c = 8),
             ("grouped", |c| c.group = 3),
             ("dilated", |c| c.dilations = [2, 2]),
             ("odd stride across", |c| c.strides = [2, 1]),
             ("48 filters", |c| c.k = 48),
             ("a residual", |c| c.residual = Some(Loc::Arena(0))),
+            ("an activation of its input", |c| c.act_in = Act::Relu),
             ("the f32 frames", |c| c.x = Loc::Input(0)),
             ("kept in f32", |c| c.y = Loc::Wide(0)),
             ("weights past shared memory", |c| c.k = 1024),

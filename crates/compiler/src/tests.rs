@@ -1524,6 +1524,27 @@ fn plans_keep_the_engine_file_format() {
         y: Loc::Arena(8),
     });
     keep("RowMean".into(), serde_json::to_value(mean).unwrap());
+    // Nor a clip or a SiLU as a step of its own (`lower::depthwise` takes them into the
+    // depthwise convolutions after them), though other plans keep them.
+    for act in [Act::Clip(0.0, 6.0), Act::Silu] {
+        let whole = super::plan::Strided {
+            loc: Loc::Arena(0),
+            strides: vec![1],
+        };
+        let step = Step::Ew(EwStep {
+            op: None,
+            act,
+            cast: Cast::None,
+            dims: vec![4096],
+            out: whole.clone(),
+            a: whole,
+            b: None,
+        });
+        keep(
+            format!("Ew act {act:?}"),
+            serde_json::to_value(step).unwrap(),
+        );
+    }
     let mut text = String::from("{\n");
     let entries: Vec<String> = (samples.iter())
         .map(|(k, v)| format!("  {}: {v}", serde_json::Value::from(k.as_str())))

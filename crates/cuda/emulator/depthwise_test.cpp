@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 // The own depthwise convolution (depthwise.cu) on the CPU emulator, in fp16 (`HALF`) or f32:
 // each case of `cases.h` (written by emulated.rs with the runtime's `depthwise_params` and
-// `depthwise_launch`, for a GPU of 2 SMs so that blocks take several slots of pixels in turn)
+// `depthwise_launch`, for a GPU of one SM so that blocks take several slots of pixels in turn)
 // runs with its blocks in both orders, and each output must be, to the bit, the convolution's
 // definition: each channel's taps, its input's activation applied to each value read (not
 // to the padding), summed in f32 tap by tap (the kernel's order, so that inexact values such

@@ -18,7 +18,7 @@ pub(super) fn activations_into_depthwise(
 ) {
     let mut i = 0;
     while i + 1 < steps.len() {
-        let Some((x, act)) = taken(&steps[i], &steps[i + 1], storages, i) else {
+        let Some((x, y, act)) = taken(&steps[i], &steps[i + 1], storages, i) else {
             i += 1;
             continue;
         };
@@ -37,15 +37,22 @@ pub(super) fn activations_into_depthwise(
             s.last -= usize::from(s.last > i);
         }
         storages[x].last = i;
+        if y != x {
+            // Written by nothing now: no place beside the convolution's buffers.
+            storages[y].len = 1;
+        }
     }
 }
 
 /// Where `pass` (step `i`) applies an activation to all of a buffer, in place or into
 /// another that only `conv` reads, and `conv` is a depthwise convolution that reads the
 /// result and is the last to read the buffer the pass read: that buffer (a `Loc::Temp` id)
-/// and the activation. The last: the GPU may apply the activation to it in place, before
-/// cuDNN's convolution, where the build finds that faster than the engine's own kernel.
-fn taken(pass: &Step, conv: &Step, storages: &[Storage], i: usize) -> Option<(usize, Act)> {
+/// and the one it wrote, and the activation. The last: the GPU may apply the activation to it
+/// in place, before cuDNN's convolution, where the build finds that faster than the engine's
+/// own kernel. Only activations no larger than their input (or bounded): the convolution
+/// computes them in f32 and no longer rounds them to fp16, where a larger one could pass
+/// fp16's range unseen by the plan's overflow check, which would blame the convolution.
+fn taken(pass: &Step, conv: &Step, storages: &[Storage], i: usize) -> Option<(usize, usize, Act)> {
     let Step::Ew(EwStep {
         op: None,
         act,
@@ -72,7 +79,18 @@ fn taken(pass: &Step, conv: &Step, storages: &[Storage], i: usize) -> Option<(us
         true => xs.last == i + 1,
         false => ys.first == i && ys.last == i + 1 && xs.last == i,
     };
-    (*act != Act::None
+    let bounded = matches!(
+        act,
+        Act::Relu
+            | Act::LeakyRelu(-1.0..=1.0)
+            | Act::Clip(..)
+            | Act::Sigmoid
+            | Act::HardSigmoid(..)
+            | Act::HardSwish
+            | Act::Silu
+            | Act::Tanh
+    );
+    (bounded
         && c.residual != Some(out.loc)
         && c.x == out.loc
         && whole
@@ -82,5 +100,5 @@ fn taken(pass: &Step, conv: &Step, storages: &[Storage], i: usize) -> Option<(us
         && ys.len == len
         && !xs.wide
         && !ys.wide)
-        .then_some((x, *act))
+        .then_some((x, y, *act))
 }

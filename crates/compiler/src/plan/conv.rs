@@ -222,12 +222,19 @@ impl StepKind for ConvStep {
         })
     }
 
-    /// A quantized convolution's own rules (`super::check_quant`), and no activation of
-    /// its input beside them: the 8-bit kernels round the input as it lies.
+    /// A quantized convolution's own rules (`super::check_quant`); an activation of the
+    /// input only where `lower::depthwise` puts one: a depthwise convolution, not 8-bit,
+    /// reading the arena, which the GPU may activate in place before cuDNN's call.
     fn check(&self, t: &Types) -> Result<(), String> {
         super::check_quant(self, self.quant, t)?;
-        if self.quant.is_some() && !self.act_in.is_none() {
-            return Err(format!("quantized, with {:?} of its input", self.act_in));
+        let depthwise = self.group == self.c && self.k == self.c;
+        let in_arena = matches!(self.x, Loc::Arena(_) | Loc::Temp { .. });
+        let takes_act_in = depthwise && in_arena && self.quant.is_none();
+        if !(self.act_in.is_none() || takes_act_in) {
+            return Err(format!(
+                "{:?} of the input of a convolution that is not depthwise, reads outside the arena or is 8-bit",
+                self.act_in
+            ));
         }
         crate::check::sizes_and_types(self, t)
     }

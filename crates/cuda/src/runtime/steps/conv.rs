@@ -121,14 +121,18 @@ impl Runtime {
     }
 
     /// The activation of the input of the convolution `c` (`ConvStep::act_in`), in place
-    /// before cuDNN's call: the plan has the convolution read that buffer last.
+    /// before cuDNN's call: the plan has the convolution read that buffer last, and the step
+    /// before write it afresh each run. (The build's timing runs the convolution alone many
+    /// times over, activating the buffer again each time: harmless, as its values are not
+    /// kept.)
     fn activate_input(&self, c: &ConvStep) -> Result<()> {
         let dims = [c.n * c.h * c.w * c.c];
         let whole = Strided {
             loc: c.x,
             strides: vec![1],
         };
-        let p = EwParams::new(None, c.act_in, self.dtype, &dims, &whole, &whole, None);
+        let dtype = self.writes(c.x).1;
+        let p = EwParams::new(None, c.act_in, dtype, &dims, &whole, &whole, None);
         self.elementwise(&p, Cast::None, &dims, &whole, &whole, None)
     }
 

@@ -19,6 +19,7 @@ struct DepthwiseConv {
     int act_in_id;  // the activation of each input value as it is read (the padding stays 0)
     float q0, q1;
 };
+static_assert(sizeof(DepthwiseConv) == 76, "abi.rs's DepthwiseParams");
 
 // A block of DW_THREADS threads takes `p.group` channel vectors (blockIdx.y says which) of
 // DW_THREADS / group output pixels at a time, a thread one vector of one pixel, so that a
@@ -61,8 +62,8 @@ __device__ __forceinline__ void depthwise_body(const DepthwiseConv &p, const T *
             for (int kx = 0; kx < p.s; ++kx) {
                 const int ix = ox * p.sw - p.pw + kx;
                 if (ix < 0 || ix >= p.w) continue;
-                const Vec16 in = *reinterpret_cast<const Vec16 *>(xi + (iy * p.w + ix) * p.c);
-                const T *e = reinterpret_cast<const T *>(&in);
+                const Vec16 pixel = *reinterpret_cast<const Vec16 *>(xi + (iy * p.w + ix) * p.c);
+                const T *e = reinterpret_cast<const T *>(&pixel);
                 const float *t = taps + (ky * p.s + kx) * lanes + v * VEC;
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) {

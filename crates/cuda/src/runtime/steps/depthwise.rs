@@ -65,9 +65,10 @@ pub(in crate::runtime) fn depthwise_params(c: &ConvStep, dtype: DType) -> Option
         q0,
         q1,
     };
-    // The kernel counts pixels of the batch and offsets within an image in an `int`.
+    // The kernel counts pixels of the batch (past them by less than their number and a
+    // block's slots) and offsets within an image in an `int`.
     let ints = [
-        c.n * c.oh * c.ow,
+        2 * c.n * c.oh * c.ow + DW_THREADS,
         c.h * c.w * c.c,
         c.c * c.kernel[0] * c.kernel[1],
     ];

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! An activation pass whose only reader is a depthwise convolution right after it goes into
 //! that convolution (`ConvStep::act_in`), which applies it as it reads its input: MobileNet's
-//! clip and EfficientNet's SiLU after each expansion product, which cuBLASLt's epilogue cannot
-//! take, were a read and a write of the network's largest tensors each. For the GPU's plans,
+//! clip after each expansion product, which cuBLASLt's epilogue cannot take, was a read and a
+//! write of the network's largest tensors each. For the GPU's plans,
 //! before the arena is placed, so that the product's output stays alive for the convolution.
 
 use super::arena::Storage;
@@ -49,9 +49,12 @@ pub(super) fn activations_into_depthwise(
 /// result and is the last to read the buffer the pass read: that buffer (a `Loc::Temp` id)
 /// and the one it wrote, and the activation. The last: the GPU may apply the activation to it
 /// in place, before cuDNN's convolution, where the build finds that faster than the engine's
-/// own kernel. Only activations no larger than their input (or bounded): the convolution
-/// computes them in f32 and no longer rounds them to fp16, where a larger one could pass
-/// fp16's range unseen by the plan's overflow check, which would blame the convolution.
+/// own kernel. Only activations of a few instructions, no larger than their input: the
+/// kernel computes them again for each tap that reads a value (a SiLU's exponential and
+/// division nine or 25 times made EfficientNet-B0's convolutions 1.1-4× slower than
+/// cuDNN's on an H100, where MobileNet's clip costs nothing), and in f32 without rounding
+/// them to fp16, where a larger one could pass fp16's range unseen by the plan's overflow
+/// check, which would blame the convolution.
 fn taken(pass: &Step, conv: &Step, storages: &[Storage], i: usize) -> Option<(usize, usize, Act)> {
     let Step::Ew(EwStep {
         op: None,
@@ -79,18 +82,11 @@ fn taken(pass: &Step, conv: &Step, storages: &[Storage], i: usize) -> Option<(us
         true => xs.last == i + 1,
         false => ys.first == i && ys.last == i + 1 && xs.last == i,
     };
-    let bounded = matches!(
+    let cheap = matches!(
         act,
-        Act::Relu
-            | Act::LeakyRelu(-1.0..=1.0)
-            | Act::Clip(..)
-            | Act::Sigmoid
-            | Act::HardSigmoid(..)
-            | Act::HardSwish
-            | Act::Silu
-            | Act::Tanh
+        Act::Relu | Act::LeakyRelu(-1.0..=1.0) | Act::Clip(..) | Act::HardSigmoid(..)
     );
-    (bounded
+    (cheap
         && c.residual != Some(out.loc)
         && c.x == out.loc
         && whole

@@ -87,8 +87,7 @@ __device__ __forceinline__ void depthwise_body(const DepthwiseConv &p, const T *
 
 // An instance for each pair of activations depthwise convolutions have (fixed at compile
 // time, as the stem's): none on the input and any of the common ones on the output, or the
-// same on both (MobileNet's clip, EfficientNet's SiLU: the expansion's and its own); the
-// rest chosen as it runs.
+// same on both (MobileNet's clip: the expansion's and its own); the rest chosen as it runs.
 extern "C" __global__ void __launch_bounds__(DW_THREADS)
     depthwise_conv(const DepthwiseConv p, const T *x, const T *weight, const T *bias, T *y) {
     if (p.act_in_id == ACT_NONE) {
@@ -102,7 +101,6 @@ extern "C" __global__ void __launch_bounds__(DW_THREADS)
         switch (p.act_id) {
         case ACT_RELU: return depthwise_body<ACT_RELU, ACT_RELU>(p, x, weight, bias, y);
         case ACT_CLIP: return depthwise_body<ACT_CLIP, ACT_CLIP>(p, x, weight, bias, y);
-        case ACT_SILU: return depthwise_body<ACT_SILU, ACT_SILU>(p, x, weight, bias, y);
         }
     }
     depthwise_body<-1, -1>(p, x, weight, bias, y);

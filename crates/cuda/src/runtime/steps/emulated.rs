@@ -397,7 +397,7 @@ fn depthwise_cases(dtype: DType) -> String {
     let cases: [Case; 10] = [
         ("MobileNetV2's 3x3/1 over 144 channels, its input clipped to 0..6 and its output to -1..4", [2, 144, 9, 11], [3, 3], [1, 1], [1, 1], Act::Clip(0.0, 6.0), Act::Clip(-1.0, 4.0)),
         ("3x3/2 over 96 channels, ReLU, odd sizes", [1, 96, 13, 12], [3, 3], [2, 2], [1, 1], Act::None, Act::Relu),
-        ("EfficientNet's 5x5/2 over 240 channels, SiLU in and out", [1, 240, 11, 9], [5, 5], [2, 2], [2, 2], Act::Silu, Act::Silu),
+        ("EfficientNet's 5x5/2 over 240 channels, SiLU in and out, chosen as it runs", [1, 240, 11, 9], [5, 5], [2, 2], [2, 2], Act::Silu, Act::Silu),
         ("64 channels, blocks of whole pixels, no activation", [3, 64, 7, 7], [3, 3], [1, 1], [1, 1], Act::None, Act::None),
         ("ConvNeXt's 7x7 over 8 channels, an activation chosen as it runs", [1, 8, 9, 10], [7, 7], [1, 1], [3, 3], Act::None, Act::LeakyRelu(0.125)),
         ("3x5, strides 1 and 2, no padding, activations in and out chosen as it runs", [2, 16, 8, 12], [3, 5], [1, 2], [0, 0], Act::LeakyRelu(0.25), Act::Relu),

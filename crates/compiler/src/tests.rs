@@ -167,6 +167,44 @@ fn depthwise_convolutions_take_the_activation_before_them_on_the_gpu() {
     assert_eq!(taken(true), []);
 }
 
+/// ops.onnx's three squeeze-and-excitation blocks (a global pool, two 1×1 convolutions and
+/// their activations, the product with the gate) each have one gate step in the GPU's plans
+/// of every batch size, whose scores `lowered_plans_match_reference` checks, with the
+/// activations of both products; the CPU's plans keep the products.
+#[test]
+fn squeeze_and_excitation_is_one_gate_on_the_gpu() {
+    let gates = |in_place: bool, batch: usize| -> Vec<(usize, usize, usize, Act, Act)> {
+        let mut graph = import_model("ops.onnx", batch);
+        passes::optimise(&mut graph);
+        let plan = lower::lower(
+            &graph,
+            DType::F16,
+            &Default::default(),
+            &mut Weights::default(),
+            in_place,
+        )
+        .expect("lowers");
+        (plan.steps.iter())
+            .filter_map(|s| match s {
+                Step::Gate(g) => Some((g.n, g.c, g.r, g.act1, g.act2)),
+                _ => None,
+            })
+            .collect()
+    };
+    for batch in [1, 3] {
+        let hard = Act::HardSigmoid(1.0 / 6.0, 0.5);
+        assert_eq!(
+            gates(false, batch),
+            [
+                (batch, 16, 4, Act::Relu, Act::Sigmoid),
+                (batch, 32, 8, Act::Relu, Act::Sigmoid),
+                (batch, 32, 8, Act::Relu, hard)
+            ]
+        );
+        assert_eq!(gates(true, batch), []);
+    }
+}
+
 /// The committed models whose import and plans the tests above check against onnxruntime's
 /// outputs (`lowered_plans_match_reference`, `vision_transformers_import_lower_and_match_
 /// onnxruntime`), and the CPU engine runs against them too (`tests/engine.rs`).
@@ -417,16 +455,25 @@ fn every_step_names_the_node_it_computes() {
             step.describe()
         );
     }
-    // Every node of the graph after the passes that computes something has steps.
+    // Every node of the graph after the passes that computes something has steps; a gate
+    // names its first product (`lower::gate`), the second being the gate's too.
     let named: std::collections::HashSet<&String> = plan.origins.iter().collect();
+    let gates: Vec<&String> = (plan.steps.iter().zip(&plan.origins))
+        .filter(|(s, _)| matches!(s, Step::Gate(_)))
+        .map(|(_, origin)| origin)
+        .collect();
+    let of_a_gate = |n: &Node| {
+        (optimised.nodes.iter()).any(|p| p.output == n.inputs[0] && gates.contains(&&p.name))
+    };
     let convs = optimised
         .nodes
         .iter()
         .filter(|n| matches!(n.op, Op::Conv(_)))
-        .filter(|n| !named.contains(&n.name))
+        .filter(|n| !named.contains(&n.name) && !of_a_gate(n))
         .map(|n| n.name.clone())
         .collect::<Vec<_>>();
     assert!(convs.is_empty(), "convolutions without a step: {convs:?}");
+    assert_eq!(gates.len(), 3, "ops.onnx's squeeze-and-excitation blocks");
 }
 
 /// The input of `models/transformers/export.py`'s references: two frames, each element
@@ -1519,8 +1566,14 @@ fn plans_keep_the_engine_file_format() {
     });
     keep("RowMean".into(), serde_json::to_value(mean).unwrap());
     // Nor a clip or a SiLU as a step of its own (`lower::depthwise` takes them into the
-    // depthwise convolutions after them), though other plans keep them.
-    for act in [Act::Clip(0.0, 6.0), Act::Silu] {
+    // depthwise convolutions after them), nor a sigmoid (`lower::gate` takes them into the
+    // gates), though other plans keep them.
+    for act in [
+        Act::Clip(0.0, 6.0),
+        Act::Silu,
+        Act::Sigmoid,
+        Act::HardSigmoid(1.0 / 6.0, 0.5),
+    ] {
         let whole = super::plan::Strided {
             loc: Loc::Arena(0),
             strides: vec![1],

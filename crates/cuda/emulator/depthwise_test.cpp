@@ -10,6 +10,7 @@
 // weights of 1/256 and small, so that sums of exact values are exact in any order.
 #include "emu.h"
 #include "kernels.cu"
+#include "harness.h"
 
 struct DepthwiseCase {
     const char *name;
@@ -18,31 +19,7 @@ struct DepthwiseCase {
     unsigned shared;
 };
 
-inline float from_bits(unsigned u) {
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 #include "cases.h"
-
-// 16-byte aligned storage for `n` values, each `fill(i)` (0xffff, a NaN in fp16, where none),
-// and `slack` more of that past them.
-T *buffer(long long n, float (*fill)(long long), long long slack = 0) {
-    T *p = reinterpret_cast<T *>(new Vec16[((n + slack) * sizeof(T) + 15) / 16 + 1]);
-    emu::device_memory.push_back({reinterpret_cast<unsigned char *>(p), size_t(n * sizeof(T))});
-    std::memset(p, 0xff, (n + slack) * sizeof(T));
-    for (long long i = 0; i < n && fill; ++i) p[i] = st(fill(i));
-    return p;
-}
-bool untouched(const T *p) {
-    const unsigned char *b = reinterpret_cast<const unsigned char *>(p);
-    for (size_t i = 0; i < sizeof(T); ++i)
-        if (b[i] != 0xff) return false;
-    return true;
-}
-float wave(long long i) { return float((i * 7919) % 97 - 48) * 0.0625f; }
-float small(long long i) { return float((i * 104729) % 89 - 44) * 0.00390625f; }
 
 // The definition, one output at a time, with the activations and the bias.
 float definition(const DepthwiseConv &p, const T *x, const T *w, const T *bias, long long i) {

@@ -82,6 +82,9 @@ pub const DW_THREADS: usize = 256;
 /// The most taps (kernel height × width) it takes: 7×7.
 pub const DW_MAX_TAPS: usize = 49;
 
+/// The threads of the squeeze-and-excitation gate's block (`GATE_THREADS` in pool.cu).
+pub const GATE_THREADS: usize = 512;
+
 /// The activations the kernels apply, in the order of their ids.
 pub const ACTIVATIONS: [&str; 18] = [
     "none",
@@ -165,6 +168,7 @@ pub fn prelude() -> String {
         ("STEM_TILE_H", STEM_TILE_H),
         ("STEM_TILE_W", STEM_TILE_W),
         ("DW_THREADS", DW_THREADS),
+        ("GATE_THREADS", GATE_THREADS),
     ] {
         s += &format!("#define {name} {value}\n");
     }
@@ -555,6 +559,42 @@ impl DepthwiseParams {
     /// The output pixels a block takes at a time.
     pub fn slots(&self) -> usize {
         DW_THREADS / self.group as usize
+    }
+}
+
+/// The squeeze-and-excitation gate's parameters: pool.cu's `struct Gate`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GateParams {
+    /// Images, channels and hidden values.
+    pub n: i32,
+    pub c: i32,
+    pub r: i32,
+    /// Runs of 8 weights of the first product after which a run's hidden values repeat:
+    /// `r / gcd(r, 8)`.
+    pub period: i32,
+    /// The hidden values' activation, and its parameters.
+    pub act1: i32,
+    pub p0: f32,
+    pub p1: f32,
+    /// The gate's activation, and its parameters.
+    pub act2: i32,
+    pub q0: f32,
+    pub q1: f32,
+}
+// SAFETY: plain old data laid out as the kernel's `struct Gate` (asserted below).
+unsafe impl DeviceRepr for GateParams {}
+const _: () = assert!(
+    size_of::<GateParams>() == 40
+        && align_of::<GateParams>() == 4
+        && offset_of!(GateParams, act2) == 28
+);
+
+impl GateParams {
+    /// A block's dynamic shared memory, in f32: the pooled channels, the hidden values, and
+    /// 8 partial sums a thread.
+    pub fn shared_bytes(&self) -> usize {
+        (self.c as usize + self.r as usize + 8 * GATE_THREADS) * 4
     }
 }
 

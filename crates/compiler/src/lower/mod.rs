@@ -17,6 +17,7 @@
 
 pub(crate) mod arena;
 mod depthwise;
+mod gate;
 mod scores;
 
 use std::collections::{HashMap, HashSet};
@@ -169,7 +170,10 @@ pub(super) fn lower_frames(
 
     match in_place {
         true => early_concats(&l.steps, &mut l.storages),
-        false => depthwise::activations_into_depthwise(&mut l.steps, &mut origins, &mut l.storages),
+        false => {
+            depthwise::activations_into_depthwise(&mut l.steps, &mut origins, &mut l.storages);
+            gate::gates(&mut l.steps, &mut origins, &mut l.storages);
+        }
     }
     let shared = match in_place {
         true => over_residuals(&l.steps, &l.storages),

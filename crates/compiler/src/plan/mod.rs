@@ -10,6 +10,7 @@ use crate::check::{self, Types};
 mod attention;
 mod conv;
 mod ew;
+mod gate;
 mod gemm;
 mod pool;
 mod quant;
@@ -18,6 +19,7 @@ mod rows;
 pub use attention::{ATTENTION_HEAD_DIMS, AttentionStep, Rows, attention_takes};
 pub use conv::{ConvStep, Tuned};
 pub use ew::{EwStep, ZeroStep};
+pub use gate::{GATE_MAX_CHANNELS, GATE_MAX_HIDDEN, GateStep};
 pub use gemm::GemmStep;
 pub use pool::{GlobalAvgPoolStep, PoolStep};
 pub use quant::{EightBitKernel, OwnTile, OwnWidth, Quant, QuantFormat};
@@ -194,6 +196,8 @@ pub enum Step {
     Attention(AttentionStep),
     /// See `LrnStep`.
     Lrn(LrnStep),
+    /// See `GateStep`.
+    Gate(GateStep),
 }
 
 /// `$body` with `$s` bound to the step of whatever kind `$step` holds: the one list of kinds
@@ -213,6 +217,7 @@ macro_rules! with_step {
             $crate::plan::Step::RowMean($s) => $body,
             $crate::plan::Step::Attention($s) => $body,
             $crate::plan::Step::Lrn($s) => $body,
+            $crate::plan::Step::Gate($s) => $body,
         }
     };
 }

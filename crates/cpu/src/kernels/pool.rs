@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Pooling over NHWC tensors: windows (a thread a row of outputs, the channels innermost)
-//! and the global average (the same sums in the same order on any number of threads).
+//! and the global average (the same sums in the same order on any number of threads), and
+//! the squeeze-and-excitation gate after it.
 
 use super::{Buffers, CpuStep, Packed, Scratch, Threads};
-use trtclassify_compiler::plan::{GlobalAvgPoolStep, PoolStep};
+use trtclassify_compiler::plan::{GateStep, GlobalAvgPoolStep, Loc, PoolStep};
 
 impl CpuStep for PoolStep {
     #[inline(always)]
@@ -177,6 +178,55 @@ impl CpuStep for GlobalAvgPoolStep {
             }
             let scale = 1.0 / *hw as f32;
             out.iter_mut().for_each(|o| *o *= scale);
+        }
+    }
+}
+
+/// The GPU's plans have gates (`lower::gate`); the CPU's keep the products, each fused with
+/// its activation. This runs a gate where one comes, on one thread: a few thousand values.
+impl CpuStep for GateStep {
+    #[inline(always)]
+    fn run<const FMA: bool>(
+        &self,
+        _packed: &Packed,
+        buf: &Buffers,
+        _scratch: &mut Scratch,
+        _threads: Threads,
+    ) {
+        let GateStep {
+            n,
+            c,
+            r,
+            x,
+            w1,
+            b1,
+            act1,
+            w2,
+            b2,
+            act2,
+            y,
+        } = *self;
+        // SAFETY: checked spans.
+        let read = |loc: Loc, len| unsafe { std::slice::from_raw_parts(buf.at(loc), len) };
+        let (w1, w2) = (read(w1, c * r), read(w2, r * c));
+        let start = |bias: Option<Loc>, len| bias.map_or(vec![0.0; len], |b| read(b, len).to_vec());
+        for b in 0..n {
+            // Copied: the gate may be written over its input.
+            let pooled = read(x.offset(b * c), c).to_vec();
+            let mut hidden = start(b1, r);
+            for (&p, row) in pooled.iter().zip(w1.chunks_exact(r)) {
+                hidden.iter_mut().zip(row).for_each(|(h, &w)| *h += p * w);
+            }
+            let mut gate = start(b2, c);
+            for (h, row) in hidden.iter().zip(w2.chunks_exact(c)) {
+                let h = act1.apply(*h);
+                gate.iter_mut().zip(row).for_each(|(g, &w)| *g += h * w);
+            }
+            // SAFETY: checked span.
+            let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(y).add(b * c), c) };
+            out.iter_mut()
+                .zip(gate)
+                .for_each(|(o, g)| *o = act2.apply(g));
         }
     }
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Launching pooling (pool.cu).
+//! Launching pooling (pool.cu), and the squeeze-and-excitation gate after a global pool.
 
 use cudarc::driver::LaunchConfig;
 
@@ -8,10 +8,10 @@ use cudarc::driver::PushKernelArg;
 use super::super::Runtime;
 use super::super::kernels::kernel_set;
 use super::{GpuStep, launch};
-use crate::abi::PoolParams;
-use crate::error::Result;
+use crate::abi::{GATE_THREADS, GateParams, PoolParams, act_params};
+use crate::error::{Error, Result};
 use crate::runtime::Prepared;
-use trtclassify_compiler::plan::{GlobalAvgPoolStep, Loc, PoolStep};
+use trtclassify_compiler::plan::{DType, GateStep, GlobalAvgPoolStep, Loc, PoolStep};
 
 kernel_set! {
     /// pool.cu's kernels.
@@ -20,6 +20,7 @@ kernel_set! {
         /// 16 bytes a thread.
         pool_vec: "pool_nhwc_vec",
         global_avg: "global_avg_nhwc",
+        gate: "se_gate",
     }
 }
 
@@ -32,6 +33,48 @@ impl GpuStep for PoolStep {
 impl GpuStep for GlobalAvgPoolStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
         rt.global_avg_pool(self.n, self.hw, self.c, self.x, self.y)
+    }
+}
+
+impl GpuStep for GateStep {
+    fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
+        rt.gate(self)
+    }
+}
+
+/// The gate kernel's parameters for `g` in a plan of `dtype`.
+pub(super) fn gate_params(g: &GateStep, dtype: DType) -> GateParams {
+    let (act1, p0, p1) = act_params(g.act1, dtype);
+    let (act2, q0, q1) = act_params(g.act2, dtype);
+    // `GateStep::sizes_fit` (checked with the plan) holds these within an `int`.
+    let int = |v: usize| v as i32;
+    GateParams {
+        n: int(g.n),
+        c: int(g.c),
+        r: int(g.r),
+        period: int(g.r / gcd(g.r, 8)),
+        act1,
+        p0,
+        p1,
+        act2,
+        q0,
+        q1,
+    }
+}
+
+/// The launch of the gate kernel for `p`: a block an image.
+pub(super) fn gate_launch(p: &GateParams) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (p.n as u32, 1, 1),
+        block_dim: (GATE_THREADS as u32, 1, 1),
+        shared_mem_bytes: p.shared_bytes() as u32,
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    match b {
+        0 => a,
+        b => gcd(b, a % b),
     }
 }
 
@@ -102,5 +145,26 @@ impl Runtime {
             shared_mem_bytes: 0,
         };
         launch(l, cfg)
+    }
+
+    /// The squeeze-and-excitation gate `g`, a block an image.
+    fn gate(&self, g: &GateStep) -> Result<()> {
+        let (kernels, dtype) = self.writes(g.y);
+        let p = gate_params(g, dtype);
+        let (w1, w2) = (self.ptr(g.w1), self.ptr(g.w2));
+        if !(w1.is_multiple_of(16) && w2.is_multiple_of(16)) {
+            return Err(Error::Plan("a gate's weights are not 16-byte aligned"));
+        }
+        let bias = |b: Option<Loc>| b.map_or(0, |b| self.ptr(b));
+        let (x, b1, b2, y) = (self.ptr(g.x), bias(g.b1), bias(g.b2), self.ptr(g.y));
+        let mut l = self.stream.launch_builder(&kernels?.pool.gate);
+        l.arg(&p)
+            .arg(&x)
+            .arg(&w1)
+            .arg(&b1)
+            .arg(&w2)
+            .arg(&b2)
+            .arg(&y);
+        launch(l, gate_launch(&p))
     }
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use super::plan_runner::PlanRunner;
 use trtclassify_compiler::ir::{Act, BinOp};
 use trtclassify_compiler::plan::{
-    Cast, ConvStep, DType, EwStep, GemmStep, Loc, Plan, PoolStep, Step, Strided, Weights, ZeroStep,
+    Cast, ConvStep, DType, EwStep, GateStep, GemmStep, Loc, Plan, PoolStep, Step, Strided, Weights,
+    ZeroStep,
 };
 use trtclassify_compiler::sim;
 
@@ -384,6 +385,40 @@ fn pooling_agrees_with_the_plain_run() {
         let what = format!("seed {seed}: {}", step.describe());
         let input = rng.values(n * h * w * c);
         let (plan, weights) = one_step(step, input.len(), n * oh * ow * c, vec![]);
+        agree(plan, &weights, &input, &what);
+    }
+}
+
+/// The squeeze-and-excitation gate, which only the GPU's plans have, runs where a plan has
+/// one: each image's gate read from its row and written to its own, with biases or without.
+#[test]
+fn gates_agree_with_the_plain_run() {
+    for (seed, biases) in [(0, true), (1, false)] {
+        let mut rng = Rng(seed);
+        let (n, c, r) = (3, 40, 6);
+        let weight = |index| Loc::Weight { index, offset: 0 };
+        let step = Step::Gate(GateStep {
+            n,
+            c,
+            r,
+            x: Loc::Input(0),
+            w1: weight(0),
+            b1: biases.then(|| weight(1)),
+            act1: Act::Silu,
+            w2: weight(2),
+            b2: biases.then(|| weight(3)),
+            act2: Act::Sigmoid,
+            y: Loc::Output(0),
+        });
+        let what = format!("seed {seed}: {}", step.describe());
+        let input = rng.values(n * c);
+        let weights = vec![
+            rng.values(c * r),
+            rng.values(r),
+            rng.values(r * c),
+            rng.values(c),
+        ];
+        let (plan, weights) = one_step(step, input.len(), n * c, weights);
         agree(plan, &weights, &input, &what);
     }
 }

@@ -115,37 +115,47 @@ impl StepKind for GateStep {
     }
 }
 
+impl GateStep {
+    /// One image's gate from its pooled channels, with the step's weights and biases as
+    /// values: the step's definition, which the simulator and the CPU runner compute.
+    pub fn gate(
+        &self,
+        pooled: &[f32],
+        w1: &[f32],
+        b1: Option<&[f32]>,
+        w2: &[f32],
+        b2: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let start = |bias: Option<&[f32]>, len| bias.map_or(vec![0.0; len], <[f32]>::to_vec);
+        let mut hidden = start(b1, self.r);
+        for (&p, row) in pooled.iter().zip(w1.chunks_exact(self.r)) {
+            hidden.iter_mut().zip(row).for_each(|(h, &w)| *h += p * w);
+        }
+        let mut gate = start(b2, self.c);
+        for (h, row) in hidden.iter().zip(w2.chunks_exact(self.c)) {
+            let h = self.act1.apply(*h);
+            gate.iter_mut().zip(row).for_each(|(g, &w)| *g += h * w);
+        }
+        gate.iter_mut().for_each(|g| *g = self.act2.apply(*g));
+        gate
+    }
+}
+
 #[cfg(any(test, feature = "testing"))]
 impl crate::sim::Simulate for GateStep {
     fn simulate(&self, m: &mut crate::sim::Memory) {
-        let GateStep {
-            n,
-            c,
-            r,
-            x,
-            w1,
-            b1,
-            act1,
-            w2,
-            b2,
-            act2,
-            y,
-        } = *self;
+        let (n, c, r) = (self.n, self.c, self.r);
+        let values = |m: &crate::sim::Memory, loc: Loc, len| -> Vec<f32> {
+            (0..len).map(|i| m.read(loc, i)).collect()
+        };
+        let (w1, w2) = (values(m, self.w1, c * r), values(m, self.w2, r * c));
+        let b1 = self.b1.map(|b| values(m, b, r));
+        let b2 = self.b2.map(|b| values(m, b, c));
         for b in 0..n {
-            let pooled: Vec<f32> = (0..c).map(|i| m.read(x, b * c + i)).collect();
-            let hidden: Vec<f32> = (0..r)
-                .map(|j| {
-                    let dot: f32 = (0..c).map(|i| pooled[i] * m.read(w1, i * r + j)).sum();
-                    act1.apply(dot + b1.map_or(0.0, |b| m.read(b, j)))
-                })
-                .collect();
-            for i in 0..c {
-                let dot: f32 = (0..r).map(|j| hidden[j] * m.read(w2, j * c + i)).sum();
-                m.write(
-                    y,
-                    b * c + i,
-                    act2.apply(dot + b2.map_or(0.0, |b| m.read(b, i))),
-                );
+            let pooled = values(m, self.x.offset(b * c), c);
+            let gate = self.gate(&pooled, &w1, b1.as_deref(), &w2, b2.as_deref());
+            for (i, g) in gate.into_iter().enumerate() {
+                m.write(self.y, b * c + i, g);
             }
         }
     }

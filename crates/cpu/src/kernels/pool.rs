@@ -193,40 +193,17 @@ impl CpuStep for GateStep {
         _scratch: &mut Scratch,
         _threads: Threads,
     ) {
-        let GateStep {
-            n,
-            c,
-            r,
-            x,
-            w1,
-            b1,
-            act1,
-            w2,
-            b2,
-            act2,
-            y,
-        } = *self;
+        let (n, c, r) = (self.n, self.c, self.r);
         // SAFETY: checked spans.
         let read = |loc: Loc, len| unsafe { std::slice::from_raw_parts(buf.at(loc), len) };
-        let (w1, w2) = (read(w1, c * r), read(w2, r * c));
-        let start = |bias: Option<Loc>, len| bias.map_or(vec![0.0; len], |b| read(b, len).to_vec());
+        let (w1, w2) = (read(self.w1, c * r), read(self.w2, r * c));
+        let (b1, b2) = (self.b1.map(|b| read(b, r)), self.b2.map(|b| read(b, c)));
         for b in 0..n {
-            // Copied: the gate may be written over its input.
-            let pooled = read(x.offset(b * c), c).to_vec();
-            let mut hidden = start(b1, r);
-            for (&p, row) in pooled.iter().zip(w1.chunks_exact(r)) {
-                hidden.iter_mut().zip(row).for_each(|(h, &w)| *h += p * w);
-            }
-            let mut gate = start(b2, c);
-            for (h, row) in hidden.iter().zip(w2.chunks_exact(c)) {
-                let h = act1.apply(*h);
-                gate.iter_mut().zip(row).for_each(|(g, &w)| *g += h * w);
-            }
+            // Computed before it is written: the gate may be written over its input.
+            let gate = self.gate(read(self.x.offset(b * c), c), w1, b1, w2, b2);
             // SAFETY: checked span.
-            let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(y).add(b * c), c) };
-            out.iter_mut()
-                .zip(gate)
-                .for_each(|(o, g)| *o = act2.apply(g));
+            let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(self.y).add(b * c), c) };
+            out.copy_from_slice(&gate);
         }
     }
 }

@@ -316,3 +316,171 @@ extern "C" __global__ void lrn_nhwc(const T *x, T *y, long long pixels, int c, i
     }
 }
 
+
+// A CNN classifier's head (`Step::Head`): y = softmax(mean(act(x)) · w + bias) for each of n ≤
+// HEAD_MAX_BATCH images, x `[n, hw, c]`, w `[c, classes]`, the scores f32. Launched by
+// rows.rs's `head` on a grid of (class tiles of HEAD_TILE, channel slices of `chunk`): a
+// block pools its slice of the channels, multiplies it by that slice of the weights for its
+// tile of classes (a lane 8 classes, a warp every 8th channel), and leaves the sums in
+// `partial` ([slices, n, classes]); the last block to finish (counted in `done`, which it
+// sets back to 0 for the next launch) adds the slices in order, the bias, and takes the
+// softmax. At batch 1 this is the launch of the pool, the product and the softmax in one:
+// the weights, most of what the head reads, are read once, by a hundred blocks at a time.
+struct Head {
+    int n, hw, c, classes;  // images, pixels an image, channels (by the 8), classes
+    int chunk;              // channels a block takes: by the 8, at most HEAD_CHUNK
+    int softmax;            // whether the scores are a softmax of the logits
+    int act;                // the activation of each input value as it is read
+    float p0, p1;
+};
+static_assert(sizeof(Head) == 36, "abi.rs's HeadParams");
+static_assert(HEAD_TILE == 8 * 32 && HEAD_THREADS == HEAD_TILE, "a lane's 8 classes, a thread a class");
+
+// 8 consecutive weights of a row from `p`, those from `valid` on 0: one 16-byte load where
+// the row's runs are aligned.
+__device__ __forceinline__ void head_run(const T *p, int valid, bool aligned, float *v) {
+    if (aligned && valid >= 8) {
+        load8(p, v);
+        return;
+    }
+#pragma unroll
+    for (int l = 0; l < 8; ++l) v[l] = l < valid ? ld(p[l]) : 0.f;
+}
+
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
+    head(const Head h, const T *x, const T *w, const T *bias, float *y, float *partial,
+         unsigned *done) {
+    float *const pooled = reinterpret_cast<float *>(dynamic_shared());  // [n][chunk]
+    float *const part = pooled + HEAD_MAX_BATCH * HEAD_CHUNK;            // 8 a thread
+    float *const shared = part + 8 * HEAD_THREADS;                       // 32, and a flag
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+    const int c0 = blockIdx.y * h.chunk, width = min(h.chunk, h.c - c0);
+
+    // The pool: thread t sums run t % runs of the slice's channels over the pixels t / runs,
+    // t / runs + lanes, ...; the lanes' sums meet in `part`, [lanes][chunk], added in order.
+    const int runs = h.chunk / 8, lanes = HEAD_THREADS / runs;
+    const int r = t % runs, p0 = t / runs;
+    for (int b = 0; b < h.n; ++b) {
+        float s[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) s[l] = 0.f;
+        if (p0 < lanes && 8 * r < width) {
+            const T *src = x + (long long)b * h.hw * h.c + c0 + 8 * r;
+#pragma unroll 4
+            for (int p = p0; p < h.hw; p += lanes) {
+                float v[8];
+                load8(src + (long long)p * h.c, v);
+#pragma unroll
+                for (int l = 0; l < 8; ++l) s[l] += act(h.act, v[l], h.p0, h.p1);
+            }
+        }
+        if (p0 < lanes) {
+#pragma unroll
+            for (int l = 0; l < 8; ++l) part[p0 * h.chunk + 8 * r + l] = s[l];
+        }
+        __syncthreads();
+        if (t < h.chunk) {
+            float sum = 0.f;
+            for (int q = 0; q < lanes; ++q) sum += part[q * h.chunk + t];
+            pooled[b * h.chunk + t] = sum / h.hw;
+        }
+        __syncthreads();
+    }
+
+    // The products: lane `lane` takes classes j to j + 7 of the tile, warp `warp` the
+    // slice's channels warp, warp + 8, ...; the images' sums stay in registers.
+    const int j = blockIdx.x * HEAD_TILE + 8 * lane;
+    const int valid = h.classes - j;
+    const bool aligned = h.classes % 8 == 0 && reinterpret_cast<unsigned long long>(w) % 16 == 0;
+    float acc[HEAD_MAX_BATCH][8];
+#pragma unroll
+    for (int b = 0; b < HEAD_MAX_BATCH; ++b)
+#pragma unroll
+        for (int l = 0; l < 8; ++l) acc[b][l] = 0.f;
+    if (valid > 0) {
+#pragma unroll 4
+        for (int k = warp; k < width; k += HEAD_THREADS / 32) {
+            float v[8];
+            head_run(w + (long long)(c0 + k) * h.classes + j, valid, aligned, v);
+#pragma unroll
+            for (int b = 0; b < HEAD_MAX_BATCH; ++b) {
+                if (b < h.n) {
+                    const float p = pooled[b * h.chunk + k];
+#pragma unroll
+                    for (int l = 0; l < 8; ++l) acc[b][l] += p * v[l];
+                }
+            }
+        }
+    }
+    // The warps' sums, in order: thread t's is class t of the tile.
+    const int i = blockIdx.x * HEAD_TILE + t;
+#pragma unroll
+    for (int b = 0; b < HEAD_MAX_BATCH; ++b) {
+        if (b < h.n) {
+#pragma unroll
+            for (int l = 0; l < 8; ++l) part[warp * HEAD_TILE + 8 * lane + l] = acc[b][l];
+            __syncthreads();
+            if (i < h.classes) {
+                float s = 0.f;
+                for (int q = 0; q < HEAD_THREADS / 32; ++q) s += part[q * HEAD_TILE + t];
+                partial[((long long)blockIdx.y * h.n + b) * h.classes + i] = s;
+            }
+            __syncthreads();
+        }
+    }
+
+    // The last block to finish sees every block's sums (each made them visible before
+    // counting itself done) and adds them; the others are done.
+    __threadfence();
+    __syncthreads();
+    unsigned *const last = reinterpret_cast<unsigned *>(shared + 32);
+    if (t == 0) *last = atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    for (int b = 0; b < h.n; ++b) {
+        // The logits over the first slice's sums: a thread's classes are its own. Four
+        // classes a thread at a time, so that four chains of loads are in flight.
+        float *const logits = partial + (long long)b * h.classes;
+        float m = -3.402823466e38f;
+        for (int k0 = t; k0 < h.classes; k0 += 4 * HEAD_THREADS) {
+            float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+            for (int q = 0; q < (int)gridDim.y; ++q) {
+                const float *const slice = partial + ((long long)q * h.n + b) * h.classes;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int k = k0 + u * HEAD_THREADS;
+                    if (k < h.classes) v[u] += __ldcg(slice + k);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int k = k0 + u * HEAD_THREADS;
+                if (k < h.classes) {
+                    if (bias) v[u] += ld(bias[k]);
+                    logits[k] = v[u];
+                    m = fmaxf(m, v[u]);
+                }
+            }
+        }
+        float inv = 1.f;
+        if (h.softmax) {
+            m = block_max(m, shared);
+            float s = 0.f;
+            for (int k = t; k < h.classes; k += HEAD_THREADS) {
+                const float e = __expf(logits[k] - m);
+                logits[k] = e;
+                s += e;
+            }
+            inv = 1.f / block_sum(s, shared);
+        }
+        for (int k = t; k < h.classes; k += HEAD_THREADS) {
+            float *const at = y + (long long)b * h.classes + k;
+            WROTE(at);
+            *at = h.softmax ? logits[k] * inv : logits[k];
+        }
+        __syncthreads();
+    }
+    if (t == 0) *done = 0;
+}

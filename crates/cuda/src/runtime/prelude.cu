@@ -28,17 +28,6 @@ struct alignas(16) Vec16 {
 };
 #define VEC (16 / (int)sizeof(T))
 
-// 8 values from `p` (16-byte aligned) in f32: one 16-byte load in fp16, two in f32 (the gate's
-// and the head's weights).
-__device__ __forceinline__ void load8(const T *p, float *v) {
-    Vec16 raw[sizeof(T) / 2];
-#pragma unroll
-    for (int k = 0; k < (int)sizeof(T) / 2; ++k) raw[k] = reinterpret_cast<const Vec16 *>(p)[k];
-    const T *e = reinterpret_cast<const T *>(raw);
-#pragma unroll
-    for (int l = 0; l < 8; ++l) v[l] = ld(e[l]);
-}
-
 // n / d for n < 2^31, with the multiplier and shift of d from abi.rs's `divider`: a
 // multiply-high and a shift where a division instruction sequence costs about twenty.
 __device__ __forceinline__ unsigned fast_div(unsigned n, unsigned mul, unsigned shift) {

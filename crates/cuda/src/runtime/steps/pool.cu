@@ -155,6 +155,16 @@ struct Gate {
 };
 static_assert(sizeof(Gate) == 40, "abi.rs's GateParams");
 
+// 8 values from `p` (16-byte aligned) in f32: one 16-byte load in fp16, two in f32.
+__device__ __forceinline__ void load8(const T *p, float *v) {
+    Vec16 raw[sizeof(T) / 2];
+#pragma unroll
+    for (int k = 0; k < (int)sizeof(T) / 2; ++k) raw[k] = reinterpret_cast<const Vec16 *>(p)[k];
+    const T *e = reinterpret_cast<const T *>(raw);
+#pragma unroll
+    for (int l = 0; l < 8; ++l) v[l] = ld(e[l]);
+}
+
 extern "C" __global__ void __launch_bounds__(GATE_THREADS)
     se_gate(const Gate g, const T *x, const T *w1, const T *b1, const T *w2, const T *b2, T *y) {
     float *const pooled = reinterpret_cast<float *>(dynamic_shared());  // c

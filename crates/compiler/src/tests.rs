@@ -6,8 +6,7 @@ use std::path::Path;
 
 use super::ir::{Act, BinOp, Graph, Node, Op, Tensor};
 use super::plan::{
-    Cast, DType, EwStep, GemmStep, HEAD_MAX_BATCH, Loc, Plan, RowMeanStep, SoftmaxStep, Step,
-    Weights,
+    Cast, DType, EwStep, GemmStep, Loc, Plan, RowMeanStep, SoftmaxStep, Step, Weights,
 };
 use super::{check, import, lower, passes, reference, sim};
 use crate::OnnxModel;
@@ -206,49 +205,6 @@ fn squeeze_and_excitation_is_one_gate_on_the_gpu() {
     }
 }
 
-/// cnn.onnx's last steps (a global pool, the classifier's product and its bias) are one head
-/// step in the GPU's fp16 plans of up to `HEAD_MAX_BATCH` images, whose scores
-/// `lowered_plans_match_reference` checks; larger batches, the CPU's plans and fp32 plans
-/// keep the steps.
-#[test]
-fn a_classifiers_head_is_one_step_on_the_gpu() {
-    let heads = |dtype: DType, in_place: bool, batch: usize| -> Vec<String> {
-        let mut graph = import_model("cnn.onnx", batch);
-        passes::optimise(&mut graph);
-        let plan = lower::lower(
-            &graph,
-            dtype,
-            &Default::default(),
-            &mut Weights::default(),
-            in_place,
-        )
-        .expect("lowers");
-        let heads: Vec<String> = (plan.steps.iter())
-            .filter(|s| matches!(s, Step::Head(_)))
-            .map(Step::describe)
-            .collect();
-        if !heads.is_empty() {
-            assert!(
-                matches!(plan.steps.last(), Some(Step::Head(_))),
-                "the head ends the plan"
-            );
-        }
-        heads
-    };
-    for batch in [1, HEAD_MAX_BATCH] {
-        assert_eq!(
-            heads(DType::F16, false, batch),
-            [format!("head {batch}x16x32 -> 10 +bias")]
-        );
-        assert_eq!(heads(DType::F16, true, batch), Vec::<String>::new());
-        assert_eq!(heads(DType::F32, false, batch), Vec::<String>::new());
-    }
-    assert_eq!(
-        heads(DType::F16, false, HEAD_MAX_BATCH + 1),
-        Vec::<String>::new()
-    );
-}
-
 /// The committed models whose import and plans the tests above check against onnxruntime's
 /// outputs (`lowered_plans_match_reference`, `vision_transformers_import_lower_and_match_
 /// onnxruntime`), and the CPU engine runs against them too (`tests/engine.rs`).
@@ -401,13 +357,10 @@ fn a_product_writes_over_its_residual_only_where_nothing_else_reads_it() {
 
 #[test]
 fn the_fp16_scores_come_from_the_last_product_in_f32() {
-    // cnn.onnx ends with a Gemm and its bias; ops.onnx with a Gemm and a softmax. At a
-    // batch larger than a head takes (`a_classifiers_head_is_one_step_on_the_gpu`), so that
-    // cnn.onnx's pool and product stay steps of their own.
+    // cnn.onnx ends with a Gemm and its bias; ops.onnx with a Gemm and a softmax.
     let writes_scores = |step: &Step| matches!(step.written().loc, Loc::Output(_));
-    let batch = HEAD_MAX_BATCH + 1;
     for (model, softmax) in [("cnn.onnx", false), ("ops.onnx", true)] {
-        let mut graph = import_model(model, batch);
+        let mut graph = import_model(model, 2);
         passes::optimise(&mut graph);
         for dtype in [DType::F32, DType::F16] {
             let mut weights = Weights::default();
@@ -472,7 +425,7 @@ fn the_fp16_scores_come_from_the_last_product_in_f32() {
                     .get(i)
                     .map(|d| (d.len(), weights.dtype(i, dtype)))
             };
-            let (frame_len, classes) = (plan.input_len / batch, plan.output_len / batch);
+            let (frame_len, classes) = (plan.input_len / 2, plan.output_len / 2);
             check::check_plan(&mut plan, &weight, dtype, frame_len, classes)
                 .unwrap_or_else(|e| panic!("{model} {dtype:?}: {e}"));
         }
@@ -1305,9 +1258,7 @@ fn any_nodes_kept_in_f32_give_the_same_answers() {
                 (r.input.data[..2 * spec.frame_len()].to_vec(), r.output)
             }
         };
-        // The nodes in the order the fp32 plan's steps name them (an fp16 plan's head names
-        // only its product).
-        let (plans, _) = super::compile(&model, &[2], spec, DType::F32).expect("compiles");
+        let (plans, _) = super::compile(&model, &[2], spec, DType::F16).expect("compiles");
         let mut nodes: Vec<String> = Vec::new();
         for origin in &plans[0].origins {
             if !nodes.contains(origin) {

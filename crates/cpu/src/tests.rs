@@ -9,8 +9,8 @@ use std::sync::Arc;
 use super::plan_runner::PlanRunner;
 use trtclassify_compiler::ir::{Act, BinOp};
 use trtclassify_compiler::plan::{
-    Cast, ConvStep, DType, EwStep, GateStep, GemmStep, HeadStep, Loc, Plan, PoolStep, Step,
-    Strided, Weights, ZeroStep,
+    Cast, ConvStep, DType, EwStep, GateStep, GemmStep, Loc, Plan, PoolStep, Step, Strided, Weights,
+    ZeroStep,
 };
 use trtclassify_compiler::sim;
 
@@ -419,40 +419,6 @@ fn gates_agree_with_the_plain_run() {
             rng.values(c),
         ];
         let (plan, weights) = one_step(step, input.len(), n * c, weights);
-        agree(plan, &weights, &input, &what);
-    }
-}
-
-/// The classifier's head, which only the GPU's plans have, runs where a plan has one: each
-/// image's pixels activated (or not), pooled, multiplied and (or not) taken the softmax of,
-/// with a bias or without.
-#[test]
-fn heads_agree_with_the_plain_run() {
-    let cases = [
-        (0, Act::Silu, true, true),
-        (1, Act::None, false, true),
-        (2, Act::Clip(0.0, 6.0), true, false),
-    ];
-    for (seed, act_in, bias, softmax) in cases {
-        let mut rng = Rng(seed);
-        let (n, hw, c, classes) = (3, 5, 40, 12);
-        let weight = |index| Loc::Weight { index, offset: 0 };
-        let step = Step::Head(HeadStep {
-            n,
-            hw,
-            c,
-            classes,
-            x: Loc::Input(0),
-            act_in,
-            w: weight(0),
-            bias: bias.then(|| weight(1)),
-            softmax,
-            y: Loc::Output(0),
-        });
-        let what = format!("seed {seed}: {}", step.describe());
-        let input = rng.values(n * hw * c);
-        let weights = vec![rng.values(c * classes), rng.values(classes)];
-        let (plan, weights) = one_step(step, input.len(), n * classes, weights);
         agree(plan, &weights, &input, &what);
     }
 }

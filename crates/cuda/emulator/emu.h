@@ -471,14 +471,6 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __expf(float x) { return std::exp(x); }
-// Blocks run one after another here: memory is in order, and an atomic a plain update.
-inline void __threadfence() {}
-inline unsigned atomicAdd(unsigned *p, unsigned v) {
-    const unsigned old = *p;
-    *p = old + v;
-    return old;
-}
-inline float __ldcg(const float *p) { return *p; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __int_as_float(int i) {
     float f;

@@ -14,7 +14,7 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use std::mem::{align_of, offset_of, size_of};
 
 use trtclassify_compiler::ir::{Act, BinOp};
-use trtclassify_compiler::plan::{DType, HEAD_MAX_BATCH, MAX_RANK, Strided};
+use trtclassify_compiler::plan::{DType, MAX_RANK, Strided};
 
 /// The longest row that the one-warp-per-row kernels (`layernorm_warp`, `mean_warp`) hold
 /// in registers (`WARP_ROW_MAX` in their source), and `softmax_block` with a block a row.
@@ -84,14 +84,6 @@ pub const DW_MAX_TAPS: usize = 49;
 
 /// The threads of the squeeze-and-excitation gate's block (`GATE_THREADS` in pool.cu).
 pub const GATE_THREADS: usize = 512;
-
-/// The threads of a block of the classifier's head (`HEAD_THREADS` in rows.cu), a thread a
-/// class of its tile of `HEAD_TILE`.
-pub const HEAD_THREADS: usize = 256;
-pub const HEAD_TILE: usize = 256;
-/// The most channels a block of the head pools and multiplies: ResNet-50's 2,048 in 32
-/// slices, which with 4 tiles of its 1,000 classes make 128 blocks, one an SM or so.
-pub const HEAD_CHUNK: usize = 64;
 
 /// The activations the kernels apply, in the order of their ids.
 pub const ACTIVATIONS: [&str; 18] = [
@@ -177,10 +169,6 @@ pub fn prelude() -> String {
         ("STEM_TILE_W", STEM_TILE_W),
         ("DW_THREADS", DW_THREADS),
         ("GATE_THREADS", GATE_THREADS),
-        ("HEAD_THREADS", HEAD_THREADS),
-        ("HEAD_TILE", HEAD_TILE),
-        ("HEAD_CHUNK", HEAD_CHUNK),
-        ("HEAD_MAX_BATCH", HEAD_MAX_BATCH),
     ] {
         s += &format!("#define {name} {value}\n");
     }
@@ -607,52 +595,6 @@ impl GateParams {
     /// 8 partial sums a thread.
     pub fn shared_bytes(&self) -> usize {
         (self.c as usize + self.r as usize + 8 * GATE_THREADS) * 4
-    }
-}
-
-/// The classifier's head's parameters: rows.cu's `struct Head`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct HeadParams {
-    /// Images, pixels an image, channels and classes.
-    pub n: i32,
-    pub hw: i32,
-    pub c: i32,
-    pub classes: i32,
-    /// The channels a block takes.
-    pub chunk: i32,
-    /// Whether the scores are a softmax of the logits (1) or the logits (0).
-    pub softmax: i32,
-    /// The activation of each input value as it is read, and its parameters.
-    pub act: i32,
-    pub p0: f32,
-    pub p1: f32,
-}
-// SAFETY: plain old data laid out as the kernel's `struct Head` (asserted below).
-unsafe impl DeviceRepr for HeadParams {}
-const _: () = assert!(
-    size_of::<HeadParams>() == 36
-        && align_of::<HeadParams>() == 4
-        && offset_of!(HeadParams, act) == 24
-);
-
-impl HeadParams {
-    /// The blocks: class tiles by channel slices.
-    pub fn grid(&self) -> (u32, u32) {
-        let tiles = (self.classes as usize).div_ceil(HEAD_TILE);
-        let slices = (self.c as usize).div_ceil(self.chunk as usize);
-        (tiles as u32, slices as u32)
-    }
-
-    /// The f32 sums the blocks leave for the last one: `[slices, n, classes]`.
-    pub fn partial_len(&self) -> usize {
-        self.grid().1 as usize * self.n as usize * self.classes as usize
-    }
-
-    /// A block's dynamic shared memory: the pooled channels, 8 sums a thread, 32 for the
-    /// reductions and the last block's flag.
-    pub fn shared_bytes(&self) -> usize {
-        (HEAD_MAX_BATCH * HEAD_CHUNK + 8 * HEAD_THREADS + 33) * 4
     }
 }
 

@@ -135,7 +135,7 @@ pub enum Error {
 
 const MAGIC: &[u8; 8] = b"TRTCENG\0";
 /// Bumped whenever the plan or file layout changes meaning.
-pub const FORMAT_VERSION: u32 = 20;
+pub const FORMAT_VERSION: u32 = 19;
 /// The magic and the format version: what tells a file's format.
 pub const FORMAT_PREFIX: usize = MAGIC.len() + 4;
 /// The magic, the format version and the header's length.

@@ -8,7 +8,7 @@
 //! This file keeps the values, their layouts and the element-wise step everything else is
 //! built from; each operator is lowered by its family's module in `ops/` (`impl Lowering`
 //! there), called from `Lowering::node`; `scores` lets an fp16 plan's last product write the
-//! scores in f32, and `head` makes a GPU plan's pool, product and softmax after it one step.
+//! scores in f32.
 //!
 //! Mixed precision: the nodes an fp16 plan keeps in f32 (`kept`, those whose values fp16
 //! cannot hold) write buffers of an f32 arena of their own (`Loc::Wide`) and read f32
@@ -18,7 +18,6 @@
 pub(crate) mod arena;
 mod depthwise;
 mod gate;
-mod head;
 mod scores;
 
 use std::collections::{HashMap, HashSet};
@@ -187,9 +186,6 @@ pub(super) fn lower_frames(
         .map(|s| resolve(s, &l.storages, &offsets))
         .collect();
     scores::in_f32(dtype, &mut steps, &mut origins);
-    if !in_place {
-        head::head(&mut steps, &mut origins);
-    }
     Ok(Plan {
         batch,
         dtype,

@@ -12,7 +12,6 @@ mod conv;
 mod ew;
 mod gate;
 mod gemm;
-mod head;
 mod pool;
 mod quant;
 mod rows;
@@ -22,7 +21,6 @@ pub use conv::{ConvStep, Tuned};
 pub use ew::{EwStep, ZeroStep};
 pub use gate::{GATE_MAX_CHANNELS, GATE_MAX_HIDDEN, GateStep};
 pub use gemm::GemmStep;
-pub use head::{HEAD_MAX_BATCH, HeadStep};
 pub use pool::{GlobalAvgPoolStep, PoolStep};
 pub use quant::{EightBitKernel, OwnTile, OwnWidth, Quant, QuantFormat};
 pub use rows::{LayerNormStep, LrnStep, RowMeanStep, SoftmaxStep};
@@ -200,8 +198,6 @@ pub enum Step {
     Lrn(LrnStep),
     /// See `GateStep`.
     Gate(GateStep),
-    /// See `HeadStep`.
-    Head(HeadStep),
 }
 
 /// `$body` with `$s` bound to the step of whatever kind `$step` holds: the one list of kinds
@@ -222,7 +218,6 @@ macro_rules! with_step {
             $crate::plan::Step::Attention($s) => $body,
             $crate::plan::Step::Lrn($s) => $body,
             $crate::plan::Step::Gate($s) => $body,
-            $crate::plan::Step::Head($s) => $body,
         }
     };
 }

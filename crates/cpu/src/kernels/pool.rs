@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Pooling over NHWC tensors: windows (a thread a row of outputs, the channels innermost)
 //! and the global average (the same sums in the same order on any number of threads), and
-//! the squeeze-and-excitation gate and the classifier's head after it.
+//! the squeeze-and-excitation gate after it.
 
 use super::{Buffers, CpuStep, Packed, Scratch, Threads};
-use trtclassify_compiler::plan::{GateStep, GlobalAvgPoolStep, HeadStep, Loc, PoolStep};
+use trtclassify_compiler::plan::{GateStep, GlobalAvgPoolStep, Loc, PoolStep};
 
 impl CpuStep for PoolStep {
     #[inline(always)]
@@ -204,35 +204,6 @@ impl CpuStep for GateStep {
             // SAFETY: checked span.
             let out = unsafe { std::slice::from_raw_parts_mut(buf.at_mut(self.y).add(b * c), c) };
             out.copy_from_slice(&gate);
-        }
-    }
-}
-
-/// The GPU's plans end with a head at small batches (`lower::head`); the CPU's keep the
-/// pool, the product and the softmax. This runs a head where one comes, on one thread.
-impl CpuStep for HeadStep {
-    #[inline(always)]
-    fn run<const FMA: bool>(
-        &self,
-        _packed: &Packed,
-        buf: &Buffers,
-        _scratch: &mut Scratch,
-        _threads: Threads,
-    ) {
-        let (hw, c, classes) = (self.hw, self.c, self.classes);
-        // SAFETY: checked spans.
-        let read = |loc: Loc, len| unsafe { std::slice::from_raw_parts(buf.at(loc), len) };
-        let (w, bias) = (
-            read(self.w, c * classes),
-            self.bias.map(|b| read(b, classes)),
-        );
-        for b in 0..self.n {
-            let scores = self.scores(read(self.x.offset(b * hw * c), hw * c), w, bias);
-            // SAFETY: checked span, apart from the input.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(buf.at_mut(self.y).add(b * classes), classes)
-            };
-            out.copy_from_slice(&scores);
         }
     }
 }

@@ -43,7 +43,7 @@ use kernels::Kernels;
 #[cfg(test)]
 pub(crate) use kernels::kernel_families;
 pub use kernels::{Compiled, compile, source};
-use steps::{EightBit, OwnStep, head_partial_len};
+use steps::{EightBit, OwnStep};
 use trtclassify_compiler::plan::{
     ConvStep, DType, EightBitKernel, GemmStep, Loc, MAX_WORKSPACE, Plan, QuantFormat, Step,
     scale_weights, weight_type,
@@ -154,12 +154,6 @@ pub struct Runtime {
     /// Ones, one per row of the largest FP8 step: the scales of its patches in products
     /// whose epilogue scales each output channel (`GemmDescs::scaled_fp8`).
     ones: CudaSlice<f32>,
-    /// The sums the blocks of a classifier's head leave for its last block, sized for the
-    /// largest head (`HeadParams::partial_len`), and the count of its blocks done, which the
-    /// last sets back to 0. The plans run one at a time on the stream, so one of each serves
-    /// them all.
-    head_partial: CudaSlice<f32>,
-    head_done: CudaSlice<u32>,
     /// The 8-bit steps a fresh build moved to the plan's type, where that was faster: the
     /// batch size of their plan and their nodes (`prepare`).
     unquantized: Vec<(usize, Vec<String>)>,
@@ -347,12 +341,6 @@ impl Runtime {
         let ones = stream
             .clone_htod(&vec![1.0f32; fp8_rows])
             .map_err(Error::driver("8-bit scales upload"))?;
-        let head_partial = stream
-            .alloc_zeros::<f32>(head_partial_len(&plans))
-            .map_err(Error::driver("head allocation"))?;
-        let head_done = stream
-            .alloc_zeros::<u32>(1)
-            .map_err(Error::driver("head allocation"))?;
         let arena = stream
             .alloc_zeros::<u8>(max(|p| p.arena_len) * dtype.size())
             .map_err(Error::driver("arena allocation"))?;
@@ -393,8 +381,6 @@ impl Runtime {
             int8_copies: [alloc_bytes(&stream, 1)?, alloc_bytes(&stream, 1)?],
             int8_copy_bytes: [0; 2],
             ones,
-            head_partial,
-            head_done,
             unquantized: Vec::new(),
             input,
             output,
@@ -430,9 +416,9 @@ impl Runtime {
         // Where the buffers lie, for the debug log: two builds whose code differs only in
         // kernels a plan does not run have run it 6-7 % apart at batch 1 (docs/benchmarks.md,
         // "what the two states are not"), and the buffers' places are what is left to compare.
-        let weights_at = (rt.weights.iter()).map(|w| rt.slice_ptr(w));
+        let weights_at = (rt.weights.iter()).map(|w| rt.ptr_u8(w));
         let (first, last) = (weights_at.clone().min(), weights_at.max());
-        let (arena, arena_bytes) = (rt.slice_ptr(&rt.arena), rt.arena.len());
+        let (arena, arena_bytes) = (rt.ptr_u8(&rt.arena), rt.arena.len());
         let (input, output) = (rt.ptr(Loc::Input(0)), rt.ptr(Loc::Output(0)));
         log::debug!(
             target: trtclassify_compiler::LOG_TARGET,
@@ -518,8 +504,8 @@ impl Runtime {
         }
     }
 
-    /// The device address of a buffer.
-    fn slice_ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+    /// The device address of a byte buffer.
+    fn ptr_u8(&self, s: &CudaSlice<u8>) -> u64 {
         s.device_ptr(&self.stream).0
     }
 

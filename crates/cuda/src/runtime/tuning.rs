@@ -182,7 +182,7 @@ impl Runtime {
         let format = e.quant.format;
         let weights = (self.eight_bit_weights.iter())
             .find(|(key, _)| *key == (e.w, format))
-            .map(|(_, w)| self.slice_ptr(w))
+            .map(|(_, w)| self.ptr_u8(w))
             .ok_or(Error::Plan("an 8-bit step without its rounded weights"))?;
         let own_fits = e.own_kernel_fits(self.arch);
         let own = |kernel| Prepared::OwnEightBit(OwnStep::new(weights, kernel));
@@ -386,7 +386,7 @@ impl Runtime {
             // SAFETY: a plain C struct for cuDNN to fill.
             unsafe { std::mem::zeroed() };
         let mut returned = 0;
-        let ws = self.slice_ptr(&self.workspace);
+        let ws = self.ptr_u8(&self.workspace);
         // SAFETY: the pointers are live device buffers of the sizes the descriptors state.
         unsafe {
             cudnn::check(

@@ -59,7 +59,7 @@ impl Runtime {
             self.activate_input(c)?;
         }
         let (one, zero) = (1.0f32, 0.0f32);
-        let ws = self.slice_ptr(&self.workspace) as *mut c_void;
+        let ws = self.ptr_u8(&self.workspace) as *mut c_void;
         let (x, w, y) = (
             self.ptr(c.x) as *const c_void,
             self.ptr(c.weight) as *const c_void,

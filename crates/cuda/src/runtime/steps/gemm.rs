@@ -106,7 +106,7 @@ impl Runtime {
                 d as *mut c_void,
                 g.c.raw(),
                 &g.algo,
-                self.slice_ptr(&self.lt_workspace) as *mut c_void,
+                self.ptr_u8(&self.lt_workspace) as *mut c_void,
                 self.lt_workspace.len(),
                 self.stream.cu_stream() as *mut _,
             )

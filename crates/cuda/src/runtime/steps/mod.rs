@@ -28,7 +28,7 @@ pub(super) use depthwise::DepthwiseKernels;
 pub(super) use elementwise::ElementwiseKernels;
 pub(super) use pool::PoolKernels;
 pub(super) use quant::{EightBit, OwnStep, QuantKernels};
-pub(super) use rows::{RowKernels, head_partial_len};
+pub(super) use rows::RowKernels;
 pub(super) use stem::StemKernels;
 
 /// A kind of step as the GPU runs it. Every kind implements it (`Runtime::step` dispatches

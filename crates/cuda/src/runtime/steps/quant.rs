@@ -419,7 +419,7 @@ impl Runtime {
     pub(in crate::runtime) fn eight_bit(&self, e: &EightBit, g: &GemmDescs, w: u64) -> Result<()> {
         let (kernels, dtype) = self.writes(e.y);
         let quant = &kernels?.quant;
-        let (patches, sums) = (self.slice_ptr(&self.patches), self.slice_ptr(&self.sums));
+        let (patches, sums) = (self.ptr_u8(&self.patches), self.ptr_u8(&self.sums));
 
         self.round_patches(e, e.shape(), patches)?;
 
@@ -617,9 +617,9 @@ impl Runtime {
         let quant = &kernels?.quant;
         let int8_input = own.int8_input || own.int8_from.is_some() || own.kernel.reads_int8();
         let x = match own.int8_from {
-            Some(slot) => self.slice_ptr(&self.int8_copies[slot]),
+            Some(slot) => self.ptr_u8(&self.int8_copies[slot]),
             None if own.kernel.reads_int8() && !own.int8_input => {
-                let rounded = self.slice_ptr(&self.patches);
+                let rounded = self.ptr_u8(&self.patches);
                 self.round_patches(e, e.input_shape(), rounded)?;
                 rounded
             }
@@ -643,7 +643,7 @@ impl Runtime {
             // A slot's start: aligned for the kernels' 8- and 16-byte stores.
             y8: own
                 .int8_copy
-                .map_or(0, |(slot, _)| self.slice_ptr(&self.int8_copies[slot])),
+                .map_or(0, |(slot, _)| self.ptr_u8(&self.int8_copies[slot])),
         };
         debug_assert!(p.y8.is_multiple_of(16));
         let (y, w_scales) = (self.ptr(e.y), self.ptr(e.quant.w_scales));

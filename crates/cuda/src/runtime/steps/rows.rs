@@ -9,14 +9,10 @@ use cudarc::driver::PushKernelArg;
 use super::super::Runtime;
 use super::super::kernels::{block_rows, kernel_set, warp_rows};
 use super::{GpuStep, launch};
-use crate::abi::{
-    HEAD_CHUNK, HEAD_THREADS, HeadParams, SOFTMAX_WARP_MAX, WARP_ROW_MAX, act_params,
-};
-use crate::error::{Error, Result};
+use crate::abi::{SOFTMAX_WARP_MAX, WARP_ROW_MAX};
+use crate::error::Result;
 use crate::runtime::Prepared;
-use trtclassify_compiler::plan::{
-    DType, HeadStep, LayerNormStep, Loc, LrnStep, Plan, RowMeanStep, SoftmaxStep, Step,
-};
+use trtclassify_compiler::plan::{LayerNormStep, Loc, LrnStep, RowMeanStep, SoftmaxStep};
 
 kernel_set! {
     /// rows.cu's kernels: `*_warp` a warp a row, `*_block` and `*_rows` a block a row, the
@@ -36,7 +32,6 @@ kernel_set! {
         mean: "mean_rows",
         mean_warp: "mean_warp",
         lrn: "lrn_nhwc",
-        head: "head",
     }
 }
 
@@ -76,52 +71,6 @@ impl GpuStep for SoftmaxStep {
     fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
         rt.softmax(self)
     }
-}
-
-impl GpuStep for HeadStep {
-    fn enqueue(&self, rt: &Runtime, _: &Prepared) -> Result<()> {
-        rt.head(self)
-    }
-}
-
-/// The head kernel's parameters for `h` in a plan of `dtype`.
-pub(super) fn head_params(h: &HeadStep, dtype: DType) -> HeadParams {
-    let (act, p0, p1) = act_params(h.act_in, dtype);
-    // `HeadStep::sizes_fit` (checked with the plan) holds these within an `int`.
-    let int = |v: usize| v as i32;
-    HeadParams {
-        n: int(h.n),
-        hw: int(h.hw),
-        c: int(h.c),
-        classes: int(h.classes),
-        chunk: int(HEAD_CHUNK.min(h.c)),
-        softmax: i32::from(h.softmax),
-        act,
-        p0,
-        p1,
-    }
-}
-
-/// The launch of the head kernel for `p`.
-pub(super) fn head_launch(p: &HeadParams) -> LaunchConfig {
-    let (tiles, slices) = p.grid();
-    LaunchConfig {
-        grid_dim: (tiles, slices, 1),
-        block_dim: (HEAD_THREADS as u32, 1, 1),
-        shared_mem_bytes: p.shared_bytes() as u32,
-    }
-}
-
-/// The f32 sums the largest head of `plans` leaves for its last block (1 where none has one).
-pub(in crate::runtime) fn head_partial_len(plans: &[Plan]) -> usize {
-    (plans.iter())
-        .flat_map(|p| p.steps.iter().map(move |s| (s, p.dtype)))
-        .filter_map(|(s, dtype)| match s {
-            Step::Head(h) => Some(head_params(h, dtype).partial_len()),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(1)
 }
 
 impl GpuStep for RowMeanStep {
@@ -173,30 +122,6 @@ impl Runtime {
         }
         l.arg(&leni);
         launch(l, kernel.launch(rows))
-    }
-
-    /// A classifier's head `h`: its blocks' sums in `head_partial`, added by the last.
-    fn head(&self, h: &HeadStep) -> Result<()> {
-        let k = &self.writes(h.y).0?.rows;
-        let p = head_params(h, self.dtype);
-        let (x, w, y) = (self.ptr(h.x), self.ptr(h.w), self.ptr(h.y));
-        if !x.is_multiple_of(16) {
-            return Err(Error::Plan("a head's input is not 16-byte aligned"));
-        }
-        let bias = h.bias.map_or(0, |b| self.ptr(b));
-        let (partial, done) = (
-            self.slice_ptr(&self.head_partial),
-            self.slice_ptr(&self.head_done),
-        );
-        let mut l = self.stream.launch_builder(&k.head);
-        l.arg(&p)
-            .arg(&x)
-            .arg(&w)
-            .arg(&bias)
-            .arg(&y)
-            .arg(&partial)
-            .arg(&done);
-        launch(l, head_launch(&p))
     }
 
     /// The mean of each row of `len`: a warp a row for rows of up to `WARP_ROW_MAX`, else a
